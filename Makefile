@@ -1,0 +1,34 @@
+# qb Studio — set-up, run and test. `make run` and `make test` do all set-up themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+SAMPLE := resources/samples/fashion_cnn
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,dev]"
+	$(PIP) install -q --no-deps -r requirements-testdata.txt
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/qbcompiler parse --model $(SAMPLE)/model.onnx --output build/sample/model.mblt --target-device aries-rb
+	$(VENV)/bin/qbcompiler check --mblt build/sample/model.mblt --target-device regulus-ra
+
+lint: setup
+	$(VENV)/bin/ruff check compiler_core qbstudio tests bench scripts
+
+test: setup lint
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15
+
+bench: setup
+	$(PY) bench/parse.py
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

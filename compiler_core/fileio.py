@@ -1,0 +1,63 @@
+"""Atomic file writes and content hashes shared by every writer (.mblt, .mxq, configs, projects)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from compiler_core.errors import OutputWriteError
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+    """Write a file through ``writer(temp_path)`` and rename it into place.
+
+    A failed or cancelled ``writer`` leaves neither the target nor the temporary file behind.
+
+    Raises:
+        OutputWriteError: the folder cannot be created or the file cannot be written.
+    """
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+        os.close(handle)
+    except OSError as error:
+        raise OutputWriteError(f"Cannot write to '{target.parent}': {error.strerror}.",
+                               hint="Choose a writable output folder.", file=str(target)) from error
+    temp_path = Path(temp_name)
+    try:
+        writer(temp_path)
+        os.replace(temp_path, target)
+    except OSError as error:
+        raise OutputWriteError(f"Cannot write '{target}': {error.strerror or error}.",
+                               hint="Check free disk space and permissions.", file=str(target)) from error
+    finally:
+        temp_path.unlink(missing_ok=True)
+    return target
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return atomic_write(path, lambda temp: temp.write_bytes(data))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    return atomic_write(path, lambda temp: temp.write_text(text, encoding="utf-8"))
