@@ -1,0 +1,5 @@
+"""``python -m compiler_core``: the qbcompiler CLI."""
+
+from compiler_core.cli import main
+
+main()

@@ -1,0 +1,135 @@
+"""Public Python API, named as in the vendor's qb Compiler: ``mblt_compile``, ``read_provenance`` ..."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler_core.errors import ArgumentError
+from compiler_core.fileio import sha256_file
+from compiler_core.frontends import detect_backend, load_source
+from compiler_core.mblt.canonicalize import canonicalize
+from compiler_core.mblt.io import load_mblt, make_provenance, write_mblt
+from compiler_core.mblt.io import read_provenance as _read_provenance
+from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "parse_model", "read_provenance"]
+
+
+def parse_model(
+    model: Any,
+    *,
+    backend: str | None = None,
+    input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+    constant_inputs: Mapping[str, Any] | None = None,
+    callback: ProgressCallback | None = None,
+    cancel_token: CancelToken | None = None,
+    **frontend_options: Any,
+) -> tuple[ir.Model, dict[str, Any]]:
+    """Parse a source model to a canonical MBLT graph in memory.
+
+    Returns:
+        The canonical model and its provenance record.
+    """
+    reporter = as_reporter(callback, cancel_token)
+    is_path = isinstance(model, (str, Path))
+    backend = backend or (detect_backend(model) if is_path else "torch")
+    constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
+    with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
+        source = load_source(model, backend, **frontend_options)
+        reporter.advance()
+    graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
+    provenance = make_provenance(
+        source_path=str(Path(model).resolve()) if is_path else None,
+        source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
+        backend=backend,
+        parser_options={"input_shape_dict": {k: list(v) for k, v in (input_shape_dict or {}).items()},
+                        "constant_inputs": {k: _fingerprint(v) for k, v in constants.items()}},
+    )
+    return graph, provenance
+
+
+def mblt_compile(
+    model: Any,
+    mblt_save_path: str | Path,
+    *,
+    backend: str | None = None,
+    target_device: str | None = None,
+    input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+    constant_inputs: Mapping[str, Any] | None = None,
+    callback: ProgressCallback | None = None,
+    cancel_token: CancelToken | None = None,
+    **frontend_options: Any,
+) -> Path:
+    """Parse ``model`` and write the canonical MBLT to ``mblt_save_path`` (atomically).
+
+    Args:
+        model: Path to the source model (or, for ``backend="torch"``, a live module).
+        mblt_save_path: Output ``.mblt`` path.
+        backend: ``onnx``, ``torch``, ``torchscript``, ``tf`` or ``tflite``; detected from the path if omitted.
+        target_device: If given, the device string is validated and a support summary is logged.
+        input_shape_dict: Static shapes for inputs with dynamic dimensions.
+        constant_inputs: Inputs to bind to constants (e.g. ``{"sr": 16000}``).
+        callback: Receives :class:`~compiler_core.progress.ProgressEvent` objects.
+        cancel_token: Cancels the job between steps; nothing is written then.
+
+    Returns:
+        The path written.
+    """
+    reporter = as_reporter(callback, cancel_token)
+    if not mblt_save_path:
+        raise ArgumentError("No output path given for the MBLT.", hint="Pass mblt_save_path / --output.")
+    device = _device(target_device)
+    graph, provenance = parse_model(model, backend=backend, input_shape_dict=input_shape_dict,
+                                    constant_inputs=constant_inputs, callback=reporter, **frontend_options)
+    if device is not None:
+        _log_support(graph, device)
+    with reporter.stage("write", total=1, message=f"writing {mblt_save_path}"):
+        reporter.check()
+        path = write_mblt(graph, mblt_save_path, provenance)
+        reporter.advance()
+    return path
+
+
+def mblt_compile_with_callback(model: Any, mblt_save_path: str | Path, callback: ProgressCallback,
+                               **kwargs: Any) -> Path:
+    """:func:`mblt_compile` with a progress callback as a positional argument (vendor spelling)."""
+    return mblt_compile(model, mblt_save_path, callback=callback, **kwargs)
+
+
+def read_provenance(mblt_path: str | Path) -> dict[str, Any]:
+    """The provenance record of an MBLT: source path and sha256, backend, compiler version, options."""
+    return _read_provenance(mblt_path)
+
+
+def _device(target_device: str | None):
+    if target_device is None:
+        return None
+    from compiler_core.targets import get_device
+
+    return get_device(target_device)
+
+
+def _log_support(graph: ir.Model, device) -> None:
+    from compiler_core.targets import check_support
+
+    report = check_support(graph, device.name)
+    logger.info("Support on %s: %s", device.name, report.counts())
+
+
+def _fingerprint(array: np.ndarray) -> str:
+    digest = hashlib.sha256(array.tobytes() + json.dumps([array.dtype.str, array.shape]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _describe(model: Any) -> str:
+    return Path(model).name if isinstance(model, (str, Path)) else type(model).__name__

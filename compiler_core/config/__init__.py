@@ -1,0 +1,83 @@
+"""CompileConfig: the compile configuration schema, its presets, file I/O and priority resolution.
+
+Keys are camelCase in files (snake_case is accepted too) and unknown keys are rejected; see
+docs/config.md.
+"""
+
+from compiler_core.config.messages import format_validation_error
+from compiler_core.config.models import (
+    CONFIG_VERSION,
+    BitConfig,
+    BitLayerOverrides,
+    CalibrationConfig,
+    CalibrationMethod,
+    CalibrationMode,
+    CalibrationOutput,
+    CenterCropOp,
+    ColorConvertOp,
+    CompileConfig,
+    EquivalentTransformationConfig,
+    LayerBiasCorrectionConfig,
+    LayerCalibrationOverride,
+    LayoutOp,
+    LetterboxOp,
+    LlmConfig,
+    MaxPercentileConfig,
+    NormalizeOp,
+    PreprocessingConfig,
+    PreprocessOp,
+    ResizeOp,
+    SaveSampleConfig,
+    TransformerBitConfig,
+    Uint8InputConfig,
+    layer_matches,
+)
+from compiler_core.config.presets import PRESETS, Preset, describe_preset, list_presets, preset_names
+from compiler_core.config.resolve import (
+    EXPLICIT_ARGUMENTS,
+    SUB_CONFIGS,
+    deep_merge,
+    dump_default_config,
+    explicit_fields,
+    resolve_config,
+)
+
+__all__ = [
+    "CONFIG_VERSION",
+    "EXPLICIT_ARGUMENTS",
+    "PRESETS",
+    "SUB_CONFIGS",
+    "BitConfig",
+    "BitLayerOverrides",
+    "CalibrationConfig",
+    "CalibrationMethod",
+    "CalibrationMode",
+    "CalibrationOutput",
+    "CenterCropOp",
+    "ColorConvertOp",
+    "CompileConfig",
+    "EquivalentTransformationConfig",
+    "LayerBiasCorrectionConfig",
+    "LayerCalibrationOverride",
+    "LayoutOp",
+    "LetterboxOp",
+    "LlmConfig",
+    "MaxPercentileConfig",
+    "NormalizeOp",
+    "PreprocessOp",
+    "PreprocessingConfig",
+    "Preset",
+    "ResizeOp",
+    "SaveSampleConfig",
+    "TransformerBitConfig",
+    "Uint8InputConfig",
+    "deep_merge",
+    "describe_preset",
+    "dump_default_config",
+    "explicit_fields",
+    "format_validation_error",
+    "layer_matches",
+    "list_presets",
+    "preset_names",
+    "resolve_config",
+]

@@ -1,0 +1,130 @@
+"""The preset registry: named partial configs layered over the defaults."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler_core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One preset: a one-line description and a partial config (camelCase keys, as in files)."""
+
+    description: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _yolo(size: int) -> dict[str, Any]:
+    return {
+        "imageChannels": 3,
+        "uint8Input": {"apply": True},
+        "calibration": {"mode": 1, "output": 1},
+        "preprocessing": {"apply": True, "pipeline": [
+            {"op": "colorConvert", "order": "RGB"},
+            {"op": "letterbox", "height": size, "width": size, "padValue": 114},
+            {"op": "normalize", "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "scale": 1 / 255,
+             "fuseIntoFirstLayer": True},
+        ]},
+    }
+
+
+_VIT_INT16 = ["*attention*output*", "*attn*proj*", "*mlp*", "*ffn*", "*intermediate*"]
+_ENCODER_INT16 = ["*softmax*", "*layernorm*", "*layer_norm*", "*gelu*", "*erf*"]
+_LLM_INT16 = ["*norm*", "*softmax*"]
+
+PRESETS: dict[str, Preset] = {
+    "classification": Preset(
+        "Image classifiers: MaxPercentile calibration, per-layer output.",
+        {"calibration": {"mode": 1, "output": 0}}),
+    "detection": Preset(
+        "Object detectors: MaxPercentile calibration, per-channel output.",
+        {"calibration": {"mode": 1, "output": 1}}),
+    "classification_torchvision": Preset(
+        "torchvision classifiers on raw uint8 RGB: resize 256, crop 224, ImageNet normalize fused.",
+        {"imageChannels": 3, "uint8Input": {"apply": True}, "calibration": {"mode": 1, "output": 0},
+         "preprocessing": {"apply": True, "pipeline": [
+             {"op": "colorConvert", "order": "RGB"},
+             {"op": "resize", "size": 256, "keepAspect": True, "mode": "bilinear"},
+             {"op": "centerCrop", "height": 224, "width": 224},
+             {"op": "normalize", "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "scale": 1 / 255,
+              "fuseIntoFirstLayer": True},
+         ]}}),
+    "yolo_640": Preset("YOLO detectors at 640x640: uint8 RGB input, letterbox pad 114, /255 fused.", _yolo(640)),
+    "yolo_1280": Preset("YOLO detectors at 1280x1280: uint8 RGB input, letterbox pad 114, /255 fused.",
+                        _yolo(1280)),
+    "vision_transformer": Preset(
+        "ViT/DeiT/Swin: WChAMulti, Max calibration, int16 attention-output and FFN activations.",
+        {"calibration": {"method": 1, "mode": 0},
+         "bit": {"layerOverrides": {"activation16Bits": _VIT_INT16}}}),
+    "transformer_encoder": Preset(
+        "BERT/MiniLM-style encoders: WChAMulti, MaxPercentile, int16 Softmax/LayerNorm/GELU outputs.",
+        {"calibration": {"method": 1, "mode": 1},
+         "bit": {"layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
+    "llm": Preset(
+        "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
+        {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},
+         "calibration": {"method": 1, "mode": 1},
+         "bit": {"layerOverrides": {"activation16Bits": _LLM_INT16}}}),
+    "llm_fast": Preset(
+        "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples.",
+        {"llm": {"apply": True}, "calibration": {"method": 1, "mode": 0, "numSamples": 32},
+         "bit": {"transformer": {"ffnBits": 4}}}),
+    "multimodal": Preset(
+        "Vision-language models: LLM handling, equivalent transformation, int16 vision attention/MLP.",
+        {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},
+         "calibration": {"method": 1, "mode": 1},
+         "bit": {"layerOverrides": {"activation16Bits": [
+             "*vision*attention*output*", "*vision*mlp*", *_LLM_INT16]}}}),
+}
+"""Every preset by name. Adding a preset is one entry here."""
+
+
+def list_presets() -> list[dict[str, str]]:
+    """``[{"name": ..., "description": ...}]`` for every preset, in registry order."""
+    return [{"name": name, "description": preset.description} for name, preset in PRESETS.items()]
+
+
+def preset_names() -> list[str]:
+    """The preset names, in registry order."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``.
+
+    Raises:
+        ConfigError: no such preset; the message lists the valid names.
+    """
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"Unknown config preset '{name}'.",
+                          hint=f"Valid presets: {', '.join(PRESETS)}.", key="config_preset") from None
+
+
+def describe_preset(name: str) -> dict[str, Any]:
+    """``{"name", "description", "config"}`` of one preset (the config is a copy).
+
+    Raises:
+        ConfigError: no such preset.
+    """
+    preset = get_preset(name)
+    return {"name": name, "description": preset.description, "config": copy.deepcopy(preset.config)}
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """A copy of the partial config of preset ``name``.
+
+    Raises:
+        ConfigError: no such preset.
+    """
+    return copy.deepcopy(get_preset(name).config)

@@ -1,0 +1,69 @@
+"""Frontends: each source format -> an ONNX graph in memory (onnx-ir), plus backend detection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from compiler_core.errors import ArgumentError, ModelLoadError
+
+BACKENDS = ("onnx", "torch", "torchscript", "tf", "tflite")
+
+Loader = Callable[..., ir.Model]
+
+
+def _load_onnx(model: Any, **_: Any) -> ir.Model:
+    from compiler_core.frontends.onnx import load_onnx
+
+    if not isinstance(model, (str, Path)):
+        raise ArgumentError("The onnx backend takes a path to an .onnx file.",
+                            hint="Pass the file path, or choose --backend for other model kinds.")
+    return load_onnx(model)
+
+
+FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx}
+"""Registry: backend name -> loader(model, **options) returning an onnx-ir model."""
+
+
+def detect_backend(path: str | Path) -> str:
+    """Guess the backend from a model path: suffix first, then folder contents and magic bytes.
+
+    Raises:
+        ModelLoadError: the kind of model cannot be told from the path.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    by_suffix = {".onnx": "onnx", ".mblt": "onnx", ".tflite": "tflite", ".pt2": "torch",
+                 ".jit": "torchscript", ".keras": "tf", ".h5": "tf", ".pb": "tf"}
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    if path.is_dir():
+        if (path / "saved_model.pb").exists():
+            return "tf"
+        if (path / "config.json").exists():
+            return "torch"
+    if path.is_file():
+        head = path.read_bytes()[:8]
+        if head[4:8] == b"TFL3":
+            return "tflite"
+        if head[:2] == b"PK":
+            return "torchscript"
+    raise ModelLoadError(f"Cannot tell the kind of model from '{path.name}'.",
+                         hint=f"Pass --backend (one of: {', '.join(BACKENDS)}).", file=str(path))
+
+
+def load_source(model: Any, backend: str, **options: Any) -> ir.Model:
+    """Load ``model`` with the frontend registered for ``backend``.
+
+    Raises:
+        ArgumentError: the backend name is unknown or not available in this installation.
+    """
+    if backend not in BACKENDS:
+        raise ArgumentError(f"Unknown backend '{backend}'.", hint=f"Use one of: {', '.join(BACKENDS)}.")
+    if backend not in FRONTENDS:
+        raise ArgumentError(f"The '{backend}' frontend is not available yet in this version.",
+                            hint="Export the model to ONNX and use --backend onnx.")
+    return FRONTENDS[backend](model, **options)

@@ -1,0 +1,1 @@
+"""MBLT: the canonical parsed-graph format (ONNX protobuf), its canonicalization and file I/O."""

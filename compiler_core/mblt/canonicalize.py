@@ -1,0 +1,326 @@
+"""Canonicalization: any loaded ONNX graph -> the canonical MBLT graph (DESIGN section 5).
+
+The order of the steps matters (see notes/onnx-canonicalization.md): shapes are pinned and stale
+shapes cleared before version conversion, constants are lifted before the optimizer so that the
+Conv+BatchNorm fusion can fire, and the result is checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+import onnxscript.version_converter
+from onnx_ir.passes import common as common_passes
+from onnxscript import rewriter
+from onnxscript.rewriter import _rewrite_rule
+from onnxscript.rewriter.rules import common as common_rules
+from onnxscript.utils import metadata_merger
+
+from compiler_core.errors import ArgumentError, DynamicShapeError, InvalidModelError, UnsupportedOpsError
+from compiler_core.mblt import opset
+from compiler_core.mblt.naming import assign_canonical_names
+from compiler_core.mblt.rules import MBLT_REWRITE_RULES
+from compiler_core.progress import Reporter, as_reporter
+
+logger = logging.getLogger(__name__)
+
+SOURCE_NAME_KEY = "mblt.source_name"
+# A node fused from several keeps every source name ("conv1, bn1"); onnxscript exposes no public
+# hook for per-key mergers yet, so register ours on its default merger.
+_rewrite_rule._default_metadata_merger.mergers[SOURCE_NAME_KEY] = metadata_merger.comma_separator_merger
+
+_FOLD_SIZE_LIMIT = 1 << 26  # elements; weights of real models must fold (PP-OCR keeps them in Constants)
+
+
+def canonicalize(
+    model: onnx.ModelProto | ir.Model,
+    *,
+    input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+    constant_inputs: Mapping[str, np.ndarray] | None = None,
+    reporter: Reporter | None = None,
+) -> ir.Model:
+    """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
+
+    Args:
+        model: The source model (protobuf or onnx-ir); an onnx-ir model is modified in place.
+        input_shape_dict: Static shapes for inputs with dynamic dimensions, by input name.
+        constant_inputs: Inputs to bind to constant values (e.g. a sample-rate selector).
+        reporter: Progress and cancellation.
+
+    Returns:
+        The canonical model: opset 21, static shapes, folded, topologically sorted, named.
+
+    Raises:
+        UnsupportedOpsError: ops unknown to ONNX or outside the MBLT op set remain.
+        DynamicShapeError: a dynamic dimension could not be pinned.
+        InvalidModelError: the graph fails ONNX's checker or type inference.
+    """
+    reporter = as_reporter(reporter)
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    steps = [
+        ("record source names", lambda m: _record_source_names(m)),
+        ("check operators", _check_known_ops),
+        ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
+        ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
+        ("convert to opset 21", _convert_opset),
+        ("lift constants", _lift_constants),
+        ("optimize", _optimize),
+        ("legalize", _legalize),
+        ("tidy", _tidy),
+        ("verify", _verify),
+    ]
+    with reporter.stage("canonicalize", total=len(steps)):
+        for name, step in steps:
+            step(model)
+            reporter.advance(message=name)
+    return model
+
+
+# -- steps ---------------------------------------------------------------------------------------
+
+
+def _record_source_names(model: ir.Model) -> None:
+    # IR < 10 cannot serialize node metadata, and the opset converter round-trips through protobuf.
+    model.ir_version = max(model.ir_version or 0, opset.MBLT_IR_VERSION)
+    for index, node in enumerate(ir.traversal.RecursiveGraphIterator(model.graph)):
+        fallback = node.outputs[0].name if node.outputs and node.outputs[0].name else node.op_type
+        node.metadata_props.setdefault(SOURCE_NAME_KEY, node.name or fallback)
+        node.name = f"n{index}"  # unique handle; the naming pass gives the final names
+
+
+def _check_known_ops(model: ir.Model) -> None:
+    """List every op no ONNX schema (nor a model-local function) defines, all in one error."""
+    functions = {(f.domain, f.name) for f in model.functions.values()}
+    unknown: dict[str, list[str]] = {}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if (node.domain, node.op_type) in functions or _has_schema(node, model.opset_imports):
+            continue
+        unknown.setdefault(_qualified(node), []).append(node.name or "<unnamed>")
+    if unknown:
+        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)")
+
+
+def _pin_inputs(model: ir.Model, input_shape_dict: Mapping[str, Sequence[int]]) -> None:
+    names = {value.name for value in model.graph.inputs}
+    unknown = sorted(set(input_shape_dict) - names)
+    if unknown:
+        raise ArgumentError(
+            f"input_shape_dict names input(s) the model does not have: {', '.join(unknown)}.",
+            hint=f"The model's inputs are: {', '.join(sorted(names))}.")
+    for value in model.graph.inputs:
+        value.shape = _pinned_shape(value, input_shape_dict.get(value.name))
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for output in node.outputs:
+            output.shape = None  # stale (Paddle writes -1, exporters leave symbolic dims)
+
+
+def _pinned_shape(value: ir.Value, requested: Sequence[int] | None) -> ir.Shape:
+    if requested is not None:
+        return _checked_requested_shape(value, requested)
+    if value.shape is None:
+        raise DynamicShapeError(f"Input '{value.name}' has no shape.",
+                                hint=f"Give it with input_shape_dict / --input-shape {value.name}=1,3,224,224.",
+                                input=value.name)
+    dims = list(value.shape.dims)
+    if dims and not _is_static(dims[0]):
+        logger.info("Input %s: pinning the leading dynamic dimension %s to batch 1", value.name, dims[0])
+        dims[0] = 1
+    dynamic = [f"dim {i} ({dim})" for i, dim in enumerate(dims) if not _is_static(dim)]
+    if dynamic:
+        raise DynamicShapeError(
+            f"Input '{value.name}' has dynamic dimensions that cannot be pinned automatically: "
+            f"{', '.join(dynamic)}.",
+            hint=f"Give its full shape with input_shape_dict / --input-shape {value.name}=1,3,224,224.",
+            input=value.name)
+    return ir.Shape(dims)
+
+
+def _checked_requested_shape(value: ir.Value, requested: Sequence[int]) -> ir.Shape:
+    requested = [int(d) for d in requested]
+    if any(d < 0 for d in requested):
+        raise ArgumentError(f"input_shape_dict['{value.name}'] = {requested} has negative sizes.",
+                                hint="Give every dimension as a non-negative integer.", input=value.name)
+    declared = list(value.shape.dims) if value.shape is not None else None
+    if declared is not None and len(declared) != len(requested):
+        raise ArgumentError(
+            f"input_shape_dict['{value.name}'] has rank {len(requested)}, the model's input has rank "
+            f"{len(declared)} ({_shape_text(declared)}).", hint="Give one size per dimension.", input=value.name)
+    for index, (dim, size) in enumerate(zip(declared or [], requested)):
+        if _is_static(dim) and dim != size:
+            raise ArgumentError(
+                f"input_shape_dict['{value.name}'] sets dim {index} to {size}, but the model fixes it to {dim}.",
+                hint=f"Use {_shape_text(declared)} (only dynamic dims can be chosen).", input=value.name)
+    return ir.Shape(requested)
+
+
+def _bind_constant_inputs(model: ir.Model, constant_inputs: Mapping[str, np.ndarray]) -> None:
+    inputs = {value.name: value for value in model.graph.inputs}
+    for name, array in constant_inputs.items():
+        if name not in inputs:
+            raise ArgumentError(f"constant_inputs names '{name}', which is not a model input.",
+                                    hint=f"The model's inputs are: {', '.join(sorted(inputs))}.")
+        value = inputs[name]
+        model.graph.inputs.remove(value)
+        value.const_value = ir.tensor(np.asarray(array, dtype=value.dtype.numpy() if value.dtype else None),
+                                      name=name)
+        value.shape = value.const_value.shape
+        model.graph.register_initializer(value)
+
+
+def _convert_opset(model: ir.Model) -> None:
+    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    if current > opset.MBLT_OPSET_VERSION:
+        raise InvalidModelError(
+            f"The model uses ONNX opset {current}, newer than the MBLT opset {opset.MBLT_OPSET_VERSION}.",
+            hint=f"Export it with opset {opset.MBLT_OPSET_VERSION} or lower.")
+    if current != opset.MBLT_OPSET_VERSION:
+        # The C-API fallback drops node metadata but keeps node names: restore it by name.
+        saved = {node.name: dict(node.metadata_props) for node in ir.traversal.RecursiveGraphIterator(model.graph)}
+        onnxscript.version_converter.convert_version(model, opset.MBLT_OPSET_VERSION, fallback=True)
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            node.metadata_props.update(saved.get(node.name, {}))
+    if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
+        raise InvalidModelError(
+            f"Could not convert the model from opset {current} to {opset.MBLT_OPSET_VERSION}.",
+            hint="Export the model with a newer opset (18 or later) and parse again.")
+
+
+def _lift_constants(model: ir.Model) -> None:
+    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _infer_shapes(model)
+
+
+def _optimize(model: ir.Model) -> None:
+    onnxscript.optimizer.optimize_ir(
+        model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+        should_fold=_should_fold)
+    _remove_unused_initializers(model)
+
+
+def _legalize(model: ir.Model) -> None:
+    """Apply our fusions and decompositions, then fold whatever they exposed."""
+    rewriter.rewrite(model, pattern_rewrite_rules=[*MBLT_REWRITE_RULES, common_rules.conv_affine_fusion_rule])
+    onnxscript.optimizer.optimize_ir(
+        model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+        should_fold=_should_fold)
+    _remove_unused_initializers(model)
+
+
+def _tidy(model: ir.Model) -> None:
+    common_passes.RemoveUnusedNodesPass()(model)
+    common_passes.RemoveUnusedOpsetsPass()(model)
+    common_passes.TopologicalSortPass()(model)
+    _strip_foreign_metadata(model)
+    assign_canonical_names(model)
+    _infer_shapes(model)
+
+
+def _verify(model: ir.Model) -> None:
+    _check_mblt_ops(model)
+    _check_static_shapes(model)
+    model.ir_version = opset.MBLT_IR_VERSION
+    try:
+        common_passes.CheckerPass(full_check=True)(model)
+    except Exception as error:  # onnx.checker raises ValidationError / InferenceError
+        raise InvalidModelError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
+                                hint="The source model is probably malformed; check it with onnx.checker.") from error
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _should_fold(node: ir.Node) -> bool | None:
+    return True if node.op_type == "ConstantOfShape" else None
+
+
+def _infer_shapes(model: ir.Model) -> None:
+    try:
+        common_passes.ShapeInferencePass()(model)
+    except Exception as error:  # shape inference raises InferenceError on ill-typed graphs
+        raise InvalidModelError(f"Type and shape inference failed: {_first_line(error)}",
+                                hint="Check the input shapes (input_shape_dict) and the model.") from error
+
+
+def _remove_unused_initializers(model: ir.Model) -> None:
+    """Drop initializers left behind by discarded ``If`` branches (RemoveUnusedNodes keeps them)."""
+    outputs = set(model.graph.outputs)
+    for name, value in list(model.graph.initializers.items()):
+        if not value.uses() and value not in outputs:
+            del model.graph.initializers[name]
+
+
+def _strip_foreign_metadata(model: ir.Model) -> None:
+    for node in model.graph:
+        for key in [k for k in node.metadata_props if not k.startswith("mblt.")]:
+            del node.metadata_props[key]
+
+
+def _check_mblt_ops(model: ir.Model) -> None:
+    offending: dict[str, list[str]] = {}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if not opset.is_mblt_op(node.domain, node.op_type):
+            offending.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY) or node.name)
+    if offending:
+        raise unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)")
+
+
+def _check_static_shapes(model: ir.Model) -> None:
+    dynamic = []
+    for node in model.graph:
+        for value in node.outputs:
+            if value.shape is None or not all(_is_static(d) and d >= 0 for d in value.shape.dims):
+                dynamic.append(f"{value.name} ({_shape_text(value.shape)})")
+    if dynamic:
+        raise DynamicShapeError(
+            f"{len(dynamic)} tensor(s) have no static shape after canonicalization: {', '.join(dynamic[:5])}.",
+            hint="Pin the model's input shapes with input_shape_dict; data-dependent shapes are not supported.")
+
+
+def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str) -> UnsupportedOpsError:
+    """One error listing every offending op type with its count and first node names."""
+    counts = Counter({op: len(nodes) for op, nodes in offending.items()})
+    ops = [{"op": op, "count": count, "nodes": offending[op][:3], "reason": reason}
+           for op, count in counts.most_common()]
+    listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])})" for o in ops)
+    return UnsupportedOpsError(f"{sum(counts.values())} node(s) use operators the compiler cannot parse: "
+                               f"{listing} — {reason}.",
+                               hint="Replace these operators in the source model or export it differently.",
+                               ops=ops)
+
+
+def _has_schema(node: ir.Node, opset_imports: Mapping[str, int]) -> bool:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    version = node.version or opset_imports.get(domain) or opset_imports.get(node.domain)
+    if version is None:
+        return False
+    try:
+        onnx.defs.get_schema(node.op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _qualified(node: ir.Node) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def _is_static(dim: object) -> bool:
+    return isinstance(dim, int)
+
+
+def _shape_text(dims: object) -> str:
+    if dims is None:
+        return "unknown"
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

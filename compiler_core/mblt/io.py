@@ -1,0 +1,127 @@
+"""MBLT file I/O: atomic write with metadata and provenance, validated read."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from compiler_core import __version__
+from compiler_core.errors import ModelLoadError
+from compiler_core.fileio import atomic_write
+from compiler_core.mblt import opset
+
+logger = logging.getLogger(__name__)
+
+PRODUCER_NAME = "qbcompiler"
+FORMAT_KEY = "mblt.format_version"
+PROVENANCE_KEY = "mblt.provenance"
+INPUTS_KEY = "mblt.inputs"
+_EXTERNAL_THRESHOLD = 1_800_000_000  # bytes of weights: beyond this, keep them beside the file
+
+
+def make_provenance(*, source_path: str | None, source_sha256: str | None, backend: str,
+                    parser_options: Mapping[str, Any] | None = None,
+                    feed_dict_fingerprint: str | None = None) -> dict[str, Any]:
+    """The provenance record stored in every MBLT (DESIGN section 5)."""
+    return {
+        "source_path": source_path,
+        "source_sha256": source_sha256,
+        "backend": backend,
+        "compiler": PRODUCER_NAME,
+        "compiler_version": __version__,
+        "parser_options": dict(parser_options or {}),
+        "feed_dict_fingerprint": feed_dict_fingerprint,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def describe_inputs(model: ir.Model) -> list[dict[str, Any]]:
+    """Name, shape, dtype and the layout hint of each graph input."""
+    return [{"name": v.name, "shape": [int(d) for d in v.shape], "dtype": v.dtype.name.lower(),
+             "layout": _layout_hint(v)} for v in model.graph.inputs]
+
+
+def _layout_hint(value: ir.Value) -> str:
+    dims = list(value.shape)
+    if len(dims) == 4:
+        return "NCHW" if dims[1] in (1, 3, 4) or dims[1] < dims[3] else "NHWC"
+    return {3: "NCW", 2: "NC"}.get(len(dims), "")
+
+
+def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any]) -> Path:
+    """Stamp format metadata and provenance on ``model`` and write it atomically.
+
+    Raises:
+        OutputWriteError: the file cannot be written.
+    """
+    model.ir_version = opset.MBLT_IR_VERSION
+    model.producer_name = PRODUCER_NAME
+    model.producer_version = __version__
+    model.metadata_props[FORMAT_KEY] = opset.MBLT_FORMAT_VERSION
+    model.metadata_props[PROVENANCE_KEY] = json.dumps(provenance, sort_keys=True)
+    model.metadata_props[INPUTS_KEY] = json.dumps(describe_inputs(model))
+    path = Path(path)
+    weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    if weights > _EXTERNAL_THRESHOLD:
+        return _write_with_external_data(model, path)
+    data = ir.to_proto(model).SerializeToString(deterministic=True)
+    return atomic_write(path, lambda temp: temp.write_bytes(data))
+
+
+def _write_with_external_data(model: ir.Model, path: Path) -> Path:
+    """Over 1.8 GB of weights: the data file goes beside the MBLT (the .mblt itself is renamed in last)."""
+    data_name = path.name + ".data"
+    logger.info("Weights over 1.8 GB: writing them to %s beside the MBLT", data_name)
+    return atomic_write(path, lambda temp: ir.save(model, temp, format="protobuf", external_data=data_name))
+
+
+def load_mblt(path: str | Path) -> ir.Model:
+    """Read an MBLT file, checking that it is one.
+
+    Raises:
+        ModelLoadError: missing, unreadable, or not written by this compiler's parse stage.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"MBLT file '{path}' does not exist.", hint="Check the path, or run `qbcompiler parse` first.",
+                             file=str(path))
+    try:
+        model = ir.load(path)
+    except (DecodeError, ValueError, OSError) as error:
+        raise ModelLoadError(f"'{path.name}' cannot be read as an MBLT (truncated or wrong file): {error}.",
+                             hint="Parse the source model again.", file=str(path)) from error
+    if FORMAT_KEY not in model.metadata_props:
+        raise ModelLoadError(f"'{path.name}' is an ONNX file but not an MBLT (no {FORMAT_KEY} metadata).",
+                             hint="Run `qbcompiler parse --model FILE` to make an MBLT from it.", file=str(path))
+    return model
+
+
+def read_provenance(path: str | Path) -> dict[str, Any]:
+    """The provenance record of an MBLT file, plus its format version and inputs."""
+    proto = _read_header_proto(Path(path))
+    props = {entry.key: entry.value for entry in proto.metadata_props}
+    if FORMAT_KEY not in props:
+        raise ModelLoadError(f"'{Path(path).name}' is not an MBLT (no {FORMAT_KEY} metadata).",
+                             hint="Run `qbcompiler parse` to make one.", file=str(path))
+    record = json.loads(props.get(PROVENANCE_KEY, "{}"))
+    record["format_version"] = props[FORMAT_KEY]
+    record["inputs"] = json.loads(props.get(INPUTS_KEY, "[]"))
+    return record
+
+
+def _read_header_proto(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise ModelLoadError(f"MBLT file '{path}' does not exist.", hint="Check the path.", file=str(path))
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as error:
+        raise ModelLoadError(f"'{path.name}' cannot be read as an MBLT: {error}.",
+                             hint="Parse the source model again.", file=str(path)) from error

@@ -1,0 +1,73 @@
+"""Canonical, stable names for MBLT nodes and values.
+
+Nodes are named ``<OpType>_<n>`` in topological order (``Conv_0``, ``Relu_3``), so the same source
+model always gives the same names and they are safe in Netron element ids and CSS selectors. The
+source framework's name is kept in the node's ``mblt.source_name`` metadata. Graph inputs and
+outputs keep their names (users feed and read them); other values are named after their producer,
+initializers after their first consumer and the operand's schema name (``Conv_0.W``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import onnx
+import onnx_ir as ir
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def assign_canonical_names(model: ir.Model) -> None:
+    """Rename every node and non-interface value of the main graph in place."""
+    graph = model.graph
+    reserved = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+    counters: Counter[str] = Counter()
+    taken = set(reserved)
+    for node in graph:
+        node.name = _next_name(_UNSAFE.sub("_", node.op_type), counters)
+        for index, value in enumerate(node.outputs):
+            if value.name in reserved:
+                continue
+            value.name = _unique(node.name if len(node.outputs) == 1 else f"{node.name}:{index}", taken)
+    _name_initializers(graph, taken)
+
+
+def _name_initializers(graph: ir.Graph, taken: set[str]) -> None:
+    # Renaming a value re-keys graph.initializers, so iterate over a snapshot.
+    for value in list(graph.initializers.values()):
+        if not (value.is_graph_input() or value.is_graph_output()):
+            value.name = _unique(_initializer_name(value), taken)
+
+
+def _initializer_name(value: ir.Value) -> str:
+    uses = value.uses()
+    if not uses:
+        return "const"
+    node, index = uses[0]
+    return f"{node.name}.{_operand_name(node, index)}"
+
+
+def _operand_name(node: ir.Node, index: int) -> str:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, 21, node.domain)
+    except onnx.defs.SchemaError:
+        return f"in{index}"
+    formal = schema.inputs
+    if index < len(formal):
+        return formal[index].name
+    return f"{formal[-1].name}{index}" if formal else f"in{index}"
+
+
+def _next_name(prefix: str, counters: Counter[str]) -> str:
+    name = f"{prefix}_{counters[prefix]}"
+    counters[prefix] += 1
+    return name
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, suffix = name, 1
+    while candidate in taken:
+        candidate, suffix = f"{name}_{suffix}", suffix + 1
+    taken.add(candidate)
+    return candidate
