@@ -32,7 +32,14 @@ from compiler_core.config.models import (
     Uint8InputConfig,
     layer_matches,
 )
-from compiler_core.config.presets import PRESETS, Preset, describe_preset, list_presets, preset_names
+from compiler_core.config.presets import (
+    PRESETS,
+    Preset,
+    describe_preset,
+    describe_presets,
+    list_presets,
+    preset_names,
+)
 from compiler_core.config.resolve import (
     EXPLICIT_ARGUMENTS,
     SUB_CONFIGS,
@@ -73,6 +80,7 @@ __all__ = [
     "Uint8InputConfig",
     "deep_merge",
     "describe_preset",
+    "describe_presets",
     "dump_default_config",
     "explicit_fields",
     "format_validation_error",

@@ -281,13 +281,7 @@ class SaveSampleConfig(ConfigSection):
     """Saving input/output samples next to the MXQ (``saveSample``)."""
 
     apply: bool = Field(False, description="Save sample inputs and reference outputs.")
-    count: int = Field(0, ge=0, description="Number of samples saved; at least 1 when apply is true.")
-
-    @model_validator(mode="after")
-    def _count_when_applied(self) -> SaveSampleConfig:
-        if self.apply and self.count < 1:
-            raise ValueError("count must be at least 1 when apply is true")
-        return self
+    count: int = Field(0, ge=0, description="Number of samples saved; 0 saves every held-out analysis sample.")
 
 
 class QuantizationGroup(ConfigSection):

@@ -93,6 +93,11 @@ def list_presets() -> list[dict[str, str]]:
     return [{"name": name, "description": preset.description} for name, preset in PRESETS.items()]
 
 
+def describe_presets() -> dict[str, str]:
+    """Preset name -> one-line description, in registry order."""
+    return {name: preset.description for name, preset in PRESETS.items()}
+
+
 def preset_names() -> list[str]:
     """The preset names, in registry order."""
     return list(PRESETS)

@@ -116,9 +116,9 @@ def _explicit_layer(explicit_args: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ArgumentError(f"Unknown config argument(s): {', '.join(unknown)}.",
                             hint=f"Valid arguments: {', '.join([*EXPLICIT_ARGUMENTS, *SUB_CONFIGS])}.")
-    given = [EXPLICIT_ARGUMENTS[name](value) for name, value in explicit_args.items() if value is not None]
-    data = reduce(deep_merge, given, {})
-    return explicit_fields(CompileConfig.from_dict(data, source="arguments"))
+    layers = [explicit_fields(CompileConfig.from_dict(EXPLICIT_ARGUMENTS[name](value), source=f"argument {name}"))
+              for name, value in explicit_args.items() if value is not None]
+    return reduce(deep_merge, layers, {})
 
 
 def explicit_fields(model: BaseModel) -> dict[str, Any]:

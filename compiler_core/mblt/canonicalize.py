@@ -102,7 +102,7 @@ def _check_known_ops(model: ir.Model) -> None:
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if (node.domain, node.op_type) in functions or _has_schema(node, model.opset_imports):
             continue
-        unknown.setdefault(_qualified(node), []).append(node.name or "<unnamed>")
+        unknown.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY, node.name))
     if unknown:
         raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)")
 
@@ -312,7 +312,7 @@ def _qualified(node: ir.Node) -> str:
 
 
 def _is_static(dim: object) -> bool:
-    return isinstance(dim, int)
+    return isinstance(dim, int) and dim >= 0  # Paddle writes -1 for dynamic dims
 
 
 def _shape_text(dims: object) -> str:

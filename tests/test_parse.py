@@ -1,0 +1,255 @@
+"""Parse stage: canonicalization passes, MBLT I/O, provenance and bad input, on small built models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler_core.api import mblt_compile, parse_model, read_provenance
+from compiler_core.errors import (
+    ArgumentError,
+    CancelledError,
+    DynamicShapeError,
+    ModelLoadError,
+    UnsupportedOpsError,
+)
+from compiler_core.fileio import sha256_file
+from compiler_core.mblt.io import load_mblt
+from compiler_core.progress import CancelToken
+
+RNG = np.random.default_rng(0)
+
+
+def _tensor(name: str, *shape: int, offset: float = 0.0) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.5 + offset).astype(np.float32), name)
+
+
+def _conv_bn_model(batch: object = "N", opset: int = 13) -> onnx.ModelProto:
+    """Conv (weights in a Constant) + BN + Relu + Identity + Dropout + Add + a standalone BN."""
+    stats = [_tensor(n, 4, offset=1.0 if n in ("s", "v") else 0.0) for n in "sbmv"]
+    stats[3] = numpy_helper.from_array(np.abs(numpy_helper.to_array(stats[3])) + 0.1, "v")
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=_tensor("w", 4, 3, 3, 3), name="conv.weight"),
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="features/conv"),
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="features/bn"),
+        helper.make_node("Relu", ["bn"], ["r"], name="features/relu"),
+        helper.make_node("Identity", ["r"], ["i"], name="identity"),
+        helper.make_node("Dropout", ["i"], ["d"], name="dropout"),
+        helper.make_node("Add", ["d", "d"], ["a"], name="residual"),
+        helper.make_node("BatchNormalization", ["a", "s", "b", "m", "v"], ["y"], name="head/bn"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], stats)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _run(path, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.fixture
+def conv_bn_path(tmp_path):
+    return _save(_conv_bn_model(), tmp_path / "conv_bn.onnx")
+
+
+def test_canonical_form_and_numerics(conv_bn_path, tmp_path):
+    out = mblt_compile(conv_bn_path, tmp_path / "m.mblt")
+    proto = onnx.load(str(out))
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops == ["Conv", "Relu", "Add", "Mul", "Add"]  # BN fused / decomposed, Identity+Dropout gone
+    assert proto.ir_version == 10 and proto.opset_import[0].version == 21
+    assert proto.producer_name == "qbcompiler"
+    assert [n.name for n in proto.graph.node] == ["Conv_0", "Relu_0", "Add_0", "Mul_0", "Add_1"]
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1  # batch pinned
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    expected, actual = _run(conv_bn_path, {"x": x})[0], _run(out, {"x": x})[0]
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_source_names_survive_fusion(conv_bn_path, tmp_path):
+    proto = onnx.load(str(mblt_compile(conv_bn_path, tmp_path / "m.mblt")))
+    source = {n.name: {p.key: p.value for p in n.metadata_props}["mblt.source_name"] for n in proto.graph.node}
+    assert set(source["Conv_0"].split(", ")) == {"features/conv", "features/bn"}
+    assert source["Relu_0"] == "features/relu"
+    assert source["Mul_0"] == source["Add_1"] == "head/bn"
+    assert all(p.key.startswith("mblt.") for n in proto.graph.node for p in n.metadata_props)
+
+
+def test_output_is_deterministic(conv_bn_path, tmp_path):
+    first = onnx.load(str(mblt_compile(conv_bn_path, tmp_path / "a.mblt")))
+    second = onnx.load(str(mblt_compile(conv_bn_path, tmp_path / "b.mblt")))
+    for proto in (first, second):
+        del proto.metadata_props[:]  # provenance holds the creation time
+    assert first.SerializeToString(deterministic=True) == second.SerializeToString(deterministic=True)
+
+
+def test_provenance(conv_bn_path, tmp_path):
+    out = mblt_compile(conv_bn_path, tmp_path / "m.mblt", input_shape_dict={"x": [1, 3, 8, 8]})
+    record = read_provenance(out)
+    assert record["source_sha256"] == sha256_file(conv_bn_path)
+    assert record["backend"] == "onnx"
+    assert record["parser_options"]["input_shape_dict"] == {"x": [1, 3, 8, 8]}
+    assert record["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float", "layout": "NCHW"}]
+    assert load_mblt(out).graph.num_nodes() == 5
+
+
+def test_constant_subgraph_folded(tmp_path):
+    """Shape arithmetic feeding a Reshape folds away once the input shape is static."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "s.onnx")
+    proto = onnx.load(str(mblt_compile(src, tmp_path / "s.mblt")))
+    assert [n.op_type for n in proto.graph.node] == ["Reshape", "Relu"]
+    assert [d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim] == [1, 6]
+
+
+def test_constant_inputs_are_bound(tmp_path):
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                                           helper.make_tensor_value_info("k", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "k.onnx")
+    out = mblt_compile(src, tmp_path / "k.mblt", constant_inputs={"k": [3.0]})
+    assert [i.name for i in onnx.load(str(out)).graph.input] == ["x"]
+    np.testing.assert_allclose(_run(out, {"x": np.ones((1, 4), np.float32)})[0], 3.0)
+
+
+def test_external_data_is_read(tmp_path):
+    model = _conv_bn_model(batch=1)
+    onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=0)
+    out = mblt_compile(tmp_path / "ext.onnx", tmp_path / "ext.mblt")
+    assert onnx.load(str(out)).graph.node[0].op_type == "Conv"
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+def _assert_nothing_written(tmp_path, name="out.mblt"):
+    assert not (tmp_path / name).exists()
+    assert not list(tmp_path.glob(".*.part"))
+
+
+@pytest.mark.parametrize("content", [b"", b"definitely not a protobuf \x00\xff", b"\x08\x07"])
+def test_non_onnx_files(tmp_path, content):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    with pytest.raises(ModelLoadError):
+        mblt_compile(bad, tmp_path / "out.mblt")
+    _assert_nothing_written(tmp_path)
+
+
+def test_truncated_onnx(conv_bn_path, tmp_path):
+    data = open(conv_bn_path, "rb").read()
+    (tmp_path / "trunc.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        mblt_compile(tmp_path / "trunc.onnx", tmp_path / "out.mblt")
+    _assert_nothing_written(tmp_path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        mblt_compile(tmp_path / "nope.onnx", tmp_path / "out.mblt")
+
+
+def test_missing_external_data(tmp_path):
+    onnx.save(_conv_bn_model(batch=1), str(tmp_path / "ext.onnx"), save_as_external_data=True,
+              location="weights.bin", size_threshold=0)
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(ModelLoadError, match="weights.bin") as info:
+        mblt_compile(tmp_path / "ext.onnx", tmp_path / "out.mblt")
+    assert "missing" in str(info.value)
+    _assert_nothing_written(tmp_path)
+
+
+def test_unknown_ops_listed_together(tmp_path):
+    nodes = [helper.make_node("FancyOp", ["x"], ["a"], domain="com.example", name="f1"),
+             helper.make_node("FancyOp", ["a"], ["b"], domain="com.example", name="f2"),
+             helper.make_node("Relu", ["b"], ["c"]),
+             helper.make_node("Frobnicate", ["c"], ["y"], name="frob")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example", 1)])
+    src = _save(model, tmp_path / "u.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    ops = {entry["op"]: entry for entry in info.value.fields["ops"]}
+    assert ops["com.example::FancyOp"]["count"] == 2 and ops["com.example::FancyOp"]["nodes"] == ["f1", "f2"]
+    assert ops["Frobnicate"]["nodes"] == ["frob"]
+    assert "FancyOp x2" in str(info.value) and "Frobnicate x1" in str(info.value)
+    _assert_nothing_written(tmp_path)
+
+
+def test_op_outside_mblt_opset(tmp_path):
+    nodes = [helper.make_node("NonZero", ["x"], ["y"], name="nz")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "nz.onnx")
+    with pytest.raises(UnsupportedOpsError, match="NonZero"):
+        mblt_compile(src, tmp_path / "out.mblt")
+
+
+def test_unpinnable_dynamic_dim(tmp_path):
+    model = _conv_bn_model()
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    src = _save(model, tmp_path / "dyn.onnx")
+    with pytest.raises(DynamicShapeError, match="dim 2 \\(H\\)") as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert "--input-shape x=" in str(info.value)
+    out = mblt_compile(src, tmp_path / "out.mblt", input_shape_dict={"x": [1, 3, 8, 8]})
+    assert out.exists()
+
+
+@pytest.mark.parametrize("shapes", [{"nope": [1, 3, 8, 8]}, {"x": [1, 3, 8]}, {"x": [1, 4, 8, 8]}])
+def test_bad_input_shape_dict(conv_bn_path, tmp_path, shapes):
+    with pytest.raises(ArgumentError):
+        mblt_compile(conv_bn_path, tmp_path / "out.mblt", input_shape_dict=shapes)
+    _assert_nothing_written(tmp_path)
+
+
+def test_cancel_leaves_nothing(conv_bn_path, tmp_path):
+    token = CancelToken()
+    events = []
+
+    def cancel_midway(event):
+        events.append(event)
+        if event.stage == "canonicalize" and event.done == 3:
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        mblt_compile(conv_bn_path, tmp_path / "out.mblt", callback=cancel_midway, cancel_token=token)
+    _assert_nothing_written(tmp_path)
+    assert events[0].stage == "load"
+
+
+def test_progress_events_cover_every_stage(conv_bn_path, tmp_path):
+    events = []
+    mblt_compile(conv_bn_path, tmp_path / "m.mblt", callback=events.append)
+    assert [e.stage for e in events if e.done == 0] == ["load", "canonicalize", "write"]
+    assert json.dumps([e.to_dict() for e in events])
+
+
+def test_parse_model_in_memory(conv_bn_path):
+    graph, provenance = parse_model(conv_bn_path)
+    assert graph.graph.num_nodes() == 5 and provenance["backend"] == "onnx"
