@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -161,7 +162,7 @@ def test_non_onnx_files(tmp_path, content):
 
 
 def test_truncated_onnx(conv_bn_path, tmp_path):
-    data = open(conv_bn_path, "rb").read()
+    data = Path(conv_bn_path).read_bytes()
     (tmp_path / "trunc.onnx").write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadError, match="truncated"):
         mblt_compile(tmp_path / "trunc.onnx", tmp_path / "out.mblt")

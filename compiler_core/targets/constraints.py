@@ -273,7 +273,9 @@ def rnn_layout(node: ir.Node) -> str | None:
         return reason
     unsupported = [name for name in _rnn_activations(node) if name not in RNN_ACTIVATIONS]
     if unsupported:
-        return f"{node.op_type} gate activation {unsupported[0]} not supported; use {', '.join(RNN_ACTIVATIONS)}"
+        return (
+            f"{node.op_type} gate activation {unsupported[0]} not supported; use {', '.join(RNN_ACTIVATIONS)}"
+        )
     return None
 
 

@@ -114,24 +114,50 @@ _PRECISIONS = {"weight_precisions": ("int4", "int8", "int16"), "activation_preci
 
 _PROFILES = (
     DeviceProfile(
-        name="aries-rb", chip=ARIES, clusters=2, cores_per_cluster=4, dram_bandwidth_bytes_per_s=66.7e9,
-        has_mfu=True, inference_schemes=(*ARIES_CORE_MODES, SCHEME_ALL), **_ARIES_CORE, **_PRECISIONS,
+        name="aries-rb",
+        chip=ARIES,
+        clusters=2,
+        cores_per_cluster=4,
+        dram_bandwidth_bytes_per_s=66.7e9,
+        has_mfu=True,
+        inference_schemes=(*ARIES_CORE_MODES, SCHEME_ALL),
+        **_ARIES_CORE,
+        **_PRECISIONS,
         description="ARIES PCIe card: 2 clusters x 4 cores, about 80 TOPS INT8, MFU",
     ),
     DeviceProfile(
-        name="regulus-ra", chip=REGULUS, clusters=1, cores_per_cluster=1, has_mfu=False,
-        inference_schemes=("single",), **_REGULUS_CORE, **_PRECISIONS,
+        name="regulus-ra",
+        chip=REGULUS,
+        clusters=1,
+        cores_per_cluster=1,
+        has_mfu=False,
+        inference_schemes=("single",),
+        **_REGULUS_CORE,
+        **_PRECISIONS,
         description="REGULUS SoC, older boards: 1 core, about 10 TOPS, no MFU (no LUT nonlinear ops)",
     ),
     DeviceProfile(
-        name="regulus-rb", chip=REGULUS, clusters=1, cores_per_cluster=1, has_mfu=True,
-        inference_schemes=("single",), **_REGULUS_CORE, **_PRECISIONS,
+        name="regulus-rb",
+        chip=REGULUS,
+        clusters=1,
+        cores_per_cluster=1,
+        has_mfu=True,
+        inference_schemes=("single",),
+        **_REGULUS_CORE,
+        **_PRECISIONS,
         description="REGULUS SoC: 1 core, about 10 TOPS, MFU",
     ),
     DeviceProfile(
-        name="regulus-rb-usb", chip=REGULUS, clusters=1, cores_per_cluster=1, has_mfu=True,
-        inference_schemes=("single",), float_io=False, usb_transfer_bytes_per_s=400e6,
-        **_REGULUS_CORE, **_PRECISIONS,
+        name="regulus-rb-usb",
+        chip=REGULUS,
+        clusters=1,
+        cores_per_cluster=1,
+        has_mfu=True,
+        inference_schemes=("single",),
+        float_io=False,
+        usb_transfer_bytes_per_s=400e6,
+        **_REGULUS_CORE,
+        **_PRECISIONS,
         description="REGULUS over USB 3.0 (about 400 MB/s): as regulus-rb, integer-only NPU I/O",
     ),
 )
@@ -171,13 +197,17 @@ def get_device(name: str) -> DeviceProfile:
         chip_devices = ", ".join(devices_for_chip(key))
         raise ArgumentError(
             f"'{name}' is a chip name, not a device string; {key.upper()} devices are: {chip_devices}.",
-            hint=f"Pass one of: {valid}.", argument="target_device", value=name,
+            hint=f"Pass one of: {valid}.",
+            argument="target_device",
+            value=name,
         )
     close = difflib.get_close_matches(key, list(DEVICES), n=1)
     suggestion = f" Did you mean '{close[0]}'?" if close else ""
     raise ArgumentError(
         f"Unknown target device {name!r}.{suggestion}",
-        hint=f"Valid device strings: {valid}.", argument="target_device", value=str(name),
+        hint=f"Valid device strings: {valid}.",
+        argument="target_device",
+        value=str(name),
     )
 
 
@@ -208,6 +238,10 @@ def validate_inference_scheme(device: str | DeviceProfile, scheme: str) -> list[
     raise ArgumentError(
         f"inference_scheme {scheme!r} is not available on {profile.name} "
         f"({profile.chip}, {profile.total_cores} core(s)); allowed: {allowed}.",
-        hint="On REGULUS only 'single' exists ('all' means 'single' there)." if profile.chip == REGULUS else "",
-        argument="inference_scheme", value=str(scheme), device=profile.name,
+        hint="On REGULUS only 'single' exists ('all' means 'single' there)."
+        if profile.chip == REGULUS
+        else "",
+        argument="inference_scheme",
+        value=str(scheme),
+        device=profile.name,
     )

@@ -104,7 +104,9 @@ class OpRule:
         """The first constraint ``node`` violates, as a reason string, or None if it complies."""
         generic = (
             c.rank_at_most(node, self.max_rank),
-            c.batch_of(node.inputs[0], self.batch_axis) if self.batch_axis is not None and node.inputs else None,
+            c.batch_of(node.inputs[0], self.batch_axis)
+            if self.batch_axis is not None and node.inputs
+            else None,
             c.constant_inputs(node, self.const_inputs),
             c.activation_dtypes(node, self.activation_dtypes),
         )
@@ -129,24 +131,45 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "MatMul": OpRule(MAC, max_rank=4),
     "Gemm": OpRule(MAC, const_inputs=(2,)),
     "Einsum": OpRule(MAC, (c.einsum_equation,), max_rank=4),
-    "LSTM": OpRule(MAC, (c.rnn_layout,), const_inputs=(1, 2, 3, 4, 5, 6, 7), mfu_when=c.rnn_uses_lut,
-                   mfu_use="its sigmoid/tanh gate look-up tables"),
-    "GRU": OpRule(MAC, (c.rnn_layout,), const_inputs=(1, 2, 3, 4, 5), mfu_when=c.rnn_uses_lut,
-                  mfu_use="its sigmoid/tanh gate look-up tables"),
-    "RNN": OpRule(MAC, (c.rnn_layout,), const_inputs=(1, 2, 3, 4, 5), mfu_when=c.rnn_uses_lut,
-                  mfu_use="its tanh/sigmoid look-up table"),
+    "LSTM": OpRule(
+        MAC,
+        (c.rnn_layout,),
+        const_inputs=(1, 2, 3, 4, 5, 6, 7),
+        mfu_when=c.rnn_uses_lut,
+        mfu_use="its sigmoid/tanh gate look-up tables",
+    ),
+    "GRU": OpRule(
+        MAC,
+        (c.rnn_layout,),
+        const_inputs=(1, 2, 3, 4, 5),
+        mfu_when=c.rnn_uses_lut,
+        mfu_use="its sigmoid/tanh gate look-up tables",
+    ),
+    "RNN": OpRule(
+        MAC,
+        (c.rnn_layout,),
+        const_inputs=(1, 2, 3, 4, 5),
+        mfu_when=c.rnn_uses_lut,
+        mfu_use="its tanh/sigmoid look-up table",
+    ),
     # Pooling.
     "MaxPool": OpRule(VEC, (c.pool_window, c.no_pool_indices), **_POOL),
     "AveragePool": OpRule(VEC, (c.pool_window,), **_POOL),
-    "LpPool": OpRule(VEC, (c.pool_window,), mfu_when=c.lp_needs_root, mfu_use="power and root tables", **_POOL),
+    "LpPool": OpRule(
+        VEC, (c.pool_window,), mfu_when=c.lp_needs_root, mfu_use="power and root tables", **_POOL
+    ),
     "GlobalAveragePool": OpRule(VEC, (c.global_pool_rank,), **_POOL),
     "GlobalMaxPool": OpRule(VEC, (c.global_pool_rank,), **_POOL),
-    "GlobalLpPool": OpRule(VEC, (c.global_pool_rank,), mfu_when=c.lp_needs_root,
-                           mfu_use="power and root tables", **_POOL),
+    "GlobalLpPool": OpRule(
+        VEC, (c.global_pool_rank,), mfu_when=c.lp_needs_root, mfu_use="power and root tables", **_POOL
+    ),
     # Normalisation.
     "BatchNormalization": OpRule(
-        VEC, (c.int_attribute_is("training_mode", 0, 0, "training statistics are not computed"),),
-        const_inputs=(1, 2, 3, 4), batch_axis=0),
+        VEC,
+        (c.int_attribute_is("training_mode", 0, 0, "training statistics are not computed"),),
+        const_inputs=(1, 2, 3, 4),
+        batch_axis=0,
+    ),
     "LayerNormalization": _lut("its int16 normalisation routine", **_NORM),
     "GroupNormalization": _lut("its int16 normalisation routine", batch_axis=0, **_NORM),
     "InstanceNormalization": _lut("its int16 normalisation routine", batch_axis=0, **_NORM),
@@ -185,8 +208,12 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "Add": OpRule(VEC),
     "Sub": OpRule(VEC),
     "Mul": OpRule(VEC),
-    "Div": OpRule(VEC, mfu_when=c.divisor_is_dynamic, mfu_use="the reciprocal table of a non-constant divisor"),
-    "Pow": OpRule(VEC, mfu_when=c.exponent_needs_lut, mfu_use="a power look-up table (exponent not 1, 2 or 3)"),
+    "Div": OpRule(
+        VEC, mfu_when=c.divisor_is_dynamic, mfu_use="the reciprocal table of a non-constant divisor"
+    ),
+    "Pow": OpRule(
+        VEC, mfu_when=c.exponent_needs_lut, mfu_use="a power look-up table (exponent not 1, 2 or 3)"
+    ),
     "Neg": OpRule(VEC),
     "Abs": OpRule(VEC),
     "Sign": OpRule(VEC),
@@ -228,20 +255,34 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "TopK": OpRule(VEC, **_AXES),
     "NonMaxSuppression": OpRule(VEC, const_inputs=(2, 3, 4)),
     # Interpolation and sampling.
-    "Resize": OpRule(VEC, (c.attribute_in("mode", ("nearest", "linear"), "nearest"), c.no_antialias,
-                           c.attribute_in("coordinate_transformation_mode",
-                                          ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
-                                           "half_pixel_symmetric"), "half_pixel"),
-                           c.resize_axes), const_inputs=(1, 2, 3), batch_axis=0),
-    "GridSample": OpRule(VEC, (c.attribute_in("mode", ("linear", "bilinear", "nearest"), "linear"),
-                               c.grid_sample_rank), batch_axis=0),
+    "Resize": OpRule(
+        VEC,
+        (
+            c.attribute_in("mode", ("nearest", "linear"), "nearest"),
+            c.no_antialias,
+            c.attribute_in(
+                "coordinate_transformation_mode",
+                ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"),
+                "half_pixel",
+            ),
+            c.resize_axes,
+        ),
+        const_inputs=(1, 2, 3),
+        batch_axis=0,
+    ),
+    "GridSample": OpRule(
+        VEC,
+        (c.attribute_in("mode", ("linear", "bilinear", "nearest"), "linear"), c.grid_sample_rank),
+        batch_axis=0,
+    ),
     # Data movement.
     "Transpose": OpRule(DMA),
     "Slice": OpRule(DMA, const_inputs=(1, 2, 3, 4)),
     "Concat": OpRule(DMA),
     "Split": OpRule(DMA, **_AXES),
-    "Pad": OpRule(DMA, (c.attribute_in("mode", ("constant", "reflect", "edge"), "constant"),),
-                  const_inputs=(1, 2, 3)),
+    "Pad": OpRule(
+        DMA, (c.attribute_in("mode", ("constant", "reflect", "edge"), "constant"),), const_inputs=(1, 2, 3)
+    ),
     "Gather": OpRule(DMA, **_AXES),
     "GatherElements": OpRule(DMA, **_AXES),
     "GatherND": OpRule(DMA, **_AXES),

@@ -67,8 +67,14 @@ class NodeSupport:
 
     def to_dict(self) -> dict[str, str]:
         """JSON-serialisable form."""
-        return {"node": self.node, "op_type": self.op_type, "status": self.status.value,
-                "reason": self.reason, "unit": self.unit, "source_name": self.source_name}
+        return {
+            "node": self.node,
+            "op_type": self.op_type,
+            "status": self.status.value,
+            "reason": self.reason,
+            "unit": self.unit,
+            "source_name": self.source_name,
+        }
 
 
 @dataclass
@@ -115,8 +121,13 @@ class SupportReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form: device, counts, flags and every node's verdict."""
-        return {"device": self.device, "counts": self.counts(), "all_supported": self.all_supported,
-                "compilable": self.compilable, "nodes": [entry.to_dict() for entry in self.entries.values()]}
+        return {
+            "device": self.device,
+            "counts": self.counts(),
+            "all_supported": self.all_supported,
+            "compilable": self.compilable,
+            "nodes": [entry.to_dict() for entry in self.entries.values()],
+        }
 
     def unsupported_error(self) -> UnsupportedOpsError | None:
         """Build the error listing every blocking op type, or None when nothing blocks.
@@ -128,16 +139,22 @@ class SupportReport:
         if not groups:
             return None
         ops = [_op_summary(op_type, entries) for op_type, entries in groups.items()]
-        listing = "; ".join(f"{op['op']} x{op['count']} ({', '.join(op['nodes'])}): {op['reason']}" for op in ops)
+        listing = "; ".join(
+            f"{op['op']} x{op['count']} ({', '.join(op['nodes'])}): {op['reason']}" for op in ops
+        )
         count = sum(op["count"] for op in ops)
         return UnsupportedOpsError(
-            f"{count} node(s) of {len(ops)} op type(s) cannot run on {self.device}: {listing}",
-            hint=self._hint(groups), device=self.device, ops=ops,
+            f"{count} node(s) of {len(ops)} op type(s) cannot run on {self.device}: {listing}.",
+            hint=self._hint(groups),
+            device=self.device,
+            ops=ops,
         )
 
     def _hint(self, groups: dict[str, list[NodeSupport]]) -> str:
         hint = "Compile with cpu_offload to run unsupported head/tail groups on the CPU"
-        needs_mfu = any(entry.status == SupportStatus.NEEDS_MFU for group in groups.values() for entry in group)
+        needs_mfu = any(
+            entry.status == SupportStatus.NEEDS_MFU for group in groups.values() for entry in group
+        )
         alternatives = mfu_devices(self.device) if needs_mfu else []
         if alternatives:
             hint += f", or target a device with the MFU ({', '.join(alternatives)})"
@@ -173,8 +190,10 @@ def _mfu_reason(op_type: str, use: str, profile: DeviceProfile) -> str:
     same_chip = [name for name in mfu_devices(profile.name) if DEVICES[name].chip == profile.chip]
     alternative = " or ".join(same_chip[:2] or mfu_devices(profile.name)[:1])
     purpose = f" for {use}" if use else ""
-    return (f"{op_type} needs the multi-function unit (MFU){purpose}, which {profile.name} does not have; "
-            f"use {alternative}, or cpu_offload")
+    return (
+        f"{op_type} needs the multi-function unit (MFU){purpose}, which {profile.name} does not have; "
+        f"use {alternative}, or cpu_offload"
+    )
 
 
 def node_support(node: ir.Node, name: str, profile: DeviceProfile) -> NodeSupport:
@@ -189,10 +208,14 @@ def node_support(node: ir.Node, name: str, profile: DeviceProfile) -> NodeSuppor
         The node's :class:`NodeSupport`; constraint violations win over a missing MFU.
     """
     label = _op_label(node)
-    base = NodeSupport(name, label, SupportStatus.SUPPORTED, source_name=node.metadata_props.get(SOURCE_NAME_KEY, ""))
+    base = NodeSupport(
+        name, label, SupportStatus.SUPPORTED, source_name=node.metadata_props.get(SOURCE_NAME_KEY, "")
+    )
     rule = get_rule(node)
     if rule is None:
-        return replace(base, status=SupportStatus.UNSUPPORTED, reason=f"unsupported: no NPU implementation of {label}")
+        return replace(
+            base, status=SupportStatus.UNSUPPORTED, reason=f"unsupported: no NPU implementation of {label}"
+        )
     base = replace(base, unit=rule.unit)
     reason = rule.violation(node)
     if reason:
@@ -227,7 +250,9 @@ def check_support(model: ir.Model, target_device: str) -> SupportReport:
         ArgumentError: ``target_device`` is not a device string.
     """
     profile = get_device(target_device)
-    entries = {name: node_support(node, name, profile) for name, node in zip(node_names(model.graph), model.graph)}
+    entries = {
+        name: node_support(node, name, profile) for name, node in zip(node_names(model.graph), model.graph)
+    }
     report = SupportReport(profile.name, entries)
     logger.debug("support check on %s: %s", profile.name, report.counts())
     return report
@@ -247,7 +272,9 @@ def format_report_table(report: SupportReport, only_flagged: bool = False) -> st
     rows = [("node", "op", "status", "reason")]
     rows += [(e.node, e.op_type, e.status.value, e.reason) for e in entries]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3] for row in rows]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3] for row in rows
+    ]
     lines = [line.rstrip() for line in lines]
     if not entries:
         lines.append("(no flagged nodes)" if only_flagged else "(empty graph)")
