@@ -129,7 +129,7 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "Conv": OpRule(MAC, (c.conv_window,), **_CONV),
     "ConvTranspose": OpRule(MAC, (c.conv_window,), **_CONV),
     "MatMul": OpRule(MAC, max_rank=4),
-    "Gemm": OpRule(MAC, const_inputs=(2,)),
+    "Gemm": OpRule(MAC),
     "Einsum": OpRule(MAC, (c.einsum_equation,), max_rank=4),
     "LSTM": OpRule(
         MAC,

@@ -1,0 +1,154 @@
+"""CPU-offload split: partition a checked model into CPU head, NPU body and CPU tail.
+
+With ``cpu_offload`` the compiler runs blocking nodes (``unsupported`` or ``needs_mfu``) on the
+host CPU, but only at the edges of the graph, so the NPU runs one contiguous body:
+
+* **CPU head** (forward, in graph order): a blocking node joins the head when every producer of
+  its inputs is a head node, a graph input, an initializer or a ``Constant`` node.
+* **CPU tail** (backward, in reverse graph order): a blocking node not in the head joins the tail
+  when every consumer of its outputs is a tail node (graph outputs and unused outputs are fine).
+* **NPU body**: every other node, in graph order. Blocking nodes left there are
+  ``inner_unsupported``: no edge split can remove them, so the compile fails on them.
+
+Supported nodes are never moved to the CPU; a node that qualifies for both head and tail (a
+graph made of one unsupported node) goes to the head. The plan is data; the backend exports the
+head and tail as ONNX (MXQ ``cpu`` section) and the runtime chains the three parts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import onnx_ir as ir
+
+from compiler_core.targets.support import SupportReport, SupportStatus, node_names
+
+logger = logging.getLogger(__name__)
+
+_INNER_NOTE = "inside the NPU body; cpu_offload moves only head/tail groups"
+_OFFLOADABLE = frozenset({SupportStatus.UNSUPPORTED, SupportStatus.NEEDS_MFU, SupportStatus.CPU_OFFLOADED})
+
+
+@dataclass
+class OffloadPlan:
+    """Node names of each part of a CPU-offload split, each list in graph order.
+
+    Attributes:
+        cpu_head: Nodes run on the CPU before the NPU body.
+        npu_body: Nodes run on the NPU.
+        cpu_tail: Nodes run on the CPU after the NPU body.
+        inner_unsupported: Body nodes the NPU cannot run (a compile error even with offload).
+    """
+
+    cpu_head: list[str] = field(default_factory=list)
+    npu_body: list[str] = field(default_factory=list)
+    cpu_tail: list[str] = field(default_factory=list)
+    inner_unsupported: list[str] = field(default_factory=list)
+
+    @property
+    def has_cpu_parts(self) -> bool:
+        """True if anything runs on the CPU."""
+        return bool(self.cpu_head or self.cpu_tail)
+
+    @property
+    def npu_ready(self) -> bool:
+        """True if the NPU body holds no blocking node."""
+        return not self.inner_unsupported
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return {
+            "cpu_head": list(self.cpu_head),
+            "npu_body": list(self.npu_body),
+            "cpu_tail": list(self.cpu_tail),
+            "inner_unsupported": list(self.inner_unsupported),
+        }
+
+
+def _is_constant_source(value: ir.Value) -> bool:
+    producer = value.producer()
+    return producer is None or producer.op_type == "Constant"
+
+
+def _head(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
+    head_nodes: set[ir.Node] = set()
+    for name, node in nodes:
+        producers_ok = all(
+            _is_constant_source(value) or value.producer() in head_nodes
+            for value in node.inputs
+            if value is not None
+        )
+        if name in offloadable and producers_ok:
+            head_nodes.add(node)
+    return {name for name, node in nodes if node in head_nodes}
+
+
+def _tail(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
+    tail_nodes: set[ir.Node] = set()
+    for name, node in reversed(nodes):
+        consumers = {consumer for value in node.outputs for consumer in value.consumers()}
+        if name in offloadable and consumers <= tail_nodes:
+            tail_nodes.add(node)
+    return {name for name, node in nodes if node in tail_nodes}
+
+
+def plan_cpu_offload(model: ir.Model, report: SupportReport) -> OffloadPlan:
+    """Split ``model`` into CPU head, NPU body and CPU tail from its support report.
+
+    Args:
+        model: The model the report was made from.
+        report: Its :class:`SupportReport` (from ``check_support``, or already offloaded).
+
+    Returns:
+        The :class:`OffloadPlan`; see the module docstring for the exact rules.
+    """
+    nodes = list(zip(node_names(model.graph), model.graph))
+    offloadable = {name for name, entry in report.entries.items() if entry.status in _OFFLOADABLE}
+    head = _head(nodes, offloadable)
+    tail = _tail(nodes, offloadable - head)
+    body = [name for name, _ in nodes if name not in head and name not in tail]
+    plan = OffloadPlan(
+        cpu_head=[name for name, _ in nodes if name in head],
+        npu_body=body,
+        cpu_tail=[name for name, _ in nodes if name in tail],
+        inner_unsupported=[name for name in body if name in offloadable],
+    )
+    logger.debug(
+        "offload plan: head %d, body %d, tail %d, inner unsupported %d",
+        len(plan.cpu_head),
+        len(plan.npu_body),
+        len(plan.cpu_tail),
+        len(plan.inner_unsupported),
+    )
+    return plan
+
+
+def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:
+    """Return a copy of ``report`` with head and tail nodes marked ``cpu_offloaded``.
+
+    Offloaded reasons read "runs on the CPU (head) because <original reason>"; blocking nodes left
+    in the NPU body keep their status, and their reason says offload cannot move them.
+
+    Args:
+        report: The report the plan was made from.
+        plan: The split from :func:`plan_cpu_offload`.
+
+    Returns:
+        A new :class:`SupportReport`; ``report`` is not modified.
+    """
+    parts = {**dict.fromkeys(plan.cpu_head, "head"), **dict.fromkeys(plan.cpu_tail, "tail")}
+    inner = set(plan.inner_unsupported)
+    entries = {}
+    for name, entry in report.entries.items():
+        if name in parts and entry.status != SupportStatus.CPU_OFFLOADED:
+            entry = replace(
+                entry,
+                status=SupportStatus.CPU_OFFLOADED,
+                reason=f"runs on the CPU ({parts[name]}) because {entry.reason}",
+            )
+        elif name in inner and _INNER_NOTE not in entry.reason:
+            entry = replace(entry, reason=f"{entry.reason} ({_INNER_NOTE})")
+        entries[name] = entry
+    return SupportReport(report.device, entries)
