@@ -136,10 +136,11 @@ def _bind_pairs(items: Sequence[str] | None) -> dict[str, Any]:
 def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     from compiler_core.api import mblt_compile, read_provenance
 
+    config = _resolve_config(args)
     output = args.output or str(Path(args.model).with_suffix(".mblt").name)
     started = time.perf_counter()
-    path = mblt_compile(args.model, output, backend=args.backend, target_device=args.target_device,
-                        input_shape_dict=_shape_pairs(args.input_shape), constant_inputs=_bind_pairs(args.bind_input),
+    path = mblt_compile(args.model, output, backend=config.backend, target_device=config.target_device,
+                        input_shape_dict=config.input_shape_dict, constant_inputs=_bind_pairs(args.bind_input),
                         callback=out.progress)
     elapsed = time.perf_counter() - started
     summary = _mblt_summary(path)
@@ -147,10 +148,10 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                "provenance": read_provenance(path)}
     text = (f"Wrote {path} ({summary['nodes']} nodes, {summary['size_bytes'] / 1e6:.2f} MB) in {elapsed:.2f} s\n"
             f"ops: {_ops_text(summary['ops'])}")
-    if args.target_device:
-        report = _support_report(path, args.target_device)
+    if config.target_device:
+        report = _support_report(path, config.target_device)
         payload["support"] = report.counts()
-        text += f"\nsupport on {args.target_device}: {_counts_text(report.counts())}"
+        text += f"\nsupport on {config.target_device}: {_counts_text(report.counts())}"
     out.result(payload, text)
     return payload
 
@@ -197,6 +198,15 @@ def cmd_dump_config(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     payload = {"command": "dump-config", "output": str(path), "preset": args.preset}
     out.result(payload, f"Wrote {path}" + (f" (preset {args.preset})" if args.preset else ""))
     return payload
+
+
+def _resolve_config(args: argparse.Namespace):
+    """The CompileConfig from --compile-config/--config-preset with the explicit flags on top."""
+    from compiler_core.config import resolve_config
+
+    return resolve_config(compile_config=args.compile_config, config_preset=getattr(args, "config_preset", None),
+                          backend=args.backend, target_device=args.target_device,
+                          input_shape_dict=_shape_pairs(args.input_shape) or None)
 
 
 def _support_report(mblt_path: str | Path, device: str):
@@ -265,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--model", required=True, help="source model file")
     parse.add_argument("--output", "-o", help="output .mblt (default: <model name>.mblt in the current folder)")
     parse.add_argument("--target-device", help="also report device support (aries-rb, regulus-ra, ...)")
+    parse.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig (inputShapeDict, backend ...)")
     _add_model_options(parse)
     parse.set_defaults(handler=cmd_parse)
 

@@ -1,0 +1,130 @@
+"""The qbcompiler CLI: results, the one-line error contract, JSONL, and no partial output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from compiler_core.cli import run
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "resources" / "samples" / "fashion_cnn" / "model.onnx"
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected exactly one error line, got: {err!r}"
+    assert lines[0].startswith("ERROR [")
+    return lines[0]
+
+
+def test_parse_and_info(capsys, tmp_path):
+    code, out, _ = _cli(capsys, "parse", "--model", str(SAMPLE), "--output", str(tmp_path / "s.mblt"),
+                        "--target-device", "regulus-ra")
+    assert code == 0
+    assert "13 nodes" in out and "13 supported" in out
+    code, out, _ = _cli(capsys, "info", "--mblt", str(tmp_path / "s.mblt"))
+    info = json.loads(out)
+    assert info["nodes"] == 13 and info["provenance"]["backend"] == "onnx"
+    assert "BatchNormalization" not in info["ops"]
+
+
+def test_check_table_and_json(capsys, tmp_path):
+    assert _cli(capsys, "parse", "--model", str(SAMPLE), "-o", str(tmp_path / "s.mblt"))[0] == 0
+    code, out, _ = _cli(capsys, "check", "--mblt", str(tmp_path / "s.mblt"), "--target-device", "aries-rb", "--all")
+    assert code == 0 and "Conv_0" in out and "13 supported" in out
+    code, out, _ = _cli(capsys, "check", "--model", str(SAMPLE), "--target-device", "regulus-rb", "--json")
+    report = json.loads(out)
+    assert report["device"] == "regulus-rb" and len(report["nodes"]) == 13
+
+
+def test_presets_and_dump_config(capsys, tmp_path):
+    code, out, _ = _cli(capsys, "presets")
+    assert code == 0 and "classification_torchvision" in out
+    code, _, _ = _cli(capsys, "dump-config", "--output", str(tmp_path / "c.yaml"), "--preset", "detection")
+    assert code == 0 and "calibration" in (tmp_path / "c.yaml").read_text()
+
+
+def _bad_models(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "truncated.onnx").write_bytes(SAMPLE.read_bytes()[:5000])
+    (tmp_path / "notonnx.onnx").write_text("this is a text file\n")
+    onnx.save(onnx.load(str(SAMPLE)), str(tmp_path / "ext.onnx"), save_as_external_data=True,
+              location="ext.bin", size_threshold=0)
+    (tmp_path / "ext.bin").unlink()
+    unknown = helper.make_model(helper.make_graph(
+        [helper.make_node("MyCustomOp", ["x"], ["y"], domain="acme")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("acme", 1)])
+    onnx.save(unknown, str(tmp_path / "unknown.onnx"))
+    dynamic = onnx.load(str(SAMPLE))
+    dynamic.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    onnx.save(dynamic, str(tmp_path / "dynamic.onnx"))
+    (tmp_path / "unknown_key.yaml").write_text("calibration:\n  mode: 1\n  maxPercentil: {percentile: 0.999}\n")
+    (tmp_path / "wrong_type.json").write_text('{"calibration": {"mode": "fast"}}')
+    return {name: tmp_path / f"{name}.onnx" for name in ("truncated", "notonnx", "ext", "unknown", "dynamic")}
+
+
+BAD_CASES = {
+    "missing": (["--model", "{tmp}/absent.onnx"], "MODEL_LOAD_ERROR", "does not exist"),
+    "truncated": (["--model", "{tmp}/truncated.onnx"], "MODEL_LOAD_ERROR", "truncated"),
+    "notonnx": (["--model", "{tmp}/notonnx.onnx"], "MODEL_LOAD_ERROR", "notonnx.onnx"),
+    "external": (["--model", "{tmp}/ext.onnx"], "MODEL_LOAD_ERROR", "ext.bin"),
+    "unknown_op": (["--model", "{tmp}/unknown.onnx"], "UNSUPPORTED_OPS", "acme::MyCustomOp"),
+    "dynamic": (["--model", "{tmp}/dynamic.onnx"], "DYNAMIC_SHAPE", "width"),
+    "unknown_key": (["--model", str(SAMPLE), "--compile-config", "{tmp}/unknown_key.yaml"], "CONFIG_ERROR",
+                    "maxPercentil"),
+    "wrong_type": (["--model", str(SAMPLE), "--compile-config", "{tmp}/wrong_type.json"], "CONFIG_ERROR",
+                   "calibration.mode"),
+    "device": (["--model", str(SAMPLE), "--target-device", "REGULUS"], "ARGUMENT_ERROR", "regulus-ra"),
+    "bad_flag": (["--model", str(SAMPLE), "--frobnicate"], "ARGUMENT_ERROR", "frobnicate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_input_one_error_line_no_output(capsys, tmp_path, case):
+    _bad_models(tmp_path)
+    argv, code_name, needle = BAD_CASES[case]
+    out_dir = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code, _, err = _cli(capsys, "parse", *argv, "--output", str(out_dir / "m.mblt"))
+    line = _error_line(err)
+    assert code != 0
+    assert line.startswith(f"ERROR [{code_name}]: "), line
+    assert needle in line
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_jsonl_channel(tmp_path):
+    env = {**__import__("os").environ, "QBCOMPILER_JSONL": "1"}
+    result = subprocess.run([sys.executable, "-m", "compiler_core", "parse", "--model", str(SAMPLE),
+                             "-o", str(tmp_path / "s.mblt"), "--target-device", "aries-rb"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    kinds = {line["type"] for line in lines}
+    assert "progress" in kinds and lines[-1]["type"] == "result"
+    assert lines[-1]["nodes"] == 13 and lines[-1]["support"]["supported"] == 13
+    failed = subprocess.run([sys.executable, "-m", "compiler_core", "parse", "--model", str(tmp_path / "x.onnx")],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    last = json.loads(failed.stdout.splitlines()[-1])
+    assert failed.returncode == 1 and last["type"] == "error" and last["code"] == "MODEL_LOAD_ERROR"
+
+
+def test_console_script_usage_error():
+    exe = Path(sys.executable).with_name("qbcompiler")
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith("ERROR [ARGUMENT_ERROR]: No command given.")
