@@ -115,11 +115,29 @@ def constant_inputs(node: ir.Node, indices: Sequence[int]) -> str | None:
     return None
 
 
+_INPUT_CONVERSIONS = frozenset({"Cast", "Gather"})  # integer model inputs: converted or used as lookup indices
+
+
+def table_lookup_indices(node: ir.Node) -> str | None:
+    """Gather indices must be constants, unless this is a table lookup (embedding).
+
+    A lookup reads rows of a constant table with integer indices that are model inputs (token ids);
+    the DMA unit gathers the rows at run time.
+    """
+    data, indices = node.inputs[0], node.inputs[1]
+    if is_constant(indices) or (is_constant(data) and indices.is_graph_input()):
+        return None
+    return (f"{node.op_type} indices must be constants, or model inputs indexing a constant table "
+            "(embedding lookup); computed indices need the CPU")
+
+
 def activation_dtypes(node: ir.Node, allowed: frozenset[ir.DataType]) -> str | None:
     """Check that every non-constant input has one of the ``allowed`` element types."""
     for value in node.inputs:
         if value is None or is_constant(value) or value.dtype is None or value.dtype in allowed:
             continue
+        if value.is_graph_input() and node.op_type in _INPUT_CONVERSIONS:
+            continue  # integer model inputs (token ids, masks) are converted as they arrive
         names = "/".join(sorted(dtype.name.lower() for dtype in allowed))
         return (
             f"input '{value.name}' is {value.dtype.name.lower()} computed at run time; the NPU takes "

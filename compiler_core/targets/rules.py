@@ -283,7 +283,7 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "Pad": OpRule(
         DMA, (c.attribute_in("mode", ("constant", "reflect", "edge"), "constant"),), const_inputs=(1, 2, 3)
     ),
-    "Gather": OpRule(DMA, **_AXES),
+    "Gather": OpRule(DMA, (c.table_lookup_indices,)),
     "GatherElements": OpRule(DMA, **_AXES),
     "GatherND": OpRule(DMA, **_AXES),
     "Expand": OpRule(DMA, **_AXES),
