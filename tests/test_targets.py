@@ -291,8 +291,8 @@ def test_integer_indices_computed_at_run_time_are_flagged():
     nodes = [helper.make_node("ArgMax", ["x"], ["ids"], axis=1, keepdims=0, name="argmax"),
              helper.make_node("Gather", ["table", "ids"], ["y"], name="node")]
     model = _model(nodes, [_io("x", [1, 10])], [_out("y")], [_weights("table", 10, 8)])
-    assert check_support(model, "aries-rb").entries["node"].reason.startswith(
-        "Gather indices must be constants, or model inputs indexing a constant table")
+    verdict = check_support(model, "aries-rb").entries["node"]
+    assert verdict.status == SupportStatus.UNSUPPORTED and "'ids' is int64 computed at run time" in verdict.reason
     cast = helper.make_node("Cast", ["mask"], ["y"], to=TensorProto.FLOAT, name="node")
     model = _model([cast], [_io("mask", [1, 4], TensorProto.INT64)], [_out("y")])
     assert _verdict(model).status == SupportStatus.SUPPORTED  # integer model input converted on arrival
