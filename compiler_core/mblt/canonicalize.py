@@ -18,7 +18,7 @@ import onnxscript.optimizer
 import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnxscript import rewriter
-from onnxscript.rewriter import _rewrite_rule
+from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
 from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.utils import metadata_merger
 
@@ -176,10 +176,6 @@ def _bind_constant_inputs(model: ir.Model, constant_inputs: Mapping[str, np.ndar
 
 def _convert_opset(model: ir.Model) -> None:
     current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    if current > opset.MBLT_OPSET_VERSION:
-        raise InvalidModelError(
-            f"The model uses ONNX opset {current}, newer than the MBLT opset {opset.MBLT_OPSET_VERSION}.",
-            hint=f"Export it with opset {opset.MBLT_OPSET_VERSION} or lower.")
     if current != opset.MBLT_OPSET_VERSION:
         # The C-API fallback drops node metadata but keeps node names: restore it by name.
         saved = {node.name: dict(node.metadata_props) for node in ir.traversal.RecursiveGraphIterator(model.graph)}
@@ -189,7 +185,7 @@ def _convert_opset(model: ir.Model) -> None:
     if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
         raise InvalidModelError(
             f"Could not convert the model from opset {current} to {opset.MBLT_OPSET_VERSION}.",
-            hint="Export the model with a newer opset (18 or later) and parse again.")
+            hint=f"Export the model with opset {opset.MBLT_OPSET_VERSION} (or 18-{opset.MBLT_OPSET_VERSION}) and parse again.")
 
 
 def _lift_constants(model: ir.Model) -> None:
@@ -204,9 +200,13 @@ def _optimize(model: ir.Model) -> None:
     _remove_unused_initializers(model)
 
 
+# Conv -> Mul/Add by scalars, with the constant on either side (PP-OCR writes Mul(c, conv)).
+_CONV_AFFINE_RULES = RewriteRuleSet([common_rules.conv_affine_fusion_rule], commute=True).rules
+
+
 def _legalize(model: ir.Model) -> None:
     """Apply our fusions and decompositions, then fold whatever they exposed."""
-    rewriter.rewrite(model, pattern_rewrite_rules=[*MBLT_REWRITE_RULES, common_rules.conv_affine_fusion_rule])
+    rewriter.rewrite(model, pattern_rewrite_rules=[*MBLT_REWRITE_RULES, *_CONV_AFFINE_RULES])
     onnxscript.optimizer.optimize_ir(
         model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
         should_fold=_should_fold)
@@ -224,6 +224,7 @@ def _tidy(model: ir.Model) -> None:
 
 def _verify(model: ir.Model) -> None:
     _check_mblt_ops(model)
+    _fill_same_shape_outputs(model)
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
     try:
@@ -269,6 +270,19 @@ def _check_mblt_ops(model: ir.Model) -> None:
             offending.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY) or node.name)
     if offending:
         raise unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)")
+
+
+_SAME_SHAPE_OPS = frozenset({"GroupNormalization", "MeanVarianceNormalization", "InstanceNormalization",
+                             "LayerNormalization", "LpNormalization", "Softmax", "LogSoftmax", "Hardmax"})
+"""Ops whose first output has their first input's shape (ONNX shape inference misses some of them)."""
+
+
+def _fill_same_shape_outputs(model: ir.Model) -> None:
+    for node in model.graph:
+        output, source = node.outputs[0], node.inputs[0]
+        if node.op_type in _SAME_SHAPE_OPS and output.shape is None and source is not None and source.shape:
+            output.shape = ir.Shape(list(source.shape))
+            output.dtype = output.dtype or source.dtype
 
 
 def _check_static_shapes(model: ir.Model) -> None:

@@ -27,15 +27,21 @@ _SHAPE = {"Reshape", "Transpose", "Slice", "Concat", "Split", "Pad", "Gather", "
 _RESAMPLE = {"Resize", "GridSample"}
 _REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL1", "ReduceL2",
            "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum"}
-_SELECTION = {"TopK", "NonMaxSuppression", "Where", "Equal", "Greater", "GreaterOrEqual", "Less",
+_SELECTION = {"TopK", "Where", "Equal", "Greater", "GreaterOrEqual", "Less",
               "LessOrEqual", "Not", "And", "Or", "Xor", "Cast", "IsNaN", "IsInf"}
 _RECURRENT = {"LSTM", "GRU", "RNN"}
+_INTERFACE = {"Identity"}  # only where a graph output is a graph input (or an output appears twice)
 
 MBLT_OPS: frozenset[str] = frozenset(
     _CONVOLUTION | _POOLING | _NORMALIZATION | _ACTIVATION | _MATH | _LINEAR | _SOFTMAX | _SHAPE
-    | _RESAMPLE | _REDUCE | _SELECTION | _RECURRENT
+    | _RESAMPLE | _REDUCE | _SELECTION | _RECURRENT | _INTERFACE
 )
-"""ONNX op types (default domain) allowed in a canonical MBLT."""
+"""ONNX op types (default domain) allowed in a canonical MBLT.
+
+Not claimed: NonMaxSuppression (its output shape depends on the data, and an MBLT is static; run
+box selection after the model), control flow (If/Loop/Scan must fold away), sequences, and ops
+newer than opset 21.
+"""
 
 FOLDED_OPS: frozenset[str] = frozenset({
     "Constant", "ConstantOfShape", "Shape", "Size", "Range", "Identity", "Dropout", "If", "Loop",

@@ -46,5 +46,41 @@ class BatchNormToAffine(RewriteRuleClassBase):
         return op.Add(op.Mul(x, mul), add)
 
 
-MBLT_REWRITE_RULES = RewriteRuleSet([BatchNormToAffine.rule()]).rules
-"""Our rules, in application order."""
+def _is_scalar(value, expected: float, tolerance: float = 1e-4) -> bool:
+    const = value.const_value
+    return const is not None and const.size == 1 and abs(float(const.numpy().reshape(())) - expected) <= tolerance
+
+
+class _ErfGeluBase(RewriteRuleClassBase):
+    """``x * 0.5 * (1 + erf(x / sqrt(2)))`` (exact GELU spelled out by exporters) -> ``Gelu``.
+
+    One ``Gelu`` node is one look-up table on the NPU instead of five quantized steps.
+    """
+
+    def check(self, context, x, root2, one, half, **_) -> MatchResult:
+        result = MatchResult()
+        if not _is_scalar(root2, 2**0.5) or not _is_scalar(one, 1.0) or not _is_scalar(half, 0.5):
+            return result.fail("constants are not sqrt(2), 1 and 0.5")
+        return result
+
+    def rewrite(self, op, x, root2, one, half, **_):
+        return op.Gelu(x)
+
+
+class ErfGeluOuterHalf(_ErfGeluBase):
+    """``x * (0.5 * (1 + erf(x / sqrt 2)))``."""
+
+    def pattern(self, op, x, root2, one, half):
+        return op.Mul(x, op.Mul(half, op.Add(op.Erf(op.Div(x, root2)), one)))
+
+
+class ErfGeluInnerHalf(_ErfGeluBase):
+    """``(x * 0.5) * (1 + erf(x / sqrt 2))``."""
+
+    def pattern(self, op, x, root2, one, half):
+        return op.Mul(op.Mul(x, half), op.Add(op.Erf(op.Div(x, root2)), one))
+
+
+MBLT_REWRITE_RULES = RewriteRuleSet(
+    [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule()], commute=True).rules
+"""Our rules, in application order (operand orders of commutative ops included)."""

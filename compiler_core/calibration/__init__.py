@@ -1,0 +1,25 @@
+"""Calibration data: reading every supported form, preprocessing images, and the make_calib helpers.
+
+Open data with :func:`open_calibration_data`; it validates every file against the model inputs
+(:func:`input_specs`) and returns a lazily loaded :class:`CalibrationDataset`. See
+docs/calibration-data.md.
+"""
+
+from compiler_core.calibration.dataset import CalibrationDataset
+from compiler_core.calibration.make_calib import make_calib, make_calib_man, vendor_yaml_to_pipeline
+from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, PIPELINE_OPS, preprocess_image
+from compiler_core.calibration.readers import open_calibration_data
+from compiler_core.calibration.specs import InputSpec, input_specs
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "PIPELINE_OPS",
+    "CalibrationDataset",
+    "InputSpec",
+    "input_specs",
+    "make_calib",
+    "make_calib_man",
+    "open_calibration_data",
+    "preprocess_image",
+    "vendor_yaml_to_pipeline",
+]

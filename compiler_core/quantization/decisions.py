@@ -1,0 +1,184 @@
+"""Quantization decisions: which tensors are quantized, with which width, range and parameters.
+
+Tensors that must share parameters are grouped first (a data-movement op's output shares its
+input's parameters; with the multi-layer methods 1 and 3, Concat inputs share the output's), then
+each group gets one range: the hull of its members' calibrated ranges, or fixed parameters
+(Softmax), or the uint8 input parameters derived from the preprocessing's normalization.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler_core.errors import InternalError
+from compiler_core.quantization import kernels
+from compiler_core.quantization.graph import GraphView, Group
+from compiler_core.quantization.lowering import LoweringContext
+from compiler_core.quantization.params import QuantParams, TensorQuant, params_from_range
+
+logger = logging.getLogger(__name__)
+
+SOURCE_NAME_KEY = "mblt.source_name"
+
+
+@dataclass
+class DecisionOptions:
+    """What the CompileConfig says about activations.
+
+    Attributes:
+        symmetric: methods 0/1 (symmetric) vs 2/3 (zero point).
+        multi_layer: methods 1/3: share ranges across Concat inputs and output.
+        int16_layer: predicate on (node name, source name) for int16 activations.
+        input_params: fixed parameters for model inputs (uint8 input).
+    """
+
+    symmetric: bool = True
+    multi_layer: bool = False
+    int16_layer: Callable[[str, str], bool] = lambda name, source: False
+    input_params: dict[str, QuantParams] = field(default_factory=dict)
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, name: str) -> str:
+        self.parent.setdefault(name, name)
+        while self.parent[name] != name:
+            self.parent[name] = self.parent[self.parent[name]]
+            name = self.parent[name]
+        return name
+
+    def union(self, first: str, second: str) -> None:
+        self.parent[self.find(first)] = self.find(second)
+
+
+def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[float, float]],
+           options: DecisionOptions, tensors_bits: Mapping[str, int]) -> dict[str, TensorQuant]:
+    """Freeze the parameters of every quantized tensor.
+
+    Args:
+        view: the MBLT.
+        groups: fused operation groups, in order.
+        ranges: calibrated float range per tensor (from the observers).
+        options: method-level choices.
+        tensors_bits: activation width per tensor (8 or 16), from :func:`activation_bits`.
+    """
+    kernels.load_all()
+    records = {name: TensorQuant(name, bits=bits) for name, bits in tensors_bits.items()}
+    context = LoweringContext(view, records)
+    sets, fixed = _UnionFind(), {}
+    for name in records:
+        sets.find(name)
+    for group in groups:
+        _link_group(group, context, sets, fixed, options)
+        _link_masked_add(group, context, sets, ranges)
+    for name, record in records.items():
+        if name in ranges:
+            record.calibrate(*ranges[name], source="observer")
+    _freeze_sets(records, sets, fixed, options)
+    return records
+
+
+def _link_group(group: Group, context: LoweringContext, sets: _UnionFind, fixed: dict, options) -> None:
+    outputs = [v for v in group.outputs if v.name in context.tensors]
+    if not outputs:
+        return
+    spec = kernels.OP_SPECS.get(group.main.op_type)
+    policy = spec.policy(group, context) if spec else kernels.OBSERVE
+    if policy == kernels.SAME_AS_INPUT and group.main.inputs[0].name in context.tensors:
+        for value in outputs:
+            sets.union(value.name, group.main.inputs[0].name)
+    elif policy == kernels.FIXED and spec.fixed_params is not None:
+        fixed[outputs[0].name] = spec.fixed_params(group, context)
+    elif group.main.op_type == "Concat" and options.multi_layer:
+        for value in group.main.inputs:
+            if value.name in context.tensors:
+                sets.union(value.name, outputs[0].name)
+
+
+INFINITE_LIKE = 1e30
+"""Values this large (e.g. -3.4e38 attention masks) act as infinities: they saturate."""
+
+
+def _link_masked_add(group: Group, context: LoweringContext, sets: _UnionFind, ranges: Mapping) -> None:
+    """``x + mask`` with a mask of 0 / -inf-like values keeps x's parameters; masked entries saturate."""
+    if group.main.op_type not in ("Add", "Sub") or group.fused or group.output.name not in context.tensors:
+        return
+    operands = [v for v in group.main.inputs[:2] if v is not None and v.name in context.tensors]
+    huge = [v for v in operands if max(map(abs, ranges.get(v.name, (0.0, 0.0)))) >= INFINITE_LIKE]
+    normal = [v for v in operands if v not in huge]
+    if len(huge) == 1 and len(normal) == 1:
+        sets.union(group.output.name, normal[0].name)
+
+
+def _freeze_sets(records: dict[str, TensorQuant], sets: _UnionFind, fixed: dict, options: DecisionOptions) -> None:
+    members: dict[str, list[str]] = {}
+    for name in records:
+        members.setdefault(sets.find(name), []).append(name)
+    for names in members.values():
+        params, source = _set_params(names, records, fixed, options)
+        for name in names:
+            records[name].freeze(params, source=source if len(names) == 1 else f"{source}, shared by {len(names)}")
+
+
+def _set_params(names: list[str], records: dict[str, TensorQuant], fixed: dict, options: DecisionOptions):
+    for name in names:
+        if name in fixed:
+            return fixed[name], f"fixed by {name}"
+        if name in options.input_params:
+            return options.input_params[name], "uint8 input"
+    observed = [records[n].observed_range for n in names if records[n].observed_range is not None]
+    if not observed:
+        raise InternalError(f"No calibration range for tensor(s) {', '.join(names[:3])}.",
+                            hint="Please report this: statistics did not cover every quantized tensor.")
+    low, high = min(r[0] for r in observed), max(r[1] for r in observed)
+    bits = max(records[n].bits for n in names)
+    return params_from_range(low, high, bits=bits, symmetric=options.symmetric), "observer"
+
+
+def quantized_tensors(view: GraphView, groups: list[Group]) -> list[str]:
+    """Run-time float tensors that get codes: float graph inputs and every group's float outputs."""
+    names = [value.name for value in view.graph.inputs if view.is_float(value)]
+    for group in groups:
+        names.extend(value.name for value in group.outputs if view.is_float(value))
+    return names
+
+
+WIDENED_INPUT_OPS = {"Softmax", "LayerNormalization"}
+"""int16 Softmax/LayerNorm also get int16 inputs: their input ranges are the ones int8 cannot hold."""
+
+
+def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptions) -> dict[str, int]:
+    """8 or 16 bits per quantized tensor.
+
+    A layer (an NPU operation, named after its main MBLT node; its source name counts too) that
+    matches an int16 pattern gets int16 outputs; matched Softmax/LayerNorm layers widen their input.
+    """
+    bits = {name: 8 for name in quantized_tensors(view, groups)}
+    for group in groups:
+        main = group.main
+        if not options.int16_layer(main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
+            continue
+        widened = list(group.outputs) + (list(main.inputs[:1]) if main.op_type in WIDENED_INPUT_OPS else [])
+        for value in widened:
+            if value.name in bits:
+                bits[value.name] = 16
+    return bits
+
+
+def uint8_input_params(mean: list[float], std: list[float], scale: float, channels: int) -> QuantParams:
+    """Parameters under which raw uint8 pixels ``p`` dequantize to ``(p * scale - mean) / std``.
+
+    Per channel: ``real = (scale / std) * (p - mean / scale)`` -> scale ``scale/std``, zero point
+    ``round(mean / scale)``. The zero point is rounded, which shifts the input by at most half a
+    pixel step; docs/numerics.md states it.
+    """
+    mean_array = np.broadcast_to(np.asarray(mean, dtype=np.float64), (channels,))
+    std_array = np.broadcast_to(np.asarray(std, dtype=np.float64), (channels,))
+    zero_point = np.round(mean_array / scale).astype(np.int64)
+    return QuantParams(scale / std_array, zero_point, bits=8, signed=False, axis=1)

@@ -1,0 +1,187 @@
+"""Element-wise arithmetic: Add/Sub with rescaling, Mul, Div by constants, Where, Cast, Relu/Clip.
+
+See docs/numerics.md, "Element-wise operations".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler_core.quantization.fixedpoint import (
+    quantize_multiplier,
+    requantize,
+    round_half_away,
+    rounding_shift,
+)
+from compiler_core.quantization.graph import Group, activation_bounds
+from compiler_core.quantization.kernels import SAME_AS_INPUT, register
+from compiler_core.quantization.lowering import LoweringContext, clamp_codes, describe_bits, scalar
+from compiler_core.quantization.params import QuantParams
+from compiler_core.quantization.program import IntOp
+
+ADD_FRACTION_BITS = 16  # operands are rescaled to Q16 of the output scale before adding
+CONST_BITS_QMAX = 32767  # constants added to activations are int16 codes
+
+
+def _operand(ctx: LoweringContext, value) -> tuple[str, float, int, np.ndarray | None]:
+    """(input name or "", scale, zero point, constant codes) of one Add/Sub/Where operand."""
+    const = ctx.const(value)
+    if const is None:
+        scale, zero_point = scalar(ctx.params(value))
+        return value.name, scale, zero_point, None
+    absmax = float(np.abs(const).max()) if const.size else 0.0
+    scale = absmax / CONST_BITS_QMAX if absmax > 0 else 1.0
+    return "", scale, 0, np.clip(round_half_away(const / scale), -CONST_BITS_QMAX, CONST_BITS_QMAX)
+
+
+def lower_add(group: Group, ctx: LoweringContext) -> IntOp:
+    """Add/Sub: each operand rescaled to the output scale with ``ADD_FRACTION_BITS`` extra bits."""
+    main = group.main
+    (name_a, s_a, zp_a, c_a), (name_b, s_b, zp_b, c_b) = (_operand(ctx, v) for v in main.inputs[:2])
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    sign_b = -1.0 if main.op_type == "Sub" else 1.0
+    m_a, sh_a = quantize_multiplier(s_a / s_y * (1 << ADD_FRACTION_BITS))
+    m_b, sh_b = quantize_multiplier(sign_b * s_b / s_y * (1 << ADD_FRACTION_BITS))
+    consts = {"multipliers": np.concatenate([m_a, m_b]).astype(np.int32),
+              "shifts": np.concatenate([sh_a, sh_b]).astype(np.int32)}
+    for key, codes in (("const_a", c_a), ("const_b", c_b)):
+        if codes is not None:
+            consts[key] = codes.astype(np.int16)
+    low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
+    return IntOp(main.name, "add", main.op_type, [name_a, name_b], [group.output.name],
+                 attrs={"zp_a": zp_a, "zp_b": zp_b, "zp_y": zp_y, "clamp": [low, high]}, consts=consts,
+                 precision=describe_bits(*(ctx.params(v) for v in main.inputs[:2] if ctx.is_quantized(v)), out))
+
+
+def run_add(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Rescale both operands to the output scale (Q16), add, round (docs/numerics.md, "Add and Sub")."""
+    attrs, consts = op.attrs, op.consts
+    a = consts["const_a"].astype(np.int64) if "const_a" in consts else inputs[0]
+    b = consts["const_b"].astype(np.int64) if "const_b" in consts else inputs[1]
+    multipliers, shifts = consts["multipliers"].astype(np.int64), consts["shifts"].astype(np.int64)
+    scaled_a = requantize(a - attrs["zp_a"], multipliers[0], shifts[0])
+    scaled_b = requantize(b - attrs["zp_b"], multipliers[1], shifts[1])
+    y = rounding_shift(scaled_a + scaled_b, ADD_FRACTION_BITS) + attrs["zp_y"]
+    return [np.clip(y, *attrs["clamp"])]
+
+
+def lower_mul(group: Group, ctx: LoweringContext) -> IntOp:
+    """Mul/Div: by a constant -> an exact per-element multiplier; of two activations -> one product."""
+    main = group.main
+    a, b = main.inputs[:2]
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
+    attrs = {"zp_y": zp_y, "clamp": [low, high]}
+    const_a, const_b = ctx.const(a), ctx.const(b)
+    if const_a is not None or const_b is not None:
+        value, const = (b, const_a) if const_a is not None else (a, const_b)
+        if main.op_type == "Div" and const_b is None:
+            raise ValueError(f"{main.name}: division of a constant by an activation needs a reciprocal table")
+        s_x, zp_x = scalar(ctx.params(value))
+        factor = 1.0 / const.astype(np.float64) if main.op_type == "Div" else const.astype(np.float64)
+        multiplier, shift = quantize_multiplier(s_x * factor / s_y)
+        return IntOp(main.name, "scale", main.op_type, [value.name], [group.output.name],
+                     attrs={**attrs, "zp_x": zp_x},
+                     consts={"multiplier": multiplier.reshape(factor.shape).astype(np.int32),
+                             "shift": shift.reshape(factor.shape).astype(np.int32)},
+                     precision=describe_bits(ctx.params(value), out))
+    if main.op_type == "Div":
+        raise ValueError(f"{main.name}: Div of two activations has no integer kernel")
+    (s_a, zp_a), (s_b, zp_b) = scalar(ctx.params(a)), scalar(ctx.params(b))
+    multiplier, shift = quantize_multiplier(s_a * s_b / s_y)
+    return IntOp(main.name, "mul", "Mul", [a.name, b.name], [group.output.name],
+                 attrs={**attrs, "zp_a": zp_a, "zp_b": zp_b},
+                 consts={"multiplier": multiplier.astype(np.int32), "shift": shift.astype(np.int32)},
+                 precision=describe_bits(ctx.params(a), ctx.params(b), out))
+
+
+def run_scale(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``y = requantize(x - zp_x, M, S) + zp_y`` with per-element ``M, S`` (broadcast)."""
+    attrs = op.attrs
+    y = requantize(inputs[0] - attrs["zp_x"], op.consts["multiplier"].astype(np.int64),
+                   op.consts["shift"].astype(np.int64)) + attrs["zp_y"]
+    return [np.clip(y, *attrs["clamp"])]
+
+
+def run_mul(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``y = requantize((a - zp_a) * (b - zp_b), M, S) + zp_y``."""
+    attrs = op.attrs
+    product = (inputs[0] - attrs["zp_a"]) * (inputs[1] - attrs["zp_b"])
+    y = requantize(product, op.consts["multiplier"].astype(np.int64), op.consts["shift"].astype(np.int64))
+    return [np.clip(y + attrs["zp_y"], *attrs["clamp"])]
+
+
+def lower_where(group: Group, ctx: LoweringContext) -> IntOp:
+    """Where(cond, X, Y): constant branches are quantized to the output; run-time ones rescaled."""
+    main = group.main
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    consts, names, attrs = {}, [main.inputs[0].name], {"zp_y": zp_y, "clamp": [out.qmin, out.qmax]}
+    for key, value in (("x", main.inputs[1]), ("y", main.inputs[2])):
+        const = ctx.const(value)
+        if const is not None:
+            consts[f"const_{key}"] = out.quantize(const).astype(np.int32)
+            names.append("")
+            continue
+        s_v, zp_v = scalar(ctx.params(value))
+        multiplier, shift = quantize_multiplier(s_v / s_y)
+        consts[f"multiplier_{key}"], consts[f"shift_{key}"] = multiplier.astype(np.int32), shift.astype(np.int32)
+        attrs[f"zp_{key}"] = zp_v
+        names.append(value.name)
+    return IntOp(main.name, "select", "Where", names, [group.output.name], attrs=attrs, consts=consts,
+                 precision=describe_bits(out))
+
+
+def run_select(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Select between two operands already expressed in the output's codes."""
+    branches = []
+    for index, key in ((1, "x"), (2, "y")):
+        if f"const_{key}" in op.consts:
+            branches.append(op.consts[f"const_{key}"].astype(np.int64))
+            continue
+        rescaled = requantize(inputs[index] - op.attrs[f"zp_{key}"], op.consts[f"multiplier_{key}"].astype(np.int64),
+                              op.consts[f"shift_{key}"].astype(np.int64)) + op.attrs["zp_y"]
+        branches.append(rescaled)
+    return [np.clip(np.where(inputs[0].astype(bool), branches[0], branches[1]), *op.attrs["clamp"])]
+
+
+def lower_cast(group: Group, ctx: LoweringContext) -> IntOp:
+    """Cast of an exact (integer/bool) tensor to float: quantize the exact values."""
+    main = group.main
+    out = ctx.params(group.output)
+    scale, zero_point = scalar(out)
+    return IntOp(main.name, "quantize", "Cast", [main.inputs[0].name], [group.output.name],
+                 attrs={"scale": scale, "zp_y": zero_point, "qmin": out.qmin, "qmax": out.qmax},
+                 precision=describe_bits(out))
+
+
+def run_quantize(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``clamp(round_half_away(x / scale) + zp)`` of exact values (float64 division)."""
+    attrs = op.attrs
+    params = QuantParams(np.float64(attrs["scale"]), np.int64(attrs["zp_y"]))
+    codes = round_half_away(inputs[0].astype(np.float64) / params.scale) + attrs["zp_y"]
+    return [np.clip(codes, attrs["qmin"], attrs["qmax"])]
+
+
+def lower_clamp(group: Group, ctx: LoweringContext) -> IntOp:
+    """Standalone Relu/Clip: the output keeps the input's parameters, so it is a clamp of codes."""
+    main = group.main
+    params = ctx.params(main.inputs[0])
+    low, high = clamp_codes(params, *activation_bounds(ctx.view, Group(main, [main])))
+    return IntOp(main.name, "clamp", main.op_type, [main.inputs[0].name], [group.output.name],
+                 attrs={"clamp": [low, high]}, precision=describe_bits(params))
+
+
+def run_clamp(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Clamp codes to ``[low, high]``."""
+    return [np.clip(inputs[0], *op.attrs["clamp"])]
+
+
+register(["Add", "Sub"], "add", lower_add, run_add)
+register(["Mul", "Div"], "scale", lower_mul, run_scale)
+register([], "mul", lower_mul, run_mul)
+register(["Where"], "select", lower_where, run_select)
+register(["Cast"], "quantize", lower_cast, run_quantize)
+register(["Relu", "Clip"], "clamp", lower_clamp, run_clamp, output_policy=SAME_AS_INPUT)

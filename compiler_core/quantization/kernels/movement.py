@@ -1,0 +1,180 @@
+"""Data movement on codes (Reshape, Transpose, Slice, Pad, MaxPool ...), Concat, table lookups, exact ops.
+
+Data-movement ops keep their input's quantization parameters, so they run unchanged on integer
+codes; the kernel evaluates the ONNX node itself (``onnx.reference``) on int64 codes, with constant
+inputs stored in the IntOp. Pad's constant is the zero point (real zero). Concat rescales inputs
+whose parameters differ from the output's. Ops whose outputs are not float (bool masks, int ids)
+run exactly on their integer/bool values (docs/numerics.md, "Data movement and exact ops").
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+
+from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize
+from compiler_core.quantization.graph import Group
+from compiler_core.quantization.kernels import EXACT, OBSERVE, SAME_AS_INPUT, register
+from compiler_core.quantization.lowering import LoweringContext, describe_bits, scalar
+from compiler_core.quantization.program import IntOp
+
+MOVEMENT_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Expand", "Tile",
+                "DepthToSpace", "SpaceToDepth", "Pad", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
+                "Resize", "GatherElements", "GatherND", "Identity")
+_FLOAT_EVALUATED = {"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "Resize"}
+
+
+def _attributes(node: ir.Node) -> dict:
+    result = {}
+    for name, attribute in node.attributes.items():
+        value = attribute.value
+        if isinstance(value, (list, tuple)):
+            value = list(value)
+        elif isinstance(value, (ir.Graph, ir.TensorProtocol)):
+            raise ValueError(f"{node.name}: attribute {name} cannot be carried by an integer kernel")
+        result[name] = value
+    return result
+
+
+def _onnx_op(group: Group, ctx: LoweringContext, kind: str) -> IntOp:
+    main = group.main
+    consts, names = {}, []
+    for index, value in enumerate(main.inputs):
+        const = ctx.const(value) if value is not None else None
+        if const is not None:
+            consts[f"input{index}"] = const
+            names.append("")
+        else:
+            names.append(value.name if value is not None else "")
+    return IntOp(main.name, kind, main.op_type, names, [v.name for v in main.outputs],
+                 attrs={"attributes": _attributes(main), "float_evaluated": main.op_type in _FLOAT_EVALUATED},
+                 consts=consts)
+
+
+def lower_move(group: Group, ctx: LoweringContext) -> IntOp:
+    """Movement on codes; Pad's padding constant becomes the zero point."""
+    op = _onnx_op(group, ctx, "move")
+    main = group.main
+    params = ctx.params(main.inputs[0])
+    if main.op_type == "Pad":
+        _, zero_point = scalar(params)
+        op.consts["input2"] = np.array(zero_point, dtype=np.int64)
+        op.inputs = [*op.inputs, ""][:3] if len(op.inputs) < 3 else op.inputs
+    if main.op_type == "Resize" and op.attrs["attributes"].get("mode", "nearest") != "nearest":
+        raise ValueError(f"{main.name}: only nearest Resize has an integer kernel")
+    op.precision = describe_bits(params)
+    return op
+
+
+def lower_exact(group: Group, ctx: LoweringContext) -> IntOp:
+    """Non-float outputs: run the node exactly on integer/bool values."""
+    return _onnx_op(group, ctx, "exact")
+
+
+def run_onnx(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate the ONNX node on codes (``move``) or exact values (``exact``)."""
+    feeds, names = {}, []
+    for index, name in enumerate(op.inputs):
+        key = f"input{index}"
+        if key in op.consts:
+            feeds[key] = np.asarray(op.consts[key])
+            names.append(key)
+        elif name:
+            value = inputs[index]
+            feeds[key] = value.astype(np.float64) if op.attrs.get("float_evaluated") else value
+            names.append(key)
+        else:
+            names.append("")
+    evaluator = _evaluator(op.op_type, tuple(names), len(op.outputs), _frozen(op.attrs["attributes"]))
+    results = evaluator.run(None, feeds)
+    if op.kind == "move":
+        return [np.asarray(r).astype(np.int64) for r in results]
+    return [np.asarray(r) for r in results]
+
+
+def _frozen(attributes: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attributes.items()))
+
+
+@lru_cache(maxsize=512)
+def _evaluator(op_type: str, names: tuple[str, ...], outputs: int, attributes: tuple) -> ReferenceEvaluator:
+    output_names = [f"output{i}" for i in range(outputs)]
+    node = onnx.helper.make_node(op_type, list(names), output_names,
+                                 **{k: list(v) if isinstance(v, tuple) else v for k, v in attributes})
+    graph = onnx.helper.make_graph([node], "op", [onnx.helper.make_tensor_value_info(n, 0, None) for n in names if n],
+                                   [onnx.helper.make_tensor_value_info(n, 0, None) for n in output_names])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    return ReferenceEvaluator(model)
+
+
+def lower_concat(group: Group, ctx: LoweringContext) -> IntOp:
+    """Concat: inputs whose parameters differ from the output's are rescaled first."""
+    main = group.main
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    multipliers, shifts, zero_points = [], [], []
+    for value in main.inputs:
+        s_x, zp_x = scalar(ctx.params(value))
+        multiplier, shift = quantize_multiplier(s_x / s_y)
+        multipliers.append(multiplier[0])
+        shifts.append(shift[0])
+        zero_points.append(zp_x)
+    axis = int(main.attributes["axis"].as_int()) % len(ctx.view.shape(group.output))
+    return IntOp(main.name, "concat", "Concat", [v.name for v in main.inputs], [group.output.name],
+                 attrs={"axis": axis, "zp_inputs": zero_points, "zp_y": zp_y, "clamp": [out.qmin, out.qmax]},
+                 consts={"multiplier": np.array(multipliers, dtype=np.int32), "shift": np.array(shifts, dtype=np.int32)},
+                 precision=describe_bits(out))
+
+
+def run_concat(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Rescale each input to the output's codes, then concatenate."""
+    attrs = op.attrs
+    parts = []
+    for index, codes in enumerate(inputs):
+        multiplier, shift = int(op.consts["multiplier"][index]), int(op.consts["shift"][index])
+        if multiplier == 1 << 30 and shift == 30 and attrs["zp_inputs"][index] == attrs["zp_y"]:
+            parts.append(codes)  # same parameters: a plain copy
+            continue
+        rescaled = requantize(codes - attrs["zp_inputs"][index], multiplier, shift) + attrs["zp_y"]
+        parts.append(np.clip(rescaled, *attrs["clamp"]))
+    return [np.concatenate(parts, axis=attrs["axis"])]
+
+
+def lower_gather(group: Group, ctx: LoweringContext) -> IntOp:
+    """Gather from a constant table (embedding): the table is stored in the output's codes."""
+    main = group.main
+    table = ctx.const(main.inputs[0])
+    if table is None:
+        return lower_move(group, ctx)
+    out = ctx.params(group.output)
+    axis = int(main.attributes["axis"].as_int()) if "axis" in main.attributes else 0
+    dtype = np.int8 if out.bits == 8 else np.int16
+    indices = ctx.const(main.inputs[1])
+    consts = {"table": out.quantize(table).astype(dtype)}
+    if indices is not None:
+        consts["indices"] = indices.astype(np.int64)
+    return IntOp(main.name, "gather_table", "Gather", ["", main.inputs[1].name if indices is None else ""],
+                 [group.output.name], attrs={"axis": axis % table.ndim}, consts=consts, precision=describe_bits(out))
+
+
+def run_gather_table(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``take(table, indices, axis)`` (negative indices count from the end, as in ONNX)."""
+    table = op.consts["table"].astype(np.int64)
+    indices = op.consts["indices"] if "indices" in op.consts else inputs[1]
+    indices = np.where(indices < 0, indices + table.shape[op.attrs["axis"]], indices)
+    return [np.take(table, indices, axis=op.attrs["axis"])]
+
+
+def gather_policy(group: Group, ctx: LoweringContext) -> str:
+    """Gather from a constant table gets observed parameters; from an activation, the input's."""
+    return OBSERVE if ctx.const(group.main.inputs[0]) is not None else SAME_AS_INPUT
+
+
+register(MOVEMENT_OPS, "move", lower_move, run_onnx, output_policy=SAME_AS_INPUT)
+register([], "exact", lower_exact, run_onnx, output_policy=EXACT)
+register(["Concat"], "concat", lower_concat, run_concat)
+register(["Gather"], "gather_table", lower_gather, run_gather_table, output_policy=gather_policy)

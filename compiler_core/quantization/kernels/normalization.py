@@ -1,0 +1,72 @@
+"""Integer LayerNormalization (docs/numerics.md, "LayerNormalization").
+
+With ``x = q - zp`` over the ``N`` normalized elements: ``mean = rdiv(sum(x), N)``, ``c = x - mean``,
+``V = rdiv(sum(c*c) * 2**16, N) + E`` with ``E = round(eps * 2**16 / s_x**2)``, ``sd = isqrt(V)``
+(the standard deviation in units of ``s_x / 2**8``), ``n = rdiv(c * 2**(8+F), sd)`` (Q.F normalized
+value), ``y = clamp(requantize(n, M[i], S[i]) + B[i] + zp_y)`` with ``M, S`` from
+``gamma[i] / (2**F * s_y)`` and ``B[i] = round(beta[i] / s_y)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler_core.quantization.fixedpoint import (
+    integer_sqrt,
+    quantize_multiplier,
+    requantize,
+    round_half_away,
+    rounding_divide,
+)
+from compiler_core.quantization.graph import Group
+from compiler_core.quantization.kernels import register
+from compiler_core.quantization.lowering import LoweringContext, attr_float, attr_int, describe_bits, scalar
+from compiler_core.quantization.program import IntOp
+
+FRACTION_BITS = 12
+VARIANCE_BITS = 16
+_MAX_EPSILON_TERM = 1 << 60
+
+
+def lower_layer_norm(group: Group, ctx: LoweringContext) -> IntOp:
+    """Fold gamma/beta and the output scale into per-element multipliers and offsets."""
+    main = group.main
+    x = main.inputs[0]
+    shape = ctx.view.shape(x)
+    axis = attr_int(main, "axis", -1) % len(shape)
+    count = int(np.prod(shape[axis:]))
+    s_x, zp_x = scalar(ctx.params(x))
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    gamma = np.broadcast_to(ctx.const(main.inputs[1]).astype(np.float64).reshape(-1), (count,))
+    beta_value = main.inputs[2] if len(main.inputs) > 2 else None
+    beta = ctx.const(beta_value) if beta_value is not None else None
+    beta = np.zeros(count) if beta is None else np.broadcast_to(beta.astype(np.float64).reshape(-1), (count,))
+    multiplier, shift = quantize_multiplier(gamma / ((1 << FRACTION_BITS) * s_y))
+    epsilon = attr_float(main, "epsilon", 1e-5)
+    epsilon_term = int(min(round_half_away(epsilon * (1 << VARIANCE_BITS) / s_x**2).item(), _MAX_EPSILON_TERM))
+    return IntOp(main.name, "layernorm", "LayerNormalization", [x.name], [group.output.name],
+                 attrs={"axis": axis, "zp_x": zp_x, "zp_y": zp_y, "epsilon_term": epsilon_term,
+                        "clamp": [out.qmin, out.qmax]},
+                 consts={"multiplier": multiplier.astype(np.int32), "shift": shift.astype(np.int32),
+                         "offset": round_half_away(beta / s_y).astype(np.int32)},
+                 precision=describe_bits(ctx.params(x), out))
+
+
+def run_layer_norm(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Integer layer normalization over the trailing axes from ``axis``."""
+    attrs, consts = op.attrs, op.consts
+    shape = inputs[0].shape
+    x = (inputs[0] - attrs["zp_x"]).reshape(*shape[: attrs["axis"]], -1)
+    count = x.shape[-1]
+    mean = rounding_divide(x.sum(axis=-1, keepdims=True), count)
+    centered = x - mean
+    variance = rounding_divide((centered * centered).sum(axis=-1, keepdims=True) << VARIANCE_BITS, count)
+    deviation = np.maximum(integer_sqrt(variance + attrs["epsilon_term"]), 1)
+    normalized = rounding_divide(centered << (8 + FRACTION_BITS), deviation)
+    y = requantize(normalized, consts["multiplier"].astype(np.int64), consts["shift"].astype(np.int64))
+    y = y + consts["offset"].astype(np.int64) + attrs["zp_y"]
+    return [np.clip(y, *attrs["clamp"]).reshape(shape)]
+
+
+register(["LayerNormalization"], "layernorm", lower_layer_norm, run_layer_norm)

@@ -1,0 +1,106 @@
+"""From an MBLT, calibration statistics and a CompileConfig to a QuantizedModel (straight-line stages)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler_core.config import CompileConfig, layer_matches
+from compiler_core.progress import Reporter, as_reporter
+from compiler_core.quantization.decisions import (
+    DecisionOptions,
+    activation_bits,
+    decide,
+    quantized_tensors,
+)
+from compiler_core.quantization.graph import GraphView, build_groups
+from compiler_core.quantization.lowering import LoweringContext, lower_groups
+from compiler_core.quantization.program import QuantizedModel, ValueSpec
+
+logger = logging.getLogger(__name__)
+
+MODE_NAMES = {0: "max", 1: "max_percentile", 2: "histogram", 3: "mse"}
+
+
+def decision_options(config: CompileConfig) -> DecisionOptions:
+    """Method, int16 layers and input handling from the config."""
+    method = int(config.calibration.method)
+    patterns = list(config.bit.layer_overrides.activation16_bits)
+    return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
+                           int16_layer=lambda name, source: bool(patterns) and layer_matches(patterns, name, source))
+
+
+def weight_bits(view: GraphView, config: CompileConfig) -> dict[str, int]:
+    """Weight width per node from ``bit.layerOverrides`` (8 unless a pattern says 16 or 4)."""
+    overrides = config.bit.layer_overrides
+    result = {}
+    for node in view.nodes:
+        source = node.metadata_props.get("mblt.source_name", "")
+        for bits, patterns in ((16, overrides.weight16_bits), (4, overrides.weight4_bits), (8, overrides.weight8_bits)):
+            if patterns and layer_matches(patterns, node.name, source):
+                result[node.name] = bits
+                break
+    return result
+
+
+def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
+                   channel_means: Mapping[str, np.ndarray] | None = None, mblt_sha256: str = "",
+                   reporter: Reporter | None = None) -> QuantizedModel:
+    """Decide parameters and lower the graph to integer operations.
+
+    Args:
+        model: the MBLT.
+        ranges_for: callable ``(tensor_names, bits_by_tensor) -> {name: (low, high)}`` giving
+            calibrated ranges (the observers over cached statistics).
+        config: the resolved CompileConfig.
+        channel_means: per-channel float means by tensor, for bias correction.
+        mblt_sha256: identity of the MBLT, recorded in the result.
+        reporter: progress/cancel.
+    """
+    reporter = as_reporter(reporter)
+    view = GraphView(model)
+    with reporter.stage("quantize", total=3, message="quantization decisions"):
+        groups = build_groups(view)
+        options = decision_options(config)
+        bits = activation_bits(view, groups, options)
+        ranges = ranges_for(quantized_tensors(view, groups), bits)
+        reporter.advance(message="ranges observed")
+        tensors = decide(view, groups, ranges, options, bits)
+        reporter.advance(message="parameters frozen")
+        context = LoweringContext(view, tensors, channel_means=dict(channel_means or {}),
+                                  bias_correction=config.layer_bias_correction.apply,
+                                  weight_bits=weight_bits(view, config))
+        ops = lower_groups(groups, context)
+        reporter.advance(message=f"{len(ops)} integer operations")
+    return QuantizedModel(ops=ops, tensors=tensors, exact=_exact_tensors(view, tensors),
+                          inputs=[_spec(v) for v in view.graph.inputs], outputs=[_spec(v) for v in view.graph.outputs],
+                          shapes=_shapes(view), mblt_sha256=mblt_sha256, config=_config_dict(config))
+
+
+def _spec(value: ir.Value) -> ValueSpec:
+    return ValueSpec(value.name, [int(d) for d in value.shape], value.dtype.numpy().name)
+
+
+def _shapes(view: GraphView) -> dict[str, list[int]]:
+    shapes = {v.name: view.shape(v) for v in view.graph.inputs}
+    for node in view.nodes:
+        for value in node.outputs:
+            shapes[value.name] = view.shape(value)
+    return shapes
+
+
+def _exact_tensors(view: GraphView, tensors: Mapping[str, Any]) -> dict[str, str]:
+    exact = {v.name: v.dtype.numpy().name for v in view.graph.inputs if v.name not in tensors}
+    for node in view.nodes:
+        for value in node.outputs:
+            if not view.is_float(value):
+                exact[value.name] = value.dtype.numpy().name
+    return exact
+
+
+def _config_dict(config: CompileConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json", by_alias=True)

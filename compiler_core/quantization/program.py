@@ -1,0 +1,106 @@
+"""The quantized program: integer operations with their constants, and per-tensor parameters.
+
+This is what the golden executor runs, what the QDQ exporter mirrors and what the MXQ ``program``
+and ``const`` sections encode. It holds no float math: every constant is an integer array and every
+operation is defined in docs/numerics.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compiler_core.quantization.params import QuantParams, TensorQuant
+
+
+@dataclass
+class IntOp:
+    """One integer operation (possibly several fused MBLT nodes).
+
+    Attributes:
+        name: MBLT name of the main node.
+        kind: kernel name in the executor's registry (``linear``, ``lut``, ``softmax`` ...).
+        op_type: ONNX op type of the main node.
+        inputs: tensor names read, in kernel order (``""`` for an absent optional input).
+        outputs: tensor names written.
+        attrs: JSON-serialisable integer/string attributes (zero points, clamps, strides ...).
+        consts: integer arrays (weights, biases, multipliers, shifts, tables).
+        nodes: every MBLT node this operation covers, main node first.
+        precision: human-readable precision, e.g. ``"a8w8"`` or ``"a16"``.
+    """
+
+    name: str
+    kind: str
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+    precision: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        """Summary without the constant arrays (for reports and the GUI)."""
+        return {"name": self.name, "kind": self.kind, "op_type": self.op_type, "inputs": self.inputs,
+                "outputs": self.outputs, "nodes": self.nodes, "precision": self.precision,
+                "const_bytes": int(sum(array.nbytes for array in self.consts.values()))}
+
+
+@dataclass
+class ValueSpec:
+    """Shape and element type of a graph input/output."""
+
+    name: str
+    shape: list[int]
+    dtype: str  # numpy dtype name of the float/exact value ("float32", "int64", "bool")
+
+
+@dataclass
+class QuantizedModel:
+    """A fully quantized graph ready to execute or to encode.
+
+    Attributes:
+        ops: integer operations in execution order.
+        tensors: quantization record of every quantized (float) tensor, all frozen.
+        exact: non-float tensors (int64 ids, bool masks) carried exactly, name -> dtype name.
+        inputs / outputs: the model interface.
+        shapes: static shape of every tensor.
+        mblt_sha256: identity of the source MBLT.
+        config: the resolved CompileConfig (camelCase dict) that produced it.
+    """
+
+    ops: list[IntOp]
+    tensors: dict[str, TensorQuant]
+    exact: dict[str, str]
+    inputs: list[ValueSpec]
+    outputs: list[ValueSpec]
+    shapes: dict[str, list[int]]
+    mblt_sha256: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def params(self, tensor: str) -> QuantParams:
+        """Frozen parameters of a quantized tensor."""
+        record = self.tensors[tensor]
+        assert record.params is not None, f"tensor {tensor} is not frozen"
+        return record.params
+
+    def layer_table(self) -> list[dict[str, Any]]:
+        """One row per operation: name, op, precision, output scale and bits."""
+        rows = []
+        for op in self.ops:
+            out = self.tensors.get(op.outputs[0]) if op.outputs else None
+            rows.append({**op.describe(), "output_bits": out.bits if out else None,
+                         "output_scale": float(np.max(out.params.scale)) if out and out.params else None})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and sizes for reports."""
+        kinds: dict[str, int] = {}
+        for op in self.ops:
+            kinds[op.kind] = kinds.get(op.kind, 0) + 1
+        bits = [record.bits for record in self.tensors.values()]
+        return {"operations": len(self.ops), "kinds": kinds, "tensors": len(self.tensors),
+                "int16_tensors": sum(1 for b in bits if b == 16),
+                "const_bytes": int(sum(a.nbytes for op in self.ops for a in op.consts.values()))}
