@@ -22,7 +22,7 @@ run: setup
 	$(VENV)/bin/qbcompiler check --mblt build/sample/model.mblt --target-device regulus-ra
 
 lint: setup
-	$(VENV)/bin/ruff check compiler_core qbstudio tests bench scripts
+	$(VENV)/bin/ruff check compiler_core tests bench scripts
 
 test: setup lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15

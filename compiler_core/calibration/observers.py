@@ -75,24 +75,34 @@ def max_percentile_observer(stats: TensorStats, *, symmetric: bool = True, bits:
        reaches means the distribution is mostly a point mass (exact zeros after ReLU, padding, masks),
        not a long tail; clipping there would saturate the signal of most samples.
 
-    The clip value is ``max(min(p, robust), floor)``, then at most the observed extreme of that side.
+    The clip value is ``max(min(p, robust), floor)``, then at most the observed extreme of that side;
+    a ``p`` within one histogram bin of that extreme is taken as the extreme (no clipping finer than
+    the histogram can resolve, so a constant tensor keeps its value).
     ``floor <= robust`` always holds (half the values are at least the median), so the rule is
     well defined.
     """
     _check_fraction("percentile", percentile, allow_zero=False)
     _check_fraction("topk_ratio", topk_ratio, allow_zero=True)
     robust, floor = _robust_max(stats, topk_ratio), 0.5 * float(np.median(stats.sample_absmax))
+    width = stats.bin_width
     if symmetric:
-        clip = _bounded(_abs_quantile(stats, percentile), robust, floor)
+        clip = _bounded(_snap(_abs_quantile(stats, percentile), stats.absmax, width), robust, floor)
         return _finish(-clip, clip, True)
-    hi = _bounded(_signed_quantile(stats, percentile), robust, floor) if stats.max > 0 else 0.0
-    lo = -_bounded(-_signed_quantile(stats, 1.0 - percentile), robust, floor) if stats.min < 0 else 0.0
+    hi = _snap(_signed_quantile(stats, percentile), stats.max, width)
+    lo = -_snap(-_signed_quantile(stats, 1.0 - percentile), -stats.min, width)
+    hi = _bounded(hi, robust, floor) if stats.max > 0 else 0.0
+    lo = -_bounded(-lo, robust, floor) if stats.min < 0 else 0.0
     return _finish(max(lo, stats.min), min(hi, stats.max), False)
 
 
 def _robust_max(stats: TensorStats, topk_ratio: float) -> float:
     top = max(1, math.ceil(topk_ratio * stats.num_samples))
     return float(np.sort(stats.sample_absmax)[-top:].mean())
+
+
+def _snap(value: float, extreme: float, width: float) -> float:
+    """The extreme itself when ``value`` is within one bin of it: the histogram cannot resolve a finer clip."""
+    return extreme if value >= extreme - width else value
 
 
 def _bounded(value: float, robust: float, floor: float) -> float:
@@ -215,6 +225,7 @@ def mse_observer(stats: TensorStats, *, symmetric: bool = True, bits: int = 8, p
     one-sided asymmetric tensor), a bin with centre ``c`` of |x| costs ``(c - t)^2`` per element if
     ``c > t`` (clipping), ``c^2`` if ``c < s / 2`` (rounds to zero) and ``s^2 / 12`` otherwise
     (uniform rounding error). Every bin edge is a candidate; prefix sums make the search O(bins).
+    A result within one bin of the extreme is the extreme (bin centres cannot resolve finer).
 
     Asymmetric mixed-sign tensors scale ``[min, max]`` by a common factor in (0, 1] (512 candidates),
     with step ``(hi - lo) / (2^bits - 1)``.
@@ -241,7 +252,7 @@ def _mse_threshold(counts: np.ndarray, width: float, steps: int, extreme: float)
     centres = (np.arange(used) + 0.5) * width
     thresholds = np.minimum(np.arange(1, used + 1) * width, extreme)
     errors = _mse_errors(counts, centres, thresholds, thresholds / steps)
-    return float(thresholds[np.argmin(errors)])
+    return _snap(float(thresholds[np.argmin(errors)]), extreme, width)
 
 
 def _mse_errors(counts: np.ndarray, magnitudes: np.ndarray, thresholds: np.ndarray,
