@@ -22,7 +22,7 @@ from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "parse_model", "read_provenance"]
+__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "parse_model", "quantize", "read_provenance"]
 
 
 def parse_model(
@@ -133,3 +133,40 @@ def _fingerprint(array: np.ndarray) -> str:
 
 def _describe(model: Any) -> str:
     return Path(model).name if isinstance(model, (str, Path)) else type(model).__name__
+
+
+def quantize(
+    mblt_path: str | Path,
+    calib_data_path: str | Path | Sequence[str | Path] | None = None,
+    *,
+    compile_config: Any = None,
+    config_preset: str | None = None,
+    use_random_calib: bool | None = None,
+    analysis: bool = True,
+    callback: ProgressCallback | None = None,
+    cancel_token: CancelToken | None = None,
+    **config_args: Any,
+):
+    """Quantize an MBLT: calibrate, decide, lower to the integer program, and analyse the accuracy.
+
+    Args:
+        mblt_path: The parsed model.
+        calib_data_path: Images folder, ``.npy`` folder, ``.txt`` list or JSON manifest (or several).
+        compile_config: CompileConfig, dict, or path to a JSON/YAML file.
+        config_preset: Preset name (``classification``, ``transformer_encoder`` ...).
+        use_random_calib: Random calibration data (smoke tests only).
+        analysis: Compare FP32 and quantized outputs on held-out samples.
+        callback: Progress events.
+        cancel_token: Cancels between samples and stages.
+        **config_args: Explicit CompileConfig arguments (``calibration_config=...``, ``analysis_holdout=...``).
+
+    Returns:
+        A :class:`~compiler_core.quantization.run.QuantizeResult` (``.model``, ``.analysis``, ...).
+    """
+    from compiler_core.config import resolve_config
+    from compiler_core.quantization.run import quantize_mblt
+
+    reporter = as_reporter(callback, cancel_token)
+    config = resolve_config(compile_config=compile_config, config_preset=config_preset,
+                            use_random_calib=use_random_calib, **config_args)
+    return quantize_mblt(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter, analysis=analysis)

@@ -97,6 +97,8 @@ class PowerOfTwoHistogram:
         if bins < 4 or bins & (bins - 1):
             raise ArgumentError(f"Histogram bins must be a power of two >= 4, got {bins}.",
                                 hint="Use e.g. 1024, 2048 or 4096.")
+        if hist_range is not None and not (hist_range > 0 and math.frexp(hist_range)[0] == 0.5):
+            raise ArgumentError(f"Histogram range must be a positive power of two, got {hist_range}.")
         self.bins = bins
         self.counts = np.zeros(bins, dtype=np.int64)
         self.range = hist_range

@@ -45,12 +45,14 @@ def lower_add(group: Group, ctx: LoweringContext) -> IntOp:
     m_b, sh_b = quantize_multiplier(sign_b * s_b / s_y * (1 << ADD_FRACTION_BITS))
     consts = {"multipliers": np.concatenate([m_a, m_b]).astype(np.int32),
               "shifts": np.concatenate([sh_a, sh_b]).astype(np.int32)}
-    for key, codes in (("const_a", c_a), ("const_b", c_b)):
+    attrs = {"zp_a": zp_a, "zp_b": zp_b, "zp_y": zp_y}
+    for key, codes, scale in (("const_a", c_a, s_a), ("const_b", c_b, s_b)):
         if codes is not None:
             consts[key] = codes.astype(np.int16)
+            attrs[f"{key}_scale"] = scale
     low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
     return IntOp(main.name, "add", main.op_type, [name_a, name_b], [group.output.name],
-                 attrs={"zp_a": zp_a, "zp_b": zp_b, "zp_y": zp_y, "clamp": [low, high]}, consts=consts,
+                 attrs={**attrs, "clamp": [low, high]}, consts=consts,
                  precision=describe_bits(*(ctx.params(v) for v in main.inputs[:2] if ctx.is_quantized(v)), out))
 
 

@@ -51,7 +51,8 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     multiplier, shift = quantize_multiplier(s_x * s_w / s_y)
     low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
     return IntOp(main.name, "linear", main.op_type, [x.name], [y.name],
-                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y, "clamp": [low, high], **_conv_attrs(main)},
+                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y, "clamp": [low, high], **_conv_attrs(main),
+                        "weight_scale": s_w.tolist()},
                  consts={"weight": q_weight.astype(np.int16 if bits == 16 else np.int8),
                          "bias": q_bias.astype(np.int32), "multiplier": multiplier.astype(np.int32),
                          "shift": shift.astype(np.int32)},

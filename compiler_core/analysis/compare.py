@@ -1,0 +1,88 @@
+"""FP32 (the MBLT in onnxruntime) vs the quantized model (golden executor) on held-out samples."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler_core.analysis.metrics import TensorComparison, is_classifier_output
+from compiler_core.calibration.statistics import _create_session, expose_tensors
+from compiler_core.mblt.io import load_mblt
+from compiler_core.progress import Reporter, as_reporter
+from compiler_core.quantization import executor
+from compiler_core.quantization.program import QuantizedModel
+
+logger = logging.getLogger(__name__)
+
+import onnxruntime as ort  # noqa: E402  (after the project imports: heavy, and only needed here)
+
+
+def analyze(mblt_path: str | Path, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
+            num_samples: int, per_layer: bool = True, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Compare outputs (and, optionally, every quantized tensor) of FP32 and quantized runs.
+
+    Returns:
+        ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", ...metrics}]
+        (worst SQNR first), "summary": {...}}``.
+    """
+    reporter = as_reporter(reporter)
+    session, names = _reference_session(mblt_path, model, per_layer)
+    outputs = {spec.name: TensorComparison() for spec in model.outputs if spec.name in model.tensors}
+    layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
+    classifier = {spec.name: is_classifier_output(spec.shape) for spec in model.outputs}
+    count = 0
+    with reporter.stage("analyze", total=num_samples, message="comparing FP32 and quantized outputs"):
+        for sample in samples:
+            _compare_sample(session, names, model, sample, outputs, layers, classifier)
+            count += 1
+            reporter.advance()
+    return _report(model, outputs, layers, classifier, count)
+
+
+def _reference_session(mblt_path: str | Path, model: QuantizedModel, per_layer: bool):
+    graph = load_mblt(mblt_path)
+    wanted = [name for name in model.tensors if name not in {s.name for s in model.inputs}] if per_layer else []
+    names = expose_tensors(graph, wanted) if per_layer else [v.name for v in graph.graph.outputs]
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return _create_session(graph, options), names
+
+
+def _compare_sample(session, names, model: QuantizedModel, sample, outputs, layers, classifier) -> None:
+    feeds = {spec.name: np.asarray(sample[spec.name]) for spec in model.inputs}
+    reference = dict(zip(names, session.run(names, feeds)))
+    env = executor.execute(model, executor.quantize_inputs(model, feeds), keep=set(layers))
+    for name, comparison in outputs.items():
+        comparison.add(reference[name], executor.dequantize_output(model, name, env[name]), classifier[name])
+    for name, comparison in layers.items():
+        if name in env and name in reference:
+            comparison.add(reference[name], model.params(name).dequantize(env[name]))
+
+
+def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> dict[str, Any]:
+    producer = {out: op for op in model.ops for out in op.outputs}
+    layer_rows = []
+    for name, comparison in layers.items():
+        op = producer.get(name)
+        layer_rows.append({"tensor": name, "layer": op.name if op else name, "op": op.op_type if op else "input",
+                           "precision": op.precision if op else f"a{model.tensors[name].bits}",
+                           **comparison.to_dict()})
+    layer_rows.sort(key=lambda row: row["sqnr_db"] if row["sqnr_db"] is not None else 1e9)
+    output_rows = {name: comparison.to_dict(classifier[name]) for name, comparison in outputs.items()}
+    return {"samples": count, "outputs": output_rows, "layers": layer_rows,
+            "summary": _summary(output_rows, layer_rows)}
+
+
+def _summary(outputs: dict[str, dict], layers: list[dict]) -> dict[str, Any]:
+    verdicts = [row["verdict"] for row in outputs.values()]
+    worst = "flag" if "flag" in verdicts else "warn" if "warn" in verdicts else "ok"
+    return {"verdict": worst,
+            "min_output_sqnr_db": min((row["sqnr_db"] for row in outputs.values()), default=None),
+            "mean_output_cosine": float(np.mean([row["cosine_mean"] for row in outputs.values()])) if outputs else None,
+            "layers_warned": sum(1 for row in layers if row["verdict"] == "warn"),
+            "layers_flagged": sum(1 for row in layers if row["verdict"] == "flag"),
+            "worst_layers": [row["layer"] for row in layers[:5]]}

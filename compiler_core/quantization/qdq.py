@@ -1,0 +1,181 @@
+"""Export the quantization decisions as a QDQ ONNX model that onnxruntime runs.
+
+Every quantized tensor gets a ``QuantizeLinear -> DequantizeLinear`` pair with its frozen parameters;
+weights, biases, added constants, embedding tables and ``Where`` constants are stored as the very
+integer codes of the program behind a ``DequantizeLinear``. The float ops in between are the MBLT's
+own, so the model is an independent cross-check of the golden executor (docs/numerics.md says where
+the two may differ by one step) and a portable artifact in its own right.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler_core.fileio import atomic_write
+from compiler_core.mblt.io import load_mblt
+from compiler_core.quantization.params import QuantParams
+from compiler_core.quantization.program import IntOp, QuantizedModel
+
+logger = logging.getLogger(__name__)
+
+
+def export_qdq(mblt_path: str | Path, model: QuantizedModel) -> ir.Model:
+    """The QDQ model (in memory) for ``model``, built on a fresh copy of its MBLT."""
+    graph_model = load_mblt(mblt_path)
+    graph = graph_model.graph
+    nodes = {node.name: node for node in graph}
+    for op in model.ops:
+        _integer_constants(graph, nodes, op, model)
+    for name in model.tensors:
+        _insert_qdq(graph, name, model.params(name))
+    graph.sort()
+    for name in [n for n, v in graph.initializers.items() if not v.uses() and not v.is_graph_output()]:
+        del graph.initializers[name]  # the float weights the integer codes replaced
+    graph_model.producer_name = "qbcompiler-qdq"
+    return graph_model
+
+
+def save_qdq(mblt_path: str | Path, model: QuantizedModel, path: str | Path) -> Path:
+    """Write the QDQ model atomically."""
+    qdq = export_qdq(mblt_path, model)
+    data = ir.to_proto(qdq).SerializeToString()
+    return atomic_write(path, lambda temp: temp.write_bytes(data))
+
+
+# -- tensors --------------------------------------------------------------------------------------
+
+
+def _constant(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _qparams(graph: ir.Graph, prefix: str, params: QuantParams) -> tuple[ir.Value, ir.Value]:
+    scale = _constant(graph, f"{prefix}.scale", np.asarray(params.scale, dtype=np.float32))
+    zero = _constant(graph, f"{prefix}.zero_point", np.asarray(params.zero_point).astype(params.dtype))
+    return scale, zero
+
+
+def _insert_qdq(graph: ir.Graph, name: str, params: QuantParams) -> None:
+    value = _find_value(graph, name)
+    uses = list(value.uses())
+    scale, zero = _qparams(graph, f"{name}.q", params)
+    axis = {"axis": params.axis} if params.axis is not None else {}
+    quantize = ir.node("QuantizeLinear", [value, scale, zero], attributes=axis, name=f"{name}.quantize")
+    dequantize = ir.node("DequantizeLinear", [quantize.outputs[0], scale, zero], attributes=axis,
+                         name=f"{name}.dequantize")
+    quantize.outputs[0].name = f"{name}.codes"
+    graph.extend([quantize, dequantize])
+    if value.is_graph_output():
+        _swap_output(graph, value, dequantize.outputs[0], name)
+    else:
+        dequantize.outputs[0].name = f"{name}.dq"
+    for node, index in uses:
+        node.replace_input_with(index, dequantize.outputs[0])
+
+
+def _swap_output(graph: ir.Graph, value: ir.Value, replacement: ir.Value, name: str) -> None:
+    """Graph outputs keep their names: the float value is renamed, the dequantized one takes its name."""
+    value.name = f"{name}.float"
+    replacement.name = name
+    replacement.shape, replacement.type = value.shape, value.type
+    graph.outputs[graph.outputs.index(value)] = replacement
+
+
+def _find_value(graph: ir.Graph, name: str) -> ir.Value:
+    for value in graph.inputs:
+        if value.name == name:
+            return value
+    for node in graph:
+        for value in node.outputs:
+            if value.name == name:
+                return value
+    raise KeyError(name)
+
+
+# -- integer constants ----------------------------------------------------------------------------
+
+
+def _integer_constants(graph: ir.Graph, nodes: dict[str, ir.Node], op: IntOp, model: QuantizedModel) -> None:
+    handler = _CONSTANT_HANDLERS.get(op.kind)
+    if handler is not None:
+        handler(graph, nodes, op, model)
+
+
+def _dequantized(graph: ir.Graph, name: str, codes: np.ndarray, scale, zero_point=0, axis=None) -> ir.Value:
+    codes_value = _constant(graph, f"{name}.codes", codes)
+    scale_value = _constant(graph, f"{name}.scale", np.asarray(scale, dtype=np.float32))
+    zero_value = _constant(graph, f"{name}.zero_point", np.zeros_like(np.asarray(scale), dtype=codes.dtype)
+                           if np.ndim(scale) else np.asarray(zero_point, dtype=codes.dtype))
+    node = ir.node("DequantizeLinear", [codes_value, scale_value, zero_value],
+                   attributes={"axis": axis} if axis is not None else {}, name=f"{name}.dequantize")
+    node.outputs[0].name = f"{name}.dq"
+    graph.append(node)
+    return node.outputs[0]
+
+
+def _linear_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    main = nodes[op.name]
+    input_scale = float(model.params(op.inputs[0]).scale)
+    codes = op.consts["weight"]
+    weight_scale = np.asarray(op.attrs["weight_scale"])
+    weight, axis = _weight_layout(main, codes)
+    main.replace_input_with(1, _dequantized(graph, f"{op.name}.weight", weight, weight_scale, axis=axis))
+    bias = _dequantized(graph, f"{op.name}.bias", op.consts["bias"].astype(np.int32), input_scale * weight_scale,
+                        axis=0)
+    if main.op_type in ("Conv", "Gemm"):
+        if len(main.inputs) > 2:
+            main.replace_input_with(2, bias)
+        else:
+            main.resize_inputs(3)
+            main.replace_input_with(2, bias)
+        for attribute in ("alpha", "beta"):
+            if attribute in main.attributes:
+                main.attributes[attribute] = ir.AttrFloat32(attribute, 1.0)
+        return
+    add = next(node for node, _ in main.outputs[0].uses())
+    index = 1 if add.inputs[0] is main.outputs[0] else 0
+    add.replace_input_with(index, bias)
+
+
+def _weight_layout(main: ir.Node, codes: np.ndarray) -> tuple[np.ndarray, int]:
+    if main.op_type == "Conv":
+        return codes, 0
+    if main.op_type == "Gemm" and "transB" in main.attributes and main.attributes["transB"].as_int():
+        return codes, 0
+    return np.ascontiguousarray(codes.T), 1
+
+
+def _add_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    main = nodes[op.name]
+    for index, key in ((0, "const_a"), (1, "const_b")):
+        if key in op.consts:
+            main.replace_input_with(index, _dequantized(graph, f"{op.name}.{key}", op.consts[key],
+                                                        op.attrs[f"{key}_scale"]))
+
+
+def _table_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    main = nodes[op.name]
+    params = model.params(op.outputs[0])
+    main.replace_input_with(0, _dequantized(graph, f"{op.name}.table", op.consts["table"], params.scale,
+                                            params.zero_point))
+
+
+def _select_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    main = nodes[op.name]
+    params = model.params(op.outputs[0])
+    for index, key in ((1, "const_x"), (2, "const_y")):
+        if key in op.consts:
+            codes = op.consts[key].astype(params.dtype)
+            main.replace_input_with(index, _dequantized(graph, f"{op.name}.{key}", codes, params.scale,
+                                                        params.zero_point))
+
+
+_CONSTANT_HANDLERS = {"linear": _linear_constants, "add": _add_constants, "gather_table": _table_constants,
+                      "select": _select_constants}

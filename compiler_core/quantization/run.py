@@ -1,0 +1,128 @@
+"""The quantize stage as one call: calibration data -> statistics -> decisions -> integer program -> analysis."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler_core.analysis.compare import analyze
+from compiler_core.calibration import CalibrationDataset, input_specs, open_calibration_data
+from compiler_core.calibration.cache import StatisticsCache, collect_statistics_cached
+from compiler_core.calibration.observers import observe
+from compiler_core.calibration.statistics import StatisticsSet
+from compiler_core.config import CompileConfig, layer_matches
+from compiler_core.errors import CalibrationError
+from compiler_core.fileio import sha256_file
+from compiler_core.mblt.io import load_mblt
+from compiler_core.progress import Reporter
+from compiler_core.quantization.pipeline import MODE_NAMES, quantize_graph
+from compiler_core.quantization.program import QuantizedModel
+
+logger = logging.getLogger(__name__)
+
+MIN_CALIBRATION_SAMPLES = 4
+
+
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_mblt` returns.
+
+    Attributes:
+        model: the integer program.
+        analysis: FP32 vs quantized metrics on held-out samples (empty when none were held out).
+        statistics_from_cache: True when no calibration inference ran.
+        timings: seconds per stage.
+        samples: calibration and held-out sample counts.
+    """
+
+    model: QuantizedModel
+    analysis: dict[str, Any]
+    statistics_from_cache: bool
+    timings: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, int] = field(default_factory=dict)
+
+
+def quantize_mblt(mblt_path: str | Path, config: CompileConfig, *, calib_data_path: str | Sequence[str] | None = None,
+                  reporter: Reporter, cache: StatisticsCache | None = None, analysis: bool = True) -> QuantizeResult:
+    """Quantize an MBLT with ``config`` (already resolved) on the given calibration data."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    graph = load_mblt(mblt_path)
+    dataset = _open_dataset(graph, config, calib_data_path, reporter)
+    calibration, holdout = _split(dataset, config)
+    timings["data"] = time.perf_counter() - started
+    started = time.perf_counter()
+    stats, hit = collect_statistics_cached(mblt_path, calibration, cache=cache, reporter=reporter)
+    timings["statistics"] = time.perf_counter() - started
+    started = time.perf_counter()
+    model = quantize_graph(graph, _range_function(stats, config), config, channel_means=_channel_means(stats),
+                           mblt_sha256=sha256_file(mblt_path), reporter=reporter)
+    timings["quantize"] = time.perf_counter() - started
+    report = {}
+    if analysis and len(holdout):
+        started = time.perf_counter()
+        report = analyze(mblt_path, model, holdout, num_samples=len(holdout), reporter=reporter)
+        timings["analysis"] = time.perf_counter() - started
+    return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
+
+
+def _open_dataset(graph: ir.Model, config: CompileConfig, calib_data_path, reporter: Reporter) -> CalibrationDataset:
+    paths = calib_data_path if calib_data_path is not None else (config.calib_data_paths or None)
+    preprocessing = config.preprocessing if config.preprocessing.apply else None
+    return open_calibration_data(paths, input_specs(graph), preprocessing=preprocessing,
+                                 image_channels=config.image_channels, use_random_calib=config.use_random_calib,
+                                 reporter=reporter)
+
+
+def _split(dataset: CalibrationDataset, config: CompileConfig) -> tuple[CalibrationDataset, CalibrationDataset]:
+    """Hold out ``analysisHoldout`` samples (fewer for small sets), cap calibration at ``numSamples``."""
+    total = len(dataset)
+    holdout = min(config.analysis_holdout, max(0, total - MIN_CALIBRATION_SAMPLES), total // 4)
+    if total - holdout < 1:
+        raise CalibrationError(f"Only {total} calibration sample(s): too few to calibrate.",
+                               hint="Provide at least 16 representative samples.")
+    calibration, held_out = dataset.split(holdout) if holdout else (dataset, dataset.split(0)[1])
+    limit = config.calibration.num_samples
+    if len(calibration) > limit:
+        calibration = calibration.split(len(calibration) - limit)[0]
+    return calibration, held_out
+
+
+def _range_function(stats: StatisticsSet, config: CompileConfig):
+    """``(names, bits) -> {name: (lo, hi)}`` with the config's mode, percentile and layer overrides."""
+    calibration = config.calibration
+    symmetric = int(calibration.method) in (0, 1)
+
+    def ranges(names: Sequence[str], bits: dict[str, int]) -> dict[str, tuple[float, float]]:
+        result = {}
+        for name in names:
+            tensor = stats.tensors.get(name)
+            if tensor is None:
+                continue
+            mode, percentile = _mode_for(name, calibration)
+            result[name] = observe(tensor, MODE_NAMES[mode], symmetric=symmetric and tensor.min < 0,
+                                   bits=bits.get(name, 8), percentile=percentile.percentile,
+                                   topk_ratio=percentile.topk_ratio)
+        return result
+
+    return ranges
+
+
+def _mode_for(name: str, calibration) -> tuple[int, Any]:
+    for pattern, override in calibration.layer_overrides.items():
+        if layer_matches([pattern], name):
+            return int(override.mode if override.mode is not None else calibration.mode), (
+                override.max_percentile or calibration.max_percentile)
+    return int(calibration.mode), calibration.max_percentile
+
+
+def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:
+    return {name: np.asarray(tensor.per_channel_mean) for name, tensor in stats.tensors.items()
+            if getattr(tensor, "per_channel_mean", None) is not None}
