@@ -11,6 +11,7 @@ SAMPLE := resources/samples/fashion_cnn
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
+	@sh scripts/system-packages.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,dev]"

@@ -22,7 +22,8 @@ from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "parse_model", "quantize", "read_provenance"]
+__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "mxq_compile", "mxq_compile_from_mblt",
+           "mxq_compile_from_source", "mxq_compile_with_callback", "parse_model", "quantize", "read_provenance"]
 
 
 def parse_model(
@@ -170,3 +171,74 @@ def quantize(
     config = resolve_config(compile_config=compile_config, config_preset=config_preset,
                             use_random_calib=use_random_calib, **config_args)
     return quantize_mblt(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter, analysis=analysis)
+
+
+def _is_mblt(model: Any) -> bool:
+    if not isinstance(model, (str, Path)) or not Path(model).is_file():
+        return False
+    if Path(model).suffix.lower() == ".mblt":
+        return True
+    try:
+        _read_provenance(model)
+    except Exception:  # not an MBLT (any read error): treat it as a source model
+        return False
+    return True
+
+
+def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: Any = None,
+                save_path: str | Path = "./tmp.mxq", **kwargs: Any):
+    """Compile a source model **or** an MBLT to an MXQ (vendor name and argument order).
+
+    Args:
+        model: Source model path (ONNX ...), a ``.mblt`` file, or (torch backend) a live module.
+        target_device: ``aries-rb``, ``regulus-ra``, ``regulus-rb`` or ``regulus-rb-usb``.
+        calib_data_path: Calibration data (folder, ``.txt`` list or JSON manifest; or a list of them).
+        save_path: Output ``.mxq`` (default ``./tmp.mxq``); the analysis JSON is written beside it.
+        **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, ``inference_scheme``,
+            ``cpu_offload``, ``use_random_calib``, ``layer_bias_correction``, ``image_channels``,
+            ``config_preset``, ``compile_config``, ``config_save_path``, sub-configs
+            (``calibration_config`` ...), ``callback``, ``cancel_token``.
+
+    Returns:
+        A :class:`~compiler_core.compile.CompileResult`.
+    """
+    compile_from = mxq_compile_from_mblt if _is_mblt(model) else mxq_compile_from_source
+    return compile_from(model, target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
+                        **kwargs)
+
+
+def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
+                            save_path: str | Path = "./tmp.mxq", backend: str | None = None,
+                            input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+                            constant_inputs: Mapping[str, Any] | None = None, callback: ProgressCallback | None = None,
+                            cancel_token: CancelToken | None = None, **kwargs: Any):
+    """Parse the source model (to a temporary MBLT), then :func:`mxq_compile_from_mblt`."""
+    import tempfile
+
+    reporter = as_reporter(callback, cancel_token)
+    with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
+        mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
+                            constant_inputs=constant_inputs, callback=reporter)
+        return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
+                                     save_path=save_path, callback=reporter, **kwargs)
+
+
+def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None, calib_data_path: Any = None,
+                          save_path: str | Path = "./tmp.mxq", compile_config: Any = None,
+                          config_preset: str | None = None, config_save_path: str | Path | None = None,
+                          callback: ProgressCallback | None = None, cancel_token: CancelToken | None = None,
+                          **config_args: Any):
+    """Quantize and compile an MBLT for ``target_device`` into an MXQ."""
+    from compiler_core.compile import compile_mblt
+    from compiler_core.config import resolve_config
+
+    reporter = as_reporter(callback, cancel_token)
+    config = resolve_config(compile_config=compile_config, config_preset=config_preset,
+                            target_device=target_device, **config_args)
+    return compile_mblt(Path(mblt), Path(save_path), config, reporter=reporter, calib_data_path=calib_data_path,
+                        config_save_path=Path(config_save_path) if config_save_path else None)
+
+
+def mxq_compile_with_callback(model: Any, callback: ProgressCallback, **kwargs: Any):
+    """:func:`mxq_compile` with the progress callback first (vendor spelling)."""
+    return mxq_compile(model, callback=callback, **kwargs)

@@ -174,11 +174,117 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
 def cmd_info(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     from compiler_core.api import read_provenance
 
-    if not args.mblt:
-        raise ArgumentError("Give --mblt FILE.", hint="Example: qbcompiler info --mblt model.mblt.")
+    if bool(args.mblt) == bool(args.mxq):
+        raise ArgumentError("Give exactly one of --mblt FILE or --mxq FILE.",
+                            hint="Example: qbcompiler info --mxq model.mxq.")
+    if args.mxq:
+        from compiler_core.runtime import get_model_summary
+
+        payload = {"command": "info", "file": args.mxq, **get_model_summary(args.mxq)}
+        out.result(payload, json.dumps(payload, indent=2))
+        return payload
     payload = {"command": "info", "file": args.mblt, "provenance": read_provenance(args.mblt), **_mblt_summary(args.mblt)}
     out.result(payload, json.dumps(payload, indent=2))
     return payload
+
+
+def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    path = Path(args.file)
+    if path.suffix.lower() == ".mxq":
+        from compiler_core.mxq import validate_mxq
+        from compiler_core.runtime.artifact import load_artifact
+
+        report = validate_mxq(path)
+        if report.get("ok"):
+            artifact = load_artifact(path)  # also checks that the program is consistent
+            report["operations"] = len(artifact.program.ops)
+    else:
+        report = _validate_mblt(path)
+    payload = {"command": "validate", "file": str(path), **report}
+    text = (f"{path.name}: OK ({payload.get('kind', 'MXQ')})" if payload.get("ok")
+            else f"{path.name}: INVALID: {'; '.join(payload.get('problems', []))}")
+    out.result(payload, text)
+    if not payload.get("ok"):
+        from compiler_core.errors import MxqFormatError
+
+        raise MxqFormatError(f"{path.name} is invalid: {'; '.join(payload.get('problems', []))}.",
+                             hint="Compile or parse it again.", file=str(path))
+    return payload
+
+
+def _validate_mblt(path: Path) -> dict[str, Any]:
+    import onnx
+
+    from compiler_core.mblt.io import load_mblt
+
+    model = load_mblt(path)
+    problems = []
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as error:  # the checker's own exception types
+        problems.append(f"onnx.checker: {str(error).splitlines()[0]}")
+    dynamic = [v.name for n in model.graph for v in n.outputs
+               if v.shape is None or not all(isinstance(d, int) for d in v.shape)]
+    if dynamic:
+        problems.append(f"{len(dynamic)} value(s) without a static shape (e.g. {dynamic[0]})")
+    return {"ok": not problems, "kind": "MBLT", "nodes": model.graph.num_nodes(), "problems": problems}
+
+
+def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    import numpy as np
+
+    from compiler_core.runtime import Accelerator, Model, ModelConfig
+    from compiler_core.runtime.inputs import load_run_inputs
+
+    config = ModelConfig()
+    if args.core_mode and args.core_mode != "auto":
+        getattr(config, f"set_{args.core_mode}_core_mode")()
+    model = Model(args.mxq, config, input_layout="NCHW")
+    model.launch(Accelerator(model.artifact.device))
+    labels = Path(args.labels).read_text().splitlines() if args.labels else None
+    results, written = [], []
+    for name, feeds in load_run_inputs(model.artifact, args.input):
+        started = time.perf_counter()
+        outputs = model.infer(feeds)
+        elapsed = time.perf_counter() - started
+        entry = {"input": name, "seconds": round(elapsed, 4), "outputs": []}
+        for spec, value in zip(model.artifact.output_specs, outputs):
+            entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
+                                     **_top_k(value, args.top_k, labels)})
+            if args.output_dir:
+                target = Path(args.output_dir) / f"{Path(name).stem}.{spec.name}.npy"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                np.save(target, value)
+                written.append(str(target))
+        results.append(entry)
+    payload = {"command": "run", "device": model.artifact.device, "core_mode": model.core_mode,
+               "estimate": model.estimate(), "results": results, "written": written}
+    model.dispose()
+    out.result(payload, _run_text(payload))
+    return payload
+
+
+def _top_k(value, k: int, labels: list[str] | None) -> dict[str, Any]:
+    import numpy as np
+
+    flat = np.asarray(value).reshape(-1)
+    if value.ndim != 2 or value.shape[0] != 1 or flat.size < 2 or k <= 0:
+        return {}
+    order = np.argsort(-flat)[:k]
+    return {"top_k": [{"index": int(i), "score": float(flat[i]),
+                       **({"label": labels[i]} if labels and i < len(labels) else {})} for i in order]}
+
+
+def _run_text(payload: dict[str, Any]) -> str:
+    estimate = payload["estimate"]
+    lines = [f"{payload['device']} ({payload['core_mode']}): estimated {estimate['latency_ms']:.3f} ms per "
+             f"inference, {estimate['throughput_fps']:.0f} FPS on the device"]
+    for entry in payload["results"]:
+        for output in entry["outputs"]:
+            top = ", ".join(f"{t.get('label', t['index'])} ({t['score']:.3f})" for t in output.get("top_k", []))
+            lines.append(f"{entry['input']}: {output['name']} {output['shape']}" + (f" top-k: {top}" if top else ""))
+    lines.extend(f"Wrote {path}" for path in payload["written"])
+    return "\n".join(lines)
 
 
 def cmd_presets(args: argparse.Namespace, out: Output) -> dict[str, Any]:
@@ -198,6 +304,95 @@ def cmd_dump_config(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     payload = {"command": "dump-config", "output": str(path), "preset": args.preset}
     out.result(payload, f"Wrote {path}" + (f" (preset {args.preset})" if args.preset else ""))
     return payload
+
+
+def cmd_quantize(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.api import quantize
+    from compiler_core.fileio import atomic_write_text
+    from compiler_core.quantization.qdq import save_qdq
+
+    if args.output:
+        return _compile(args, out, model=args.mblt)
+    started = time.perf_counter()
+    result = quantize(args.mblt, args.calib_data_path, compile_config=args.compile_config,
+                      config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
+                      target_device=args.target_device, callback=out.progress)
+    elapsed = time.perf_counter() - started
+    written = []
+    if args.qdq_output:
+        written.append(str(save_qdq(args.mblt, result.model, args.qdq_output)))
+    if args.analysis_output:
+        written.append(str(atomic_write_text(args.analysis_output, json.dumps(result.analysis, indent=2))))
+    payload = {"command": "quantize", "seconds": round(elapsed, 3), "summary": result.model.summary(),
+               "samples": result.samples, "statistics_from_cache": result.statistics_from_cache,
+               "timings": result.timings, "analysis": result.analysis.get("summary", {}),
+               "outputs": result.analysis.get("outputs", {}), "written": written}
+    out.result(payload, _quantize_text(payload))
+    return payload
+
+
+def cmd_compile(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    return _compile(args, out, model=args.model)
+
+
+def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, Any]:
+    from compiler_core.api import mxq_compile
+
+    if not args.output:
+        raise ArgumentError("No output file given.", hint="Pass --output model.mxq.")
+    started = time.perf_counter()
+    options = {"input_shape_dict": _shape_pairs(getattr(args, "input_shape", None)) or None,
+               "constant_inputs": _bind_pairs(getattr(args, "bind_input", None)) or None,
+               "backend": getattr(args, "backend", None)}
+    result = mxq_compile(model, target_device=args.target_device, calib_data_path=args.calib_data_path,
+                         save_path=args.output, compile_config=args.compile_config, config_preset=args.config_preset,
+                         use_random_calib=args.use_random_calib or None, cpu_offload=args.cpu_offload,
+                         inference_scheme=args.inference_scheme, config_save_path=args.config_save_path,
+                         callback=out.progress, **{k: v for k, v in options.items() if v is not None})
+    payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict()}
+    out.result(payload, _compile_text(payload))
+    return payload
+
+
+def _compile_text(payload: dict[str, Any]) -> str:
+    lines = [f"Wrote {payload['output']} ({payload['size_bytes'] / 1e6:.2f} MB) for {payload['device']} "
+             f"[{', '.join(payload['core_modes'])}] in {payload['seconds']:.1f} s"]
+    samples = payload["samples"]
+    lines.append(f"  {payload['program']['operations']} NPU operations, {payload['program']['int16_tensors']} int16 "
+                 f"tensors; calibrated on {samples['calibration']} samples"
+                 f"{' (cached statistics)' if payload['statistics_from_cache'] else ''}")
+    if payload["cpu_offload"]:
+        lines.append(f"  CPU offload: head={payload['cpu_offload']['head']} tail={payload['cpu_offload']['tail']}")
+    lines.extend(_metric_lines(payload["outputs"]))
+    if payload["analysis_file"]:
+        lines.append(f"  analysis ({samples['holdout']} held-out samples): {payload['analysis_file']}")
+    if payload["config_file"]:
+        lines.append(f"  resolved config: {payload['config_file']}")
+    return "\n".join(lines)
+
+
+def _metric_lines(outputs: dict[str, dict]) -> list[str]:
+    lines = []
+    for name, metrics in outputs.items():
+        topk = (f", top-1 {metrics['top1_agreement']:.1%}, top-5 {metrics['top5_agreement']:.1%}"
+                if "top1_agreement" in metrics else "")
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {metrics['cosine_mean']:.4f}{topk} "
+                     f"[{metrics['verdict']}]")
+    return lines
+
+
+def _quantize_text(payload: dict[str, Any]) -> str:
+    summary, samples = payload["summary"], payload["samples"]
+    lines = [f"Quantized in {payload['seconds']:.2f} s: {summary['operations']} integer operations, "
+             f"{summary['int16_tensors']} int16 tensors; {samples['calibration']} calibration samples"
+             f"{' (statistics from cache)' if payload['statistics_from_cache'] else ''}, "
+             f"{samples['holdout']} held out for analysis"]
+    lines.extend(_metric_lines(payload["outputs"]))
+    worst = payload["analysis"].get("worst_layers")
+    if worst:
+        lines.append(f"  worst layers: {', '.join(worst)}")
+    lines.extend(f"Wrote {path}" for path in payload["written"])
+    return "\n".join(lines)
 
 
 def _resolve_config(args: argparse.Namespace):
@@ -263,6 +458,21 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="bind an input to a constant, e.g. sr=16000 (repeatable)")
 
 
+def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool = True) -> None:
+    parser.add_argument("--output", "-o", required=output_required, metavar="FILE.mxq", help="output MXQ")
+    parser.add_argument("--target-device", help="aries-rb, regulus-ra, regulus-rb or regulus-rb-usb")
+    parser.add_argument("--calib-data-path", action="append", metavar="PATH",
+                        help="images folder, .npy folder, .txt list or JSON manifest (repeatable)")
+    parser.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
+    parser.add_argument("--config-preset", help="preset name (see `qbcompiler presets`)")
+    parser.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig")
+    parser.add_argument("--config-save-path", metavar="FILE", help="write the resolved config here")
+    parser.add_argument("--inference-scheme", choices=["single", "multi", "global4", "global8", "all"],
+                        help="core modes to compile (REGULUS: single)")
+    parser.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=None,
+                        help="run unsupported head/tail layers on the CPU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of ``qbcompiler``."""
     parser = _Parser(prog="qbcompiler", description="qb Compiler (open implementation): source model -> MBLT -> MXQ.")
@@ -288,9 +498,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(check)
     check.set_defaults(handler=cmd_check)
 
+    compile_ = sub.add_parser("compile", help="source model or MBLT -> MXQ (parse + quantize + compile)")
+    compile_.add_argument("--model", required=True, help="source model (.onnx ...) or .mblt")
+    _add_model_options(compile_)
+    _add_compile_options(compile_)
+    compile_.set_defaults(handler=cmd_compile)
+
+    quantize = sub.add_parser("quantize", help="MBLT -> MXQ (with --output), or accuracy report only")
+    quantize.add_argument("--mblt", required=True, help="parsed MBLT file")
+    _add_compile_options(quantize, output_required=False)
+    quantize.add_argument("--qdq-output", metavar="FILE.onnx", help="also write the QDQ ONNX model")
+    quantize.add_argument("--analysis-output", metavar="FILE.json", help="write the full accuracy analysis")
+    quantize.set_defaults(handler=cmd_quantize)
+
     info = sub.add_parser("info", help="show an MBLT's provenance and summary")
     info.add_argument("--mblt", help="MBLT file")
+    info.add_argument("--mxq", help="MXQ file")
     info.set_defaults(handler=cmd_info)
+
+    validate = sub.add_parser("validate", help="check the integrity of an MXQ or MBLT file")
+    validate.add_argument("file", help=".mxq or .mblt file")
+    validate.set_defaults(handler=cmd_validate)
+
+    run = sub.add_parser("run", help="run an MXQ on the simulator (inputs: .npy files or images)")
+    run.add_argument("--mxq", required=True, help="compiled model")
+    run.add_argument("--input", action="append", required=True, metavar="PATH",
+                     help=".npy (NCHW/model layout), image file, or a folder of them (repeatable)")
+    run.add_argument("--output-dir", help="save each output as .npy here")
+    run.add_argument("--top-k", type=int, default=5, help="top-k for classifier outputs (default 5)")
+    run.add_argument("--labels", help="text file with one class name per line")
+    run.add_argument("--core-mode", choices=["auto", "single", "multi", "global4", "global8"], default="auto")
+    run.set_defaults(handler=cmd_run)
 
     presets = sub.add_parser("presets", help="list configuration presets")
     presets.set_defaults(handler=cmd_presets)

@@ -54,7 +54,8 @@ def _reference_session(mblt_path: str | Path, model: QuantizedModel, per_layer: 
 
 def _compare_sample(session, names, model: QuantizedModel, sample, outputs, layers, classifier) -> None:
     feeds = {spec.name: np.asarray(sample[spec.name]) for spec in model.inputs}
-    reference = dict(zip(names, session.run(names, feeds)))
+    session_inputs = {item.name for item in session.get_inputs()}
+    reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
     env = executor.execute(model, executor.quantize_inputs(model, feeds), keep=set(layers))
     for name, comparison in outputs.items():
         comparison.add(reference[name], executor.dequantize_output(model, name, env[name]), classifier[name])

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler_core.errors import CalibrationError
-from compiler_core.mblt.io import _layout_hint
+from compiler_core.mblt.io import layout_hint
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,6 @@ def _input_spec(value: ir.Value) -> InputSpec:
     if dims is None or any(not isinstance(d, int) for d in dims) or value.dtype is None:
         raise CalibrationError(f"Model input '{value.name}' has no static shape and type ({value.shape}).",
                                hint="Pin dynamic dimensions with input_shape_dict when parsing the model.")
-    return InputSpec(value.name, tuple(int(d) for d in dims), np.dtype(value.dtype.numpy()), _layout_hint(value))
+    return InputSpec(value.name, tuple(int(d) for d in dims), np.dtype(value.dtype.numpy()), layout_hint(list(dims)))
 
 

@@ -46,11 +46,11 @@ def make_provenance(*, source_path: str | None, source_sha256: str | None, backe
 def describe_inputs(model: ir.Model) -> list[dict[str, Any]]:
     """Name, shape, dtype and the layout hint of each graph input."""
     return [{"name": v.name, "shape": [int(d) for d in v.shape], "dtype": v.dtype.name.lower(),
-             "layout": _layout_hint(v)} for v in model.graph.inputs]
+             "layout": layout_hint(list(v.shape))} for v in model.graph.inputs]
 
 
-def _layout_hint(value: ir.Value) -> str:
-    dims = list(value.shape)
+def layout_hint(dims: list[int]) -> str:
+    """``NCHW``/``NHWC``/``NCW``/``NC`` guessed from a static shape (channels are 1, 3 or 4, or the smaller)."""
     if len(dims) == 4:
         return "NCHW" if dims[1] in (1, 3, 4) or dims[1] < dims[3] else "NHWC"
     return {3: "NCW", 2: "NC"}.get(len(dims), "")

@@ -74,11 +74,12 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     sets, fixed = _UnionFind(), {}
     for name in records:
         sets.find(name)
+    masked: set[str] = set()
     for group in groups:
         _link_group(group, context, sets, fixed, options)
-        _link_masked_add(group, context, sets, ranges)
+        _link_masked(group, context, sets, ranges, masked)
     for name, record in records.items():
-        if name in ranges:
+        if name in ranges and name not in masked:
             record.calibrate(*ranges[name], source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records
@@ -105,15 +106,34 @@ INFINITE_LIKE = 1e30
 """Values this large (e.g. -3.4e38 attention masks) act as infinities: they saturate."""
 
 
-def _link_masked_add(group: Group, context: LoweringContext, sets: _UnionFind, ranges: Mapping) -> None:
-    """``x + mask`` with a mask of 0 / -inf-like values keeps x's parameters; masked entries saturate."""
-    if group.main.op_type not in ("Add", "Sub") or group.fused or group.output.name not in context.tensors:
+def _is_infinite_like(value, context: LoweringContext, ranges: Mapping) -> bool:
+    const = context.view.const(value)
+    if const is not None:
+        return const.size > 0 and float(np.abs(const).max()) >= INFINITE_LIKE
+    return max(map(abs, ranges.get(value.name, (0.0, 0.0)))) >= INFINITE_LIKE
+
+
+def _link_masked(group: Group, context: LoweringContext, sets: _UnionFind, ranges: Mapping, masked: set) -> None:
+    """Masking keeps the data's parameters; the -inf-like entries saturate to the smallest code.
+
+    ``x + mask`` (mask of 0 / -3.4e38, constant or computed) and ``Where(c, x, -3.4e38)``
+    (masked_fill): the output joins the data operand's set and its own range, which reaches
+    -3.4e38, is ignored.
+    """
+    main = group.main
+    if group.fused or group.output.name not in context.tensors:
         return
-    operands = [v for v in group.main.inputs[:2] if v is not None and v.name in context.tensors]
-    huge = [v for v in operands if max(map(abs, ranges.get(v.name, (0.0, 0.0)))) >= INFINITE_LIKE]
-    normal = [v for v in operands if v not in huge]
+    if main.op_type in ("Add", "Sub"):
+        operands = [v for v in main.inputs[:2] if v is not None]
+    elif main.op_type == "Where":
+        operands = [v for v in main.inputs[1:3] if v is not None]
+    else:
+        return
+    huge = [v for v in operands if _is_infinite_like(v, context, ranges)]
+    normal = [v for v in operands if v not in huge and v.name in context.tensors]
     if len(huge) == 1 and len(normal) == 1:
         sets.union(group.output.name, normal[0].name)
+        masked.add(group.output.name)
 
 
 def _freeze_sets(records: dict[str, TensorQuant], sets: _UnionFind, fixed: dict, options: DecisionOptions) -> None:

@@ -15,9 +15,12 @@ _ROUND_LIMIT = float(1 << 62)  # rounding saturates here instead of overflowing 
 
 
 def round_half_away(values: np.ndarray) -> np.ndarray:
-    """Round float values to the nearest integer, halves away from zero (as int64)."""
-    values = np.clip(np.asarray(values, dtype=np.float64), -_ROUND_LIMIT, _ROUND_LIMIT)
-    return (np.sign(values) * np.floor(np.abs(values) + 0.5)).astype(INT64)
+    """Round float values to the nearest integer, halves away from zero (as int64; NaN -> 0)."""
+    values = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0)
+    magnitude = np.minimum(np.abs(values), _ROUND_LIMIT)
+    whole = np.floor(magnitude)
+    rounded = whole + (magnitude - whole >= 0.5)  # exact: no 0.5 added before flooring
+    return (np.sign(values) * rounded).astype(INT64)
 
 
 def rounding_shift(values: np.ndarray, bits: int) -> np.ndarray:

@@ -139,12 +139,31 @@ def _linear_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
             if attribute in main.attributes:
                 main.attributes[attribute] = ir.AttrFloat32(attribute, 1.0)
         return
-    add = next(node for node, _ in main.outputs[0].uses())
-    index = 1 if add.inputs[0] is main.outputs[0] else 0
-    add.replace_input_with(index, bias)
+    add = nodes.get(op.nodes[1]) if len(op.nodes) > 1 else None
+    if add is not None and add.op_type == "Add":
+        add.replace_input_with(1 if add.inputs[0] is main.outputs[0] else 0, bias)
+        return
+    if np.any(op.consts["bias"]):  # no bias Add in the model, but bias correction made one
+        _append_bias(graph, main, bias)
+
+
+def _append_bias(graph: ir.Graph, main: ir.Node, bias: ir.Value) -> None:
+    """Insert ``Add(main_output, bias)``; the sum takes the output's name (and its quantization)."""
+    output = main.outputs[0]
+    name, uses = output.name, list(output.uses())
+    add = ir.node("Add", [output, bias], name=f"{main.name}.bias_add")
+    output.name = f"{name}.unbiased"
+    add.outputs[0].name = name
+    add.outputs[0].shape, add.outputs[0].type = output.shape, output.type
+    graph.append(add)
+    for node, index in uses:
+        node.replace_input_with(index, add.outputs[0])
+    if output.is_graph_output():
+        graph.outputs[graph.outputs.index(output)] = add.outputs[0]
 
 
 def _weight_layout(main: ir.Node, codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes in the node's own weight layout, and the output-channel axis there."""
     if main.op_type == "Conv":
         return codes, 0
     if main.op_type == "Gemm" and "transB" in main.attributes and main.attributes["transB"].as_int():

@@ -50,8 +50,14 @@ class QuantizeResult:
 
 
 def quantize_mblt(mblt_path: str | Path, config: CompileConfig, *, calib_data_path: str | Sequence[str] | None = None,
-                  reporter: Reporter, cache: StatisticsCache | None = None, analysis: bool = True) -> QuantizeResult:
-    """Quantize an MBLT with ``config`` (already resolved) on the given calibration data."""
+                  reporter: Reporter, cache: StatisticsCache | None = None, analysis: bool = True,
+                  body_path: str | Path | None = None, head: bytes | None = None) -> QuantizeResult:
+    """Quantize an MBLT with ``config`` (already resolved) on the given calibration data.
+
+    With CPU offload, ``body_path`` is the NPU part to quantize (statistics still come from the
+    whole MBLT, whose tensors it shares) and ``head`` the ONNX CPU head that turns samples into
+    the body's inputs for the analysis.
+    """
     timings: dict[str, float] = {}
     started = time.perf_counter()
     graph = load_mblt(mblt_path)
@@ -62,13 +68,15 @@ def quantize_mblt(mblt_path: str | Path, config: CompileConfig, *, calib_data_pa
     stats, hit = collect_statistics_cached(mblt_path, calibration, cache=cache, reporter=reporter)
     timings["statistics"] = time.perf_counter() - started
     started = time.perf_counter()
-    model = quantize_graph(graph, _range_function(stats, config), config, channel_means=_channel_means(stats),
+    target = load_mblt(body_path) if body_path is not None else graph
+    model = quantize_graph(target, _range_function(stats, config), config, channel_means=_channel_means(stats),
                            mblt_sha256=sha256_file(mblt_path), reporter=reporter)
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
         started = time.perf_counter()
-        report = analyze(mblt_path, model, holdout, num_samples=len(holdout), reporter=reporter)
+        samples = holdout if head is None else _through_head(head, holdout)
+        report = analyze(body_path or mblt_path, model, samples, num_samples=len(holdout), reporter=reporter)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
 
@@ -121,6 +129,17 @@ def _mode_for(name: str, calibration) -> tuple[int, Any]:
             return int(override.mode if override.mode is not None else calibration.mode), (
                 override.max_percentile or calibration.max_percentile)
     return int(calibration.mode), calibration.max_percentile
+
+
+def _through_head(head: bytes, samples):
+    """Held-out samples -> the NPU body's inputs (CPU head outputs plus the inputs it passes through)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(head, providers=["CPUExecutionProvider"])
+    inputs = [item.name for item in session.get_inputs()]
+    outputs = [item.name for item in session.get_outputs()]
+    for sample in samples:
+        yield {**sample, **dict(zip(outputs, session.run(outputs, {name: sample[name] for name in inputs})))}
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from compiler_core.quantization.fixedpoint import (
     rounding_shift,
 )
 from compiler_core.quantization.graph import Group, activation_bounds
-from compiler_core.quantization.kernels import SAME_AS_INPUT, register
+from compiler_core.quantization.kernels import OBSERVE, SAME_AS_INPUT, register
 from compiler_core.quantization.lowering import LoweringContext, clamp_codes, describe_bits, scalar
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp
@@ -150,8 +150,12 @@ def run_select(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def lower_cast(group: Group, ctx: LoweringContext) -> IntOp:
-    """Cast of an exact (integer/bool) tensor to float: quantize the exact values."""
+    """Cast of an exact (integer/bool) tensor to float: quantize the exact values; float->float: a copy."""
     main = group.main
+    if ctx.is_quantized(main.inputs[0]):
+        from compiler_core.quantization.kernels.movement import lower_move
+
+        return lower_move(group, ctx)
     out = ctx.params(group.output)
     scale, zero_point = scalar(out)
     return IntOp(main.name, "quantize", "Cast", [main.inputs[0].name], [group.output.name],
@@ -185,5 +189,10 @@ register(["Add", "Sub"], "add", lower_add, run_add)
 register(["Mul", "Div"], "scale", lower_mul, run_scale)
 register([], "mul", lower_mul, run_mul)
 register(["Where"], "select", lower_where, run_select)
-register(["Cast"], "quantize", lower_cast, run_quantize)
+def cast_policy(group: Group, ctx: LoweringContext) -> str:
+    """float->float Cast keeps its input's parameters; int/bool->float is calibrated."""
+    return SAME_AS_INPUT if ctx.view.is_float(group.main.inputs[0]) else OBSERVE
+
+
+register(["Cast"], "quantize", lower_cast, run_quantize, output_policy=cast_policy)
 register(["Relu", "Clip"], "clamp", lower_clamp, run_clamp, output_policy=SAME_AS_INPUT)

@@ -43,7 +43,7 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     out = ctx.params(y)
     s_y, zp_y = scalar(out)
     bits = ctx.weight_bits.get(main.name, 8)
-    q_weight, s_w = _quantize_weight(weight, bits)
+    q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX))
     if ctx.bias_correction and x.name in ctx.channel_means:
         bias = bias + _bias_correction(weight, q_weight * _per_row(s_w, weight), ctx.channel_means[x.name], main,
                                        layout)
@@ -88,11 +88,14 @@ def _bias_or_zero(bias: np.ndarray | None, channels: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(bias, dtype=np.float64).reshape(-1), (channels,)).copy()
 
 
-def _quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-output-channel codes in ``[-qmax, qmax]`` and their scales."""
+def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-channel codes in ``[-qmax, qmax]`` and their scales.
+
+    ``min_scale`` keeps the int32 bias of near-zero channels (``bias / (s_x * s_w)``) in range.
+    """
     qmax = code_range(bits)[1]
     absmax = np.abs(weight.reshape(weight.shape[0], -1)).max(axis=1)
-    scale = np.where(absmax > 0, absmax / qmax, 1.0)
+    scale = np.maximum(np.where(absmax > 0, absmax / qmax, 1.0), min_scale)
     codes = np.clip(round_half_away(weight / _per_row(scale, weight)), -qmax, qmax)
     return codes, scale
 

@@ -61,8 +61,9 @@ def lower_move(group: Group, ctx: LoweringContext) -> IntOp:
     main = group.main
     params = ctx.params(main.inputs[0])
     if main.op_type == "Pad":
-        _, zero_point = scalar(params)
-        op.consts["input2"] = np.array(zero_point, dtype=np.int64)
+        value = ctx.const(main.inputs[2]) if len(main.inputs) > 2 and main.inputs[2] is not None else None
+        real = float(value.reshape(())) if value is not None and value.size else 0.0
+        op.consts["input2"] = np.asarray(params.quantize(np.float64(real)), dtype=np.int64)
         op.inputs = [*op.inputs, ""][:3] if len(op.inputs) < 3 else op.inputs
     if main.op_type == "Resize" and op.attrs["attributes"].get("mode", "nearest") != "nearest":
         raise ValueError(f"{main.name}: only nearest Resize has an integer kernel")
@@ -71,8 +72,15 @@ def lower_move(group: Group, ctx: LoweringContext) -> IntOp:
 
 
 def lower_exact(group: Group, ctx: LoweringContext) -> IntOp:
-    """Non-float outputs: run the node exactly on integer/bool values."""
-    return _onnx_op(group, ctx, "exact")
+    """Non-float outputs: run the node exactly on integer/bool values (quantized inputs dequantized first)."""
+    op = _onnx_op(group, ctx, "exact")
+    dequantize = {}
+    for index, value in enumerate(group.main.inputs):
+        if value is not None and ctx.is_quantized(value):
+            scale, zero_point = scalar(ctx.params(value))
+            dequantize[str(index)] = [scale, zero_point]
+    op.attrs["dequantize"] = dequantize
+    return op
 
 
 def run_onnx(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -85,6 +93,9 @@ def run_onnx(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
             names.append(key)
         elif name:
             value = inputs[index]
+            if str(index) in op.attrs.get("dequantize", {}):  # float in the model: the float32 value, as in QDQ
+                scale, zero_point = op.attrs["dequantize"][str(index)]
+                value = (np.float64(scale) * (value - zero_point)).astype(np.float32)
             feeds[key] = value.astype(np.float64) if op.attrs.get("float_evaluated") else value
             names.append(key)
         else:

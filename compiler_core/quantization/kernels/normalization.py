@@ -1,9 +1,9 @@
 """Integer LayerNormalization (docs/numerics.md, "LayerNormalization").
 
-With ``x = q - zp`` over the ``N`` normalized elements: ``mean = rdiv(sum(x), N)``, ``c = x - mean``,
-``V = rdiv(sum(c*c) * 2**16, N) + E`` with ``E = round(eps * 2**16 / s_x**2)``, ``sd = isqrt(V)``
-(the standard deviation in units of ``s_x / 2**8``), ``n = rdiv(c * 2**(8+F), sd)`` (Q.F normalized
-value), ``y = clamp(requantize(n, M[i], S[i]) + B[i] + zp_y)`` with ``M, S`` from
+With ``x = q - zp`` over the ``N`` normalized elements, everything in units of ``s_x / 2**8``:
+``mean = rdiv(sum(x) * 2**8, N)``, ``c = x * 2**8 - mean``, ``V = rdiv(sum(c*c), N) + E`` with
+``E = round(eps * 2**16 / s_x**2)``, ``sd = max(isqrt(V), 1)``, ``n = rdiv(c * 2**F, sd)`` (the
+normalized value in Q.F), ``y = clamp(requantize(n, M[i], S[i]) + B[i] + zp_y)`` with ``M, S`` from
 ``gamma[i] / (2**F * s_y)`` and ``B[i] = round(beta[i] / s_y)``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler_core.errors import UnsupportedOpsError
 from compiler_core.quantization.fixedpoint import (
     integer_sqrt,
     quantize_multiplier,
@@ -23,8 +24,10 @@ from compiler_core.quantization.kernels import register
 from compiler_core.quantization.lowering import LoweringContext, attr_float, attr_int, describe_bits, scalar
 from compiler_core.quantization.program import IntOp
 
-FRACTION_BITS = 12
-VARIANCE_BITS = 16
+FRACTION_BITS = 16
+MEAN_BITS = 8
+VARIANCE_BITS = 2 * MEAN_BITS
+MAX_CENTERED_SQUARES = 1 << 62
 _MAX_EPSILON_TERM = 1 << 60
 
 
@@ -35,7 +38,14 @@ def lower_layer_norm(group: Group, ctx: LoweringContext) -> IntOp:
     shape = ctx.view.shape(x)
     axis = attr_int(main, "axis", -1) % len(shape)
     count = int(np.prod(shape[axis:]))
-    s_x, zp_x = scalar(ctx.params(x))
+    params_in = ctx.params(x)
+    s_x, zp_x = scalar(params_in)
+    span = (params_in.qmax - params_in.qmin) << MEAN_BITS
+    if count * span * span >= MAX_CENTERED_SQUARES:
+        raise UnsupportedOpsError(f"{main.name}: LayerNormalization over {count} elements of {params_in.bits}-bit "
+                                  "codes overflows the 64-bit variance sum.",
+                                  hint="Use 8-bit activations for this layer, or normalize fewer elements.",
+                                  node=main.name, op="LayerNormalization")
     out = ctx.params(group.output)
     s_y, zp_y = scalar(out)
     gamma = np.broadcast_to(ctx.const(main.inputs[1]).astype(np.float64).reshape(-1), (count,))
@@ -59,11 +69,11 @@ def run_layer_norm(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     shape = inputs[0].shape
     x = (inputs[0] - attrs["zp_x"]).reshape(*shape[: attrs["axis"]], -1)
     count = x.shape[-1]
-    mean = rounding_divide(x.sum(axis=-1, keepdims=True), count)
-    centered = x - mean
-    variance = rounding_divide((centered * centered).sum(axis=-1, keepdims=True) << VARIANCE_BITS, count)
+    mean = rounding_divide(x.sum(axis=-1, keepdims=True) << MEAN_BITS, count)
+    centered = (x << MEAN_BITS) - mean
+    variance = rounding_divide((centered * centered).sum(axis=-1, keepdims=True), count)
     deviation = np.maximum(integer_sqrt(variance + attrs["epsilon_term"]), 1)
-    normalized = rounding_divide(centered << (8 + FRACTION_BITS), deviation)
+    normalized = rounding_divide(centered << FRACTION_BITS, deviation)
     y = requantize(normalized, consts["multiplier"].astype(np.int64), consts["shift"].astype(np.int64))
     y = y + consts["offset"].astype(np.int64) + attrs["zp_y"]
     return [np.clip(y, *attrs["clamp"]).reshape(shape)]

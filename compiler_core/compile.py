@@ -1,0 +1,149 @@
+"""End-to-end compile: source model or MBLT -> MXQ, as straight-line stages with progress and cancel.
+
+parse (source only) -> support check (and CPU-offload split) -> calibration statistics -> decisions
+and integer program -> accuracy analysis on held-out samples -> schedule per core mode -> MXQ
+(atomic) + analysis JSON beside it + the resolved config (``config_save_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from compiler_core import __version__
+from compiler_core.backend.partition import Partition, partition
+from compiler_core.config import CompileConfig
+from compiler_core.errors import ArgumentError, UnsupportedOpsError
+from compiler_core.fileio import atomic_write_text, sha256_file
+from compiler_core.mblt.io import describe_inputs, load_mblt, read_provenance, write_mblt
+from compiler_core.mxq import write_mxq
+from compiler_core.progress import Reporter
+from compiler_core.quantization.run import QuantizeResult, quantize_mblt
+from compiler_core.quantization.serialize import to_document
+from compiler_core.runtime.cost import estimate
+from compiler_core.targets import (
+    DeviceProfile,
+    apply_offload,
+    check_support,
+    get_device,
+    plan_cpu_offload,
+    validate_inference_scheme,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CompileResult:
+    """What a compile produced."""
+
+    mxq_path: Path
+    device: str
+    core_modes: list[str]
+    quantize: QuantizeResult
+    analysis_path: Path | None
+    config_path: Path | None
+    support: dict[str, int]
+    cpu_offload: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary (the CLI's ``result`` line)."""
+        return {"output": str(self.mxq_path), "size_bytes": self.mxq_path.stat().st_size, "device": self.device,
+                "core_modes": self.core_modes, "analysis_file": str(self.analysis_path) if self.analysis_path else None,
+                "config_file": str(self.config_path) if self.config_path else None, "support": self.support,
+                "cpu_offload": self.cpu_offload, "samples": self.quantize.samples,
+                "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
+                "analysis": self.quantize.analysis.get("summary", {}),
+                "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary()}
+
+
+def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, reporter: Reporter,
+                 calib_data_path=None, config_save_path: Path | None = None) -> CompileResult:
+    """MBLT -> MXQ with an already resolved config."""
+    if not config.target_device:
+        raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
+    device = get_device(config.target_device)
+    core_modes = validate_inference_scheme(device.name, config.inference_scheme)
+    graph = load_mblt(mblt_path)
+    with tempfile.TemporaryDirectory(prefix="qbcompiler-") as scratch:
+        parts, support = _check_and_split(graph, device, config, reporter)
+        body_path = mblt_path if parts is None else write_mblt(parts.body, Path(scratch) / "body.mblt",
+                                                               read_provenance(mblt_path))
+        result = quantize_mblt(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter,
+                               body_path=body_path if parts is not None else None,
+                               head=parts.head if parts is not None else None)
+    with reporter.stage("schedule", total=len(core_modes), message="estimating each core mode"):
+        schedule = {mode: estimate(result.model, device, mode).to_dict() for mode in core_modes}
+        reporter.advance(len(core_modes))
+    document, consts = to_document(result.model)
+    document["schedule"] = schedule
+    meta = _meta(graph, mblt_path, device, core_modes, config, result, parts)
+    with reporter.stage("write", total=1, message=f"writing {save_path}"):
+        written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
+                            cpu=_cpu_blobs(parts), calib=_calib(result), reporter=reporter)
+        reporter.advance()
+    analysis_path = _write_analysis(written, result)
+    saved_config = Path(atomic_write_text(config_save_path, json.dumps(
+        config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
+    return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
+                         parts.to_dict() if parts else {})
+
+
+def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
+    with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
+        report = check_support(graph, device.name)
+        reporter.advance()
+    if report.all_supported:
+        return None, report.counts()
+    if not config.cpu_offload:
+        raise report.unsupported_error()
+    plan = plan_cpu_offload(graph, report)
+    if plan.inner_unsupported:
+        error = report.unsupported_error()
+        raise UnsupportedOpsError(f"{len(plan.inner_unsupported)} unsupported node(s) sit inside the NPU body, "
+                                  f"where cpu_offload cannot move them: {error.message}",
+                                  hint="Only a leading (head) or trailing (tail) group can run on the CPU.",
+                                  ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
+    logger.info("CPU offload: %d head and %d tail node(s)", len(plan.cpu_head), len(plan.cpu_tail))
+    return partition(graph, plan), apply_offload(report, plan).counts()
+
+
+def _meta(graph: ir.Model, mblt_path: Path, device: DeviceProfile, core_modes: list[str], config: CompileConfig,
+          result: QuantizeResult, parts: Partition | None) -> dict[str, Any]:
+    outputs = [{"name": v.name, "shape": [int(d) for d in v.shape], "dtype": v.dtype.numpy().name}
+               for v in graph.graph.outputs]
+    inputs = [{"name": i["name"], "shape": i["shape"], "dtype": _numpy_dtype(i["dtype"])} for i in describe_inputs(graph)]
+    return {"format": "qbstudio-mxq", "compiler_version": __version__, "device": device.name, "core_modes": core_modes,
+            "provenance": read_provenance(mblt_path), "mblt_sha256": sha256_file(mblt_path),
+            "config": config.model_dump(mode="json", by_alias=True), "inputs": inputs, "outputs": outputs,
+            "layers": [{k: row[k] for k in ("name", "op_type", "kind", "precision")}
+                       for row in result.model.layer_table()],
+            "cpu_offload": parts.to_dict() if parts else {}, "analysis": result.analysis.get("summary", {}),
+            "statistics": {"samples": result.samples, "timings": result.timings}}
+
+
+def _numpy_dtype(name: str) -> str:
+    return {"float": "float32", "int64": "int64", "int32": "int32", "bool": "bool"}.get(name, name)
+
+
+def _cpu_blobs(parts: Partition | None) -> dict[str, bytes]:
+    if parts is None:
+        return {}
+    return {name: blob for name, blob in (("head", parts.head), ("tail", parts.tail)) if blob is not None}
+
+
+def _calib(result: QuantizeResult) -> dict[str, Any]:
+    return {name: {"range": list(record.observed_range) if record.observed_range else None, "bits": record.bits,
+                   "source": record.source} for name, record in result.model.tensors.items()}
+
+
+def _write_analysis(mxq_path: Path, result: QuantizeResult) -> Path | None:
+    if not result.analysis:
+        return None
+    return Path(atomic_write_text(mxq_path.with_suffix(".analysis.json"), json.dumps(result.analysis, indent=2)))

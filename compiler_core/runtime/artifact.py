@@ -1,0 +1,127 @@
+"""A compiled MXQ in memory: the NPU program, the CPU head/tail, and how to run all three in order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler_core.errors import MxqFormatError
+from compiler_core.mxq import read_mxq
+from compiler_core.quantization import executor
+from compiler_core.quantization.program import QuantizedModel, ValueSpec
+from compiler_core.quantization.serialize import from_document
+
+logger = logging.getLogger(__name__)
+
+_CODE_DTYPES = {np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.uint8)}
+
+
+@dataclass
+class CompiledArtifact:
+    """Everything the runtime needs from an MXQ file."""
+
+    path: Path
+    device: str
+    core_modes: list[str]
+    program: QuantizedModel
+    meta: dict[str, Any]
+    schedule: dict[str, Any]
+    cpu_models: dict[str, bytes] = field(default_factory=dict)
+    file_size: int = 0
+    _sessions: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def input_specs(self) -> list[ValueSpec]:
+        """The model's inputs (MBLT layout: NCHW for images)."""
+        return [ValueSpec(**spec) for spec in self.meta["inputs"]]
+
+    @property
+    def output_specs(self) -> list[ValueSpec]:
+        """The model's outputs."""
+        return [ValueSpec(**spec) for spec in self.meta["outputs"]]
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW") -> list:
+        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``."""
+        env: dict[str, np.ndarray] = dict(feeds)
+        raw_codes: dict[str, np.ndarray] = {}
+        self._run_cpu("head", env)
+        body = self._body_inputs(env)
+        result = executor.execute(self.program, body)
+        for spec in self.program.outputs:
+            raw_codes[spec.name] = result[spec.name]
+            env[spec.name] = executor.dequantize_output(self.program, spec.name, result[spec.name])
+        self._run_cpu("tail", env)
+        outputs = []
+        for spec in self.output_specs:
+            value = raw_codes[spec.name] if raw and spec.name in raw_codes else env[spec.name]
+            outputs.append(value.transpose(0, 2, 3, 1) if value.ndim == 4 and output_layout == "NHWC" else value)
+        return outputs
+
+    def _body_inputs(self, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        body = {}
+        for spec in self.program.inputs:
+            value = np.asarray(env[spec.name])
+            if spec.name not in self.program.tensors:
+                body[spec.name] = value
+                continue
+            params = self.program.params(spec.name)
+            body[spec.name] = value.astype(np.int64) if value.dtype in _CODE_DTYPES else params.quantize(value)
+        return body
+
+    def _run_cpu(self, part: str, env: dict[str, np.ndarray]) -> None:
+        if part not in self.cpu_models:
+            return
+        session = self._session(part)
+        names = [item.name for item in session.get_inputs()]
+        outputs = [item.name for item in session.get_outputs()]
+        env.update(zip(outputs, session.run(outputs, {name: env[name] for name in names})))
+
+    def _session(self, part: str):
+        if part not in self._sessions:
+            import onnxruntime as ort
+
+            self._sessions[part] = ort.InferenceSession(self.cpu_models[part], providers=["CPUExecutionProvider"])
+        return self._sessions[part]
+
+    def summary(self) -> dict[str, Any]:
+        """The summary ``get_model_summary`` returns."""
+        return {"file": str(self.path), "file_size": self.file_size, "device": self.device,
+                "core_modes": self.core_modes, "schedule": self.schedule,
+                "inputs": [self._io(spec) for spec in self.input_specs],
+                "outputs": [self._io(spec) for spec in self.output_specs],
+                "layers": self.program.layer_table(), "program": self.program.summary(),
+                "cpu_offload": self.meta.get("cpu_offload", {}), "provenance": self.meta.get("provenance", {}),
+                "compiler_version": self.meta.get("compiler_version")}
+
+    def _io(self, spec: ValueSpec) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": spec.name, "shape_nchw": spec.shape, "dtype": spec.dtype}
+        if len(spec.shape) == 4:
+            entry["shape_nhwc"] = [spec.shape[0], *spec.shape[2:], spec.shape[1]]
+            entry["layout"] = "NHWC"
+        if spec.name in self.program.tensors:
+            params = self.program.params(spec.name)
+            entry.update(scale=np.asarray(params.scale).tolist(), zero_point=np.asarray(params.zero_point).tolist(),
+                         code_dtype=str(params.dtype))
+        return entry
+
+
+def load_artifact(path: Path) -> CompiledArtifact:
+    """Read and validate an MXQ and rebuild its program."""
+    mxq = read_mxq(path)
+    meta, document = mxq.meta, mxq.program
+    try:
+        core_modes = list(meta["core_modes"])
+        schedule = dict(document.get("schedule", {}))
+        _ = meta["inputs"], meta["outputs"]
+    except (KeyError, TypeError) as error:
+        raise MxqFormatError(f"{path.name}: the meta section lacks {error}.",
+                             hint="The file is corrupt or was written by an incompatible compiler; compile again.") from error
+    program = from_document(document, dict(mxq.consts), mblt_sha256=meta.get("mblt_sha256", ""),
+                            config=meta.get("config"))
+    return CompiledArtifact(path, mxq.target_device, core_modes, program, meta, schedule, dict(mxq.cpu or {}),
+                            mxq.file_size)

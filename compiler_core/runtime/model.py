@@ -1,0 +1,193 @@
+"""qbruntime-style API over the simulator: Accelerator, ModelConfig, Model, get_model_summary.
+
+An :class:`Accelerator` is a simulated device named by its target string. A :class:`Model` loads an
+MXQ (validated first), checks that it was compiled for that device and for the chosen core mode,
+and runs inferences: CPU head (onnxruntime) -> NPU body (the bit-exact integer program) -> CPU tail.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler_core.errors import ArgumentError
+from compiler_core.quantization import executor
+from compiler_core.quantization.program import QuantizedModel
+from compiler_core.runtime.artifact import CompiledArtifact, load_artifact
+from compiler_core.runtime.cost import estimate
+from compiler_core.targets import get_device
+
+logger = logging.getLogger(__name__)
+
+CORE_MODES = ("single", "multi", "global4", "global8")
+LAYOUTS = ("NHWC", "NCHW")
+
+
+class Accelerator:
+    """A simulated NPU device.
+
+    Args:
+        device: a target-device string (``aries-rb`` ...); ``0`` means the first device, ``aries-rb``.
+    """
+
+    def __init__(self, device: str | int = 0) -> None:
+        self.profile = get_device("aries-rb" if device == 0 else str(device))
+
+    @property
+    def device(self) -> str:
+        """The device string."""
+        return self.profile.name
+
+    def __repr__(self) -> str:
+        return f"Accelerator({self.device!r})"
+
+
+class ModelConfig:
+    """Which core mode a model runs in (``auto`` by default: the first mode it was compiled for)."""
+
+    def __init__(self) -> None:
+        self.core_mode = "auto"
+        self.cores: list[int] | None = None
+
+    def set_single_core_mode(self, count: int | None = None, cores: Sequence[int] | None = None) -> None:
+        """Each local core runs its own model instance."""
+        self._set("single", list(cores) if cores else (list(range(count)) if count else None))
+
+    def set_multi_core_mode(self, clusters: Sequence[int] | None = None) -> None:
+        """The four cores of a cluster run a batch of four."""
+        self._set("multi", list(clusters) if clusters else None)
+
+    def set_global4_core_mode(self, clusters: Sequence[int] | None = None) -> None:
+        """Four cores of a cluster work on one input (lower latency)."""
+        self._set("global4", list(clusters) if clusters else None)
+
+    def set_global8_core_mode(self) -> None:
+        """All eight cores work on one input (lowest latency on ARIES)."""
+        self._set("global8", None)
+
+    def set_auto_core_mode(self) -> None:
+        """Let the runtime pick the first core mode the MXQ was compiled for."""
+        self._set("auto", None)
+
+    def _set(self, mode: str, cores: list[int] | None) -> None:
+        self.core_mode, self.cores = mode, cores
+
+    def __repr__(self) -> str:
+        return f"ModelConfig(core_mode={self.core_mode!r})"
+
+
+class Model:
+    """An MXQ loaded for inference.
+
+    Args:
+        path: the ``.mxq`` file.
+        model_config: core mode selection.
+        input_layout: layout of the 4-D float arrays you pass: ``NHWC`` (the NPU's, default) or ``NCHW``
+            (the layout of PyTorch/ONNX models). 4-D outputs are returned in the same layout.
+    """
+
+    def __init__(self, path: str | Path, model_config: ModelConfig | None = None, *, input_layout: str = "NHWC"):
+        if input_layout not in LAYOUTS:
+            raise ArgumentError(f"input_layout must be one of {', '.join(LAYOUTS)}, got {input_layout!r}.")
+        self.path = Path(path)
+        self.config = model_config or ModelConfig()
+        self.input_layout = input_layout
+        self.artifact: CompiledArtifact = load_artifact(self.path)
+        self._accelerator: Accelerator | None = None
+        self.core_mode: str | None = None
+
+    @property
+    def program(self) -> QuantizedModel:
+        """The integer program (NPU body)."""
+        return self.artifact.program
+
+    def launch(self, accelerator: Accelerator) -> None:
+        """Bind to a device; the MXQ must target it and have been compiled for the core mode."""
+        if accelerator.device != self.artifact.device:
+            raise ArgumentError(
+                f"{self.path.name} was compiled for {self.artifact.device}, not {accelerator.device}.",
+                hint=f"Use Accelerator('{self.artifact.device}') or compile for {accelerator.device}.")
+        self.core_mode = self._resolve_mode()
+        self._accelerator = accelerator
+
+    def _resolve_mode(self) -> str:
+        compiled = self.artifact.core_modes
+        if self.config.core_mode == "auto":
+            return compiled[0]
+        if self.config.core_mode not in compiled:
+            raise ArgumentError(
+                f"{self.path.name} was not compiled for the {self.config.core_mode} core mode "
+                f"(compiled modes: {', '.join(compiled)}).",
+                hint="Pick one of those modes, or compile again with inference_scheme covering it.")
+        return self.config.core_mode
+
+    def infer(self, inputs: np.ndarray | Sequence[np.ndarray] | Mapping[str, np.ndarray], *,
+              raw: bool = False) -> list[np.ndarray]:
+        """Run one inference.
+
+        Args:
+            inputs: one array per model input (a list, a dict by name, or a single array).
+                float32 arrays are quantized on the way in; int8/int16 arrays are taken as codes.
+            raw: return the NPU output codes instead of float32 values.
+
+        Returns:
+            One array per model output.
+        """
+        if self._accelerator is None:
+            raise ArgumentError("The model is not launched.", hint="Call model.launch(Accelerator(...)) first.")
+        feeds = self._feeds(inputs)
+        return self.artifact.run(feeds, raw=raw, output_layout=self.input_layout)
+
+    def _feeds(self, inputs) -> dict[str, np.ndarray]:
+        specs = self.artifact.input_specs
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if isinstance(inputs, Mapping):
+            unknown = sorted(set(inputs) - {spec.name for spec in specs})
+            if unknown:
+                raise ArgumentError(f"Unknown input(s): {', '.join(unknown)}.",
+                                    hint=f"The model's inputs are: {', '.join(s.name for s in specs)}.")
+            inputs = [inputs.get(spec.name) for spec in specs]
+        if len(inputs) != len(specs):
+            raise ArgumentError(f"The model takes {len(specs)} input(s), {len(inputs)} given.",
+                                hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
+        return {spec.name: self._convert(spec, np.asarray(array)) for spec, array in zip(specs, inputs)}
+
+    def _convert(self, spec, array: np.ndarray) -> np.ndarray:
+        expected = list(spec.shape)
+        nhwc = [expected[0], *expected[2:], expected[1]] if len(expected) == 4 else expected
+        given_layout = expected if len(expected) != 4 or self.input_layout == "NCHW" else nhwc
+        if list(array.shape) != given_layout:
+            hint = (f"Pass {self.input_layout} arrays of shape {given_layout}"
+                    + (f" (or NCHW {expected} with Model(..., input_layout='NCHW'))"
+                       if len(expected) == 4 and self.input_layout == "NHWC" else "") + ".")
+            raise ArgumentError(f"Input '{spec.name}' has shape {list(array.shape)}, expected {given_layout} "
+                                f"({self.input_layout}).", hint=hint)
+        if len(expected) == 4 and self.input_layout == "NHWC":
+            array = array.transpose(0, 3, 1, 2)
+        return np.ascontiguousarray(array)
+
+    def estimate(self) -> dict[str, Any]:
+        """Estimated latency and throughput of the launched core mode on its device (cost model)."""
+        device = get_device(self.artifact.device)
+        mode = self.core_mode or self.artifact.core_modes[0]
+        return estimate(self.program, device, mode).to_dict()
+
+    def dispose(self) -> None:
+        """Release the device binding (the MXQ can be launched again)."""
+        self._accelerator = None
+        self.core_mode = None
+
+
+def get_model_summary(path: str | Path) -> dict[str, Any]:
+    """Device, core modes, inputs/outputs (shape, dtype, layout, scale, zero point), layers, sizes, provenance."""
+    return load_artifact(Path(path)).summary()
+
+
+def run_inputs_for(program: QuantizedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Golden-executor outputs (float) for NCHW feeds: what the NPU body computes."""
+    return executor.run(program, feeds)

@@ -1,0 +1,13 @@
+#!/bin/sh
+# Debian packages the test suite reads real data from (Fashion-MNIST). Installed when missing and
+# when we can (root with apt-get); otherwise the tests that need them skip and say why.
+set -e
+missing=""
+[ -d /usr/share/datasets/fashion-mnist ] || missing="$missing dataset-fashion-mnist"
+[ -z "$missing" ] && exit 0
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "Installing Debian packages:$missing"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+else
+    echo "Note: not installing$missing (needs root and apt-get); tests that need it will skip." >&2
+fi
