@@ -44,6 +44,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     temp_path = Path(temp_name)
     try:
         writer(temp_path)
+        os.chmod(temp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs follow the umask like any file
         os.replace(temp_path, target)
     except OSError as error:
         raise OutputWriteError(f"Cannot write '{target}': {error.strerror or error}.",
@@ -51,6 +52,12 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     finally:
         temp_path.unlink(missing_ok=True)
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

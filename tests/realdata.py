@@ -367,3 +367,60 @@ def _write_manifest(folder: Path, sentences: list[str], seq_len: int, record: di
     (temp / ".record.json").write_text(json.dumps(record, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(temp, folder)
+
+
+# --------------------------------------------------------------------------------------------------
+# The peer: onnxruntime's quantize_static on the same photos
+
+
+class PhotoReader:
+    """An onnxruntime ``CalibrationDataReader`` over a photo folder, through :data:`IMAGENET_PIPELINE`.
+
+    Images are decoded and preprocessed lazily by the compiler's own reader code, so onnxruntime gets
+    exactly the tensors our calibration sees, and pays for loading them as we do.
+    """
+
+    def __init__(self, folder: Path, input_name: str = "input", limit: int | None = None) -> None:
+        from compiler_core.config import PreprocessingConfig
+
+        self.files = image_files(folder)[:limit]
+        self.input_name = input_name
+        self.pipeline = PreprocessingConfig(**IMAGENET_PREPROCESSING).pipeline
+        self.position = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        from compiler_core.calibration import preprocess_image
+
+        if self.position >= len(self.files):
+            return None
+        path = self.files[self.position]
+        self.position += 1
+        return {self.input_name: preprocess_image(path, self.pipeline, 3)[None]}
+
+    def rewind(self) -> None:
+        self.position = 0
+
+
+def ort_preprocess(source: Path, output: Path) -> Path:
+    """onnxruntime's recommended step before quantization (shape inference, graph optimization: BN folding)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    quant_pre_process(str(source), str(output))
+    return output
+
+
+def ort_quantize_static(source: Path, calib: Path, output: Path, *, preprocessed: Path | None = None,
+                        limit: int | None = None) -> Path:
+    """``quantize_static`` (QDQ, per-channel, MinMax, int8 activations and weights) of an image model.
+
+    ``source`` goes through :func:`ort_preprocess` first unless ``preprocessed`` is given.
+    """
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ort.set_default_logger_severity(3)
+    model = preprocessed or ort_preprocess(source, output.with_suffix(".pre.onnx"))
+    quantize_static(str(model), str(output), PhotoReader(calib, limit=limit), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax)
+    return output

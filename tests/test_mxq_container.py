@@ -486,7 +486,7 @@ def test_other_files_get_clear_messages(tmp_path, small_bytes):
 
 def test_validate_reports_a_good_file(small_file):
     report = validate_mxq(small_file)
-    assert report["ok"] and report["problems"] == []
+    assert report["ok"] and report["problems"] == report["errors"] == []
     assert (report["version"], report["device"], report["file_size"]) == ("1.0", "regulus-rb",
                                                                           small_file.stat().st_size)
     assert [(s["name"], s["encoding"]) for s in report["sections"]] == [
@@ -503,9 +503,10 @@ def test_validate_reports_every_damaged_section(tmp_path, small_bytes):
     report = validate_mxq(path)
     assert not report["ok"] and report["device"] == "regulus-rb" and len(report["sections"]) == 5
     (problem,) = report["problems"]
-    assert problem["code"] == "MXQ_FORMAT_ERROR" and problem["section"] == "program"
-    assert "'program'" in problem["message"] and "'cpu'" in problem["message"]
-    assert "corrupt or truncated" in problem["hint"]
+    assert problem.startswith("section 'program'") and "'cpu'" in problem and "CRC32" in problem
+    (error,) = report["errors"]
+    assert error["code"] == "MXQ_FORMAT_ERROR" and error["section"] == "program"
+    assert "corrupt or truncated" in error["hint"]
 
 
 # -- golden file and performance -----------------------------------------------------------------

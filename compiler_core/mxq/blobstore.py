@@ -174,19 +174,25 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a damaged index cannot flood a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _check_entry(raw: Any, number: int, section_name: str, where: dict) -> BlobEntry:
     label = f"blob #{number} of section '{section_name}'"
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
         raise corrupt(f"{label} has no name.", **where)
-    label = f"blob '{raw['name']}' of section '{section_name}'"
+    label = f"blob {_short(raw['name'])} of section '{section_name}'"
     dtype, shape = raw.get("dtype"), raw.get("shape")
-    if dtype not in ALLOWED_DTYPES:
-        raise corrupt(f"{label} has an unknown dtype {dtype!r}.", **where)
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise corrupt(f"{label} has an unknown dtype {_short(dtype)}.", **where)
     if not isinstance(shape, list) or not all(_is_count(dim) for dim in shape):
-        raise corrupt(f"{label} has an invalid shape {shape!r}.", **where)
+        raise corrupt(f"{label} has an invalid shape {_short(shape)}.", **where)
     offset, nbytes = raw.get("offset"), raw.get("nbytes")
     if not (_is_count(offset) and _is_count(nbytes)):
-        raise corrupt(f"{label} has an invalid offset or size ({offset!r}, {nbytes!r}).", **where)
+        raise corrupt(f"{label} has an invalid offset or size ({_short(offset)}, {_short(nbytes)}).", **where)
     expected = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes != expected:
         raise corrupt(f"{label} records {nbytes} bytes but its shape {shape} of {dtype} needs {expected}.",
@@ -197,7 +203,7 @@ def _check_entry(raw: Any, number: int, section_name: str, where: dict) -> BlobE
 def _check_placement(entries: list[BlobEntry], data_end: int, section_name: str, where: dict) -> None:
     previous_end, names = 0, set()
     for entry in entries:
-        label = f"blob '{entry.name}' of section '{section_name}' (section offset {entry.offset})"
+        label = f"blob {_short(entry.name)} of section '{section_name}' (section offset {entry.offset})"
         if entry.name in names:
             raise corrupt(f"{label} repeats a name.", **where)
         if entry.offset % ALIGNMENT:

@@ -174,13 +174,14 @@ def validate_mxq(path: str | os.PathLike) -> dict[str, Any]:
     """Check an MXQ file and describe it, without raising on a bad file (``qbcompiler validate``).
 
     Returns:
-        ``{"ok", "path", "version", "device", "file_size", "sections", "consts", "problems"}``:
-        ``sections`` lists ``name``, ``offset``, ``size``, ``crc32``, ``encoding`` (known as far
-        as the file could be read); ``consts`` counts the arrays and their bytes; ``problems``
-        holds the error records (``code``, ``message``, ``hint``, ...) — empty when ``ok``.
+        ``{"ok", "path", "version", "device", "file_size", "sections", "consts", "problems",
+        "errors"}``: ``sections`` lists ``name``, ``offset``, ``size``, ``crc32``, ``encoding``
+        (known as far as the file could be read); ``consts`` counts the arrays and their bytes;
+        ``problems`` holds one sentence per problem and ``errors`` the matching error records
+        (``code``, ``message``, ``hint``, ``offset``, ``section``) — both empty when ``ok``.
     """
     report: dict[str, Any] = {"ok": False, "path": str(path), "version": None, "device": None,
-                              "file_size": None, "sections": [], "consts": None, "problems": []}
+                              "file_size": None, "sections": [], "consts": None, "problems": [], "errors": []}
     reader = None
     try:
         reader = ContainerReader(load_bytes(str(path)), str(path))
@@ -189,7 +190,8 @@ def validate_mxq(path: str | os.PathLike) -> dict[str, Any]:
         report["consts"] = {"count": len(mxq.const_index), "bytes": sum(e.nbytes for e in mxq.const_index)}
         report["ok"] = True
     except MxqFormatError as error:
-        report["problems"].append(error.to_dict())
+        report["problems"].append(error.message.removeprefix(f"{path}: ").rstrip("."))
+        report["errors"].append(error.to_dict())
     if reader is not None:
         report.update(_describe(reader))
     return report
