@@ -1,0 +1,1 @@
+"""qb Studio: the Qt desktop workbench around compiler_core."""

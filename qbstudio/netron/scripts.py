@@ -1,0 +1,127 @@
+"""User scripts and CSS injected into the embedded Netron page.
+
+The scripts live in ``resources/netron/`` (``privacy.js``: consent cookie and ``sendBeacon`` stub;
+``bridge.js``: events to Python, colouring and selection API, readiness). Each is wrapped here in a
+``try``/``catch`` with two helpers, because an uncaught error in an injected script makes Netron
+blank the graph:
+
+* ``qbPost(event, data)`` logs ``'qbnetron:' + JSON`` with ``console.debug``, which
+  :class:`~qbstudio.netron.page.NetronPage` reads in ``javaScriptConsoleMessage``;
+* ``qbGuard(where, fn)`` returns ``fn`` wrapped in ``try``/``catch`` for later callbacks.
+
+The status CSS is generated from :data:`~qbstudio.netron.palette.SUPPORT_PALETTE`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from PySide6.QtWebEngineCore import QWebEngineScript, QWebEngineScriptCollection
+
+from qbstudio.netron.palette import SELECTION_COLOUR, SUPPORT_PALETTE, status_css_class
+
+logger = logging.getLogger(__name__)
+
+BRIDGE_PREFIX = "qbnetron:"
+RESOURCE_DIR = Path(__file__).resolve().parents[2] / "resources" / "netron"
+
+_PROLOGUE = """(function () {
+'use strict';
+const qbPost = (event, data) => {
+    try {
+        console.debug(%(prefix)s + JSON.stringify(Object.assign({ event: event }, data || {})));
+    } catch (error) {
+        // never let reporting break the page
+    }
+};
+const qbGuard = (where, fn) => function () {
+    try {
+        return fn.apply(this, arguments);
+    } catch (error) {
+        qbPost('script-error', { where: where, message: String(error && error.stack || error) });
+        return undefined;
+    }
+};
+try {
+"""
+_EPILOGUE = """
+} catch (error) {
+    qbPost('script-error', { where: %(name)s, message: String(error && error.stack || error) });
+}
+})();
+"""
+
+
+def wrap_script(name: str, body: str) -> str:
+    """``body`` inside an IIFE with ``qbPost``/``qbGuard`` and a catch-all that reports to Python."""
+    return (_PROLOGUE % {"prefix": json.dumps(BRIDGE_PREFIX)} + body
+            + _EPILOGUE % {"name": json.dumps(name)})
+
+
+def status_css() -> str:
+    """CSS colouring nodes by status class, and the selection outline, from the palette."""
+    rules = []
+    for status, style in SUPPORT_PALETTE.items():
+        node = f"svg g.node.{status_css_class(status)}"
+        rules += [
+            f"{node} > g.node-item-type > path {{ fill: {style.fill}; }}",
+            f"{node} > g.node-item-type > text {{ fill: {style.text}; }}",
+            f"{node} > g.node-item-type:hover > path {{ fill: {style.tint}; }}",
+            f"{node} > g.node-item-type:hover > text {{ fill: #000000; }}",
+            f"{node} > g.node-argument-list > path {{ fill: {style.tint}; }}",
+            f"{node} > path.node-border {{ stroke: {style.fill}; stroke-width: 1.5px; }}",
+        ]
+    rules += [
+        f"svg g.node.select > path.node.node-border {{ stroke: {SELECTION_COLOUR}; stroke-width: 3px; }}",
+        f"svg .select.edge-path {{ stroke: {SELECTION_COLOUR}; stroke-width: 2px; }}",
+        f"#arrowhead-select {{ fill: {SELECTION_COLOUR}; }}",
+    ]
+    return "\n".join(rules)
+
+
+def _style_body() -> str:
+    return ("const style = document.createElement('style');\n"
+            "style.id = 'qb-status-style';\n"
+            f"style.textContent = {json.dumps(status_css())};\n"
+            "(document.head || document.documentElement).appendChild(style);\n")
+
+
+def _script(name: str, body: str, point: QWebEngineScript.InjectionPoint) -> QWebEngineScript:
+    script = QWebEngineScript()
+    script.setName(f"qbstudio-{name}")
+    script.setSourceCode(wrap_script(name, body))
+    script.setInjectionPoint(point)
+    script.setWorldId(QWebEngineScript.ScriptWorldId.MainWorld)
+    script.setRunsOnSubFrames(False)
+    return script
+
+
+def user_scripts() -> list[QWebEngineScript]:
+    """The scripts to inject, in order (privacy first: it must precede Netron's own start-up)."""
+    creation = QWebEngineScript.InjectionPoint.DocumentCreation
+    return [
+        _script("privacy", (RESOURCE_DIR / "privacy.js").read_text(encoding="utf-8"), creation),
+        _script("bridge", (RESOURCE_DIR / "bridge.js").read_text(encoding="utf-8"), creation),
+        _script("style", _style_body(), QWebEngineScript.InjectionPoint.DocumentReady),
+    ]
+
+
+def install_scripts(collection: QWebEngineScriptCollection) -> None:
+    """Replace any earlier qb Studio scripts in ``collection`` with :func:`user_scripts`."""
+    for script in collection.toList():
+        if script.name().startswith("qbstudio-"):
+            collection.remove(script)
+    for script in user_scripts():
+        collection.insert(script)
+    logger.debug("Injected %d user scripts into the Netron page", len(user_scripts()))
+
+
+def js_call(function: str, *args: object) -> str:
+    """JavaScript source calling ``window.<function>(args...)`` with JSON-encoded arguments.
+
+    The result is JSON-stringified, because PySide6 passes arrays, objects and null to callbacks as ``''``.
+    """
+    arguments = ", ".join(json.dumps(arg) for arg in args)
+    return f"JSON.stringify(window.{function} ? window.{function}({arguments}) : null)"

@@ -1,0 +1,141 @@
+// qb Studio overlay for the embedded Netron: selection and context-menu events to Python, status
+// colours, selection from Python, readiness. Netron's internals used here are unversioned: the
+// netron package is pinned and tests/gui/test_graph_view.py checks each of them.
+// Body of an injected user script (DocumentCreation, main world). qbstudio/netron/scripts.py wraps it
+// in try/catch and defines qbPost(event, data) and qbGuard(where, fn).
+
+const NODE_PREFIX = 'node-name-';
+const STATUS_PREFIX = 'qb-status-';
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const state = { statuses: {}, tooltips: {}, opened: false, message: '' };
+
+const currentFile = () => {
+    const meta = document.querySelector('meta[name="file"]');
+    return meta ? meta.getAttribute('content') : '';
+};
+
+const paintNode = (element) => {
+    const name = element.id.substring(NODE_PREFIX.length);
+    for (const cls of Array.from(element.classList)) {
+        if (cls.startsWith(STATUS_PREFIX)) {
+            element.classList.remove(cls);
+        }
+    }
+    const previous = element.querySelector(':scope > title.qb-tooltip');
+    if (previous) {
+        previous.remove();
+    }
+    const status = state.statuses[name];
+    if (!status) {
+        return 0;
+    }
+    element.classList.add(STATUS_PREFIX + status);
+    const tooltip = state.tooltips[name];
+    if (tooltip) {
+        const title = document.createElementNS(SVG_NS, 'title');
+        title.setAttribute('class', 'qb-tooltip');
+        title.textContent = tooltip;
+        element.insertBefore(title, element.firstChild);
+    }
+    return 1;
+};
+
+const paintAll = () => {
+    let painted = 0;
+    for (const element of document.querySelectorAll(`g[id^="${NODE_PREFIX}"]`)) {
+        painted += paintNode(element);
+    }
+    return painted;
+};
+
+// Python -> page: colour nodes by support status; returns how many rendered nodes got a status.
+window.qbSetStatuses = qbGuard('qbSetStatuses', (statuses, tooltips) => {
+    state.statuses = statuses || {};
+    state.tooltips = tooltips || {};
+    return paintAll();
+});
+
+// Python -> page: select a node by name and scroll it into view; false if it is not in the graph.
+window.qbSelect = qbGuard('qbSelect', (name, behavior) => {
+    const view = window.__view__;
+    const graph = view ? view.activeTarget : null;
+    const target = view ? view.target : null;
+    if (!graph || !target || !Array.isArray(graph.nodes)) {
+        return false;
+    }
+    const node = graph.nodes.find((candidate) => candidate && candidate.name === name);
+    const elements = node ? target.select([node], 'qbstudio') : null;
+    if (!elements || elements.length === 0) {
+        return false;
+    }
+    target.scrollTo(elements, behavior || 'smooth');
+    return true;
+});
+
+// Page -> Python: Netron shows a node's properties when the user clicks (or activates) it.
+const hookView = (view) => {
+    const showNodeProperties = view.showNodeProperties;
+    view.showNodeProperties = function (node, source) {
+        qbGuard('showNodeProperties', () => {
+            qbPost('select', { node: node && node.name ? String(node.name) : '', source: String(source || '') });
+        })();
+        return showNodeProperties.apply(this, arguments);
+    };
+    // Expanding a block or entering a subgraph renders again: keep the colours.
+    const render = view.render;
+    view.render = async function () {
+        const result = await render.apply(this, arguments);
+        qbGuard('render', paintAll)();
+        return result;
+    };
+};
+
+let currentView;
+Object.defineProperty(window, '__view__', {
+    configurable: true,
+    get: () => currentView,
+    set: (value) => {
+        currentView = value;
+        if (value) {
+            qbGuard('hookView', hookView)(value);
+        }
+    }
+});
+
+// Page -> Python: right click on a node (for a per-layer context menu in the workbench).
+document.addEventListener('contextmenu', qbGuard('contextmenu', (event) => {
+    const element = event.target && event.target.closest ? event.target.closest(`g[id^="${NODE_PREFIX}"]`) : null;
+    if (element) {
+        event.preventDefault();
+        qbPost('context', { node: element.id.substring(NODE_PREFIX.length), x: event.clientX, y: event.clientY });
+    }
+}), true);
+
+// Page -> Python: model parsed (node count, before the slow layout), graph shown, or a message
+// (an error, or a dialog Netron waits on) instead of a graph.
+const poll = qbGuard('poll', () => {
+    const body = document.body;
+    if (!body) {
+        return;
+    }
+    const view = window.__view__;
+    const graph = view ? view.activeTarget : null;
+    if (!state.opened && graph && Array.isArray(graph.nodes)) {
+        state.opened = true;
+        qbPost('opened', { file: currentFile(), nodes: graph.nodes.length });
+    }
+    const rendered = document.querySelectorAll('g[id^="node-"]').length;
+    if (body.classList.contains('default') && rendered > 0) {
+        window.clearInterval(timer);
+        qbPost('ready', { file: currentFile(), nodes: rendered, painted: paintAll() });
+        return;
+    }
+    const text = document.getElementById('message-text');
+    const message = text ? text.innerText.trim() : '';
+    const showing = body.classList.contains('alert') || body.classList.contains('notification');
+    if (showing && message && message !== state.message) {
+        state.message = message;
+        qbPost('message', { file: currentFile(), text: message });
+    }
+});
+const timer = window.setInterval(poll, 50);
