@@ -479,7 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qbcompiler {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    common = _Parser(add_help=False)  # the same flags are accepted after the command too
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    original_add = sub.add_parser
+    sub.add_parser = lambda name, **kw: original_add(name, parents=[common], **kw)
 
     parse = sub.add_parser("parse", help="parse a source model to a canonical MBLT")
     parse.add_argument("--model", required=True, help="source model file")

@@ -424,3 +424,79 @@ def ort_quantize_static(source: Path, calib: Path, output: Path, *, preprocessed
                     per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
     return output
+
+
+# --------------------------------------------------------------------------------------------------
+# Running models on many samples (FP32 and QDQ in onnxruntime, the golden executor in worker processes)
+
+
+def ort_session(path: Path | bytes):
+    """A single-threaded onnxruntime CPU session (quiet)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def run_float(path: Path, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
+    """``output`` of the model at ``path`` in onnxruntime, sample by sample (batch-1 models)."""
+    session = ort_session(path)
+    count = len(next(iter(feeds.values())))
+    return np.concatenate([session.run([output], {name: value[i:i + 1] for name, value in feeds.items()})[0]
+                           for i in range(count)])
+
+
+def cosine(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two ``[N, ...]`` arrays."""
+    first, second = first.reshape(len(first), -1), second.reshape(len(second), -1)
+    return (first * second).sum(1) / (np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1))
+
+
+def batch_program(model):
+    """A copy of a QuantizedModel whose constant Reshape targets ``[1, ...]`` take any batch (``[-1, ...]``).
+
+    The golden executor is specified for batch 1 and checks it; its kernels are batch-agnostic except
+    constant Reshape targets. Whoever uses this copy must check it against ``executor.run_codes``.
+    """
+    import copy
+
+    batched = copy.deepcopy(model)
+    for op in batched.ops:
+        shape = op.consts.get("input1") if op.op_type == "Reshape" else None
+        if shape is not None and shape.size and shape[0] == 1 and -1 not in shape:
+            op.consts["input1"] = np.concatenate([[-1], shape[1:]]).astype(shape.dtype)
+    return batched
+
+
+def _golden_chunk(model, feeds: dict[str, np.ndarray], batched: bool) -> np.ndarray:
+    """Codes of the first output for one chunk: one batched run, or ``executor.run_codes`` per sample."""
+    from compiler_core.quantization import executor
+
+    output = model.outputs[0].name
+    if batched:
+        env = {spec.name: model.params(spec.name).quantize(feeds[spec.name]) for spec in model.inputs}
+        return executor.execute(model, env)[output]
+    count = len(next(iter(feeds.values())))
+    return np.concatenate([executor.run_codes(model, {name: value[i:i + 1] for name, value in feeds.items()})[output]
+                           for i in range(count)])
+
+
+def golden_codes(model, feeds: dict[str, np.ndarray], *, chunk: int, batched: bool = False,
+                 workers: int = 2) -> np.ndarray:
+    """Golden-executor codes of the model's first output for every sample, chunks over ``workers`` processes.
+
+    ``batched=False`` calls ``executor.run_codes`` sample by sample; ``batched=True`` runs each chunk
+    at once through :func:`batch_program` (check it against the per-sample run on a subset).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    count = len(next(iter(feeds.values())))
+    program = batch_program(model) if batched else model
+    chunks = [{name: value[start:start + chunk] for name, value in feeds.items()} for start in range(0, count, chunk)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return np.concatenate(list(pool.map(_golden_chunk, [program] * len(chunks), chunks,
+                                            [batched] * len(chunks))))

@@ -15,10 +15,7 @@ processes. ``QBCOMPILER_CACHE_DIR`` points at a temporary folder for the whole m
 
 from __future__ import annotations
 
-import copy
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,11 +23,11 @@ import numpy as np
 import pytest
 import realdata
 import realmodels
+from realdata import cosine, golden_codes, run_float
 from realmodels import MINILM_INPUT_NAMES, REPO_ROOT, RealModelUnavailable
 
 from compiler_core.api import mblt_compile, quantize
 from compiler_core.calibration.cache import CACHE_DIR_ENV
-from compiler_core.quantization import executor
 from compiler_core.quantization.qdq import save_qdq
 
 pytestmark = pytest.mark.slow
@@ -63,75 +60,17 @@ def statistics_cache(tmp_path_factory):
 # -- running models ---------------------------------------------------------------------------------
 
 
-def _session(path: Path | bytes):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options)
-
-
-def _run_float(path: Path, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
-    """``output`` of ``path`` in onnxruntime, sample by sample (the models have batch 1)."""
-    session = _session(path)
-    count = len(next(iter(feeds.values())))
-    return np.concatenate([session.run([output], {name: value[i:i + 1] for name, value in feeds.items()})[0]
-                           for i in range(count)])
-
-
 def _qdq_codes(mblt: Path, model, feeds: dict[str, np.ndarray], output: str, folder: Path) -> np.ndarray:
     """Output codes of the QDQ model in onnxruntime: ``round(y / scale) + zero_point``."""
     path = save_qdq(mblt, model, folder / f"{mblt.stem}.qdq.onnx")
     params = model.params(output)
-    values = _run_float(path, feeds, output).astype(np.float64)
+    values = run_float(path, feeds, output).astype(np.float64)
     return np.rint(values / np.float32(params.scale)).astype(np.int64) + int(params.zero_point)
-
-
-def batch_program(model):
-    """A copy of ``model`` whose Reshape targets ``[1, ...]`` take any batch (``[-1, ...]``).
-
-    The golden executor is specified for batch 1 and checks it; its kernels are batch-agnostic except
-    constant Reshape targets. Tests that use this copy also check it against ``executor.run_codes``.
-    """
-    batched = copy.deepcopy(model)
-    for op in batched.ops:
-        shape = op.consts.get("input1") if op.op_type == "Reshape" else None
-        if shape is not None and shape.size and shape[0] == 1 and -1 not in shape:
-            op.consts["input1"] = np.concatenate([[-1], shape[1:]]).astype(shape.dtype)
-    return batched
-
-
-def _golden_chunk(model, feeds: dict[str, np.ndarray], batched: bool) -> np.ndarray:
-    """Output codes of one chunk: one batched run, or ``executor.run_codes`` per sample."""
-    output = model.outputs[0].name
-    if batched:
-        env = {spec.name: model.params(spec.name).quantize(feeds[spec.name]) for spec in model.inputs}
-        return executor.execute(model, env)[output]
-    count = len(next(iter(feeds.values())))
-    return np.concatenate([executor.run_codes(model, {name: value[i:i + 1] for name, value in feeds.items()})[output]
-                           for i in range(count)])
-
-
-def golden_codes(model, feeds: dict[str, np.ndarray], *, chunk: int, batched: bool = False) -> np.ndarray:
-    """Golden output codes for every sample, chunks spread over :data:`WORKERS` processes."""
-    count = len(next(iter(feeds.values())))
-    program = batch_program(model) if batched else model
-    chunks = [{name: value[start:start + chunk] for name, value in feeds.items()} for start in range(0, count, chunk)]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
-        return np.concatenate(list(pool.map(_golden_chunk, [program] * len(chunks), chunks,
-                                            [batched] * len(chunks))))
 
 
 def _within_one_step(golden: np.ndarray, other: np.ndarray) -> tuple[float, int]:
     difference = np.abs(golden.astype(np.int64) - other.astype(np.int64))
     return float(np.mean(difference <= 1)), int(difference.max())
-
-
-def _cosine(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    first, second = first.reshape(len(first), -1), second.reshape(len(second), -1)
-    return (first * second).sum(1) / (np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1))
 
 
 def _dequantized(model, name: str, codes: np.ndarray) -> np.ndarray:
@@ -150,10 +89,10 @@ def fashion(tmp_path_factory):
                       preprocessing_config=realdata.FASHION_PREPROCESSING, analysis_holdout=0, analysis=False)
     feeds = {"image": realdata.fashion_tensors(images)}
     started = time.perf_counter()
-    codes = golden_codes(result.model, feeds, chunk=500, batched=True)
+    codes = golden_codes(result.model, feeds, chunk=250, batched=True, workers=WORKERS)
     seconds = time.perf_counter() - started
     print(f"\nFashion-MNIST golden executor: {len(labels)} images in {seconds:.1f} s "
-          f"({WORKERS} processes, batched chunks of 500)")
+          f"({WORKERS} processes, batched chunks of 250)")
     return SimpleNamespace(mblt=mblt, model=result.model, feeds=feeds, labels=labels, codes=codes, folder=folder,
                            calibration_samples=result.samples["calibration"])
 
@@ -162,7 +101,7 @@ def fashion(tmp_path_factory):
 def fashion_per_sample(fashion):
     """``executor.run_codes`` sample by sample on the first 200 test images."""
     feeds = {name: value[:200] for name, value in fashion.feeds.items()}
-    return feeds, golden_codes(fashion.model, feeds, chunk=100)
+    return feeds, golden_codes(fashion.model, feeds, chunk=100, workers=WORKERS)
 
 
 def test_fashion_batched_golden_runs_equal_run_codes(fashion, fashion_per_sample):
@@ -172,7 +111,7 @@ def test_fashion_batched_golden_runs_equal_run_codes(fashion, fashion_per_sample
 
 def test_fashion_int8_accuracy_within_one_point_of_fp32(fashion, fashion_per_sample):
     assert np.array_equal(fashion_per_sample[1], fashion.codes[:200]), "batched golden runs drifted from run_codes"
-    fp32 = _run_float(fashion.mblt, fashion.feeds, "logits")
+    fp32 = run_float(fashion.mblt, fashion.feeds, "logits")
     fp32_accuracy = 100 * np.mean(fp32.argmax(1) == fashion.labels)
     int8_accuracy = 100 * np.mean(fashion.codes.argmax(1) == fashion.labels)
     agreement = 100 * np.mean(fashion.codes.argmax(1) == fp32.argmax(1))
@@ -204,7 +143,7 @@ def mobilenet(tmp_path_factory):
     result = quantize(mblt, calib, config_preset="classification",
                       preprocessing_config=realdata.IMAGENET_PREPROCESSING, analysis_holdout=0, analysis=False)
     feeds = {"input": realdata.imagenet_tensors(evaluation)}
-    codes = golden_codes(result.model, feeds, chunk=len(feeds["input"]) // WORKERS + 1)
+    codes = golden_codes(result.model, feeds, chunk=-(-len(feeds["input"]) // WORKERS), workers=WORKERS)
     return SimpleNamespace(source=source, mblt=mblt, calib=calib, model=result.model, feeds=feeds, codes=codes,
                            folder=folder, calibration_samples=result.samples["calibration"])
 
@@ -219,15 +158,15 @@ def test_mobilenet_golden_matches_qdq_within_one_step(mobilenet):
 
 def test_mobilenet_classification_preset_beats_onnxruntime_quantize_static(mobilenet):
     peer = realdata.ort_quantize_static(mobilenet.source, mobilenet.calib, mobilenet.folder / "ort_qdq.onnx")
-    fp32 = _run_float(mobilenet.source, mobilenet.feeds, "logits")
-    theirs = _run_float(peer, mobilenet.feeds, "logits")
+    fp32 = run_float(mobilenet.source, mobilenet.feeds, "logits")
+    theirs = run_float(peer, mobilenet.feeds, "logits")
     ours = _dequantized(mobilenet.model, "logits", mobilenet.codes)
     count = len(fp32)
-    rows = {name: (int(np.sum(logits.argmax(1) == fp32.argmax(1))), float(_cosine(fp32, logits).mean()))
+    rows = {name: (int(np.sum(logits.argmax(1) == fp32.argmax(1))), float(cosine(fp32, logits).mean()))
             for name, logits in (("ours (classification)", ours), ("onnxruntime quantize_static", theirs))}
     print(f"\nMobileNetV2, {mobilenet.calibration_samples} calibration photos, {count} held-out photos")
-    for name, (kept, cosine) in rows.items():
-        print(f"  {name:30s} top-1 kept {kept:3d}/{count}  mean logit cosine {cosine:.4f}")
+    for name, (kept, mean_cosine) in rows.items():
+        print(f"  {name:30s} top-1 kept {kept:3d}/{count}  mean logit cosine {mean_cosine:.4f}")
     (ours_kept, ours_cosine), (peer_kept, _) = rows.values()
     assert ours_kept >= peer_kept
     assert ours_cosine >= 0.99
@@ -241,21 +180,21 @@ def _mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (hidden * weights).sum(1) / weights.sum(1)
 
 
-def test_minilm_sentence_embeddings_keep_cosine(tmp_path):
+def test_minilm_sentence_embeddings_keepcosine(tmp_path):
     source = _available(realmodels.minilm_onnx, 128)
     manifest = _available(realdata.minilm_calibration_manifest, 64)
     mblt = mblt_compile(source, tmp_path / "minilm.mblt",
                         input_shape_dict={name: [1, 128] for name in MINILM_INPUT_NAMES})
     result = quantize(mblt, manifest, analysis_holdout=0, analysis=False, **MINILM_CONFIG)
     feeds = realmodels.tokenize(realdata.english_sentences(MINILM_EVAL_SENTENCES, "eval"))
-    fp32 = _mean_pooled(_run_float(mblt, feeds, "last_hidden_state"), feeds["attention_mask"])
-    codes = golden_codes(result.model, feeds, chunk=MINILM_EVAL_SENTENCES // WORKERS)
+    fp32 = _mean_pooled(run_float(mblt, feeds, "last_hidden_state"), feeds["attention_mask"])
+    codes = golden_codes(result.model, feeds, chunk=MINILM_EVAL_SENTENCES // WORKERS, workers=WORKERS)
     quantized = _mean_pooled(_dequantized(result.model, "last_hidden_state", codes), feeds["attention_mask"])
-    cosine = _cosine(fp32, quantized)
+    similarity = cosine(fp32, quantized)
     print(f"\nall-MiniLM-L6-v2 {MINILM_CONFIG}: {result.model.summary()['int16_tensors']} int16 tensors; "
-          f"sentence-embedding cosine on {len(cosine)} held-out sentences: mean {cosine.mean():.4f}, "
-          f"min {cosine.min():.4f}")
-    assert cosine.mean() >= 0.99
+          f"sentence-embedding cosine on {len(similarity)} held-out sentences: mean {similarity.mean():.4f}, "
+          f"min {similarity.min():.4f}")
+    assert similarity.mean() >= 0.99
 
 
 # -- statistics cache --------------------------------------------------------------------------------

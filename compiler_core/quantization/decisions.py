@@ -16,6 +16,7 @@ import numpy as np
 
 from compiler_core.errors import InternalError
 from compiler_core.quantization import kernels
+from compiler_core.quantization.fixedpoint import round_half_away
 from compiler_core.quantization.graph import GraphView, Group
 from compiler_core.quantization.lowering import LoweringContext
 from compiler_core.quantization.params import QuantParams, TensorQuant, params_from_range
@@ -200,5 +201,5 @@ def uint8_input_params(mean: list[float], std: list[float], scale: float, channe
     """
     mean_array = np.broadcast_to(np.asarray(mean, dtype=np.float64), (channels,))
     std_array = np.broadcast_to(np.asarray(std, dtype=np.float64), (channels,))
-    zero_point = np.round(mean_array / scale).astype(np.int64)
+    zero_point = round_half_away(mean_array / scale)
     return QuantParams(scale / std_array, zero_point, bits=8, signed=False, axis=1)

@@ -65,7 +65,7 @@ def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarra
 
 def _scaled_magnitude(acc: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """``floor((acc * M + 2**(S-1)) / 2**S)`` for non-negative ``acc < 2**46`` and ``M < 2**31``."""
-    if acc.size and shift.size and int(acc.max()) < (1 << 31) and 1 <= int(shift.min()) and int(shift.max()) <= 62:
+    if acc.size and shift.size and int(acc.max()) < (1 << 31) and int(shift.min()) >= 1 and int(shift.max()) <= 62:
         # fast path (8-bit layers): acc * M < 2**62, so the product and the half fit in int64
         return np.minimum((acc * multiplier + np.left_shift(1, shift - 1)) >> shift, _SATURATED)
     acc, multiplier, shift = np.broadcast_arrays(acc, multiplier, shift)

@@ -10,12 +10,14 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler_core.config import CompileConfig, layer_matches
+from compiler_core.errors import ArgumentError
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.decisions import (
     DecisionOptions,
     activation_bits,
     decide,
     quantized_tensors,
+    uint8_input_params,
 )
 from compiler_core.quantization.graph import GraphView, build_groups
 from compiler_core.quantization.lowering import LoweringContext, lower_groups
@@ -26,12 +28,32 @@ logger = logging.getLogger(__name__)
 MODE_NAMES = {0: "max", 1: "max_percentile", 2: "histogram", 3: "mse"}
 
 
-def decision_options(config: CompileConfig) -> DecisionOptions:
+def decision_options(config: CompileConfig, view: GraphView | None = None) -> DecisionOptions:
     """Method, int16 layers and input handling from the config."""
     method = int(config.calibration.method)
     patterns = list(config.bit.layer_overrides.activation16_bits)
     return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
-                           int16_layer=lambda name, source: bool(patterns) and layer_matches(patterns, name, source))
+                           int16_layer=lambda name, source: bool(patterns) and layer_matches(patterns, name, source),
+                           input_params=uint8_inputs(config, view) if view is not None else {})
+
+
+def uint8_inputs(config: CompileConfig, view: GraphView) -> dict:
+    """Raw-pixel (uint8) parameters for the image inputs ``uint8Input`` names (all 4-D inputs if none)."""
+    if not config.uint8_input.apply:
+        return {}
+    normalize = next((op for op in config.preprocessing.pipeline if op.op == "normalize"), None)
+    mean, std, scale = (normalize.mean, normalize.std, normalize.scale) if normalize else ([0.0], [1.0], 1 / 255)
+    wanted = set(config.uint8_input.inputs)
+    result = {}
+    for value in view.graph.inputs:
+        shape = view.shape(value)
+        if view.is_float(value) and len(shape) == 4 and (not wanted or value.name in wanted):
+            result[value.name] = uint8_input_params(mean, std, scale, shape[1])
+    missing = wanted - {v.name for v in view.graph.inputs}
+    if missing:
+        raise ArgumentError(f"uint8Input names unknown input(s): {', '.join(sorted(missing))}.",
+                            hint=f"The model's inputs are: {', '.join(v.name for v in view.graph.inputs)}.")
+    return result
 
 
 def weight_bits(view: GraphView, config: CompileConfig) -> dict[str, int]:
@@ -65,7 +87,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
     view = GraphView(model)
     with reporter.stage("quantize", total=3, message="quantization decisions"):
         groups = build_groups(view)
-        options = decision_options(config)
+        options = decision_options(config, view)
         bits = activation_bits(view, groups, options)
         ranges = ranges_for(quantized_tensors(view, groups), bits)
         reporter.advance(message="ranges observed")

@@ -115,7 +115,7 @@ def install_scripts(collection: QWebEngineScriptCollection) -> None:
             collection.remove(script)
     for script in user_scripts():
         collection.insert(script)
-    logger.debug("Injected %d user scripts into the Netron page", len(user_scripts()))
+    logger.debug("Injected the qb Studio user scripts into the Netron page")
 
 
 def js_call(function: str, *args: object) -> str:

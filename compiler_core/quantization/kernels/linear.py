@@ -39,7 +39,7 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
         return _lower_matmul(group, ctx)
     weight, bias, layout = _weights_and_bias(group, ctx)
     x, y = main.inputs[0], group.output
-    s_x, zp_x = scalar(ctx.params(x))
+    weight, s_x, zp_x = _fold_input_channels(weight, ctx.params(x), layout)
     out = ctx.params(y)
     s_y, zp_y = scalar(out)
     bits = ctx.weight_bits.get(main.name, 8)
@@ -57,6 +57,25 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
                          "bias": q_bias.astype(np.int32), "multiplier": multiplier.astype(np.int32),
                          "shift": shift.astype(np.int32)},
                  precision=describe_bits(ctx.params(x), out, weight_bits=bits))
+
+
+def _fold_input_channels(weight: np.ndarray, params, layout: str):
+    """Per-channel input parameters (uint8 image input): fold the channel scales into the weights.
+
+    Returns the weights to quantize, the scalar input scale left (1.0 when folded) and the zero
+    point(s): a list, one per input channel, for per-channel inputs.
+    """
+    if params.axis is None:
+        scale, zero_point = scalar(params)
+        return weight, scale, zero_point
+    if layout != "conv" or params.axis != 1:
+        raise ValueError("per-channel (uint8) inputs must feed a convolution directly")
+    scales = np.asarray(params.scale, dtype=np.float64)
+    groups_in = weight.shape[1]
+    channel = np.arange(weight.shape[0])[:, None] // (weight.shape[0] // (scales.size // groups_in)) * groups_in
+    channel = channel + np.arange(groups_in)[None, :]
+    folded = weight * scales[channel].reshape(weight.shape[0], groups_in, *([1] * (weight.ndim - 2)))
+    return folded, 1.0, np.asarray(params.zero_point).astype(int).tolist()
 
 
 def _weights_and_bias(group: Group, ctx: LoweringContext) -> tuple[np.ndarray, np.ndarray, str]:
@@ -154,7 +173,10 @@ def _lower_matmul(group: Group, ctx: LoweringContext) -> IntOp:
 def run_linear(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Integer linear layer (docs/numerics.md, "Linear layers")."""
     attrs, consts = op.attrs, op.consts
-    x = (inputs[0] - attrs["zp_x"]).astype(np.float64)
+    zero_point = np.asarray(attrs["zp_x"])
+    if zero_point.ndim:  # per input channel (uint8 image input)
+        zero_point = zero_point.reshape(1, -1, *([1] * (inputs[0].ndim - 2)))
+    x = (inputs[0] - zero_point).astype(np.float64)
     weight = consts["weight"].astype(np.float64)
     if attrs["layout"] == "conv":
         acc = conv_accumulate(x, weight, attrs)

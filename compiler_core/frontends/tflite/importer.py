@@ -1,0 +1,136 @@
+"""Drive the converters over a decoded TFLite graph and assemble the ONNX model.
+
+Every operator is tried even after one fails, so a single :class:`UnsupportedOpsError` lists every
+unsupported op type (with counts and the first output tensor names); ops downstream of a failure
+are skipped silently rather than reported twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import helper
+
+from compiler_core.errors import UnsupportedOpsError
+from compiler_core.frontends.tflite.builder import GraphBuilder, NotConvertible, UpstreamUnavailable
+from compiler_core.frontends.tflite.converters import CONVERTERS
+from compiler_core.frontends.tflite.reader import Operator, Tensor, TFLiteGraph
+
+logger = logging.getLogger(__name__)
+
+ONNX_OPSET = 21
+IR_VERSION = 10
+CALIBRATION_HINTS_KEY = "mblt.calibration_hints"
+SOURCE_FORMAT_KEY = "mblt.source_format"
+
+
+def import_graph(graph: TFLiteGraph) -> ir.Model:
+    """Convert a decoded TFLite subgraph to an ONNX (opset 21) onnx-ir model.
+
+    Raises:
+        UnsupportedOpsError: some operators have no converter or use options ONNX cannot express.
+    """
+    builder = GraphBuilder(graph)
+    failures: dict[str, list[tuple[Operator, str]]] = {}
+    for op in graph.operators:
+        reason = _convert_one(builder, op)
+        if reason is not None:
+            failures.setdefault(op.display_name, []).append((op, reason))
+            builder.unavailable.update(op.outputs)
+    if failures:
+        raise _unsupported_error(graph, failures)
+    return _assemble(builder, graph)
+
+
+def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
+    """Run the converter of ``op``; the reason it failed, or None."""
+    converter = CONVERTERS.get(op.key)
+    if converter is None:
+        kind = f"custom operator (custom_code '{op.custom_code}')" if op.op_type == "CUSTOM" else "operator"
+        return f"no converter for this TFLite {kind}"
+    try:
+        converter(builder, op)
+    except UpstreamUnavailable:
+        builder.unavailable.update(op.outputs)
+    except NotConvertible as error:
+        return str(error)
+    return None
+
+
+def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]]) -> UnsupportedOpsError:
+    counts = Counter({name: len(entries) for name, entries in failures.items()})
+    ops = [{"op": name, "count": count,
+            "nodes": [graph.tensors[op.outputs[0]].name if op.outputs else f"op_{op.index}"
+                      for op, _ in failures[name][:3]],
+            "reason": "; ".join(sorted({reason for _, reason in failures[name]}))}
+           for name, count in counts.most_common()]
+    listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])}: {o['reason']})" for o in ops)
+    return UnsupportedOpsError(
+        f"'{graph.path.name}': {sum(counts.values())} TFLite operator(s) cannot be converted: {listing}.",
+        hint="Replace these operators in the source model, or convert it to ONNX another way and use "
+             "--backend onnx.", ops=ops, file=str(graph.path), stage="tflite import")
+
+
+def _assemble(builder: GraphBuilder, graph: TFLiteGraph) -> ir.Model:
+    outputs = [_output_value(builder, graph, index) for index in graph.outputs]
+    proto_graph = helper.make_graph(
+        builder.nodes, _graph_name(graph),
+        inputs=[_value_info(builder.value_name(i), graph.tensors[i]) for i in graph.inputs],
+        outputs=outputs, initializer=builder.initializer_protos())
+    proto = helper.make_model(proto_graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+                              producer_name="qbstudio tflite frontend", ir_version=IR_VERSION)
+    helper.set_model_props(proto, {CALIBRATION_HINTS_KEY: json.dumps(calibration_hints(builder, graph)),
+                                   SOURCE_FORMAT_KEY: "tflite"})
+    return ir.serde.deserialize_model(proto)
+
+
+def _output_value(builder: GraphBuilder, graph: TFLiteGraph, index: int) -> onnx.ValueInfoProto:
+    if index in graph.inputs or builder.constant(index) is not None:
+        # An output that is an input or a constant still needs a node producing it under its name.
+        name = builder.fresh_name(f"{graph.tensors[index].name}_output")
+        builder.add_node("Identity", [builder.tensor_value(index)], [name], source=graph.tensors[index].name)
+        return _value_info(name, graph.tensors[index])
+    return _value_info(builder.value_name(index), graph.tensors[index])
+
+
+def _value_info(name: str, tensor: Tensor) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _onnx_dtype(tensor), list(tensor.shape))
+
+
+def _onnx_dtype(tensor: Tensor) -> int:
+    """Quantized tensors are carried as float32 real values; others keep their type."""
+    if tensor.dtype is None:
+        raise UnsupportedOpsError(f"Graph input/output '{tensor.name}' has type {tensor.type_name}, which ONNX "
+                                  "cannot represent here.", hint="Export the model with numeric inputs and outputs.",
+                                  ops=[], tensor=tensor.name)
+    if tensor.quantization is not None and tensor.dtype.kind in "iu":
+        logger.warning("Quantized %s '%s' becomes a float32 value holding its real value (see %s)",
+                       tensor.type_name, tensor.name, CALIBRATION_HINTS_KEY)
+        return onnx.TensorProto.FLOAT
+    return helper.np_dtype_to_tensor_dtype(tensor.dtype)
+
+
+def calibration_hints(builder: GraphBuilder, graph: TFLiteGraph) -> dict[str, dict]:
+    """Quantization parameters of every quantized tensor, keyed by TFLite tensor name."""
+    hints = {}
+    for tensor in graph.tensors:
+        quantization = tensor.quantization
+        if quantization is None:
+            continue
+        hints[tensor.name] = {
+            "onnx_value": builder.value_name(tensor.index), "dtype": tensor.type_name,
+            "kind": "constant" if tensor.data is not None else "activation",
+            "scale": [float(s) for s in quantization.scale],
+            "zero_point": [int(z) for z in np.asarray(quantization.zero_point).reshape(-1)],
+            "axis": int(quantization.axis) if quantization.per_channel else None,
+        }
+    return hints
+
+
+def _graph_name(graph: TFLiteGraph) -> str:
+    return graph.path.stem or "tflite"

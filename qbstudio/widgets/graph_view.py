@@ -1,0 +1,280 @@
+"""The Graph tab: an MBLT drawn by the embedded, offline Netron, coloured by op support.
+
+:class:`GraphView` serves the model through the ``qbnetron:`` scheme (no TCP port), recolours
+nodes without reloading when the device or a decision changes, and syncs selection both ways.
+:func:`qbstudio.netron.register_scheme` must have run before the QApplication was created.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QPoint, Qt, QUrl, Signal
+from PySide6.QtWebEngineWidgets import QWebEngineView
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+
+from qbstudio.netron.page import LocalOnlyInterceptor, NetronPage, create_profile
+from qbstudio.netron.palette import SUPPORT_PALETTE
+from qbstudio.netron.scheme import INDEX_URL, NetronSchemeHandler, model_url_path
+from qbstudio.netron.scripts import js_call
+
+logger = logging.getLogger(__name__)
+
+LARGE_GRAPH_NODES = 1000
+"""Above this many nodes the view warns that Netron's layout will be slow."""
+
+
+def statuses_from_report(report: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """``(statuses, reasons)`` for :meth:`GraphView.set_support` from a ``compiler_core`` SupportReport."""
+    statuses = {name: str(entry.status) for name, entry in report.entries.items()}
+    reasons = {name: entry.reason for name, entry in report.entries.items() if entry.reason}
+    return statuses, reasons
+
+
+class SupportLegend(QWidget):
+    """One colour swatch and label per support status, from :data:`SUPPORT_PALETTE`."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(6, 2, 6, 2)
+        for status, style in SUPPORT_PALETTE.items():
+            swatch = QLabel(self)
+            swatch.setObjectName(f"legendSwatch_{status}")
+            swatch.setFixedSize(14, 14)
+            swatch.setStyleSheet(f"background: {style.fill}; border: 1px solid #444; border-radius: 3px;")
+            label = QLabel(style.label, self)
+            for widget in (swatch, label):
+                widget.setToolTip(style.description)
+            layout.addWidget(swatch)
+            layout.addWidget(label)
+            layout.addSpacing(10)
+        layout.addStretch(1)
+
+
+class GraphView(QWidget):
+    """Netron showing one MBLT, with support colours, selection sync and a per-node context menu.
+
+    Args:
+        parent: Parent widget.
+        scheme_handler: Serves Netron and the model (tests pass one with an ``index_preprocessor``).
+        large_graph_threshold: Node count above which a notice banner is shown.
+
+    Signals:
+        ready(): The graph is rendered (Netron's page is in its ``default`` state and nodes exist).
+        node_selected(str): The user clicked a node in the graph (not sent for :meth:`select_node`).
+        node_context_requested(str, QPoint): Right click on a node, at a global screen position.
+        load_failed(str): Netron shows an error or a dialog instead of the graph.
+    """
+
+    ready = Signal()
+    node_selected = Signal(str)
+    node_context_requested = Signal(str, QPoint)
+    load_failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None, *, scheme_handler: NetronSchemeHandler | None = None,
+                 large_graph_threshold: int = LARGE_GRAPH_NODES) -> None:
+        super().__init__(parent)
+        self._large_graph_threshold = large_graph_threshold
+        self._model_path: Path | None = None
+        self._served_file = ""
+        self._ready = False
+        self._node_count: int | None = None
+        self._statuses: dict[str, str] = {}
+        self._tooltips: dict[str, str] = {}
+        self._build_widgets()
+        # The profile is created last so that it is this widget's last child: Qt deletes children in
+        # order, and the page (under the stack) must be deleted before its profile.
+        self._handler = scheme_handler or NetronSchemeHandler()
+        self._interceptor = LocalOnlyInterceptor()
+        self._profile = create_profile(self._handler, self._interceptor, parent=self)
+        self._handler.setParent(self._profile)
+        self._interceptor.setParent(self._profile)
+        self._page = NetronPage(self._profile, self._web)
+        self._web.setPage(self._page)
+        self._connect_page()
+
+    def _build_widgets(self) -> None:
+        self._banner = QLabel(self)
+        self._banner.setObjectName("graphViewBanner")
+        self._banner.setWordWrap(True)
+        self._banner.setStyleSheet("QLabel { background: #fff4d6; color: #1a1a1a; border-bottom: 1px solid #ffb300;"
+                                   " padding: 4px 8px; }")
+        self._banner.hide()
+        self._placeholder = QLabel("No model loaded.", self)
+        self._placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._web = QWebEngineView()
+        self._web.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)
+        self._stack = QStackedWidget(self)
+        self._stack.addWidget(self._placeholder)
+        self._stack.addWidget(self._web)
+        self.legend = SupportLegend(self)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self._banner)
+        layout.addWidget(self._stack, 1)
+        layout.addWidget(self.legend)
+
+    def _connect_page(self) -> None:
+        self._page.model_opened.connect(self._on_model_opened)
+        self._page.graph_ready.connect(self._on_graph_ready)
+        self._page.message_shown.connect(self._on_message_shown)
+        self._page.node_selected.connect(self.node_selected)
+        self._page.node_context_requested.connect(self._on_context_requested)
+        self._page.loadFinished.connect(self._on_load_finished)
+
+    # -- public API --------------------------------------------------------------------------------
+
+    @property
+    def model_path(self) -> Path | None:
+        """The MBLT shown, or None."""
+        return self._model_path
+
+    @property
+    def is_ready(self) -> bool:
+        """True once the current model's graph is rendered."""
+        return self._ready
+
+    @property
+    def node_count(self) -> int | None:
+        """Rendered node elements of the current graph (None until :attr:`ready`)."""
+        return self._node_count
+
+    @property
+    def blocked_requests(self) -> list[str]:
+        """URLs of the non-local requests the page made, all blocked by the interceptor."""
+        return list(self._interceptor.blocked)
+
+    @property
+    def suppressed_beacons(self) -> list[str]:
+        """Telemetry URLs Netron tried to send with ``navigator.sendBeacon``; none left the page."""
+        return list(self._page.suppressed_beacons)
+
+    @property
+    def refused_navigations(self) -> list[str]:
+        """URLs the page tried to navigate to outside the ``qbnetron`` scheme (all refused)."""
+        return list(self._page.refused_navigations)
+
+    @property
+    def web_view(self) -> QWebEngineView:
+        """The embedded web view (for screenshots and tests)."""
+        return self._web
+
+    def load_mblt(self, path: str | Path) -> None:
+        """Show the MBLT (any ONNX file) at ``path``; :attr:`ready` follows once it is drawn.
+
+        Support statuses of the previous model are dropped; call :meth:`set_support` again (before
+        or after ``ready``).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a file.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"No model file at '{path}'.")
+        self._reset_state()
+        self._model_path = path
+        self._served_file = model_url_path(self._handler.serve_model(path))
+        self._stack.setCurrentWidget(self._web)
+        logger.info("Graph view: opening %s", path)
+        self._web.setUrl(INDEX_URL)
+
+    def clear(self) -> None:
+        """Show no model (and stop serving the last one)."""
+        self._reset_state()
+        self._handler.clear_model()
+        self._stack.setCurrentWidget(self._placeholder)
+        self._web.setUrl(QUrl("about:blank"))
+
+    def set_support(self, statuses: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> None:
+        """Colour nodes by support status, without reloading the page.
+
+        Args:
+            statuses: Node name -> ``supported``, ``needs_mfu``, ``unsupported`` or ``cpu_offloaded``
+                (``SupportStatus`` members work too). Nodes left out are drawn as Netron draws them.
+            reasons: Node name -> why it is not supported; shown in the node's tooltip.
+
+        Raises:
+            ValueError: A status is not one of the four above.
+        """
+        unknown = sorted({str(status) for status in statuses.values()} - set(SUPPORT_PALETTE))
+        if unknown:
+            raise ValueError(f"Unknown support status {', '.join(unknown)}; expected one of "
+                             f"{', '.join(SUPPORT_PALETTE)}.")
+        reasons = reasons or {}
+        self._statuses = {name: str(status) for name, status in statuses.items()}
+        self._tooltips = {name: self._tooltip(status, reasons.get(name, "")) for name, status in self._statuses.items()}
+        if self._ready:
+            self._push_statuses()
+
+    def select_node(self, name: str, *, smooth: bool = True) -> None:
+        """Select the node called ``name`` in the graph and scroll it into view.
+
+        Does not emit :attr:`node_selected` (that signal is for the user's clicks). A name that is not
+        in the rendered graph is logged and ignored.
+        """
+        if not self._ready:
+            logger.debug("Graph view: select_node(%r) before the graph is ready; ignored", name)
+            return
+
+        def done(result: str) -> None:
+            if result != "true":
+                logger.info("Graph view: node %r is not in the rendered graph", name)
+
+        self._page.runJavaScript(js_call("qbSelect", name, "smooth" if smooth else "instant"), 0, done)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _tooltip(status: str, reason: str) -> str:
+        label = SUPPORT_PALETTE[status].label
+        return f"{label}: {reason}" if reason else label
+
+    def _reset_state(self) -> None:
+        self._ready = False
+        self._node_count = None
+        self._model_path = None
+        self._served_file = ""
+        self._statuses = {}
+        self._tooltips = {}
+        self._banner.hide()
+
+    def _push_statuses(self) -> None:
+        self._page.runJavaScript(js_call("qbSetStatuses", self._statuses, self._tooltips), 0)
+
+    def _on_model_opened(self, file: str, nodes: int) -> None:
+        if file != self._served_file or nodes <= self._large_graph_threshold:
+            return
+        logger.info("Graph view: large graph (%d nodes), layout will take a while", nodes)
+        self._banner.setText(f"Large graph: {nodes:,} nodes. Netron is laying it out in the background, "
+                             "which can take a while; the rest of qb Studio stays usable. Scrolling and "
+                             "zooming may be slow.")
+        self._banner.show()
+
+    def _on_graph_ready(self, file: str, nodes: int) -> None:
+        if file != self._served_file:
+            return
+        self._ready = True
+        self._node_count = nodes
+        if self._statuses:
+            self._push_statuses()
+        logger.info("Graph view: %s rendered (%d nodes)", self._model_path, nodes)
+        self.ready.emit()
+
+    def _on_message_shown(self, file: str, text: str) -> None:
+        if file == self._served_file:
+            self.load_failed.emit(text)
+
+    def _on_load_finished(self, ok: bool) -> None:
+        if not ok and self._served_file:
+            self.load_failed.emit("The graph page could not be loaded.")
+
+    def _on_context_requested(self, name: str, x: int, y: int) -> None:
+        zoom = self._page.zoomFactor()
+        position = self._web.mapToGlobal(QPoint(round(x * zoom), round(y * zoom)))
+        self.select_node(name)
+        self.node_context_requested.emit(name, position)
