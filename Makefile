@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
 run: setup
 	$(VENV)/bin/qbcompiler parse --model $(SAMPLE)/model.onnx --output build/sample/model.mblt --target-device aries-rb
 	$(VENV)/bin/qbcompiler check --mblt build/sample/model.mblt --target-device regulus-ra
+	$(VENV)/bin/qbcompiler quantize --mblt build/sample/model.mblt --compile-config $(SAMPLE)/compile_config.yaml \
+		--calib-data-path $(SAMPLE)/calib --output build/sample/model.mxq --inference-scheme all
+	$(VENV)/bin/qbcompiler run --mxq build/sample/model.mxq --input $(SAMPLE)/test --labels $(SAMPLE)/labels.txt --top-k 1
 
 lint: setup
 	$(VENV)/bin/ruff check compiler_core tests bench scripts

@@ -247,7 +247,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         started = time.perf_counter()
         outputs = model.infer(feeds)
         elapsed = time.perf_counter() - started
-        entry = {"input": name, "seconds": round(elapsed, 4), "outputs": []}
+        entry = {"input": _display_path(name), "seconds": round(elapsed, 4), "outputs": []}
         for spec, value in zip(model.artifact.output_specs, outputs):
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
                                      **_top_k(value, args.top_k, labels)})
@@ -262,6 +262,15 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     model.dispose()
     out.result(payload, _run_text(payload))
     return payload
+
+
+def _display_path(name: str) -> str:
+    """Paths under the current folder are shown relative to it."""
+    path = Path(name)
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return name
 
 
 def _top_k(value, k: int, labels: list[str] | None) -> dict[str, Any]:

@@ -113,7 +113,6 @@ class NetronPage(QWebEnginePage):
                      "HyperlinkAuditingEnabled"):
             settings.setAttribute(getattr(attribute, name), False)
         settings.setAttribute(attribute.JavascriptEnabled, True)
-        settings.setAttribute(attribute.LocalContentCanAccessFileUrls, False)
 
     def acceptNavigationRequest(self, url: QUrl | str, navigation_type: QWebEnginePage.NavigationType,  # noqa: N802
                                 is_main_frame: bool) -> bool:
@@ -167,9 +166,10 @@ class NetronPage(QWebEnginePage):
         self.message_shown.emit(str(event["file"]), str(event["text"]))
 
     def _on_beacon(self, event: dict) -> None:
-        self.suppressed_beacons.append(str(event["url"]))
-        logger.debug("Suppressed a Netron telemetry beacon to %s", event["url"])
-        self.beacon_suppressed.emit(str(event["url"]))
+        url = str(event["url"])
+        self.suppressed_beacons.append(url)
+        logger.debug("Suppressed a Netron telemetry beacon to %s", QUrl(url).adjusted(QUrl.UrlFormattingOption.RemoveQuery).toString())
+        self.beacon_suppressed.emit(url)
 
     def _on_script_error(self, event: dict) -> None:
         logger.warning("Graph view overlay script failed in %s: %s", event.get("where"), event.get("message"))

@@ -41,6 +41,10 @@ SUPPORT_PALETTE: MappingProxyType[str, StatusStyle] = MappingProxyType({
 })
 """Status value (``compiler_core.targets.SupportStatus`` values) -> style, in legend order."""
 
+UNCLASSIFIED = StatusStyle("Not checked", "No support status for this node (for example inside a subgraph).",
+                           fill="#8a8a8a", text="#ffffff", tint="#f2f2f2")
+"""Nodes without a status while others have one; Netron's own category colours would read as statuses."""
+
 SELECTION_COLOUR = "#7b1fa2"
 """Outline of selected nodes and edges (purple: distinct from every status colour)."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PySide6.QtWebEngineCore import QWebEngineScript, QWebEngineScriptCollection
 
-from qbstudio.netron.palette import SELECTION_COLOUR, SUPPORT_PALETTE, status_css_class
+from qbstudio.netron.palette import SELECTION_COLOUR, SUPPORT_PALETTE, UNCLASSIFIED, StatusStyle, status_css_class
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +60,26 @@ def wrap_script(name: str, body: str) -> str:
             + _EPILOGUE % {"name": json.dumps(name)})
 
 
+def _node_rules(node: str, style: StatusStyle) -> list[str]:
+    return [
+        f"{node} > g.node-item-type > path {{ fill: {style.fill}; }}",
+        f"{node} > g.node-item-type > text {{ fill: {style.text}; }}",
+        f"{node} > g.node-item-type:hover > path {{ fill: {style.tint}; }}",
+        f"{node} > g.node-item-type:hover > text {{ fill: #000000; }}",
+        f"{node} > g.node-argument-list > path {{ fill: {style.tint}; }}",
+        f"{node} > path.node-border {{ stroke: {style.fill}; stroke-width: 1.5px; }}",
+    ]
+
+
 def status_css() -> str:
-    """CSS colouring nodes by status class, and the selection outline, from the palette."""
-    rules = []
+    """CSS colouring nodes by status class, and the selection outline, from the palette.
+
+    While any status is set (``data-qb-statuses`` on ``<html>``), nodes without one are grey, so
+    that Netron's category colours (a dark red Relu, say) are not read as statuses.
+    """
+    rules = _node_rules('html[data-qb-statuses] svg g.node[id^="node-"]:not([class*="qb-status-"])', UNCLASSIFIED)
     for status, style in SUPPORT_PALETTE.items():
-        node = f"svg g.node.{status_css_class(status)}"
-        rules += [
-            f"{node} > g.node-item-type > path {{ fill: {style.fill}; }}",
-            f"{node} > g.node-item-type > text {{ fill: {style.text}; }}",
-            f"{node} > g.node-item-type:hover > path {{ fill: {style.tint}; }}",
-            f"{node} > g.node-item-type:hover > text {{ fill: #000000; }}",
-            f"{node} > g.node-argument-list > path {{ fill: {style.tint}; }}",
-            f"{node} > path.node-border {{ stroke: {style.fill}; stroke-width: 1.5px; }}",
-        ]
+        rules += _node_rules(f"svg g.node.{status_css_class(status)}", style)
     rules += [
         f"svg g.node.select > path.node.node-border {{ stroke: {SELECTION_COLOUR}; stroke-width: 3px; }}",
         f"svg .select.edge-path {{ stroke: {SELECTION_COLOUR}; stroke-width: 2px; }}",

@@ -52,6 +52,7 @@ const paintAll = () => {
 window.qbSetStatuses = qbGuard('qbSetStatuses', (statuses, tooltips) => {
     state.statuses = statuses || {};
     state.tooltips = tooltips || {};
+    document.documentElement.toggleAttribute('data-qb-statuses', Object.keys(state.statuses).length > 0);
     return paintAll();
 });
 
