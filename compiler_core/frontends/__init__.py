@@ -24,7 +24,19 @@ def _load_onnx(model: Any, **_: Any) -> ir.Model:
     return load_onnx(model)
 
 
-FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx}
+def _load_tflite(model: Any, **options: Any) -> ir.Model:
+    from compiler_core.frontends.tflite import load_tflite
+
+    return load_tflite(model, **options)
+
+
+def _load_tf(model: Any, **options: Any) -> ir.Model:
+    from compiler_core.frontends.tf import load_tf
+
+    return load_tf(model, **options)
+
+
+FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx, "tflite": _load_tflite, "tf": _load_tf}
 """Registry: backend name -> loader(model, **options) returning an onnx-ir model."""
 
 
@@ -37,7 +49,7 @@ def detect_backend(path: str | Path) -> str:
     path = Path(path)
     suffix = path.suffix.lower()
     by_suffix = {".onnx": "onnx", ".mblt": "onnx", ".tflite": "tflite", ".pt2": "torch",
-                 ".jit": "torchscript", ".keras": "tf", ".h5": "tf", ".pb": "tf"}
+                 ".jit": "torchscript", ".keras": "tf", ".h5": "tf", ".hdf5": "tf", ".pb": "tf"}
     if suffix in by_suffix:
         return by_suffix[suffix]
     if path.is_dir():

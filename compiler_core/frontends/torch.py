@@ -90,14 +90,14 @@ def load_torch(
         ModelLoadError: the file is missing or unreadable, holds only a state dict, names a hub
             model that is not on disk, or neither exporter can convert the model.
     """
-    source = resolve_source(model, allow_pickle=allow_pickle)
-    if isinstance(source, Path):  # a TorchScript archive
-        from compiler_core.frontends.torchscript import load_torchscript
-
-        logger.info("%s is a TorchScript archive: using the TorchScript frontend", source.name)
-        return load_torchscript(source, feed_dict=feed_dict, input_shape_dict=input_shape_dict)
     import torch
 
+    source = resolve_source(model, allow_pickle=allow_pickle)
+    if isinstance(source, (Path, torch.jit.ScriptModule)):  # a TorchScript archive or module
+        from compiler_core.frontends.torchscript import load_torchscript
+
+        logger.info("TorchScript model: using the TorchScript frontend")
+        return load_torchscript(source, feed_dict=feed_dict, input_shape_dict=input_shape_dict)
     if isinstance(source, torch.export.ExportedProgram):
         onnx_model = _export_program(source, feed_dict, dynamic_axes)
     else:
@@ -111,11 +111,19 @@ def load_torch(
 
 
 def resolve_source(model: Any, *, allow_pickle: bool = False) -> Any:
-    """Turn ``model`` into a module or an ``ExportedProgram`` (or the Path of a TorchScript archive)."""
+    """Turn ``model`` into a module in eval mode or an ``ExportedProgram``.
+
+    A TorchScript module is returned as is, a TorchScript archive as its Path (both belong to the
+    TorchScript frontend).
+    """
     import torch
 
-    if isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
-        return model.eval() if isinstance(model, torch.nn.Module) else model
+    if isinstance(model, (torch.export.ExportedProgram, torch.jit.ScriptModule)):
+        return model
+    if isinstance(model, torch.nn.Module):
+        if model.training:
+            logger.info("%s is in training mode: switching it to eval mode for export", type(model).__name__)
+        return model.eval()
     if not isinstance(model, (str, Path)):
         raise ArgumentError(
             f"The torch backend cannot use a {type(model).__name__}.",
@@ -178,7 +186,7 @@ def load_pickled_module(path: Path, *, allow_pickle: bool = False):
             raise ArgumentError(
                 f"'{path.name}' is a pickled Python object (a whole module), and loading it executes "
                 "code stored in the file.",
-                hint="If you trust the file, pass allow_pickle=True (CLI: --allow-pickle); safer: "
+                hint="If you trust the file, pass allow_pickle=True; safer: "
                      "save the model with torch.export.save(...) as .pt2.", file=str(path)) from error
         loaded = _unpickle(path)
     except Exception as error:  # truncated zip, not a torch file ...
@@ -255,6 +263,15 @@ def forward_signature(module: Any) -> inspect.Signature:
     return inspect.signature(module.forward)
 
 
+def signature_text(signature: inspect.Signature) -> str:
+    """``forward(image, scale=2.0, **kwargs)``: names and defaults, as shown in error messages."""
+    def text(parameter: inspect.Parameter) -> str:
+        prefix = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(parameter.kind, "")
+        default = "" if parameter.default is parameter.empty else f"={parameter.default!r}"
+        return f"{prefix}{parameter.name}{default}"
+    return f"forward({', '.join(text(p) for p in signature.parameters.values())})"
+
+
 def validated_feed(module: Any, feed_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Check ``feed_dict`` against ``forward`` and split it into tensors and constants, in parameter order.
 
@@ -268,7 +285,7 @@ def validated_feed(module: Any, feed_dict: Mapping[str, Any]) -> tuple[dict[str,
     problems = _feed_problems(named, feed_dict, takes_extra)
     if problems:
         raise ArgumentError(f"feed_dict does not match {type(module).__name__}.forward: {'; '.join(problems)}.",
-                            hint=f"forward{signature} — key feed_dict by these parameter names.")
+                            hint=f"{signature_text(signature)} — key feed_dict by these parameter names.")
     order = [p.name for p in named] + [name for name in feed_dict if name not in signature.parameters]
     tensors, constants = {}, {}
     for name in (name for name in order if name in feed_dict):
@@ -313,7 +330,7 @@ def _made_up_feed(module: Any, input_shape_dict: Mapping[str, Any] | None) -> di
     if not input_shape_dict:
         raise ArgumentError(
             f"Exporting {type(module).__name__} needs example inputs: pass feed_dict.",
-            hint=f"Key it by forward's parameter names: forward{forward_signature(module)}; or give "
+            hint=f"Key it by forward's parameter names: {signature_text(forward_signature(module))}; or give "
                  "input_shape_dict to use made-up inputs.")
     import torch
 
@@ -438,8 +455,8 @@ def _export_legacy_or_raise(module, args, input_names, output_names, dynamic_axe
         model = export_legacy(module, args, input_names, output_names, dynamic_axes)
     except Exception as error:  # TorchScript tracing/symbolic errors, or our specialization check
         raise ModelLoadError(
-            f"Neither PyTorch ONNX exporter can convert {name}. dynamo exporter: {dynamo_reason} "
-            f"Legacy exporter: {exporter_reason(error)}", hint=_EXPORT_HINT) from error
+            f"Neither PyTorch ONNX exporter can convert {name}. Dynamo exporter: {_sentence(dynamo_reason)} "
+            f"Legacy exporter: {_sentence(exporter_reason(error))}", hint=_EXPORT_HINT) from error
     logger.info("%s: exported with the legacy TorchScript exporter (opset %d)", name, LEGACY_OPSET)
     return model
 
@@ -451,8 +468,25 @@ def _export_dynamo(model, args, input_names, output_names, dynamic_axes) -> ir.M
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
         program = torch.onnx.export(
             model, args, None, dynamo=True, opset_version=DYNAMO_OPSET, input_names=input_names,
-            output_names=output_names, dynamic_axes=dynamic_axes, optimize=False, verbose=False)
+            output_names=output_names, dynamic_shapes=_dynamic_shapes(input_names, dynamic_axes),
+            optimize=False, verbose=False)
     return program.model
+
+
+def _dynamic_shapes(input_names: list[str] | None, dynamic_axes: Mapping[str, Any] | None):
+    """``dynamic_axes`` as ``torch.export`` dynamic shapes for the wrapper's ``forward(*tensors)``.
+
+    ``Dim.AUTO`` keeps a dimension dynamic where the trace allows it and static otherwise (a batch of
+    1 in the example specializes): the MBLT pins every shape anyway.
+    """
+    if not dynamic_axes or not input_names:
+        return None
+    import torch
+
+    def spec(name: str):
+        axes = dynamic_axes.get(name)
+        return {int(axis): torch.export.Dim.AUTO for axis in axes} if axes else None
+    return (tuple(spec(name) for name in input_names),)
 
 
 def export_legacy(module, args, input_names, output_names, dynamic_axes, *, opset_version: int = LEGACY_OPSET
@@ -512,18 +546,19 @@ def _is_library_file(filename: str) -> bool:
 # -- provenance ----------------------------------------------------------------------------------
 
 
-def record_module_paths(model: ir.Model, *, prefix: str = "") -> None:
+def record_module_paths(model: ir.Model, *, root: str = "") -> None:
     """Set each node's ``mblt.source_name`` to the module path the exporter recorded for it.
 
     The dynamo exporter writes ``pkg.torch.onnx.name_scopes`` (``['', 'features', 'features.0', ...,
     'conv2d']``: module paths, then the FX node); the legacy exporter encodes scopes in node names
-    (``/features/features.0/features.0.0/Conv``). The export wrapper's scope is stripped;
-    ``prefix`` is prepended (for a submodule of a larger model).
+    (``/features/features.0/features.0.0/Conv``). The export wrapper's scope is stripped. ``root`` is
+    the path of the exported module inside a larger one (a TorchScript submodule): it prefixes every
+    path, and names the nodes of the module's own forward.
     """
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         path = _dynamo_module_path(node) or _legacy_module_path(node.name or "")
-        if path:
-            node.metadata_props[SOURCE_NAME_KEY] = f"{prefix}{path}" if prefix else path
+        if path or root:
+            node.metadata_props[SOURCE_NAME_KEY] = ".".join(part for part in (root, path) if part)
 
 
 def _dynamo_module_path(node: ir.Node) -> str:
@@ -553,6 +588,10 @@ def _unwrapped(path: str) -> str:
     return path[len(_WRAPPED) + 1:] if path.startswith(_WRAPPED + ".") else path
 
 
+def _sentence(text: str) -> str:
+    return text if text.endswith(".") else f"{text}."
+
+
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0] if lines else ""
@@ -567,21 +606,22 @@ def describe_requirements(path: str | Path) -> dict[str, Any]:
     Returns:
         ``{"backend", "kind", "needs_feed_dict", "needs_allow_pickle", "inputs", "note"}`` where
         ``kind`` is ``exported_program``, ``transformers``, ``pickled_module``, ``state_dict``,
-        ``torchscript``, ``hub_id`` or ``unreadable``, and ``inputs`` lists
+        ``hub_id``, ``missing`` or ``unreadable`` (a TorchScript archive gets the torchscript
+        backend's description), and ``inputs`` lists
         ``{"name", "dtype", "shape"}`` when they can be read without running the model.
     """
     path = Path(path)
     info = {"backend": "torch", "kind": "unreadable", "needs_feed_dict": True, "needs_allow_pickle": False,
             "inputs": [], "note": ""}
     try:
-        resolved = None if not path.exists() or path.is_dir() else path
         if not path.exists():
-            info.update(kind="hub_id", note=str(_missing_path_error(str(path), path)))
+            error = _missing_path_error(str(path), path)
+            info.update(kind="hub_id" if "hub" in error.message else "missing", note=str(error))
         elif path.is_dir():
             info.update(kind="transformers", inputs=_transformers_inputs(path),
                         note="Give feed_dict (tokenized text) or input_shape_dict.")
         elif path.suffix.lower() == ".pt2":
-            info.update(kind="exported_program", needs_feed_dict=False, inputs=_program_inputs(resolved))
+            info.update(kind="exported_program", needs_feed_dict=False, inputs=_program_inputs(path))
         elif is_torchscript_archive(path):
             from compiler_core.frontends.torchscript import describe_requirements as describe_script
 

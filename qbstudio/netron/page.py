@@ -3,7 +3,7 @@
 * :class:`LocalOnlyInterceptor` blocks every request that is not for the ``qbnetron`` scheme (or an
   in-page ``data:``/``blob:`` URL) and records it.
 * :class:`NetronPage` refuses navigation away from the scheme (Netron's Update/Report buttons set
-  ``window.location``), reads ``qbnetron:{json}`` console messages posted by the injected scripts and
+  ``window.location``), records the non-local ``fetch``/XHR attempts the injected guard refused, reads ``qbnetron:{json}`` console messages posted by the injected scripts and
   re-emits them as typed signals.
 * :func:`create_profile` builds the off-the-record profile with the scheme handler and interceptor.
 """
@@ -87,20 +87,21 @@ class NetronPage(QWebEnginePage):
         graph_ready(str, int): The graph for ``file`` is shown with this many node elements.
         node_selected(str): The user clicked (activated) the node with this name.
         node_context_requested(str, int, int): Right click on a node, at page coordinates x, y.
-        message_shown(str, str): Netron shows ``text`` (an error or a dialog) instead of the graph of ``file``.
-        beacon_suppressed(str): Netron tried to send telemetry to this URL; the stub swallowed it.
+        message_shown(str, str, str, str): Netron shows a message over the graph of ``file``: its text,
+            kind (``alert`` for errors, ``notification`` otherwise) and button label (``Cancel`` while a
+            long layout runs; ``Update``/``Accept``/``OK`` for dialogs Netron waits on).
     """
 
     model_opened = Signal(str, int)
     graph_ready = Signal(str, int)
     node_selected = Signal(str)
     node_context_requested = Signal(str, int, int)
-    message_shown = Signal(str, str)
-    beacon_suppressed = Signal(str)
+    message_shown = Signal(str, str, str, str)
 
     def __init__(self, profile: QWebEngineProfile, parent: QObject | None = None) -> None:
         super().__init__(profile, parent)
         self.refused_navigations: list[str] = []
+        self.refused_requests: list[str] = []
         self.suppressed_beacons: list[str] = []
         self._configure()
         install_scripts(self.scripts())
@@ -162,14 +163,17 @@ class NetronPage(QWebEnginePage):
         self.node_context_requested.emit(str(event["node"]), round(event["x"]), round(event["y"]))
 
     def _on_message(self, event: dict) -> None:
-        logger.warning("Netron shows a message instead of the graph: %s", event["text"])
-        self.message_shown.emit(str(event["file"]), str(event["text"]))
+        logger.info("Netron shows a %s: %s [%s]", event["kind"], event["text"], event["button"])
+        self.message_shown.emit(str(event["file"]), str(event["text"]), str(event["kind"]), str(event["button"]))
 
     def _on_beacon(self, event: dict) -> None:
         url = str(event["url"])
         self.suppressed_beacons.append(url)
-        logger.debug("Suppressed a Netron telemetry beacon to %s", QUrl(url).adjusted(QUrl.UrlFormattingOption.RemoveQuery).toString())
-        self.beacon_suppressed.emit(url)
+        logger.debug("Suppressed a Netron telemetry beacon to %s", url.split("?", 1)[0])
+
+    def _on_request_blocked(self, event: dict) -> None:
+        self.refused_requests.append(str(event["url"]))
+        logger.warning("Graph view: refused a network request in the page: %s", event["url"])
 
     def _on_script_error(self, event: dict) -> None:
         logger.warning("Graph view overlay script failed in %s: %s", event.get("where"), event.get("message"))

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from PySide6.QtWebEngineCore import QWebEngineScript, QWebEngineScriptCollection
 
-from qbstudio.netron.palette import SELECTION_COLOUR, SUPPORT_PALETTE, UNCLASSIFIED, StatusStyle, status_css_class
+from qbstudio.netron.palette import (
+    SELECTION_COLOUR,
+    SUPPORT_PALETTE,
+    UNCLASSIFIED,
+    StatusStyle,
+    status_css_class,
+)
 
 logger = logging.getLogger(__name__)
 

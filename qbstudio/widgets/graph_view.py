@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 LARGE_GRAPH_NODES = 1000
 """Above this many nodes the view warns that Netron's layout will be slow."""
 
+_LAYOUT_CANCEL_BUTTON = "Cancel"
+"""Button of Netron's notice for a layout running over 2.5 s (every other message blocks the graph)."""
+
 
 def statuses_from_report(report: Any) -> tuple[dict[str, str], dict[str, str]]:
     """``(statuses, reasons)`` for :meth:`GraphView.set_support` from a ``compiler_core`` SupportReport."""
@@ -67,7 +70,7 @@ class GraphView(QWidget):
         ready(): The graph is rendered (Netron's page is in its ``default`` state and nodes exist).
         node_selected(str): The user clicked a node in the graph (not sent for :meth:`select_node`).
         node_context_requested(str, QPoint): Right click on a node, at a global screen position.
-        load_failed(str): Netron shows an error or a dialog instead of the graph.
+        load_failed(str): Netron shows an error, or a dialog it would wait on, instead of the graph.
     """
 
     ready = Signal()
@@ -145,9 +148,15 @@ class GraphView(QWidget):
         return self._node_count
 
     @property
+    def notice(self) -> str:
+        """Text of the notice banner above the graph ('' when none is shown)."""
+        return "" if self._banner.isHidden() else self._banner.text()
+
+    @property
     def blocked_requests(self) -> list[str]:
-        """URLs of the non-local requests the page made, all blocked by the interceptor."""
-        return list(self._interceptor.blocked)
+        """Non-local URLs the page tried to load: blocked by the request interceptor, or refused by the
+        injected ``fetch``/XHR guard before they reached Chromium's network stack."""
+        return list(self._interceptor.blocked) + list(self._page.refused_requests)
 
     @property
     def suppressed_beacons(self) -> list[str]:
@@ -250,9 +259,11 @@ class GraphView(QWidget):
         if file != self._served_file or nodes <= self._large_graph_threshold:
             return
         logger.info("Graph view: large graph (%d nodes), layout will take a while", nodes)
-        self._banner.setText(f"Large graph: {nodes:,} nodes. Netron is laying it out in the background, "
-                             "which can take a while; the rest of qb Studio stays usable. Scrolling and "
-                             "zooming may be slow.")
+        self._show_notice(f"Large graph: {nodes:,} nodes. Netron is laying it out in the background, which "
+                          "can take a while; the rest of qb Studio stays usable.")
+
+    def _show_notice(self, text: str) -> None:
+        self._banner.setText(text)
         self._banner.show()
 
     def _on_graph_ready(self, file: str, nodes: int) -> None:
@@ -260,14 +271,23 @@ class GraphView(QWidget):
             return
         self._ready = True
         self._node_count = nodes
+        self._banner.hide()
+        if nodes > self._large_graph_threshold:
+            self._show_notice(f"Large graph: {nodes:,} nodes. Scrolling and zooming may be slow.")
         if self._statuses:
             self._push_statuses()
         logger.info("Graph view: %s rendered (%d nodes)", self._model_path, nodes)
         self.ready.emit()
 
-    def _on_message_shown(self, file: str, text: str) -> None:
-        if file == self._served_file:
-            self.load_failed.emit(text)
+    def _on_message_shown(self, file: str, text: str, kind: str, button: str) -> None:
+        if file != self._served_file:
+            return
+        if kind == "notification" and button == _LAYOUT_CANCEL_BUTTON:
+            # Netron's "layout might take a very long time" notice: the layout goes on in its worker.
+            self._show_notice(f"{text} The rest of qb Studio stays usable; Cancel in the graph stops it.")
+            return
+        logger.warning("Graph view: Netron shows %r instead of the graph of %s", text, self._model_path)
+        self.load_failed.emit(text)
 
     def _on_load_finished(self, ok: bool) -> None:
         if not ok and self._served_file:

@@ -112,8 +112,8 @@ document.addEventListener('contextmenu', qbGuard('contextmenu', (event) => {
     }
 }), true);
 
-// Page -> Python: model parsed (node count, before the slow layout), graph shown, or a message
-// (an error, or a dialog Netron waits on) instead of a graph.
+// Page -> Python: model parsed (node count, before the slow layout), graph shown, or a message Netron
+// shows: an error ('alert'), a dialog it waits on, or a "layout takes long" notice with a Cancel button.
 const poll = qbGuard('poll', () => {
     const body = document.body;
     if (!body) {
@@ -132,11 +132,15 @@ const poll = qbGuard('poll', () => {
         return;
     }
     const text = document.getElementById('message-text');
-    const message = text ? text.innerText.trim() : '';
-    const showing = body.classList.contains('alert') || body.classList.contains('notification');
-    if (showing && message && message !== state.message) {
+    const button = document.getElementById('message-button');
+    const kind = body.classList.contains('alert') ? 'alert' : body.classList.contains('notification') ? 'notification' : '';
+    const message = kind && text ? text.innerText.trim() : '';
+    if (message !== state.message) {
         state.message = message;
-        qbPost('message', { file: currentFile(), text: message });
+        if (message) {
+            const action = button && button.style.display !== 'none' ? button.innerText.trim() : '';
+            qbPost('message', { file: currentFile(), text: message, kind: kind, button: action });
+        }
     }
 });
 const timer = window.setInterval(poll, 50);

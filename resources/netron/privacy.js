@@ -31,3 +31,35 @@ try {
 } catch (error) {
     qbPost('script-error', { where: 'sendBeacon', message: String(error) });
 }
+
+// The graph view works offline. Refuse fetch/XMLHttpRequest to anything but this app's own scheme
+// in the page itself, and report the attempt (the request interceptor is the second line).
+try {
+    const isLocal = (url) => {
+        try {
+            return ['qbnetron:', 'data:', 'blob:'].includes(new URL(String(url), document.baseURI).protocol);
+        } catch (error) {
+            return false;
+        }
+    };
+    const refuse = (url) => qbPost('request-blocked', { url: String(url) });
+    const fetch = window.fetch;
+    window.fetch = function (resource) {
+        const url = resource && resource.url ? resource.url : String(resource);
+        if (!isLocal(url)) {
+            refuse(url);
+            return Promise.reject(new TypeError('Network access is disabled in qb Studio.'));
+        }
+        return fetch.apply(this, arguments);
+    };
+    const open = XMLHttpRequest.prototype.open;
+    XMLHttpRequest.prototype.open = function (method, url) {
+        if (!isLocal(url)) {
+            refuse(url);
+            throw new DOMException('Network access is disabled in qb Studio.', 'NetworkError');
+        }
+        return open.apply(this, arguments);
+    };
+} catch (error) {
+    qbPost('script-error', { where: 'network guard', message: String(error) });
+}

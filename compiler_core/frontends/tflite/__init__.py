@@ -21,11 +21,11 @@ import onnx_ir as ir
 from compiler_core.errors import ArgumentError
 from compiler_core.frontends.tflite.converters import CONVERTERS
 from compiler_core.frontends.tflite.importer import CALIBRATION_HINTS_KEY, import_graph
-from compiler_core.frontends.tflite.reader import read_tflite
+from compiler_core.frontends.tflite.reader import decode_tflite, read_tflite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_HINTS_KEY", "CONVERTERS", "describe_requirements", "load_tflite"]
+__all__ = ["CALIBRATION_HINTS_KEY", "CONVERTERS", "describe_requirements", "load_tflite", "load_tflite_bytes"]
 
 
 def load_tflite(model: Any, **_: Any) -> ir.Model:
@@ -42,6 +42,16 @@ def load_tflite(model: Any, **_: Any) -> ir.Model:
     graph = read_tflite(_as_path(model))
     logger.info("TFLite %s: %d operators, %d tensors", graph.path.name, len(graph.operators), len(graph.tensors))
     return import_graph(graph)
+
+
+def load_tflite_bytes(data: bytes, name: str | Path) -> ir.Model:
+    """Like :func:`load_tflite`, for a flatbuffer in memory (e.g. from TensorFlow's converter).
+
+    Args:
+        data: The ``.tflite`` bytes.
+        name: What to call the model in messages (its source path).
+    """
+    return import_graph(decode_tflite(data, name))
 
 
 def describe_requirements(path: str | Path) -> dict[str, Any]:

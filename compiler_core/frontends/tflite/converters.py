@@ -15,6 +15,7 @@ import struct
 from collections.abc import Callable
 
 import numpy as np
+from onnx import helper
 
 from compiler_core.frontends.tflite.builder import GraphBuilder, NotConvertible
 from compiler_core.frontends.tflite.reader import Operator
@@ -370,12 +371,11 @@ def _resize(b: GraphBuilder, op: Operator) -> None:
     batch, _, _, channels = b.shape(op.inputs[0])
     _, out_h, out_w, _ = b.shape(op.outputs[0])
     sizes = b.int64_initializer(f"{_source(b, op)}/sizes", [batch, channels, out_h, out_w])
-    bilinear, align, half = op.op_type == "RESIZE_BILINEAR", _option(op, "AlignCorners", False), \
-        _option(op, "HalfPixelCenters", False)
-    if align:
+    bilinear = op.op_type == "RESIZE_BILINEAR"
+    if _option(op, "AlignCorners", False):
         transform, nearest = "align_corners", "round_prefer_ceil"
-    elif half:
-        transform, nearest = ("half_pixel", None) if bilinear else ("tf_half_pixel_for_nn", "floor")
+    elif _option(op, "HalfPixelCenters", False):  # nearest: floor((x + 0.5) / scale) == round_prefer_ceil of the half-pixel coordinate
+        transform, nearest = "half_pixel", "round_prefer_ceil"
     else:
         transform, nearest = "asymmetric", "floor"
     _nchw_op(b, op, "Resize", [b.input(op, 0), "", "", sizes], mode="linear" if bilinear else "nearest",
@@ -415,8 +415,6 @@ def _densify(b: GraphBuilder, op: Operator) -> None:
 
 @converts("CAST")
 def _cast(b: GraphBuilder, op: Operator) -> None:
-    from onnx import helper
-
     dtype = b.graph.tensors[op.outputs[0]].dtype
     if dtype is None:
         raise NotConvertible(f"cast to {b.graph.tensors[op.outputs[0]].type_name}")

@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from compiler_core.errors import UnsupportedOpsError
+from compiler_core.errors import DynamicShapeError, UnsupportedOpsError
 from compiler_core.frontends.tflite.builder import GraphBuilder, NotConvertible, UpstreamUnavailable
 from compiler_core.frontends.tflite.converters import CONVERTERS
 from compiler_core.frontends.tflite.reader import Operator, Tensor, TFLiteGraph
@@ -35,6 +35,7 @@ def import_graph(graph: TFLiteGraph) -> ir.Model:
     Raises:
         UnsupportedOpsError: some operators have no converter or use options ONNX cannot express.
     """
+    _check_static_inputs(graph)
     builder = GraphBuilder(graph)
     failures: dict[str, list[tuple[Operator, str]]] = {}
     for op in graph.operators:
@@ -45,6 +46,26 @@ def import_graph(graph: TFLiteGraph) -> ir.Model:
     if failures:
         raise _unsupported_error(graph, failures)
     return _assemble(builder, graph)
+
+
+def _check_static_inputs(graph: TFLiteGraph) -> None:
+    """A dynamic batch is pinned to 1; other open dimensions would make every shape below a guess."""
+    for index in graph.inputs:
+        tensor = graph.tensors[index]
+        open_dims = [dim for dim in tensor.dynamic_dims if dim != 0]
+        if open_dims:
+            raise DynamicShapeError(
+                f"'{graph.path.name}': input '{tensor.name}' has dynamic dimension(s) {open_dims} "
+                f"(signature {_signature(tensor)}); TFLite stores no sizes for them.",
+                hint="Export the .tflite with a fixed input shape (e.g. a concrete function with a static "
+                     "TensorSpec, or interpreter.resize_tensor_input before conversion).",
+                input=tensor.name, file=str(graph.path))
+        if tensor.dynamic_dims:
+            logger.info("Input %s: dynamic batch pinned to %d", tensor.name, tensor.shape[0])
+
+
+def _signature(tensor: Tensor) -> list[int]:
+    return [-1 if i in tensor.dynamic_dims else dim for i, dim in enumerate(tensor.shape)]
 
 
 def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:

@@ -89,6 +89,7 @@ class Tensor:
     data: np.ndarray | None = None
     quantization: Quantization | None = None
     sparsity: Sparsity | None = None
+    dynamic_dims: tuple[int, ...] = ()
 
 
 @dataclass
@@ -136,7 +137,20 @@ def read_tflite(path: str | Path) -> TFLiteGraph:
         ModelLoadError: the file is missing, not a TFLite flatbuffer, truncated or malformed.
     """
     path = Path(path)
-    data = _read_bytes(path)
+    return decode_tflite(_read_bytes(path), path)
+
+
+def decode_tflite(data: bytes, path: str | Path) -> TFLiteGraph:
+    """Decode TFLite flatbuffer ``data`` (already read); ``path`` names it in messages.
+
+    Raises:
+        ModelLoadError: the bytes are not a TFLite flatbuffer, or are truncated or malformed.
+    """
+    path = Path(path)
+    if len(data) < 8 or data[4:8] != TFLITE_MAGIC:
+        raise ModelLoadError(f"'{path.name}' is not a TFLite model (no 'TFL3' identifier at byte 4).",
+                             hint="Pass a .tflite file, or choose the right --backend for this file.",
+                             file=str(path))
     try:
         model = tflite.Model.GetRootAsModel(data, 0)
         graph = _decode_model(model, data, path)
@@ -157,12 +171,7 @@ def _read_bytes(path: Path) -> bytes:
     if path.is_dir():
         raise ModelLoadError(f"'{path}' is a folder, not a .tflite file.", hint="Pass the .tflite file.",
                              file=str(path))
-    data = path.read_bytes()
-    if len(data) < 8 or data[4:8] != TFLITE_MAGIC:
-        raise ModelLoadError(f"'{path.name}' is not a TFLite model (no 'TFL3' identifier at byte 4).",
-                             hint="Pass a .tflite file, or choose the right --backend for this file.",
-                             file=str(path))
-    return data
+    return path.read_bytes()
 
 
 def _decode_model(model: tflite.Model, data: bytes, path: Path) -> TFLiteGraph:
@@ -208,12 +217,20 @@ def _decode_tensor(tensor: tflite.Tensor, index: int, buffers: list) -> Tensor:
     result = Tensor(index=index, name=(tensor.Name() or b"").decode(errors="replace") or f"tensor_{index}",
                     shape=shape, type_name=_TYPE_NAMES.get(type_code, str(type_code)), dtype=dtype,
                     quantization=_decode_quantization(tensor.Quantization()),
-                    sparsity=_decode_sparsity(tensor.Sparsity()))
+                    sparsity=_decode_sparsity(tensor.Sparsity()),
+                    dynamic_dims=_dynamic_dims(tensor))
     raw = buffers[tensor.Buffer()] if 0 < tensor.Buffer() < len(buffers) else None
     if raw is not None and dtype is not None:
         values = np.frombuffer(raw, dtype=dtype).copy()
         result.data = values if result.sparsity else values.reshape(shape)
     return result
+
+
+def _dynamic_dims(tensor: tflite.Tensor) -> tuple[int, ...]:
+    """Dimensions the signature leaves open (-1); ``shape`` then holds a placeholder size of 1."""
+    if tensor.ShapeSignatureLength() == 0:
+        return ()
+    return tuple(i for i, dim in enumerate(tensor.ShapeSignatureAsNumpy()) if dim < 0)
 
 
 def _decode_quantization(params: tflite.QuantizationParameters | None) -> Quantization | None:

@@ -1,0 +1,193 @@
+"""Quantization benchmark: MobileNetV2 on real photos, ours beside onnxruntime ``quantize_static``, same run.
+
+Data (``tests/realdata.py``): ``--samples`` calibration photos and ``--eval`` held-out photos from
+disjoint source scenes (skimage, scikit-learn and matplotlib photos and crops of them; a larger
+``--samples`` takes more crops per source: 42 views of 14 calibration sources, at most 588). Both
+tools calibrate on exactly the same tensors: onnxruntime's ``CalibrationDataReader`` decodes and
+preprocesses the same JPEGs with the compiler's own reader (resize short side 256 bilinear, centre
+crop 224, ImageNet normalize, CHW), inside the timed region, as ``quantize()`` does.
+
+Tools:
+
+- **ours**: ``quantize(mblt, calib, config_preset="classification")`` with every sample used for
+  calibration (``analysisHoldout 0``, ``numSamples = --samples``), in a fresh statistics cache; then
+  calibration modes 0 (Max), 2 (Histogram) and 3 (MSE) on the cached statistics. Outputs come from
+  the golden executor (``executor.run_codes`` per photo, two worker processes); ``--executor qdq``
+  runs the exported QDQ model in onnxruntime instead (within one step of the golden executor).
+- **onnxruntime**: ``quant_pre_process`` (shape inference and graph optimization, the documented step
+  before quantization; it folds BatchNorm) then ``quantize_static`` (QDQ, per-channel, MinMax, int8
+  activations and weights).
+
+Metrics on the held-out photos, against FP32 (the source ONNX in onnxruntime): top-1 agreement (same
+arg-max), top-5 agreement (the FP32 top-1 class among the quantized top 5), mean logit cosine.
+Timings are wall clock of calibration + quantization (ours: the whole ``quantize()`` call, data
+reading included; onnxruntime: ``quantize_static``, and separately ``quant_pre_process``), median of
+``--runs``; parsing to MBLT is reported apart. Ratios are ours / onnxruntime (below 1 is better for
+us); a cached mode switch is shown as a percentage of our first run.
+
+Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40] [--runs 1] [--executor golden|qdq]
+[--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+sys.path.insert(0, str(REPO_ROOT))
+
+import realdata  # noqa: E402
+import realmodels  # noqa: E402
+
+CACHED_MODES = {0: "Max", 2: "Histogram", 3: "MSE"}
+
+
+def metrics(fp32: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+    """Top-1 / top-5 agreement with FP32 and mean logit cosine."""
+    reference = fp32.argmax(1)
+    top5 = np.argsort(-logits, axis=1)[:, :5]
+    return {"top1": float(np.mean(logits.argmax(1) == reference)),
+            "top5": float(np.mean([ref in row for ref, row in zip(reference, top5)])),
+            "cosine": float(realdata.cosine(fp32, logits).mean()), "count": len(fp32)}
+
+
+def timed(function, *args, **kwargs):
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - started
+
+
+# -- ours ---------------------------------------------------------------------------------------------
+
+
+def quantize_ours(mblt: Path, calib: Path, samples: int, mode: int | None = None):
+    from compiler_core.api import quantize
+
+    calibration = {"numSamples": samples, **({"mode": mode} if mode is not None else {})}
+    return quantize(mblt, calib, config_preset="classification", preprocessing_config=realdata.IMAGENET_PREPROCESSING,
+                    calibration_config=calibration, analysis_holdout=0, analysis=False)
+
+
+def our_logits(mblt: Path, model, feeds: dict[str, np.ndarray], executor: str, folder: Path) -> np.ndarray:
+    params = model.params("logits")
+    if executor == "qdq":
+        from compiler_core.quantization.qdq import save_qdq
+
+        path = save_qdq(mblt, model, folder / f"qdq_{id(model)}.onnx")
+        return realdata.run_float(path, feeds, "logits")
+    codes = realdata.golden_codes(model, feeds, chunk=-(-len(feeds["input"]) // 2))
+    return params.dequantize(codes).astype(np.float32)
+
+
+def run_ours(mblt: Path, calib: Path, args, feeds, fp32, folder: Path) -> dict:
+    first_times, result = [], None
+    for run in range(args.runs):  # a fresh cache per run: every first run computes statistics
+        os.environ["QBCOMPILER_CACHE_DIR"] = str(folder / f"cache{run}")
+        result, seconds = timed(quantize_ours, mblt, calib, args.samples)
+        assert not result.statistics_from_cache
+        first_times.append(seconds)
+    rows = {"classification": {"seconds": statistics.median(first_times), "stages": result.timings,
+                               **metrics(fp32, our_logits(mblt, result.model, feeds, args.executor, folder))}}
+    for mode, name in CACHED_MODES.items():
+        switched, seconds = timed(quantize_ours, mblt, calib, args.samples, mode)
+        rows[f"mode {mode} ({name}), cached"] = {
+            "seconds": seconds, "from_cache": switched.statistics_from_cache, "stages": switched.timings,
+            **metrics(fp32, our_logits(mblt, switched.model, feeds, args.executor, folder))}
+    return rows
+
+
+# -- onnxruntime --------------------------------------------------------------------------------------
+
+
+def run_onnxruntime(source: Path, calib: Path, args, feeds, fp32, folder: Path) -> dict:
+    pre_times, quant_times = [], []
+    for run in range(args.runs):
+        preprocessed, seconds = timed(realdata.ort_preprocess, source, folder / f"ort_pre{run}.onnx")
+        pre_times.append(seconds)
+        output, seconds = timed(realdata.ort_quantize_static, source, calib, folder / f"ort_qdq{run}.onnx",
+                                preprocessed=preprocessed)
+        quant_times.append(seconds)
+    logits = realdata.run_float(output, feeds, "logits")
+    return {"quantize_static": {"seconds": statistics.median(quant_times),
+                                "pre_process_seconds": statistics.median(pre_times), **metrics(fp32, logits)}}
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+
+def print_table(report: dict) -> None:
+    ours, peer = report["ours"], report["onnxruntime"]["quantize_static"]
+    first = ours["classification"]["seconds"]
+    print(f"\nMobileNetV2: {report['samples']} calibration photos, {report['eval']} held-out photos "
+          f"(disjoint scenes); outputs of ours by the {report['executor']} executor")
+    print(f"{'tool / config':38s} {'top-1':>8s} {'top-5':>8s} {'cosine':>8s} {'seconds':>9s} {'vs first':>9s}")
+    for name, row in ours.items():
+        share = f"{100 * row['seconds'] / first:8.1f}%" if name != "classification" else ""
+        print(f"{'ours ' + name:38s} {row['top1']:8.3f} {row['top5']:8.3f} {row['cosine']:8.4f} "
+              f"{row['seconds']:9.2f} {share:>9s}")
+    print(f"{'onnxruntime quantize_static':38s} {peer['top1']:8.3f} {peer['top5']:8.3f} {peer['cosine']:8.4f} "
+          f"{peer['seconds']:9.2f}   (+{peer['pre_process_seconds']:.2f} s quant_pre_process)")
+    ratios = report["ratios"]
+    print(f"\ntime ours / quantize_static: {ratios['time_vs_quantize_static']:.2f}; "
+          f"ours / (pre_process + quantize_static): {ratios['time_vs_pre_process_and_quantize_static']:.2f}")
+    print(f"slowest cached mode switch: {100 * ratios['slowest_cached_switch_vs_first']:.1f} % of the first run")
+    print(f"top-1 kept, ours - onnxruntime: {ratios['top1_difference']:+.3f}; "
+          f"cosine, ours - onnxruntime: {ratios['cosine_difference']:+.4f}")
+
+
+def ratios(ours: dict, peer: dict) -> dict[str, float]:
+    first = ours["classification"]
+    switches = [row["seconds"] for name, row in ours.items() if name != "classification"]
+    return {"time_vs_quantize_static": first["seconds"] / peer["seconds"],
+            "time_vs_pre_process_and_quantize_static": first["seconds"] / (peer["seconds"] + peer["pre_process_seconds"]),
+            "slowest_cached_switch_vs_first": max(switches) / first["seconds"],
+            "top1_difference": first["top1"] - peer["top1"], "cosine_difference": first["cosine"] - peer["cosine"]}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=64, help="calibration photos (default 64)")
+    parser.add_argument("--eval", type=int, default=40, help="held-out photos (default 40)")
+    parser.add_argument("--runs", type=int, default=1, help="timed runs per tool; the median is shown")
+    parser.add_argument("--executor", choices=("golden", "qdq"), default="golden",
+                        help="run our quantized model with the golden executor or as QDQ in onnxruntime")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    import onnxruntime  # noqa: F401  (imported before any timing, for both tools)
+
+    from compiler_core.api import mblt_compile
+
+    source = realmodels.mobilenet_v2_onnx()
+    calib, evaluation = realdata.imagenet_photo_sets(args.samples, args.eval)
+    feeds = {"input": realdata.imagenet_tensors(evaluation)}
+    fp32 = realdata.run_float(source, feeds, "logits")
+    with tempfile.TemporaryDirectory(prefix="bench-quant-") as scratch:
+        folder = Path(scratch)
+        mblt, parse_seconds = timed(mblt_compile, source, folder / "mobilenet_v2.mblt",
+                                    input_shape_dict={"input": realmodels.MOBILENET_SHAPE})
+        peer = run_onnxruntime(source, calib, args, feeds, fp32, folder)
+        ours = run_ours(mblt, calib, args, feeds, fp32, folder)
+    report = {"model": "mobilenet_v2", "samples": args.samples, "eval": len(fp32), "executor": args.executor,
+              "runs": args.runs, "parse_seconds": parse_seconds, "ours": ours, "onnxruntime": peer,
+              "ratios": ratios(ours, peer["quantize_static"])}
+    print_table(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""TensorFlow / Keras frontend: SavedModel folders, ``.keras`` and ``.h5`` files, via TFLite.
+
+TensorFlow's own TFLite converter lowers the model to TFLite builtin ops (folding BatchNorm,
+resolving Keras layers and control flow that tf2onnx would have to pattern-match), and the TFLite
+frontend turns that into ONNX. Only builtin TFLite ops are allowed (no Select TF ops), and no
+quantization is applied: the compiler quantizes later. TensorFlow is an optional extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from compiler_core.errors import ArgumentError, ModelLoadError, UnsupportedOpsError
+
+logger = logging.getLogger(__name__)
+
+TF_EXTRA_HINT = "install the tf extra: pip install qbstudio[tf]"
+_KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def load_tf(model: Any, **_: Any) -> ir.Model:
+    """Load a SavedModel folder or a Keras ``.keras``/``.h5`` file as an ONNX onnx-ir model.
+
+    The model keeps TensorFlow's layout (NHWC) and its input names as TFLite gives them.
+
+    Args:
+        model: Path to a SavedModel folder (with ``saved_model.pb``) or a Keras model file.
+
+    Raises:
+        ModelLoadError: TensorFlow is not installed, or the model cannot be read or converted.
+        UnsupportedOpsError: the model uses TensorFlow ops with no TFLite builtin equivalent.
+    """
+    from compiler_core.frontends.tflite import load_tflite_bytes
+
+    path = _as_path(model)
+    tf = import_tensorflow()
+    converter = _converter(tf, path)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    try:
+        flatbuffer = converter.convert()
+    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
+        raise _conversion_error(path, error) from error
+    logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
+    return load_tflite_bytes(flatbuffer, path)
+
+
+def import_tensorflow() -> Any:
+    """The ``tensorflow`` module, or a ModelLoadError telling the user to install the tf extra."""
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        raise ModelLoadError("TensorFlow is not installed, so TensorFlow and Keras models cannot be read.",
+                             hint=TF_EXTRA_HINT) from error
+    return tf
+
+
+def _converter(tf: Any, path: Path) -> Any:
+    if path.is_dir():
+        if not (path / "saved_model.pb").exists():
+            raise ModelLoadError(f"'{path}' is a folder without saved_model.pb, so not a SavedModel.",
+                                 hint="Pass a SavedModel folder, or a .keras / .h5 file.", file=str(path))
+        return _guarded(path, lambda: tf.lite.TFLiteConverter.from_saved_model(str(path)))
+    if not path.exists():
+        raise ModelLoadError(f"Model file '{path}' does not exist.", hint="Check the path.", file=str(path))
+    if path.suffix.lower() not in _KERAS_SUFFIXES:
+        raise ModelLoadError(f"'{path.name}' is not a SavedModel folder nor a Keras model file.",
+                             hint="Pass a SavedModel folder or a .keras / .h5 file; a frozen .pb graph is "
+                                  "not supported (export a SavedModel).", file=str(path))
+    keras_model = _guarded(path, lambda: tf.keras.models.load_model(str(path), compile=False))
+    return tf.lite.TFLiteConverter.from_keras_model(keras_model)
+
+
+def _guarded(path: Path, load: Any) -> Any:
+    try:
+        return load()
+    except Exception as error:  # TF and Keras raise many types for unreadable or truncated models
+        raise ModelLoadError(f"TensorFlow cannot read '{path.name}': {_first_line(error)}",
+                             hint="Check that the file is complete and was saved by a compatible "
+                                  "TensorFlow/Keras version.", file=str(path)) from error
+
+
+def _conversion_error(path: Path, error: Exception) -> Exception:
+    """Unsupported TF ops become UnsupportedOpsError listing each (with its count); else ModelLoadError."""
+    names = re.findall(r"'?tf\.(\w+)'?", str(error))
+    if names:
+        counts: dict[str, int] = {}
+        for name in names:
+            counts[f"tf.{name}"] = counts.get(f"tf.{name}", 0) + 1
+        ops = [{"op": op, "count": count, "nodes": [], "reason": "no TFLite builtin equivalent"}
+               for op, count in counts.items()]
+        return UnsupportedOpsError(
+            f"'{path.name}' uses TensorFlow ops that TFLite builtins cannot express: {', '.join(counts)}.",
+            hint="Replace these ops in the model (Select TF ops cannot be compiled).", ops=ops, file=str(path),
+            stage="tf -> tflite")
+    return ModelLoadError(f"TensorFlow's TFLite converter failed on '{path.name}': {_first_line(error)}",
+                          hint="Check that the model runs in TensorFlow and has static input shapes.",
+                          file=str(path))
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _as_path(model: Any) -> Path:
+    if not isinstance(model, (str, Path)):
+        raise ArgumentError("The tf backend takes a path to a SavedModel folder or a .keras / .h5 file.",
+                            hint="Save the Keras model first (model.save('m.keras')) and pass the path.")
+    return Path(model)

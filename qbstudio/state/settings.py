@@ -1,0 +1,205 @@
+"""CompileSettings: the compile configuration the workbench edits, kept as a validated CompileConfig."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+from compiler_core.config import CompileConfig, deep_merge, describe_presets, preset_names
+from compiler_core.config.presets import preset_config
+from compiler_core.targets import get_device, list_devices, validate_inference_scheme
+from compiler_core.targets.devices import SCHEME_ALL
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DEVICE = "aries-rb"
+INT16_PATH = "bit.layerOverrides.activation16Bits"
+
+
+class CompileSettings:
+    """The current CompileConfig plus the preset last applied; every change is validated at once.
+
+    Values are addressed by dotted camelCase paths of the config file schema
+    (``"calibration.maxPercentile.percentile"``), so the GUI, the CLI files and this object share
+    one vocabulary.
+
+    Args:
+        config: Starting configuration (defaults, targeting :data:`DEFAULT_DEVICE`, if omitted).
+        preset: Name of the preset the configuration came from, if any.
+    """
+
+    def __init__(self, config: CompileConfig | None = None, preset: str | None = None) -> None:
+        self._config = config or CompileConfig(target_device=DEFAULT_DEVICE)
+        if not self._config.target_device:
+            self._config = self._config.model_copy(update={"target_device": DEFAULT_DEVICE})
+        self.preset = preset
+
+    @property
+    def config(self) -> CompileConfig:
+        """The validated configuration (a copy is not made: treat it as read-only)."""
+        return self._config
+
+    @property
+    def device(self) -> str:
+        """The target device string."""
+        return self._config.target_device or DEFAULT_DEVICE
+
+    def get(self, path: str) -> Any:
+        """The JSON value at dotted camelCase ``path`` (e.g. ``"calibration.mode"``)."""
+        node: Any = self._config.to_dict()
+        for key in path.split("."):
+            node = node[key]
+        return node
+
+    def set(self, path: str, value: Any) -> None:
+        """Set the value at dotted ``path``, validating the whole config.
+
+        Raises:
+            ConfigError: the value is not valid there (the config is left unchanged).
+        """
+        data = self._config.to_dict()
+        node = data
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+        self._config = CompileConfig.from_dict(data, source="settings")
+
+    def set_device(self, name: str) -> str:
+        """Target ``name``; an inference scheme the device lacks falls back to ``single``.
+
+        Returns:
+            The inference scheme in effect afterwards.
+
+        Raises:
+            ArgumentError: unknown device string.
+        """
+        profile = get_device(name)
+        scheme = self._config.inference_scheme
+        if scheme not in allowed_schemes(profile.name):
+            logger.info("inference scheme %s is not available on %s; using single", scheme, profile.name)
+            scheme = "single"
+        self._config = self._config.model_copy(update={"target_device": profile.name, "inference_scheme": scheme})
+        return scheme
+
+    def set_scheme(self, scheme: str) -> None:
+        """Set the inference scheme after checking it against the device.
+
+        Raises:
+            ArgumentError: the device does not offer ``scheme``.
+        """
+        validate_inference_scheme(self.device, scheme)
+        self.set("inferenceScheme", scheme)
+
+    def apply_preset(self, name: str) -> None:
+        """Layer preset ``name`` over the current settings (device and scheme are kept).
+
+        Raises:
+            ConfigError: unknown preset.
+        """
+        merged = deep_merge(self._config.to_dict(), preset_config(name))
+        self._config = CompileConfig.from_dict(merged, source=f"preset '{name}'")
+        self.preset = name
+
+    @property
+    def int16_layers(self) -> list[str]:
+        """Layer names/patterns whose activations are int16."""
+        return list(self._config.bit.layer_overrides.activation16_bits)
+
+    def add_int16_layer(self, name: str) -> bool:
+        """Add ``name`` to ``bit.layerOverrides.activation16Bits``; False if it was there already."""
+        layers = self.int16_layers
+        if name in layers:
+            return False
+        self.set(INT16_PATH, [*layers, name])
+        return True
+
+    def remove_int16_layer(self, name: str) -> None:
+        """Remove ``name`` from the int16 activation overrides (no error if absent)."""
+        self.set(INT16_PATH, [layer for layer in self.int16_layers if layer != name])
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        """The ``preprocessing`` section as a camelCase dict."""
+        return copy.deepcopy(self.get("preprocessing"))
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Replace the settings with a JSON/YAML config file (the CLI's schema).
+
+        Raises:
+            ConfigError: unreadable or invalid file; the settings are left unchanged.
+        """
+        config = CompileConfig.from_file(path)
+        self._config = config if config.target_device else config.model_copy(
+            update={"target_device": self.device})
+        self.preset = None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the settings as JSON or YAML (by suffix), atomically."""
+        self._config.to_file(path)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"preset": ..., "config": {camelCase config}}`` for the project file."""
+        return {"preset": self.preset, "config": self._config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompileSettings:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ConfigError: the stored config is not valid.
+        """
+        return cls(CompileConfig.from_dict(data.get("config", {}), source="project"), data.get("preset"))
+
+    def summary(self) -> str:
+        """One line for tables: device, scheme, preset and the main calibration choices."""
+        calibration = self._config.calibration
+        parts = [self.device, self._config.inference_scheme, f"mode {calibration.mode.name}",
+                 f"method {calibration.method.name}"]
+        if self.preset:
+            parts.insert(2, self.preset)
+        if self.int16_layers:
+            parts.append(f"int16 x{len(self.int16_layers)}")
+        if self._config.layer_bias_correction.apply:
+            parts.append("bias corr.")
+        return " · ".join(parts)
+
+
+def allowed_schemes(device: str) -> list[str]:
+    """Inference schemes ``device`` accepts, ``all`` included (validated by the core)."""
+    profile = get_device(device)
+    candidates = dict.fromkeys((*profile.inference_schemes, SCHEME_ALL))
+    return [scheme for scheme in candidates if _scheme_ok(profile.name, scheme)]
+
+
+def _scheme_ok(device: str, scheme: str) -> bool:
+    try:
+        validate_inference_scheme(device, scheme)
+    except Exception:  # noqa: BLE001 - any rejection means "not offered"
+        return False
+    return True
+
+
+def device_card(name: str) -> dict[str, Any]:
+    """Facts for the device card: cores, schemes, MFU, precisions, TOPS, description."""
+    profile = get_device(name)
+    return {"name": profile.name, "chip": profile.chip, "cores": profile.total_cores,
+            "clusters": profile.clusters, "schemes": allowed_schemes(profile.name), "mfu": profile.has_mfu,
+            "weights": list(profile.weight_precisions), "activations": list(profile.activation_precisions),
+            "tops": round(profile.peak_tops, 1), "float_io": profile.float_io,
+            "description": profile.description}
+
+
+def devices() -> list[str]:
+    """Every target device string."""
+    return list_devices()
+
+
+def presets() -> dict[str, str]:
+    """Preset name -> description, from the core registry."""
+    return describe_presets()
+
+
+__all__ = ["CompileSettings", "allowed_schemes", "device_card", "devices", "preset_names", "presets"]

@@ -1,0 +1,90 @@
+"""The long jobs of the workbench as plain functions (Qt-free): parse, load, compile.
+
+Each takes ``callback=`` and ``cancel_token=`` like the ``compiler_core`` API, so
+:class:`qbstudio.workers.Worker` runs them in a thread and tests can call them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from compiler_core.api import load_mblt, mblt_compile, mxq_compile
+from compiler_core.config import CompileConfig
+from compiler_core.progress import as_reporter
+from qbstudio.state.runs import read_analysis
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A parsed model ready for the graph view and the panels.
+
+    Attributes:
+        mblt_path: The MBLT file.
+        model: The MBLT loaded with onnx-ir.
+    """
+
+    mblt_path: Path
+    model: ir.Model
+
+
+def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
+                callback=None, cancel_token=None) -> LoadedModel:
+    """Parse ``source`` to ``mblt_path`` (atomic; nothing written on cancel) and load the result."""
+    reporter = as_reporter(callback, cancel_token)
+    path = mblt_compile(source, mblt_path, backend=backend, input_shape_dict=input_shapes or None, callback=reporter)
+    return open_mblt(path, callback=reporter)
+
+
+def open_mblt(mblt_path: str | Path, *, callback=None, cancel_token=None) -> LoadedModel:
+    """Load an existing MBLT."""
+    reporter = as_reporter(callback, cancel_token)
+    with reporter.stage("open", total=1, message=f"opening {Path(mblt_path).name}"):
+        model = load_mblt(mblt_path)
+        reporter.advance()
+    return LoadedModel(Path(mblt_path), model)
+
+
+@dataclass
+class CompileOutcome:
+    """What :func:`compile_run` returns.
+
+    Attributes:
+        result: ``CompileResult.to_dict()``.
+        analysis: The analysis JSON beside the MXQ (None if none was written).
+        precisions: Layer name -> precision from the quantized program.
+        duration_s: Wall time.
+    """
+
+    result: dict[str, Any]
+    analysis: dict[str, Any] | None
+    precisions: dict[str, str]
+    duration_s: float
+
+
+def compile_run(mblt_path: Path, save_path: Path, config: CompileConfig, calib_data_path: str | None,
+                use_random_calib: bool, *, callback=None, cancel_token=None) -> CompileOutcome:
+    """``compiler_core.api.mxq_compile`` into ``save_path``'s folder; the folder is removed on failure/cancel."""
+    started = time.perf_counter()
+    run_dir = save_path.parent
+    try:
+        result = mxq_compile(str(mblt_path), target_device=config.target_device, calib_data_path=calib_data_path,
+                             save_path=save_path, compile_config=config,
+                             use_random_calib=use_random_calib if not calib_data_path else None,
+                             config_save_path=run_dir / "compile_config.json", callback=callback,
+                             cancel_token=cancel_token)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    precisions = {name: row["precision"] for row in result.quantize.model.layer_table() if row.get("precision")
+                  for name in (row["name"], *row.get("nodes", []))}
+    return CompileOutcome(result.to_dict(), read_analysis(result.analysis_path), precisions,
+                          time.perf_counter() - started)

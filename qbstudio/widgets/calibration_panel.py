@@ -1,0 +1,509 @@
+"""Calibration tab: data source, preprocessing pipeline with presets, live preview with warnings, make_calib.
+
+The preview opens the data with ``compiler_core.calibration.open_calibration_data`` (the same
+reader the compile uses) in a background job and shows a few preprocessed samples with
+per-channel statistics; :func:`qbstudio.state.calibration.review_samples` turns them into warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QImage, QPixmap
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from compiler_core.calibration import InputSpec, make_calib, open_calibration_data
+from compiler_core.errors import QBCompilerError
+from compiler_core.progress import as_reporter
+from qbstudio import dialogs
+from qbstudio.state.calibration import (
+    PreprocessForm,
+    SampleStats,
+    display_image,
+    pipeline_preset,
+    pipeline_presets,
+    review_samples,
+    sample_stats,
+)
+from qbstudio.state.project import CalibrationSource
+from qbstudio.state.settings import CompileSettings
+from qbstudio.workers import JobRunner, Worker
+
+logger = logging.getLogger(__name__)
+
+PREVIEW_SAMPLES = 6
+THUMBNAIL_PX = 112
+PREVIEW_DELAY_MS = 400
+DATA_FILTER = "Calibration list or manifest (*.txt *.json)"
+
+
+@dataclass
+class Preview:
+    """What the preview job found.
+
+    Attributes:
+        total: Samples in the dataset.
+        kind: The data form (``images``, ``npy``, ``txt`` ...).
+        notes: Conversions the reader applied.
+        stats: Per-sample statistics of the first input.
+        images: Display images of the first input (None for non-image inputs).
+        spec: The first input.
+    """
+
+    total: int
+    kind: str
+    notes: list[str]
+    stats: list[SampleStats] = field(default_factory=list)
+    images: list[np.ndarray | None] = field(default_factory=list)
+    spec: InputSpec | None = None
+
+
+def load_preview(source: CalibrationSource, specs: list[InputSpec], preprocessing: dict[str, Any],
+                 count: int = PREVIEW_SAMPLES, *, callback=None, cancel_token=None) -> Preview:
+    """Open the calibration data and preprocess ``count`` samples spread over it (a worker job)."""
+    reporter = as_reporter(callback, cancel_token)
+    dataset = open_calibration_data(source.path or None, specs, preprocessing=preprocessing,
+                                    use_random_calib=source.use_random, max_samples=source.max_samples,
+                                    reporter=reporter)
+    spec = specs[0]
+    preview = Preview(len(dataset), dataset.kind, list(dataset.notes), spec=spec)
+    for index in sorted(set(np.linspace(0, len(dataset) - 1, min(count, len(dataset))).astype(int).tolist())):
+        reporter.check()
+        array = dataset.sample(index)[spec.name]
+        preview.stats.append(sample_stats(index, Path(dataset.sources[index]).name, array, spec))
+        preview.images.append(display_image(array, spec))
+    return preview
+
+
+def write_calibration_set(preprocessing: dict[str, Any], data_dir: str, save_dir: str, save_name: str,
+                          max_size: int, image_channels: int, *, callback=None, cancel_token=None) -> Path:
+    """``compiler_core.calibration.make_calib`` as a worker job; returns the ``.txt`` list."""
+    return make_calib(preprocessing, data_dir, save_dir, save_name, max_size, image_channels=image_channels,
+                      reporter=as_reporter(callback, cancel_token))
+
+
+def to_pixmap(image: np.ndarray) -> QPixmap:
+    """A QPixmap of a uint8 HxWx1 or HxWx3 array."""
+    height, width, channels = image.shape
+    kind = QImage.Format.Format_Grayscale8 if channels == 1 else QImage.Format.Format_RGB888
+    data = np.ascontiguousarray(image[..., 0] if channels == 1 else image)
+    qimage = QImage(data.data, width, height, data.strides[0], kind).copy()
+    return QPixmap.fromImage(qimage)
+
+
+class CalibrationPanel(QWidget):
+    """The Calibration tab.
+
+    Args:
+        runner: Runs the preview and make_calib jobs.
+        parent: Parent widget.
+
+    Signals:
+        changed(): the source or the preprocessing changed (the project is dirty).
+        preview_ready(object): a :class:`Preview` was shown.
+        preview_failed(object): opening the data failed (the exception).
+    """
+
+    changed = Signal()
+    preview_ready = Signal(object)
+    preview_failed = Signal(object)
+
+    def __init__(self, runner: JobRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.source = CalibrationSource()
+        self.settings = CompileSettings()
+        self.specs: list[InputSpec] = []
+        self.work_dir: Path | None = None
+        self.preview: Preview | None = None
+        self.warnings: list[str] = []
+        self._refreshing = False
+        self._rerun_preview = False
+        self._report_errors = False
+        self._timer = QTimer(self, singleShot=True, interval=PREVIEW_DELAY_MS)
+        self._timer.timeout.connect(self.refresh_preview)
+        self._build()
+
+    # ------------------------------------------------------------------ building
+
+    def _build(self) -> None:
+        left = QVBoxLayout()
+        left.addWidget(self._source_group())
+        left.addWidget(self._pipeline_group())
+        left.addStretch(1)
+        left_widget = QWidget()
+        left_widget.setLayout(left)
+        left_widget.setMaximumWidth(460)
+        layout = QHBoxLayout(self)
+        layout.addWidget(left_widget)
+        layout.addWidget(self._preview_group(), 1)
+
+    def _source_group(self) -> QGroupBox:
+        group = QGroupBox("Calibration data")
+        form = QFormLayout(group)
+        self.path_edit = QLineEdit(readOnly=True, placeholderText="No data chosen", objectName="calibPath")
+        folder = QPushButton("Folder…", clicked=self._on_choose_folder)
+        listing = QPushButton("List/manifest…", clicked=self._on_choose_file)
+        row = QHBoxLayout()
+        row.addWidget(folder)
+        row.addWidget(listing)
+        self.random_check = QCheckBox("Random data when no path is given (smoke test only)")
+        self.random_check.toggled.connect(self._on_source_option)
+        self.count_label = QLabel("", objectName="calibCount")
+        form.addRow("Source", self.path_edit)
+        form.addRow("", row)
+        form.addRow("", self.random_check)
+        form.addRow("Found", self.count_label)
+        return group
+
+    def _pipeline_group(self) -> QGroupBox:
+        group = QGroupBox("Preprocessing of raw images")
+        form = QFormLayout(group)
+        self.preset_combo = QComboBox(objectName="pipelinePreset")
+        for name, description in pipeline_presets().items():
+            self.preset_combo.addItem(name, name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, description, 3)
+        self.preset_combo.activated.connect(lambda: self.apply_preset(self.preset_combo.currentData()))
+        self.apply_check = QCheckBox("Apply the pipeline to images")
+        self.color_combo = self._combo(["", "RGB", "BGR"], "keep")
+        self.layout_combo = self._combo(["", "HWC", "CHW"], "model's")
+        form.addRow("Preset", self.preset_combo)
+        form.addRow("", self.apply_check)
+        form.addRow("Colour order", self.color_combo)
+        form.addRow("Resize", self._resize_row())
+        form.addRow("Center crop", self._crop_row())
+        form.addRow("Letterbox", self._letterbox_row())
+        form.addRow("Normalize", self._normalize_row())
+        form.addRow("", self._normalize_options())
+        form.addRow("Layout", self.layout_combo)
+        self.uint8_check = QCheckBox("uint8 model input (raw pixels; normalize fused)")
+        form.addRow("", self.uint8_check)
+        self.make_button = QPushButton("Write calibration set…", objectName="makeCalibButton",
+                                       clicked=self._on_make_calib)
+        self.make_button.setToolTip("Preprocess the images into .npy samples plus a .txt list (make_calib).")
+        form.addRow("", self.make_button)
+        for widget in (self.apply_check, self.uint8_check):
+            widget.toggled.connect(self._on_form_edited)
+        return group
+
+    def _combo(self, values: list[str], empty_label: str) -> QComboBox:
+        combo = QComboBox()
+        for value in values:
+            combo.addItem(value or f"({empty_label})", value)
+        combo.currentIndexChanged.connect(self._on_form_edited)
+        return combo
+
+    def _spin(self, low: int = 1, high: int = 8192) -> QSpinBox:
+        spin = QSpinBox(minimum=low, maximum=high)
+        spin.valueChanged.connect(self._on_form_edited)
+        return spin
+
+    def _checkbox(self, text: str) -> QCheckBox:
+        check = QCheckBox(text)
+        check.toggled.connect(self._on_form_edited)
+        return check
+
+    def _row(self, *widgets: QWidget) -> QWidget:
+        holder = QWidget()
+        row = QHBoxLayout(holder)
+        row.setContentsMargins(0, 0, 0, 0)
+        for widget in widgets:
+            row.addWidget(widget)
+        row.addStretch(1)
+        return holder
+
+    def _resize_row(self) -> QWidget:
+        self.resize_check = self._checkbox("")
+        self.keep_aspect_check = self._checkbox("short side")
+        self.resize_size, self.resize_h, self.resize_w = self._spin(), self._spin(), self._spin()
+        return self._row(self.resize_check, self.keep_aspect_check, self.resize_size, QLabel("or"),
+                         self.resize_h, QLabel("×"), self.resize_w)
+
+    def _crop_row(self) -> QWidget:
+        self.crop_check = self._checkbox("")
+        self.crop_h, self.crop_w = self._spin(), self._spin()
+        return self._row(self.crop_check, self.crop_h, QLabel("×"), self.crop_w)
+
+    def _letterbox_row(self) -> QWidget:
+        self.letterbox_check = self._checkbox("")
+        self.letterbox_h, self.letterbox_w, self.pad_spin = self._spin(), self._spin(), self._spin(0, 255)
+        return self._row(self.letterbox_check, self.letterbox_h, QLabel("×"), self.letterbox_w, QLabel("pad"),
+                         self.pad_spin)
+
+    def _normalize_row(self) -> QWidget:
+        self.normalize_check = self._checkbox("")
+        self.mean_edit = QLineEdit(placeholderText="mean, e.g. 0.485, 0.456, 0.406")
+        self.std_edit = QLineEdit(placeholderText="std")
+        for edit in (self.mean_edit, self.std_edit):
+            edit.editingFinished.connect(self._on_form_edited)
+        holder = self._row(self.normalize_check, QLabel("mean"), self.mean_edit, QLabel("std"), self.std_edit)
+        return holder
+
+    def _normalize_options(self) -> QWidget:
+        self.scale_combo = QComboBox()
+        self.scale_combo.addItem("pixels / 255 first", 1 / 255)
+        self.scale_combo.addItem("raw pixels", 1.0)
+        self.scale_combo.currentIndexChanged.connect(self._on_form_edited)
+        self.fuse_check = self._checkbox("fuse into first layer")
+        return self._row(self.scale_combo, self.fuse_check)
+
+    def _preview_group(self) -> QGroupBox:
+        group = QGroupBox("Preview (preprocessed samples)")
+        layout = QVBoxLayout(group)
+        top = QHBoxLayout()
+        self.preview_button = QPushButton("Refresh preview", clicked=self.refresh_preview)
+        self.preview_status = QLabel("", wordWrap=True)
+        top.addWidget(self.preview_button)
+        top.addWidget(self.preview_status, 1)
+        self.warning_label = QLabel("", wordWrap=True, objectName="calibWarnings")
+        self.warning_label.setTextFormat(Qt.TextFormat.RichText)
+        self.grid_holder = QWidget()
+        self.grid = QGridLayout(self.grid_holder)
+        self.grid.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        scroll = QScrollArea(widgetResizable=True)
+        scroll.setWidget(self.grid_holder)
+        layout.addLayout(top)
+        layout.addWidget(self.warning_label)
+        layout.addWidget(scroll, 1)
+        return group
+
+    # ------------------------------------------------------------------ state <-> form
+
+    def set_context(self, source: CalibrationSource, settings: CompileSettings, work_dir: Path,
+                    specs: list[InputSpec]) -> None:
+        """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
+        self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
+        self.refresh()
+        self.schedule_preview()
+
+    def refresh(self) -> None:
+        """Show the source and the settings' preprocessing in the form."""
+        self._refreshing = True
+        try:
+            self.path_edit.setText(self.source.path or "")
+            self.random_check.setChecked(self.source.use_random)
+            self._show_form(PreprocessForm.from_preprocessing(self.settings.preprocessing))
+            self.uint8_check.setChecked(self.settings.config.uint8_input.apply)
+            self.make_button.setEnabled(bool(self.source.path) and Path(self.source.path).is_dir())
+        finally:
+            self._refreshing = False
+
+    def _show_form(self, form: PreprocessForm) -> None:
+        self.apply_check.setChecked(form.apply)
+        self.color_combo.setCurrentIndex(self.color_combo.findData(form.color_order))
+        self.resize_check.setChecked(form.resize)
+        self.keep_aspect_check.setChecked(form.keep_aspect)
+        self.resize_size.setValue(form.resize_size)
+        self.resize_h.setValue(form.resize_height)
+        self.resize_w.setValue(form.resize_width)
+        self.crop_check.setChecked(form.crop)
+        self.crop_h.setValue(form.crop_height)
+        self.crop_w.setValue(form.crop_width)
+        self.letterbox_check.setChecked(form.letterbox)
+        self.letterbox_h.setValue(form.letterbox_height)
+        self.letterbox_w.setValue(form.letterbox_width)
+        self.pad_spin.setValue(form.pad_value)
+        self.normalize_check.setChecked(form.normalize)
+        self.mean_edit.setText(", ".join(f"{v:g}" for v in form.mean))
+        self.std_edit.setText(", ".join(f"{v:g}" for v in form.std))
+        self.scale_combo.setCurrentIndex(0 if form.scale < 0.1 else 1)
+        self.fuse_check.setChecked(form.fuse)
+        self.layout_combo.setCurrentIndex(self.layout_combo.findData(form.layout))
+
+    def form(self) -> PreprocessForm:
+        """The form's current values (raises ValueError for unreadable mean/std)."""
+        return PreprocessForm(
+            apply=self.apply_check.isChecked(), color_order=self.color_combo.currentData(),
+            resize=self.resize_check.isChecked(), keep_aspect=self.keep_aspect_check.isChecked(),
+            resize_size=self.resize_size.value(), resize_height=self.resize_h.value(),
+            resize_width=self.resize_w.value(), crop=self.crop_check.isChecked(), crop_height=self.crop_h.value(),
+            crop_width=self.crop_w.value(), letterbox=self.letterbox_check.isChecked(),
+            letterbox_height=self.letterbox_h.value(), letterbox_width=self.letterbox_w.value(),
+            pad_value=self.pad_spin.value(), normalize=self.normalize_check.isChecked(),
+            mean=_floats(self.mean_edit.text()), std=_floats(self.std_edit.text()),
+            scale=self.scale_combo.currentData(), fuse=self.fuse_check.isChecked(),
+            layout=self.layout_combo.currentData())
+
+    def _on_form_edited(self) -> None:
+        if self._refreshing:
+            return
+        try:
+            preprocessing = self.form().to_preprocessing()
+            self.settings.set("preprocessing", preprocessing)
+            self.settings.set("uint8Input.apply", self.uint8_check.isChecked())
+        except (ValueError, QBCompilerError) as error:
+            self.preview_status.setText(f"<span style='color:#c62828'>Invalid pipeline: {error}</span>")
+            return
+        self.changed.emit()
+        self.schedule_preview()
+
+    def apply_preset(self, name: str) -> None:
+        """Load preset ``name``'s pipeline (and its uint8 input choice) into the settings and the form."""
+        preprocessing, uint8 = pipeline_preset(name)
+        self.settings.set("preprocessing", preprocessing)
+        self.settings.set("uint8Input.apply", uint8)
+        self.refresh()
+        self.changed.emit()
+        self.schedule_preview()
+
+    # ------------------------------------------------------------------ source
+
+    def set_source(self, path: str | Path | None, *, report_errors: bool = True) -> None:
+        """Use ``path`` (folder, .txt or .json) as the calibration data and preview it."""
+        self.source.path = str(Path(path).absolute()) if path else None
+        self.refresh()
+        self.changed.emit()
+        self.refresh_preview(report_errors=report_errors)
+
+    def _on_choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Calibration images or .npy folder", self._start_dir())
+        if path:
+            self.set_source(path)
+
+    def _on_choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Calibration list or manifest", self._start_dir(), DATA_FILTER)
+        if path:
+            self.set_source(path)
+
+    def _start_dir(self) -> str:
+        return str(Path(self.source.path).parent) if self.source.path else ""
+
+    def _on_source_option(self) -> None:
+        if self._refreshing:
+            return
+        self.source.use_random = self.random_check.isChecked()
+        self.changed.emit()
+        self.schedule_preview()
+
+    # ------------------------------------------------------------------ preview
+
+    def schedule_preview(self) -> None:
+        """Refresh the preview shortly (edits in a row cause one refresh)."""
+        if self.specs and (self.source.path or self.source.use_random):
+            self._timer.start()
+
+    def refresh_preview(self, *, report_errors: bool = False) -> None:
+        """Open the data and preview it in the background (errors as a dialog if ``report_errors``)."""
+        if not self.specs:
+            self.preview_status.setText("Import a model first: the preview needs its input shapes.")
+            return
+        if self.runner.is_busy("preview"):
+            self._rerun_preview, self._report_errors = True, self._report_errors or report_errors
+            self.runner.cancel("preview")
+            return
+        self._report_errors = report_errors
+        worker = Worker("preview", load_preview, CalibrationSource(**vars(self.source)), self.specs,
+                        self.settings.preprocessing)
+        worker.succeeded.connect(self._show_preview)
+        worker.failed.connect(self._preview_error)
+        worker.finished.connect(self._preview_finished)
+        self.preview_status.setText("Reading calibration data…")
+        self.runner.start("preview", worker)
+
+    def _preview_finished(self) -> None:
+        if self._rerun_preview:
+            self._rerun_preview = False
+            QTimer.singleShot(0, lambda: self.refresh_preview(report_errors=self._report_errors))
+
+    def _preview_error(self, error: Exception) -> None:
+        self.preview = None
+        self._clear_grid()
+        message = getattr(error, "message", str(error))
+        self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
+        self.count_label.setText("—")
+        self.warning_label.setText("")
+        self.preview_failed.emit(error)
+        if self._report_errors:
+            dialogs.show_error(self, "Calibration data", error)
+
+    def _show_preview(self, preview: Preview) -> None:
+        self.preview = preview
+        self.count_label.setText(f"{preview.total} sample(s), {preview.kind}")
+        self.preview_status.setText("; ".join(preview.notes) or f"Showing {len(preview.stats)} of {preview.total}.")
+        self.warnings = review_samples(preview.stats, preview.total, preview.spec, self.form(),
+                                       uint8_input=self.settings.config.uint8_input.apply)
+        self._show_warnings()
+        self._fill_grid(preview)
+        self.preview_ready.emit(preview)
+
+    def _show_warnings(self) -> None:
+        if not self.warnings:
+            self.warning_label.setText("<span style='color:#2e7d32'>✓ No problems found in the previewed samples.</span>")
+            return
+        items = "".join(f"<li>{text}</li>" for text in self.warnings)
+        self.warning_label.setText(f"<span style='color:#b26a00'><b>Check:</b><ul>{items}</ul></span>")
+
+    def _clear_grid(self) -> None:
+        while self.grid.count():
+            item = self.grid.takeAt(0)
+            if item.widget():
+                item.widget().deleteLater()
+
+    def _fill_grid(self, preview: Preview) -> None:
+        self._clear_grid()
+        columns = 3
+        for position, (stats, image) in enumerate(zip(preview.stats, preview.images)):
+            self.grid.addWidget(self._tile(stats, image, preview.spec), position // columns, position % columns)
+
+    def _tile(self, stats: SampleStats, image: np.ndarray | None, spec: InputSpec) -> QWidget:
+        tile = QWidget()
+        layout = QVBoxLayout(tile)
+        if image is not None:
+            picture = QLabel()
+            picture.setPixmap(to_pixmap(image).scaled(THUMBNAIL_PX, THUMBNAIL_PX, Qt.AspectRatioMode.KeepAspectRatio,
+                                                      Qt.TransformationMode.FastTransformation))
+            layout.addWidget(picture)
+        caption = QLabel(f"<b>#{stats.index}</b> {stats.source}<br>{spec.name} {list(spec.shape)}<br>"
+                         + stats.describe().replace("  ", "<br>"))
+        caption.setWordWrap(True)
+        caption.setMaximumWidth(260)
+        layout.addWidget(caption)
+        return tile
+
+    # ------------------------------------------------------------------ make_calib
+
+    def _on_make_calib(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Write the calibration set into", str(self.work_dir or ""))
+        if folder:
+            self.make_calibration_set(folder)
+
+    def make_calibration_set(self, save_dir: str | Path, save_name: str = "calib_set", max_size: int = -1) -> Worker:
+        """Write ``save_dir/save_name/*.npy`` + ``save_name.txt`` from the image folder; then use the list."""
+        channels = self.specs[0].channels if self.specs and self.specs[0].channels in (1, 3) else 3
+        worker = Worker("make_calib", write_calibration_set, self.settings.preprocessing, self.source.path,
+                        str(save_dir), save_name, max_size, channels)
+        worker.succeeded.connect(self._calibration_set_written)
+        worker.failed.connect(lambda error: dialogs.show_error(self, "Cannot write the calibration set", error))
+        self.runner.start("make_calib", worker)
+        return worker
+
+    def _calibration_set_written(self, listing: Path) -> None:
+        logger.info("calibration set written: %s", listing)
+        self.set_source(listing)
+
+
+def _floats(text: str) -> list[float]:
+    values = [float(part) for part in text.replace(";", ",").split(",") if part.strip()]
+    if not values:
+        raise ValueError("give at least one number")
+    return values

@@ -1,0 +1,155 @@
+"""Runs & Compare: the table of past runs and a per-layer SQNR plot of two of them (pyqtgraph)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from qbstudio.state.runs import RunHistory, RunRecord, compare_layers
+from qbstudio.widgets.summary import human_size
+
+logger = logging.getLogger(__name__)
+
+RUN_COLUMNS = ("Run", "Finished", "Device", "Settings", "Verdict", "Min SQNR (dB)", "Cosine", "Top-1", "Size",
+               "Time (s)")
+MAX_TICKS = 24
+COLOURS = ("#1565c0", "#ef6c00")
+
+
+def run_cells(run: RunRecord) -> list[str]:
+    """The table cells of one run."""
+    head = run.headline()
+    return [f"#{run.run_id}", run.created.replace("T", " ")[:19], run.device, run.config_summary,
+            head["verdict"] or "—", _number(head["sqnr_db"], 2), _number(head["cosine"], 5),
+            "—" if head["top1"] is None else f"{head['top1'] * 100:.1f} %", human_size(run.size_bytes),
+            f"{run.duration_s:.1f}"]
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+class CompareView(QWidget):
+    """Past runs and the SQNR comparison of two of them.
+
+    Signals:
+        run_selected(int): the user selected a run in the table (its id).
+    """
+
+    run_selected = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.history = RunHistory()
+        self.table = self._make_table()
+        self.combo_a, self.combo_b = QComboBox(objectName="runA"), QComboBox(objectName="runB")
+        for combo in (self.combo_a, self.combo_b):
+            combo.currentIndexChanged.connect(self.update_plot)
+        self.plot = pg.PlotWidget(background="w")
+        self.plot.setLabel("left", "SQNR", units="dB")
+        self.plot.setLabel("bottom", "layer (ordered by run A, worst first)")
+        self.plot.showGrid(x=True, y=True, alpha=0.3)
+        self.legend = self.plot.addLegend(offset=(-10, 10))
+        self.curve_a = self.plot.plot([], [], pen=pg.mkPen(COLOURS[0], width=2), symbol="o", symbolSize=5,
+                                      symbolBrush=COLOURS[0], name="A", connect="finite")
+        self.curve_b = self.plot.plot([], [], pen=pg.mkPen(COLOURS[1], width=2), symbol="t", symbolSize=6,
+                                      symbolBrush=COLOURS[1], name="B", connect="finite")
+        self.layer_names: list[str] = []
+        self._build()
+
+    def _make_table(self) -> QTableWidget:
+        table = QTableWidget(0, len(RUN_COLUMNS), objectName="runsTable")
+        table.setHorizontalHeaderLabels(RUN_COLUMNS)
+        table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        table.verticalHeader().hide()
+        table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
+        table.itemSelectionChanged.connect(self._on_selection)
+        return table
+
+    def _build(self) -> None:
+        picker = QHBoxLayout()
+        picker.addWidget(QLabel("Compare run A"))
+        picker.addWidget(self.combo_a)
+        picker.addWidget(QLabel("with run B"))
+        picker.addWidget(self.combo_b)
+        picker.addStretch(1)
+        lower = QWidget()
+        lower_layout = QVBoxLayout(lower)
+        lower_layout.setContentsMargins(0, 0, 0, 0)
+        lower_layout.addLayout(picker)
+        lower_layout.addWidget(self.plot, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(self.table)
+        splitter.addWidget(lower)
+        splitter.setSizes([180, 400])
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+
+    def set_history(self, history: RunHistory) -> None:
+        """Show the runs of ``history`` (newest selected as B, the one before as A)."""
+        self.history = history
+        self.table.setRowCount(len(history.runs))
+        for row, run in enumerate(history.runs):
+            for column, text in enumerate(run_cells(run)):
+                item = QTableWidgetItem(text)
+                item.setData(Qt.ItemDataRole.UserRole, run.run_id)
+                self.table.setItem(row, column, item)
+        self._fill_combos()
+
+    def _fill_combos(self) -> None:
+        for combo in (self.combo_a, self.combo_b):
+            combo.blockSignals(True)
+            combo.clear()
+            for run in self.history.runs:
+                combo.addItem(run.label, run.run_id)
+            combo.blockSignals(False)
+        count = len(self.history.runs)
+        self.combo_a.setCurrentIndex(max(0, count - 2))
+        self.combo_b.setCurrentIndex(count - 1)
+        self.update_plot()
+
+    def update_plot(self) -> None:
+        """Redraw both curves with setData (the plot items are created once)."""
+        run_a = self.history.get(self.combo_a.currentData()) if self.combo_a.count() else None
+        run_b = self.history.get(self.combo_b.currentData()) if self.combo_b.count() else None
+        if run_a is None or run_b is None:
+            self.layer_names = []
+            self.curve_a.setData([], [])
+            self.curve_b.setData([], [])
+            return
+        self.layer_names, sqnr_a, sqnr_b = compare_layers(run_a, run_b)
+        x = np.arange(len(self.layer_names), dtype=float)
+        self.curve_a.setData(x, np.asarray(sqnr_a, dtype=float))
+        self.curve_b.setData(x, np.asarray(sqnr_b, dtype=float))
+        self.legend.items[0][1].setText(f"A: {run_a.label}")
+        self.legend.items[1][1].setText(f"B: {run_b.label}")
+        step = max(1, len(self.layer_names) // MAX_TICKS)
+        ticks = [(i, name[:14]) for i, name in enumerate(self.layer_names) if i % step == 0]
+        self.plot.getAxis("bottom").setTicks([ticks])
+
+    def curve_data(self) -> tuple[np.ndarray, np.ndarray]:
+        """The y values of curves A and B (for tests)."""
+        return self.curve_a.getData()[1], self.curve_b.getData()[1]
+
+    def _on_selection(self) -> None:
+        items = self.table.selectedItems()
+        if items:
+            self.run_selected.emit(items[0].data(Qt.ItemDataRole.UserRole))

@@ -1,0 +1,306 @@
+"""Compile settings: device and its card, inference scheme, preset, calibration, int16 overrides, options.
+
+Every control edits the project's :class:`~qbstudio.state.settings.CompileSettings` (validated by
+the core's CompileConfig) and the config can be loaded and saved in the CLI's JSON/YAML schema.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from compiler_core.config import CalibrationMethod, CalibrationMode, CalibrationOutput
+from compiler_core.errors import QBCompilerError
+from qbstudio import dialogs
+from qbstudio.state.settings import CompileSettings, allowed_schemes, device_card, devices, presets
+
+logger = logging.getLogger(__name__)
+
+NO_PRESET_LABEL = "(keep current settings)"
+CONFIG_FILTER = "Compile config (*.yaml *.yml *.json)"
+
+
+def card_html(name: str) -> str:
+    """Rich text of the device card."""
+    card = device_card(name)
+    rows = [("Chip", f"{card['chip']} — {card['clusters']} cluster(s), {card['cores']} core(s)"),
+            ("Peak", f"{card['tops']} TOPS INT8"), ("MFU", "yes" if card["mfu"] else "no (no LUT ops)"),
+            ("Weights", ", ".join(card["weights"])), ("Activations", ", ".join(card["activations"])),
+            ("Schemes", ", ".join(card["schemes"])), ("I/O", "float32" if card["float_io"] else "integer only")]
+    body = "".join(f"<tr><td><b>{k}</b>&nbsp;</td><td>{v}</td></tr>" for k, v in rows)
+    return f"<i>{card['description']}</i><table>{body}</table>"
+
+
+class OptionsPanel(QWidget):
+    """The Compile settings form.
+
+    Signals:
+        changed(): the settings were edited (any field).
+        device_changed(str): the target device changed.
+    """
+
+    changed = Signal()
+    device_changed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.settings = CompileSettings()
+        self._refreshing = False
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._target_group())
+        layout.addWidget(self._calibration_group())
+        layout.addWidget(self._precision_group())
+        layout.addWidget(self._options_group())
+        layout.addLayout(self._file_buttons())
+        layout.addStretch(1)
+        self.refresh()
+
+    # ------------------------------------------------------------------ building
+
+    def _target_group(self) -> QGroupBox:
+        group = QGroupBox("Target")
+        form = QFormLayout(group)
+        self.device_combo = QComboBox(objectName="deviceCombo")
+        self.device_combo.addItems(devices())
+        self.device_combo.currentTextChanged.connect(self._on_device)
+        self.device_card = QLabel(wordWrap=True, objectName="deviceCard")
+        self.scheme_combo = QComboBox(objectName="schemeCombo")
+        self.scheme_combo.currentTextChanged.connect(self._on_scheme)
+        self.preset_combo = QComboBox(objectName="presetCombo")
+        self.preset_combo.addItem(NO_PRESET_LABEL, None)
+        for name, description in presets().items():
+            self.preset_combo.addItem(name, name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, description, 3)  # ToolTipRole
+        self.preset_combo.activated.connect(self._on_preset)
+        self.preset_label = QLabel(wordWrap=True, styleSheet="color: #555")
+        form.addRow("Device", self.device_combo)
+        form.addRow("", self.device_card)
+        form.addRow("Inference scheme", self.scheme_combo)
+        form.addRow("Preset", self.preset_combo)
+        form.addRow("", self.preset_label)
+        return group
+
+    def _calibration_group(self) -> QGroupBox:
+        group = QGroupBox("Calibration")
+        form = QFormLayout(group)
+        self.method_combo = self._enum_combo(CalibrationMethod, "calibration.method")
+        self.output_combo = self._enum_combo(CalibrationOutput, "calibration.output")
+        self.mode_combo = self._enum_combo(CalibrationMode, "calibration.mode")
+        self.percentile_spin = self._double_spin("calibration.maxPercentile.percentile", 0.0001, 1.0, 6, 0.0001)
+        self.topk_spin = self._double_spin("calibration.maxPercentile.topkRatio", 0.0, 1.0, 4, 0.001)
+        self.samples_spin = self._int_spin("calibration.numSamples", 1, 100_000)
+        self.holdout_spin = self._int_spin("analysisHoldout", 0, 10_000)
+        for label, widget in (("Method", self.method_combo), ("Output", self.output_combo),
+                              ("Mode", self.mode_combo), ("Percentile", self.percentile_spin),
+                              ("Top-k ratio", self.topk_spin), ("Samples", self.samples_spin),
+                              ("Held out for analysis", self.holdout_spin)):
+            form.addRow(label, widget)
+        return group
+
+    def _precision_group(self) -> QGroupBox:
+        group = QGroupBox("int16 activation layers (bit.layerOverrides.activation16Bits)")
+        layout = QVBoxLayout(group)
+        self.int16_list = QListWidget(objectName="int16List")
+        self.int16_list.setMaximumHeight(110)
+        self.int16_edit = QLineEdit(placeholderText="Layer name or glob pattern, e.g. *softmax*")
+        self.int16_edit.returnPressed.connect(self._on_add_int16)
+        add = QPushButton("Add")
+        add.clicked.connect(self._on_add_int16)
+        remove = QPushButton("Remove")
+        remove.clicked.connect(self._on_remove_int16)
+        row = QHBoxLayout()
+        row.addWidget(self.int16_edit, 1)
+        row.addWidget(add)
+        row.addWidget(remove)
+        layout.addWidget(self.int16_list)
+        layout.addLayout(row)
+        return group
+
+    def _options_group(self) -> QGroupBox:
+        group = QGroupBox("Options")
+        layout = QVBoxLayout(group)
+        self.bias_check = self._check("Layer bias correction", "layerBiasCorrection.apply")
+        self.offload_check = self._check("CPU offload of unsupported head/tail layers", "cpuOffload")
+        self.uint8_check = self._check("uint8 input (raw pixels)", "uint8Input.apply")
+        for widget in (self.bias_check, self.offload_check, self.uint8_check):
+            layout.addWidget(widget)
+        return group
+
+    def _file_buttons(self) -> QHBoxLayout:
+        row = QHBoxLayout()
+        load = QPushButton("Load config…", objectName="loadConfigButton")
+        load.clicked.connect(self._on_load_clicked)
+        save = QPushButton("Save config…", objectName="saveConfigButton")
+        save.clicked.connect(self._on_save_clicked)
+        self.config_label = QLabel(styleSheet="color: #555")
+        row.addWidget(load)
+        row.addWidget(save)
+        row.addWidget(self.config_label, 1)
+        return row
+
+    def _enum_combo(self, kind: Any, path: str) -> QComboBox:
+        combo = QComboBox()
+        for member in kind:
+            combo.addItem(f"{member.value} {member.name}", int(member.value))
+        combo.currentIndexChanged.connect(lambda: self._edit(path, combo.currentData()))
+        return combo
+
+    def _double_spin(self, path: str, low: float, high: float, decimals: int, step: float) -> QDoubleSpinBox:
+        spin = QDoubleSpinBox(decimals=decimals, minimum=low, maximum=high, singleStep=step)
+        spin.valueChanged.connect(lambda value: self._edit(path, value))
+        return spin
+
+    def _int_spin(self, path: str, low: int, high: int) -> QSpinBox:
+        spin = QSpinBox(minimum=low, maximum=high)
+        spin.valueChanged.connect(lambda value: self._edit(path, value))
+        return spin
+
+    def _check(self, text: str, path: str) -> QCheckBox:
+        check = QCheckBox(text)
+        check.toggled.connect(lambda value: self._edit(path, value))
+        return check
+
+    # ------------------------------------------------------------------ state <-> widgets
+
+    def set_settings(self, settings: CompileSettings) -> None:
+        """Edit ``settings`` (the project's object) from now on."""
+        self.settings = settings
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Show the current settings in every control."""
+        self._refreshing = True
+        try:
+            self._refresh_target()
+            config = self.settings.config
+            self._select_data(self.method_combo, int(config.calibration.method))
+            self._select_data(self.output_combo, int(config.calibration.output))
+            self._select_data(self.mode_combo, int(config.calibration.mode))
+            self.percentile_spin.setValue(config.calibration.max_percentile.percentile)
+            self.topk_spin.setValue(config.calibration.max_percentile.topk_ratio)
+            self.samples_spin.setValue(config.calibration.num_samples)
+            self.holdout_spin.setValue(config.analysis_holdout)
+            self.int16_list.clear()
+            self.int16_list.addItems(self.settings.int16_layers)
+            self.bias_check.setChecked(config.layer_bias_correction.apply)
+            self.offload_check.setChecked(config.cpu_offload)
+            self.uint8_check.setChecked(config.uint8_input.apply)
+        finally:
+            self._refreshing = False
+
+    def _refresh_target(self) -> None:
+        device = self.settings.device
+        self.device_combo.setCurrentText(device)
+        self.device_card.setText(card_html(device))
+        self.scheme_combo.clear()
+        self.scheme_combo.addItems(allowed_schemes(device))
+        self.scheme_combo.setCurrentText(self.settings.config.inference_scheme)
+        preset = self.settings.preset
+        self._select_data(self.preset_combo, preset)
+        self.preset_label.setText(presets().get(preset, "") if preset else "")
+
+    @staticmethod
+    def _select_data(combo: QComboBox, value: Any) -> None:
+        combo.setCurrentIndex(max(0, combo.findData(value)))
+
+    # ------------------------------------------------------------------ edits
+
+    def _apply(self, action: Callable[[], Any], title: str = "Invalid setting") -> bool:
+        try:
+            action()
+        except QBCompilerError as error:
+            dialogs.show_error(self, title, error)
+            self.refresh()
+            return False
+        self.refresh()
+        self.changed.emit()
+        return True
+
+    def _edit(self, path: str, value: Any) -> None:
+        if not self._refreshing and self.settings.get(path) != value:
+            self._apply(lambda: self.settings.set(path, value))
+
+    def _on_device(self, name: str) -> None:
+        if not self._refreshing and name and name != self.settings.device:
+            self.set_device(name)
+
+    def set_device(self, name: str) -> None:
+        """Target ``name`` (schemes it lacks fall back to single) and announce it."""
+        if self._apply(lambda: self.settings.set_device(name)):
+            self.device_changed.emit(self.settings.device)
+
+    def _on_scheme(self, scheme: str) -> None:
+        if not self._refreshing and scheme and scheme != self.settings.config.inference_scheme:
+            self._apply(lambda: self.settings.set_scheme(scheme))
+
+    def _on_preset(self) -> None:
+        name = self.preset_combo.currentData()
+        if name:
+            self.apply_preset(name)
+
+    def apply_preset(self, name: str) -> None:
+        """Layer preset ``name`` over the current settings."""
+        self._apply(lambda: self.settings.apply_preset(name), "Cannot apply preset")
+
+    def add_int16_layer(self, name: str) -> None:
+        """Add a layer (or pattern) to the int16 activation overrides."""
+        if name.strip():
+            self._apply(lambda: self.settings.add_int16_layer(name.strip()))
+
+    def _on_add_int16(self) -> None:
+        self.add_int16_layer(self.int16_edit.text())
+        self.int16_edit.clear()
+
+    def _on_remove_int16(self) -> None:
+        names = [item.text() for item in self.int16_list.selectedItems()]
+        self._apply(lambda: [self.settings.remove_int16_layer(name) for name in names])
+
+    def load_config(self, path: str | Path) -> bool:
+        """Replace the settings with a config file; an invalid file shows an error and changes nothing."""
+        device = self.settings.device
+        ok = self._apply(lambda: self.settings.load(path), "Cannot load compile config")
+        if ok:
+            self.config_label.setText(f"Loaded {Path(path).name}")
+            if self.settings.device != device:
+                self.device_changed.emit(self.settings.device)
+        return ok
+
+    def save_config(self, path: str | Path) -> bool:
+        """Write the settings as JSON or YAML (by suffix)."""
+        try:
+            self.settings.save(path)
+        except QBCompilerError as error:
+            dialogs.show_error(self, "Cannot save compile config", error)
+            return False
+        self.config_label.setText(f"Saved {Path(path).name}")
+        return True
+
+    def _on_load_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load compile config", "", CONFIG_FILTER)
+        if path:
+            self.load_config(path)
+
+    def _on_save_clicked(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save compile config", "compile_config.yaml", CONFIG_FILTER)
+        if path:
+            self.save_config(path)

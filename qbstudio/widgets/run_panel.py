@@ -1,0 +1,99 @@
+"""The compile controls: Compile / Cancel, stage progress, elapsed time, and the summary of the last run."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+
+from compiler_core.progress import ProgressEvent
+from qbstudio.widgets.summary import CompileSummary
+
+logger = logging.getLogger(__name__)
+
+
+class RunPanel(QWidget):
+    """Compile button, progress of the running compile, and its summary.
+
+    Signals:
+        compile_requested(): the user pressed Compile.
+        cancel_requested(): the user pressed Cancel.
+    """
+
+    compile_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.compile_button = QPushButton("Compile", objectName="compileButton")
+        self.compile_button.setStyleSheet("QPushButton { font-weight: bold; padding: 4px 18px; }")
+        self.compile_button.clicked.connect(self.compile_requested)
+        self.cancel_button = QPushButton("Cancel", objectName="cancelButton", enabled=False)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.stage_label = QLabel("Idle", objectName="stageLabel")
+        self.elapsed_label = QLabel("", objectName="elapsedLabel")
+        self.progress = QProgressBar(objectName="stageProgress")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.summary = CompileSummary(self)
+        self._started = 0.0
+        self._clock = QTimer(self, interval=200)
+        self._clock.timeout.connect(self._tick)
+        self._build()
+
+    def _build(self) -> None:
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.compile_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.stage_label, 1)
+        buttons.addWidget(self.elapsed_label)
+        layout = QVBoxLayout(self)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.summary, 1)
+
+    @property
+    def running(self) -> bool:
+        """Whether a compile is shown as running."""
+        return self._clock.isActive()
+
+    def started(self) -> None:
+        """Switch to the running state."""
+        self._started = time.perf_counter()
+        self.compile_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.stage_label.setText("Starting…")
+        self.progress.setRange(0, 0)
+        self._clock.start()
+        self._tick()
+
+    def show_progress(self, event: ProgressEvent) -> None:
+        """Show one progress event (busy indicator when the total is unknown)."""
+        text = event.message or event.stage
+        self.stage_label.setText(f"<b>{event.stage}</b> — {text}" if text != event.stage else f"<b>{text}</b>")
+        if event.total:
+            self.progress.setRange(0, event.total)
+            self.progress.setValue(min(event.done, event.total))
+        else:
+            self.progress.setRange(0, 0)
+
+    def finished(self, outcome: str) -> None:
+        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``)."""
+        self._clock.stop()
+        self._tick()
+        self.compile_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.stage_label.setText(outcome)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1 if outcome == "Done" else 0)
+
+    def set_can_compile(self, enabled: bool, reason: str = "") -> None:
+        """Enable Compile (when idle); ``reason`` says why not."""
+        self.compile_button.setEnabled(enabled and not self.running)
+        self.compile_button.setToolTip(reason)
+
+    def _tick(self) -> None:
+        if self._started:
+            self.elapsed_label.setText(f"{time.perf_counter() - self._started:.1f} s")

@@ -1,0 +1,128 @@
+"""The compile summary: MXQ path and size, device, core modes, accuracy metrics, worst layers first."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from qbstudio.state.runs import RunRecord
+
+logger = logging.getLogger(__name__)
+
+LAYER_COLUMNS = ("Layer", "Op", "Precision", "SQNR (dB)", "Verdict")
+VERDICT_COLOURS = {"ok": "#2e7d32", "warn": "#b26a00", "bad": "#c62828"}
+
+
+def human_size(size: int) -> str:
+    """``1.2 MB`` style size."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def open_folder(path: str | Path) -> bool:
+    """Open the folder holding ``path`` in the desktop's file manager (module-level: tests replace it)."""
+    return QDesktopServices.openUrl(QUrl.fromLocalFile(str(Path(path).parent)))
+
+
+def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
+    """(label, text) pairs of the accuracy metrics."""
+    head = run.headline()
+    verdict = head["verdict"] or "—"
+    colour = VERDICT_COLOURS.get(verdict, "#333")
+    rows = [("Verdict", f"<b style='color:{colour}'>{verdict}</b>")]
+    if head["sqnr_db"] is not None:
+        rows.append(("Min output SQNR", f"{head['sqnr_db']:.2f} dB"))
+    if head["cosine"] is not None:
+        rows.append(("Mean output cosine", f"{head['cosine']:.5f}"))
+    if head["top1"] is not None:
+        rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %"))
+    samples = run.samples
+    if samples:
+        rows.append(("Samples", f"{samples.get('calibration', 0)} calibration, {samples.get('holdout', 0)} held out"))
+    return rows
+
+
+class CompileSummary(QWidget):
+    """Shows one :class:`RunRecord`."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.run: RunRecord | None = None
+        self.header = QLabel(objectName="summaryHeader", wordWrap=True)
+        self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.metrics = QFormLayout()
+        metrics_box = QGroupBox("Accuracy (FP32 vs quantized, held-out samples)")
+        metrics_box.setLayout(self.metrics)
+        self.layers = QTableWidget(0, len(LAYER_COLUMNS), objectName="worstLayers")
+        self.layers.setHorizontalHeaderLabels(LAYER_COLUMNS)
+        self.layers.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.layers.verticalHeader().hide()
+        self.layers.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.layers.horizontalHeader().setStretchLastSection(True)
+        self.show_button = QPushButton("Show in folder", objectName="showInFolder")
+        self.show_button.clicked.connect(lambda: self.run and open_folder(self.run.mxq_path))
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.show_button)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.header)
+        layout.addLayout(buttons)
+        layout.addWidget(metrics_box)
+        layout.addWidget(QLabel("Per-layer SQNR, worst first:"))
+        layout.addWidget(self.layers, 1)
+        self.show_run(None)
+
+    def show_run(self, run: RunRecord | None) -> None:
+        """Show ``run`` (None: the 'no compile yet' hint)."""
+        self.run = run
+        self.show_button.setEnabled(run is not None)
+        while self.metrics.rowCount():
+            self.metrics.removeRow(0)
+        self.layers.setRowCount(0)
+        if run is None:
+            self.header.setText("<i>No compile yet. Choose calibration data and settings, then press Compile.</i>")
+            return
+        exists = Path(run.mxq_path).is_file()
+        missing = "" if exists else " <span style='color:#c62828'>(file missing)</span>"
+        self.header.setText(
+            f"<b>Run #{run.run_id}</b> — {run.created}<br><b>MXQ</b> {run.mxq_path}{missing} "
+            f"({human_size(run.size_bytes)})<br><b>Device</b> {run.device} · <b>core modes</b> "
+            f"{', '.join(run.core_modes)} · {run.duration_s:.1f} s<br><small>{run.config_summary}</small>")
+        for label, text in metric_rows(run):
+            self.metrics.addRow(label, QLabel(text))
+        self._fill_layers(run)
+
+    def _fill_layers(self, run: RunRecord) -> None:
+        rows = run.worst_layers()
+        self.layers.setRowCount(len(rows))
+        for index, row in enumerate(rows):
+            sqnr = row.get("sqnr_db")
+            values = (row.get("layer"), row.get("op"), row.get("precision"),
+                      f"{sqnr:.2f}" if isinstance(sqnr, (int, float)) else "—", row.get("verdict"))
+            for column, value in enumerate(values):
+                self.layers.setItem(index, column, QTableWidgetItem(str(value or "")))
+
+    def layer_names(self) -> list[str]:
+        """Layer names in the table, top to bottom (for tests)."""
+        return [self.layers.item(r, 0).text() for r in range(self.layers.rowCount())]
