@@ -26,7 +26,7 @@ run: setup
 	$(VENV)/bin/qbcompiler run --mxq build/sample/model.mxq --input $(SAMPLE)/test --labels $(SAMPLE)/labels.txt --top-k 1
 
 lint: setup
-	$(VENV)/bin/ruff check compiler_core tests bench scripts
+	$(VENV)/bin/ruff check compiler_core qbstudio tests bench scripts
 
 test: setup lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15

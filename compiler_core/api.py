@@ -46,7 +46,7 @@ def parse_model(
     backend = backend or (detect_backend(model) if is_path else "torch")
     constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
     with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
-        source = load_source(model, backend, **frontend_options)
+        source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
         reporter.advance()
     graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
     provenance = make_provenance(

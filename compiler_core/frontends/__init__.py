@@ -36,7 +36,20 @@ def _load_tf(model: Any, **options: Any) -> ir.Model:
     return load_tf(model, **options)
 
 
-FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx, "tflite": _load_tflite, "tf": _load_tf}
+def _load_torch(model: Any, **options: Any) -> ir.Model:
+    from compiler_core.frontends.torch import load_torch
+
+    return load_torch(model, **options)
+
+
+def _load_torchscript(model: Any, **options: Any) -> ir.Model:
+    from compiler_core.frontends.torchscript import load_torchscript
+
+    return load_torchscript(model, **options)
+
+
+FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx, "tflite": _load_tflite, "tf": _load_tf,
+                                "torch": _load_torch, "torchscript": _load_torchscript}
 """Registry: backend name -> loader(model, **options) returning an onnx-ir model."""
 
 
@@ -48,7 +61,7 @@ def detect_backend(path: str | Path) -> str:
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    by_suffix = {".onnx": "onnx", ".mblt": "onnx", ".tflite": "tflite", ".pt2": "torch",
+    by_suffix = {".onnx": "onnx", ".mblt": "onnx", ".tflite": "tflite", ".pt2": "torch", ".pth": "torch",
                  ".jit": "torchscript", ".keras": "tf", ".h5": "tf", ".hdf5": "tf", ".pb": "tf"}
     if suffix in by_suffix:
         return by_suffix[suffix]
@@ -58,11 +71,16 @@ def detect_backend(path: str | Path) -> str:
         if (path / "config.json").exists():
             return "torch"
     if path.is_file():
-        head = path.read_bytes()[:8]
+        with path.open("rb") as handle:
+            head = handle.read(8)
         if head[4:8] == b"TFL3":
             return "tflite"
-        if head[:2] == b"PK":
-            return "torchscript"
+        if head[:2] == b"PK":  # torch.save and torch.jit.save both write zip archives
+            from compiler_core.frontends.torch import is_torchscript_archive
+
+            return "torchscript" if is_torchscript_archive(path) else "torch"
+        if head[:1] == b"\x80":  # a pre-zip torch.save pickle
+            return "torch"
     raise ModelLoadError(f"Cannot tell the kind of model from '{path.name}'.",
                          hint=f"Pass --backend (one of: {', '.join(BACKENDS)}).", file=str(path))
 
