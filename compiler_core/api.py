@@ -45,6 +45,10 @@ def parse_model(
     is_path = isinstance(model, (str, Path))
     backend = backend or (detect_backend(model) if is_path else "torch")
     constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
+    if backend in ("torch", "torchscript") and constants:  # bound arguments are forward() arguments there
+        scalars = {name: value.item() if value.size == 1 else value for name, value in constants.items()}
+        frontend_options["feed_dict"] = {**scalars, **(frontend_options.get("feed_dict") or {})}
+        constants = {}
     with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
         source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
         reporter.advance()

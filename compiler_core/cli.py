@@ -141,7 +141,7 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     started = time.perf_counter()
     path = mblt_compile(args.model, output, backend=config.backend, target_device=config.target_device,
                         input_shape_dict=config.input_shape_dict, constant_inputs=_bind_pairs(args.bind_input),
-                        callback=out.progress)
+                        callback=out.progress, **_frontend_options(args))
     elapsed = time.perf_counter() - started
     summary = _mblt_summary(path)
     payload = {"command": "parse", "output": str(path), "seconds": round(elapsed, 3), **summary,
@@ -352,7 +352,7 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
     started = time.perf_counter()
     options = {"input_shape_dict": _shape_pairs(getattr(args, "input_shape", None)) or None,
                "constant_inputs": _bind_pairs(getattr(args, "bind_input", None)) or None,
-               "backend": getattr(args, "backend", None)}
+               "backend": getattr(args, "backend", None), **_frontend_options(args)}
     result = mxq_compile(model, target_device=args.target_device, calib_data_path=args.calib_data_path,
                          save_path=args.output, compile_config=args.compile_config, config_preset=args.config_preset,
                          use_random_calib=args.use_random_calib or None, cpu_offload=args.cpu_offload,
@@ -404,6 +404,11 @@ def _quantize_text(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _frontend_options(args: argparse.Namespace) -> dict[str, Any]:
+    options = {"submodule": getattr(args, "submodule", None), "allow_pickle": getattr(args, "allow_pickle", False)}
+    return {key: value for key, value in options.items() if value}
+
+
 def _resolve_config(args: argparse.Namespace):
     """The CompileConfig from --compile-config/--config-preset with the explicit flags on top."""
     from compiler_core.config import resolve_config
@@ -427,7 +432,8 @@ def _support_report_for_model(args: argparse.Namespace, out: Output):
 
     get_device(args.target_device)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
-                           constant_inputs=_bind_pairs(args.bind_input), callback=out.progress)
+                           constant_inputs=_bind_pairs(args.bind_input), callback=out.progress,
+                           **_frontend_options(args))
     return check_support(graph, args.target_device)
 
 
@@ -464,7 +470,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                         help="static shape for an input with dynamic dims (repeatable)")
     parser.add_argument("--bind-input", action="append", metavar="NAME=VALUE",
-                        help="bind an input to a constant, e.g. sr=16000 (repeatable)")
+                        help="bind an input (torch: a forward() argument) to a constant, e.g. sr=16000")
+    parser.add_argument("--submodule", help="torchscript/torch: export this child module (e.g. _model)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="torch: load a pickled full module (this runs code from the file)")
 
 
 def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool = True) -> None:
