@@ -223,6 +223,7 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
                             constant_inputs=constant_inputs, callback=reporter)
+        kwargs.setdefault("model_path", [str(model)] if isinstance(model, (str, Path)) else None)
         return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
                                      save_path=save_path, callback=reporter, **kwargs)
 
@@ -237,8 +238,11 @@ def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None,
     from compiler_core.config import resolve_config
 
     reporter = as_reporter(callback, cancel_token)
-    config = resolve_config(compile_config=compile_config, config_preset=config_preset,
-                            target_device=target_device, **config_args)
+    config_args.setdefault("model_path", [str(mblt)])
+    paths = [calib_data_path] if isinstance(calib_data_path, (str, Path)) else calib_data_path
+    config = resolve_config(compile_config=compile_config, config_preset=config_preset, target_device=target_device,
+                            save_path=[str(save_path)], calib_data_path=[str(p) for p in paths] if paths else None,
+                            **config_args)
     return compile_mblt(Path(mblt), Path(save_path), config, reporter=reporter, calib_data_path=calib_data_path,
                         config_save_path=Path(config_save_path) if config_save_path else None)
 

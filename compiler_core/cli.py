@@ -201,14 +201,12 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     else:
         report = _validate_mblt(path)
     payload = {"command": "validate", "file": str(path), **report}
-    text = (f"{path.name}: OK ({payload.get('kind', 'MXQ')})" if payload.get("ok")
-            else f"{path.name}: INVALID: {'; '.join(payload.get('problems', []))}")
-    out.result(payload, text)
     if not payload.get("ok"):
         from compiler_core.errors import MxqFormatError
 
         raise MxqFormatError(f"{path.name} is invalid: {'; '.join(payload.get('problems', []))}.",
                              hint="Compile or parse it again.", file=str(path))
+    out.result(payload, f"{path.name}: OK ({payload.get('kind', 'MXQ')})")
     return payload
 
 
@@ -580,6 +578,8 @@ def _configure_logging(verbosity: int, out: Output) -> None:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv``; returns the exit code."""
     out: Output = JsonlOutput() if os.environ.get("QBCOMPILER_JSONL") == "1" else Output()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
     try:
         args = build_parser().parse_args(argv)
         out.quiet = args.quiet
@@ -604,6 +604,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         out.error(InternalError(f"Unexpected {type(error).__name__}: {error}.",
                                 hint="Please report this with the output of the same command run with -vv."))
         return EXIT_ERROR
+    finally:
+        root.handlers[:] = saved[0]  # in-process callers keep their own logging set-up
+        root.setLevel(saved[1])
 
 
 def main() -> None:

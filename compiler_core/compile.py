@@ -84,10 +84,9 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     document, consts = to_document(result.model)
     document["schedule"] = schedule
     meta = _meta(graph, mblt_path, device, core_modes, config, result, parts)
-    with reporter.stage("write", total=1, message=f"writing {save_path}"):
-        written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
-                            cpu=_cpu_blobs(parts), calib=_calib(result), reporter=reporter)
-        reporter.advance()
+    # write_mxq checks for cancellation until the rename; after it the MXQ exists and nothing may cancel.
+    written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
+                        cpu=_cpu_blobs(parts), calib=_calib(result), reporter=reporter)
     analysis_path = _write_analysis(written, result)
     saved_config = Path(atomic_write_text(config_save_path, json.dumps(
         config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None

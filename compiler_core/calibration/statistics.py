@@ -319,6 +319,9 @@ class TensorAccumulator:
 
     def _channel_sums(self, grouped: np.ndarray) -> np.ndarray:
         # A BLAS matrix-vector product is ~3x faster than numpy's pairwise sum and as accurate here.
+        # Tensors holding -3.4e38 masks would overflow float32 sums: those take the float64 path.
+        if float(np.abs(grouped).max(initial=0.0)) > 1e30:
+            return grouped.astype(np.float64).sum(axis=(0, 2))
         before, channels, after = grouped.shape
         if after > 1:
             return (grouped @ self._ones).sum(axis=0, dtype=np.float64)

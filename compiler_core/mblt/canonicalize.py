@@ -25,6 +25,7 @@ from onnxscript.utils import metadata_merger
 from compiler_core.errors import ArgumentError, DynamicShapeError, InvalidModelError, UnsupportedOpsError
 from compiler_core.mblt import opset
 from compiler_core.mblt.naming import assign_canonical_names
+from compiler_core.mblt.recurrent import decompose_lstms
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -206,6 +207,7 @@ _CONV_AFFINE_RULES = RewriteRuleSet([common_rules.conv_affine_fusion_rule], comm
 
 def _legalize(model: ir.Model) -> None:
     """Apply our fusions and decompositions, then fold whatever they exposed."""
+    decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
     rewriter.rewrite(model, pattern_rewrite_rules=[*MBLT_REWRITE_RULES, *_CONV_AFFINE_RULES])
     onnxscript.optimizer.optimize_ir(
         model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,

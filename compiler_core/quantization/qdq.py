@@ -125,11 +125,14 @@ def _linear_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
     input_scale = float(model.params(op.inputs[0]).scale)
     codes = op.consts["weight"]
     weight_scale = np.asarray(op.attrs["weight_scale"])
-    weight, axis = _weight_layout(main, codes)
-    main.replace_input_with(1, _dequantized(graph, f"{op.name}.weight", weight, weight_scale, axis=axis))
+    if main.op_type == "ConvTranspose":
+        main.replace_input_with(1, _transposed_weight(graph, op, codes, weight_scale))
+    else:
+        weight, axis = _weight_layout(main, codes)
+        main.replace_input_with(1, _dequantized(graph, f"{op.name}.weight", weight, weight_scale, axis=axis))
     bias = _dequantized(graph, f"{op.name}.bias", op.consts["bias"].astype(np.int32), input_scale * weight_scale,
                         axis=0)
-    if main.op_type in ("Conv", "Gemm"):
+    if main.op_type in ("Conv", "ConvTranspose", "Gemm"):
         if len(main.inputs) > 2:
             main.replace_input_with(2, bias)
         else:
@@ -160,6 +163,32 @@ def _append_bias(graph: ir.Graph, main: ir.Node, bias: ir.Value) -> None:
         node.replace_input_with(index, add.outputs[0])
     if output.is_graph_output():
         graph.outputs[graph.outputs.index(output)] = add.outputs[0]
+
+
+def _transposed_weight(graph: ir.Graph, op: IntOp, codes: np.ndarray, weight_scale: np.ndarray) -> ir.Value:
+    """ConvTranspose weights ``[Cin, Cout/g, k...]``: the output channel is axis 1 (within a group).
+
+    With one group the per-channel scales go on axis 1. With several, output channel ``o`` of group
+    ``g`` is ``g * Cout/g + o``, which no single ``DequantizeLinear`` axis expresses, so the codes are
+    dequantized with scale 1 (exact) and multiplied by the per-element float32 scales (one rounding,
+    as in ``DequantizeLinear``).
+    """
+    from compiler_core.quantization.kernels.linear import convolution_weight_as_transposed
+
+    groups = int(op.attrs["group"])
+    weight = convolution_weight_as_transposed(codes, groups)
+    if groups == 1:
+        return _dequantized(graph, f"{op.name}.weight", weight, weight_scale, axis=1)
+    in_channels, out_per_group = weight.shape[:2]
+    scales = weight_scale.reshape(groups, 1, out_per_group)
+    scales = np.broadcast_to(scales, (groups, in_channels // groups, out_per_group)).reshape(in_channels, out_per_group)
+    unit = _dequantized(graph, f"{op.name}.weight", weight, 1.0)
+    scale_value = _constant(graph, f"{op.name}.weight.channel_scale",
+                            scales.reshape(*scales.shape, *[1] * (weight.ndim - 2)).astype(np.float32))
+    node = ir.node("Mul", [unit, scale_value], name=f"{op.name}.weight.scale")
+    node.outputs[0].name = f"{op.name}.weight.scaled"
+    graph.append(node)
+    return node.outputs[0]
 
 
 def _weight_layout(main: ir.Node, codes: np.ndarray) -> tuple[np.ndarray, int]:

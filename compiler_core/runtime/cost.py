@@ -70,9 +70,9 @@ def estimate(model: QuantizedModel, device: DeviceProfile, mode: str) -> Estimat
     compute = sum(_op_seconds(op, model.shapes, device) for op in model.ops)
     weight_bytes = sum(op.consts["weight"].nbytes for op in model.ops if "weight" in op.consts)
     cores = MODE_CORES[mode]
-    sram = device.sram_bytes_per_core * cores
-    transfer = 0.0 if weight_bytes <= sram else weight_bytes / device.dram_bandwidth_bytes_per_s
     parallel = cores if mode.startswith("global") else 1  # global modes split one inference over cores
+    sram = device.sram_bytes_per_core * parallel  # single/multi: each core holds its own instance
+    transfer = 0.0 if weight_bytes <= sram else weight_bytes / device.dram_bandwidth_bytes_per_s
     latency = compute / (parallel * MODE_SCALING[mode]) + transfer
     instances = max(1, (device.clusters * device.cores_per_cluster) // parallel)
     throughput = instances / latency

@@ -69,5 +69,7 @@ def load_all() -> None:
         movement,
         normalization,
         pooling,
+        prelu,
+        resize,
         softmax,
     )

@@ -1,8 +1,10 @@
-"""Linear layers: Conv, Gemm and MatMul with constant weights (``linear``), MatMul of two activations.
+"""Linear layers: Conv, ConvTranspose, Gemm and MatMul with constant weights (``linear``), MatMul of two activations.
 
 ``linear``: ``acc = sum((x - zp_x) * w) + bias``; ``y = clamp(requantize(acc, M[c], S[c]) + zp_y)``
 with int8 weights symmetric per output channel and an int32 bias at scale ``s_x * s_w[c]``
-(docs/numerics.md, "Linear layers").
+(docs/numerics.md, "Linear layers"). A ConvTranspose runs as the equivalent convolution (layout
+``conv_transpose``): its input is zero-inserted by the stride and padded, its weights are flipped
+and their channel axes swapped (docs/numerics.md, "ConvTranspose").
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def _weights_and_bias(group: Group, ctx: LoweringContext) -> tuple[np.ndarray, n
     """Weights as ``[out_channels, ...]`` (float64) and the float bias, per op type."""
     main = group.main
     weight = ctx.const(main.inputs[1]).astype(np.float64)
+    if main.op_type == "ConvTranspose":
+        bias = ctx.const(main.inputs[2]) if len(main.inputs) > 2 and main.inputs[2] is not None else None
+        weight = transposed_conv_weight(weight, attr_int(main, "group", 1))
+        return weight, _bias_or_zero(bias, weight.shape[0]), "conv_transpose"
     if main.op_type == "Conv":
         bias = ctx.const(main.inputs[2]) if len(main.inputs) > 2 and main.inputs[2] is not None else None
         return weight, _bias_or_zero(bias, weight.shape[0]), "conv"
@@ -126,6 +132,9 @@ def _per_row(values: np.ndarray, like: np.ndarray) -> np.ndarray:
 def _bias_correction(weight: np.ndarray, dequantized: np.ndarray, input_mean: np.ndarray, node, layout: str):
     """Expected output error of the weight rounding, ``(W - W_q) @ E[x]``, per output channel."""
     error = weight - dequantized
+    if layout == "conv_transpose":  # on average an output sees 1 / prod(strides) of the kernel taps
+        strides = attr_ints(node, "strides", [1] * (weight.ndim - 2))
+        return _bias_correction(weight, dequantized, input_mean, node, "conv") / float(np.prod(strides))
     if layout == "dense":
         if input_mean.size != error.shape[1]:
             return np.zeros(error.shape[0])
@@ -140,7 +149,60 @@ def _bias_correction(weight: np.ndarray, dequantized: np.ndarray, input_mean: np
     return (spatial * input_mean[channel]).sum(axis=1)
 
 
+def transposed_conv_weight(weight: np.ndarray, groups: int) -> np.ndarray:
+    """ConvTranspose weights ``[Cin, Cout/g, k...]`` -> the equivalent Conv's ``[Cout, Cin/g, k...]``, flipped."""
+    in_channels, out_per_group, *kernel = weight.shape
+    grouped = weight.reshape(groups, in_channels // groups, out_per_group, *kernel).swapaxes(1, 2)
+    flipped = np.flip(grouped, axis=tuple(range(3, 3 + len(kernel))))
+    return np.ascontiguousarray(flipped.reshape(groups * out_per_group, in_channels // groups, *kernel))
+
+
+def convolution_weight_as_transposed(weight: np.ndarray, groups: int) -> np.ndarray:
+    """Inverse of :func:`transposed_conv_weight` (for the QDQ export)."""
+    out_channels, in_per_group, *kernel = weight.shape
+    flipped = np.flip(weight.reshape(groups, out_channels // groups, in_per_group, *kernel),
+                      axis=tuple(range(3, 3 + len(kernel))))
+    return np.ascontiguousarray(flipped.swapaxes(1, 2).reshape(groups * in_per_group, out_channels // groups, *kernel))
+
+
+def _conv_transpose_attrs(node) -> dict:
+    """The equivalent stride-1 convolution: input stride (zero insertion) and its (possibly negative) pads."""
+    x_shape = [int(d) for d in node.inputs[0].shape]
+    kernel = [int(d) for d in node.inputs[1].shape[2:]]
+    rank = len(kernel)
+    strides = attr_ints(node, "strides", [1] * rank)
+    dilations = attr_ints(node, "dilations", [1] * rank)
+    output_padding = attr_ints(node, "output_padding", [0] * rank)
+    pads = _transposed_pads(node, x_shape[2:], kernel, strides, dilations, output_padding)
+    span = [d * (k - 1) for k, d in zip(kernel, dilations)]
+    begin = [s - p for s, p in zip(span, pads[:rank])]
+    end = [s - p + extra for s, p, extra in zip(span, pads[rank:], output_padding)]
+    return {"kernel": kernel, "pads": begin + end, "strides": [1] * rank, "dilations": dilations,
+            "group": attr_int(node, "group", 1), "input_strides": strides}
+
+
+def _transposed_pads(node, spatial, kernel, strides, dilations, output_padding) -> list[int]:
+    """ConvTranspose pads, from ``pads`` or (with ``output_shape`` or ``auto_pad`` SAME_*) per the ONNX spec."""
+    rank = len(kernel)
+    auto_pad = attr_str(node, "auto_pad", "NOTSET")
+    output_shape = attr_ints(node, "output_shape")
+    if auto_pad == "VALID":
+        return [0] * (2 * rank)
+    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = [size * stride for size, stride in zip(spatial, strides)]
+    if output_shape is None:
+        return attr_ints(node, "pads", [0] * (2 * rank))
+    output_shape = output_shape[-rank:]
+    total = [s * (n - 1) + extra + (k - 1) * d + 1 - out
+             for s, n, extra, k, d, out in zip(strides, spatial, output_padding, kernel, dilations, output_shape)]
+    if auto_pad == "SAME_UPPER":
+        return [t // 2 for t in total] + [t - t // 2 for t in total]
+    return [t - t // 2 for t in total] + [t // 2 for t in total]
+
+
 def _conv_attrs(node) -> dict:
+    if node.op_type == "ConvTranspose":
+        return _conv_transpose_attrs(node)
     if node.op_type != "Conv":
         return {}
     kernel = [int(d) for d in node.inputs[1].shape[2:]]
@@ -178,7 +240,10 @@ def run_linear(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
         zero_point = zero_point.reshape(1, -1, *([1] * (inputs[0].ndim - 2)))
     x = (inputs[0] - zero_point).astype(np.float64)
     weight = consts["weight"].astype(np.float64)
-    if attrs["layout"] == "conv":
+    if attrs["layout"] == "conv_transpose":
+        acc = conv_accumulate(_zero_insert_and_pad(x, attrs), weight, {**attrs, "pads": [0] * len(attrs["pads"])})
+        channel_shape = [1, -1] + [1] * (acc.ndim - 2)
+    elif attrs["layout"] == "conv":
         acc = conv_accumulate(x, weight, attrs)
         channel_shape = [1, -1] + [1] * (acc.ndim - 2)
     else:
@@ -189,6 +254,19 @@ def run_linear(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     shift = consts["shift"].astype(np.int64).reshape(channel_shape)
     y = requantize(acc, multiplier, shift) + attrs["zp_y"]
     return [np.clip(y, *attrs["clamp"])]
+
+
+def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
+    """``stride - 1`` zeros between input samples, then zero padding (a negative pad crops)."""
+    strides, rank = attrs["input_strides"], len(attrs["input_strides"])
+    spatial = [(n - 1) * s + 1 for n, s in zip(x.shape[2:], strides)]
+    inserted = np.zeros((*x.shape[:2], *spatial), dtype=x.dtype)
+    inserted[(slice(None), slice(None), *(slice(None, None, s) for s in strides))] = x
+    begin, end = attrs["pads"][:rank], attrs["pads"][rank:]
+    widths = [(0, 0), (0, 0)] + [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
+    padded = np.pad(inserted, widths)
+    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, padded.shape[2:]))
+    return padded[(slice(None), slice(None), *crop)]
 
 
 def conv_accumulate(x: np.ndarray, weight: np.ndarray, attrs: dict) -> np.ndarray:
@@ -232,5 +310,5 @@ def run_matmul(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.clip(y + attrs["zp_y"], *attrs["clamp"])]
 
 
-register(["Conv", "Gemm", "MatMul"], "linear", lower_linear, run_linear)
+register(["Conv", "ConvTranspose", "Gemm", "MatMul"], "linear", lower_linear, run_linear)
 register([], "matmul", lower_linear, run_matmul)

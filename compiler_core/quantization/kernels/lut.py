@@ -20,7 +20,7 @@ from compiler_core.quantization.program import IntOp
 
 LUT_OPS = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal",
            "Softplus", "Softsign", "Mish", "Elu", "Selu", "Celu", "LeakyRelu", "ThresholdedRelu", "Neg",
-           "Abs", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Shrink", "Pow", "PRelu")
+           "Abs", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Shrink", "Pow")
 _FINITE_LIMIT = 3.0e38
 
 

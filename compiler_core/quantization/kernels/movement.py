@@ -24,7 +24,7 @@ from compiler_core.quantization.program import IntOp
 
 MOVEMENT_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Expand", "Tile",
                 "DepthToSpace", "SpaceToDepth", "Pad", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
-                "Resize", "GatherElements", "GatherND", "Identity")
+                "GatherElements", "GatherND", "Identity")  # nearest Resize moves too (kernels/resize.py)
 _FLOAT_EVALUATED = {"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "Resize"}
 
 
@@ -66,7 +66,7 @@ def lower_move(group: Group, ctx: LoweringContext) -> IntOp:
         op.consts["input2"] = np.asarray(params.quantize(np.float64(real)), dtype=np.int64)
         op.inputs = [*op.inputs, ""][:3] if len(op.inputs) < 3 else op.inputs
     if main.op_type == "Resize" and op.attrs["attributes"].get("mode", "nearest") != "nearest":
-        raise ValueError(f"{main.name}: only nearest Resize has an integer kernel")
+        raise ValueError(f"{main.name}: only nearest Resize is data movement (see kernels/resize.py)")
     op.precision = describe_bits(params)
     return op
 
