@@ -65,7 +65,8 @@ def quantize_mblt(mblt_path: str | Path, config: CompileConfig, *, calib_data_pa
     calibration, holdout = _split(dataset, config)
     timings["data"] = time.perf_counter() - started
     started = time.perf_counter()
-    stats, hit = collect_statistics_cached(mblt_path, calibration, cache=cache, reporter=reporter)
+    stats, hit = collect_statistics_cached(mblt_path, calibration, cache=cache, reporter=reporter,
+                                           tensors=_quantization_points(graph, body_path))
     timings["statistics"] = time.perf_counter() - started
     started = time.perf_counter()
     target = load_mblt(body_path) if body_path is not None else graph
@@ -129,6 +130,18 @@ def _mode_for(name: str, calibration) -> tuple[int, Any]:
             return int(override.mode if override.mode is not None else calibration.mode), (
                 override.max_percentile or calibration.max_percentile)
     return int(calibration.mode), calibration.max_percentile
+
+
+def _quantization_points(graph: ir.Model, body_path) -> list[str] | None:
+    """Only the tensors that get codes need statistics (a Conv output fused into its Relu does not)."""
+    from compiler_core.quantization.decisions import quantized_tensors
+    from compiler_core.quantization.graph import GraphView, build_groups
+
+    if body_path is not None:
+        return None  # with CPU offload, the head's outputs feed the body: keep every tensor
+    view = GraphView(graph)
+    return [name for name in quantized_tensors(view, build_groups(view)) if name not in
+            {v.name for v in graph.graph.inputs if not view.is_float(v)}]
 
 
 def _through_head(head: bytes, samples):
