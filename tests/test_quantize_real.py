@@ -188,7 +188,7 @@ def _mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (hidden * weights).sum(1) / weights.sum(1)
 
 
-def test_minilm_sentence_embeddings_keepcosine(tmp_path):
+def test_minilm_sentence_embeddings_keep_cosine(tmp_path):
     source = _available(realmodels.minilm_onnx, 128)
     manifest = _available(realdata.minilm_calibration_manifest, 64)
     mblt = mblt_compile(source, tmp_path / "minilm.mblt",
