@@ -198,7 +198,8 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
         target_device: ``aries-rb``, ``regulus-ra``, ``regulus-rb`` or ``regulus-rb-usb``.
         calib_data_path: Calibration data (folder, ``.txt`` list or JSON manifest; or a list of them).
         save_path: Output ``.mxq`` (default ``./tmp.mxq``); the analysis JSON is written beside it.
-        **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, ``inference_scheme``,
+        **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, frontend options (``feed_dict``,
+            ``submodule``, ``allow_pickle``, ``dynamic_axes``), ``inference_scheme``,
             ``cpu_offload``, ``use_random_calib``, ``layer_bias_correction``, ``image_channels``,
             ``config_preset``, ``compile_config``, ``config_save_path``, sub-configs
             (``calibration_config`` ...), ``callback``, ``cancel_token``.
@@ -211,6 +212,10 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
                         **kwargs)
 
 
+FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
+"""Keyword arguments of the compile functions that go to the frontend (the parse), not to the CompileConfig."""
+
+
 def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
                             save_path: str | Path = "./tmp.mxq", backend: str | None = None,
                             input_shape_dict: Mapping[str, Sequence[int]] | None = None,
@@ -220,9 +225,10 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     import tempfile
 
     reporter = as_reporter(callback, cancel_token)
+    frontend_options = {key: kwargs.pop(key) for key in FRONTEND_OPTIONS if key in kwargs}
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
-                            constant_inputs=constant_inputs, callback=reporter)
+                            constant_inputs=constant_inputs, callback=reporter, **frontend_options)
         kwargs.setdefault("model_path", [str(model)] if isinstance(model, (str, Path)) else None)
         return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
                                      save_path=save_path, callback=reporter, **kwargs)

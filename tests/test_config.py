@@ -292,10 +292,10 @@ def _differs(config, default):
 
 
 EXPECTED_PRESET_CHANGES = {
-    "classification": {"calibration.mode"},
+    "classification": {"calibration.mode", "layerBiasCorrection.apply"},
     "detection": {"calibration.mode", "calibration.output"},
     "classification_torchvision": {"calibration.mode", "imageChannels", "uint8Input.apply", "preprocessing.apply",
-                                   "preprocessing.pipeline"},
+                                   "preprocessing.pipeline", "layerBiasCorrection.apply"},
     "yolo_640": {"calibration.mode", "calibration.output", "imageChannels", "uint8Input.apply",
                  "preprocessing.apply", "preprocessing.pipeline"},
     "vision_transformer": {"calibration.method", "bit.layerOverrides.activation16Bits"},

@@ -43,14 +43,15 @@ _LLM_INT16 = ["*norm*", "*softmax*"]
 
 PRESETS: dict[str, Preset] = {
     "classification": Preset(
-        "Image classifiers: MaxPercentile calibration, per-layer output.",
-        {"calibration": {"mode": 1, "output": 0}}),
+        "Image classifiers: MaxPercentile calibration, per-layer output, bias correction.",
+        {"calibration": {"mode": 1, "output": 0}, "layerBiasCorrection": {"apply": True}}),
     "detection": Preset(
         "Object detectors: MaxPercentile calibration, per-channel output.",
         {"calibration": {"mode": 1, "output": 1}}),
     "classification_torchvision": Preset(
         "torchvision classifiers on raw uint8 RGB: resize 256, crop 224, ImageNet normalize fused.",
         {"imageChannels": 3, "uint8Input": {"apply": True}, "calibration": {"mode": 1, "output": 0},
+         "layerBiasCorrection": {"apply": True},
          "preprocessing": {"apply": True, "pipeline": [
              {"op": "colorConvert", "order": "RGB"},
              {"op": "resize", "size": 256, "keepAspect": True, "mode": "bilinear"},

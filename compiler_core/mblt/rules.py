@@ -81,6 +81,37 @@ class ErfGeluInnerHalf(_ErfGeluBase):
         return op.Mul(op.Mul(x, half), op.Add(op.Erf(op.Div(x, root2)), one))
 
 
+class WholeWindowAveragePool(RewriteRuleClassBase):
+    """AveragePool whose window is the whole (unpadded) input -> ``GlobalAveragePool``.
+
+    TFLite writes global pooling as AVERAGE_POOL_2D with the feature map's size as its window
+    (64x64 in MediaPipe's selfie segmentation), which exceeds the NPU's pooling window; the global
+    pool computes the same mean without one.
+    """
+
+    def pattern(self, op, x):
+        return op.AveragePool(x, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        if x.shape is None or not all(isinstance(d, int) for d in x.shape):
+            return result.fail(f"{node.name}: the input shape is not static.")
+        spatial = list(x.shape)[2:]
+        attributes = {name: attribute.value for name, attribute in node.attributes.items()}
+        if list(attributes.get("kernel_shape", [])) != spatial:
+            return result.fail(f"{node.name}: the window is not the whole input.")
+        if any(attributes.get("pads", [0])) or attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return result.fail(f"{node.name}: the input is padded.")
+        if any(d != 1 for d in attributes.get("dilations", [1])):
+            return result.fail(f"{node.name}: the window is dilated.")
+        return result
+
+    def rewrite(self, op, x, y):
+        return op.GlobalAveragePool(x)
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
-    [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule()], commute=True).rules
+    [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule()],
+    commute=True).rules
 """Our rules, in application order (operand orders of commutative ops included)."""

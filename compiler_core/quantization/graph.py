@@ -134,5 +134,10 @@ def activation_bounds(view: GraphView, group: Group) -> tuple[float, float]:
     if clip is not None:
         low = view.const(clip.inputs[1]) if len(clip.inputs) > 1 and clip.inputs[1] is not None else None
         high = view.const(clip.inputs[2]) if len(clip.inputs) > 2 and clip.inputs[2] is not None else None
-        return (float(low) if low is not None else float("-inf"), float(high) if high is not None else float("inf"))
+        return (_bound(low, float("-inf")), _bound(high, float("inf")))
     return float("-inf"), float("inf")
+
+
+def _bound(value: np.ndarray | None, default: float) -> float:
+    """A Clip bound; exporters sometimes write it as a one-element 1-D tensor instead of a scalar."""
+    return default if value is None or value.size == 0 else float(value.reshape(-1)[0])

@@ -85,6 +85,9 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
+    if int(config.calibration.output) != 0:
+        logger.warning("calibration.output %d (per-channel / sigmoid output quantization) is not implemented yet; "
+                       "outputs are quantized per layer.", int(config.calibration.output))
     with reporter.stage("quantize", total=3, message="quantization decisions"):
         groups = build_groups(view)
         options = decision_options(config, view)

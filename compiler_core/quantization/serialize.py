@@ -26,7 +26,7 @@ def to_document(model: QuantizedModel) -> tuple[dict[str, Any], dict[str, np.nda
         refs = {}
         for key, array in op.consts.items():
             name = f"op{index}.{key}"
-            consts[name] = np.ascontiguousarray(array)
+            consts[name] = np.asarray(array, order="C")  # ascontiguousarray would make 0-d arrays 1-d
             refs[key] = name
         ops.append({"name": op.name, "kind": op.kind, "op_type": op.op_type, "inputs": op.inputs,
                     "outputs": op.outputs, "attrs": _jsonable(op.attrs), "consts": refs, "nodes": op.nodes,

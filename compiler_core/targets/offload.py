@@ -3,14 +3,17 @@
 With ``cpu_offload`` the compiler runs blocking nodes (``unsupported`` or ``needs_mfu``) on the
 host CPU, but only at the edges of the graph, so the NPU runs one contiguous body:
 
-* **CPU head** (forward, in graph order): a blocking node joins the head when every producer of
-  its inputs is a head node, a graph input, an initializer or a ``Constant`` node.
+* **CPU head**: a blocking node joins the head when every producer of its inputs is a head node,
+  a graph input, an initializer or a ``Constant`` node; a supported node whose inputs come from
+  the same places joins it when it is pure data movement (Pad, Reshape, Unsqueeze ...) and its
+  outputs feed nothing but head nodes (no graph output), so a Pad/Reshape leading into a blocking
+  first layer does not keep that layer in the NPU body.
 * **CPU tail** (backward, in reverse graph order): a blocking node not in the head joins the tail
   when every consumer of its outputs is a tail node (graph outputs and unused outputs are fine).
 * **NPU body**: every other node, in graph order. Blocking nodes left there are
   ``inner_unsupported``: no edge split can remove them, so the compile fails on them.
 
-Supported nodes are never moved to the CPU; a node that qualifies for both head and tail (a
+Other supported nodes are never moved to the CPU; a node that qualifies for both head and tail (a
 graph made of one unsupported node) goes to the head. The plan is data; the backend exports the
 head and tail as ONNX (MXQ ``cpu`` section) and the runtime chains the three parts.
 """
@@ -28,6 +31,8 @@ from compiler_core.targets.support import SupportReport, SupportStatus, node_nam
 logger = logging.getLogger(__name__)
 
 _INNER_NOTE = "inside the NPU body; cpu_offload moves only head/tail groups"
+_LEAD_IN_OPS = frozenset({"Pad", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Slice", "Identity"})
+"""Supported ops (pure data movement) that may join the CPU head when they only feed it."""
 _OFFLOADABLE = frozenset({SupportStatus.UNSUPPORTED, SupportStatus.NEEDS_MFU, SupportStatus.CPU_OFFLOADED})
 
 
@@ -73,16 +78,33 @@ def _is_constant_source(value: ir.Value) -> bool:
 
 
 def _head(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
-    head_nodes: set[ir.Node] = set()
-    for name, node in nodes:
-        producers_ok = all(
-            _is_constant_source(value) or value.producer() in head_nodes
-            for value in node.inputs
-            if value is not None
-        )
-        if name in offloadable and producers_ok:
-            head_nodes.add(node)
-    return {name for name, node in nodes if node in head_nodes}
+    """The largest head: blocking nodes fed only by sources and the head, plus lead-in nodes.
+
+    A supported data-movement node joins too when its results feed nothing but head nodes (the
+    Pad/Unsqueeze before Silero's STFT convolution): it does no arithmetic, and moving it frees the
+    blocking node behind it.
+    Found as a fixpoint, starting from every node and dropping those that break a rule.
+    """
+    head = {node for _, node in nodes}
+    changed = True
+    while changed:
+        changed = False
+        for name, node in nodes:
+            lead_in = node.op_type in _LEAD_IN_OPS and _feeds_only(node, head)
+            if node in head and not (_fed_by(node, head) and (name in offloadable or lead_in)):
+                head.discard(node)
+                changed = True
+    return {name for name, node in nodes if node in head}
+
+
+def _fed_by(node: ir.Node, head: set[ir.Node]) -> bool:
+    return all(_is_constant_source(value) or value.producer() in head for value in node.inputs if value is not None)
+
+
+def _feeds_only(node: ir.Node, head: set[ir.Node]) -> bool:
+    consumers = [consumer for value in node.outputs for consumer in value.consumers()]
+    return bool(consumers) and not any(value.is_graph_output() for value in node.outputs) and all(
+        consumer in head for consumer in consumers)
 
 
 def _tail(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
@@ -142,7 +164,10 @@ def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:
     inner = set(plan.inner_unsupported)
     entries = {}
     for name, entry in report.entries.items():
-        if name in parts and entry.status != SupportStatus.CPU_OFFLOADED:
+        if name in parts and entry.status == SupportStatus.SUPPORTED:
+            entry = replace(entry, status=SupportStatus.CPU_OFFLOADED,
+                            reason=f"runs on the CPU ({parts[name]}): its results only feed CPU nodes")
+        elif name in parts and entry.status != SupportStatus.CPU_OFFLOADED:
             entry = replace(
                 entry,
                 status=SupportStatus.CPU_OFFLOADED,

@@ -236,6 +236,8 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "Or": OpRule(VEC, dtypes=BOOL_ONLY),
     "Xor": OpRule(VEC, dtypes=BOOL_ONLY),
     "Where": OpRule(VEC, dtypes=FLOAT_OR_BOOL),
+    # Integer codes are never NaN: on the NPU this is an all-false mask (exporters guard Softmax with it).
+    "IsNaN": OpRule(VEC),
     "Cast": OpRule(VEC, (c.cast_target,), dtypes=FLOAT_OR_BOOL),
     # Reductions, arg-reductions, sorting and selection.
     "ReduceMean": OpRule(VEC, **_AXES),

@@ -119,10 +119,27 @@ def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | floa
     ``min_scale`` keeps the int32 bias of near-zero channels (``bias / (s_x * s_w)``) in range.
     """
     qmax = code_range(bits)[1]
-    absmax = np.abs(weight.reshape(weight.shape[0], -1)).max(axis=1)
-    scale = np.maximum(np.where(absmax > 0, absmax / qmax, 1.0), min_scale)
+    rows = weight.reshape(weight.shape[0], -1)
+    absmax = np.abs(rows).max(axis=1)
+    scale = np.maximum(np.where(absmax > 0, _mse_clip(rows, absmax, qmax) / qmax, 1.0), min_scale)
     codes = np.clip(round_half_away(weight / _per_row(scale, weight)), -qmax, qmax)
     return codes, scale
+
+
+WEIGHT_CLIP_CANDIDATES = np.linspace(0.5, 1.0, 26)
+"""Clip ratios searched per output channel (1.0 = the channel's max |w|)."""
+
+
+def _mse_clip(rows: np.ndarray, absmax: np.ndarray, qmax: int) -> np.ndarray:
+    """Per row, the clip value among ``ratio * max|w|`` that minimises the weights' squared error."""
+    best, best_error = absmax.copy(), np.full(rows.shape[0], np.inf)
+    for ratio in WEIGHT_CLIP_CANDIDATES:
+        clip = np.where(absmax > 0, absmax * ratio, 1.0)
+        step = (clip / qmax)[:, None]
+        error = ((np.clip(round_half_away(rows / step), -qmax, qmax) * step - rows) ** 2).sum(axis=1)
+        better = error < best_error
+        best, best_error = np.where(better, clip, best), np.where(better, error, best_error)
+    return best
 
 
 def _per_row(values: np.ndarray, like: np.ndarray) -> np.ndarray:
