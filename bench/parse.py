@@ -1,4 +1,10 @@
-"""Parse-stage benchmark: ``mblt_compile`` beside ``onnxsim.simplify`` on the real models, same run.
+"""Parse-stage benchmark: ``mblt_compile`` on a real model of every backend, beside ``onnxsim`` for ONNX.
+
+Backends and models: ONNX (the ``realmodels`` catalogue: MobileNetV2, PP-OCRv4 det/rec/cls,
+MiniLM, Silero without If), a live torch module (MobileNetV2), a ``torch.export`` ``.pt2`` program
+(MobileNetV2), a transformers folder (all-MiniLM-L6-v2, S=128), TorchScript (Silero VAD's
+``silero_vad.jit``, submodule ``_model``), TFLite (MediaPipe models) and Keras (a small CNN, only
+when tensorflow imports). onnxsim only runs where the source is ONNX; other rows show ``-``.
 
 For every model and tool, each of ``--runs`` measurements runs in a fresh Python subprocess that
 imports the tool, then times load + transform + save of the source file (wall clock,
@@ -12,7 +18,10 @@ onnxsim gets the same information as our parser: the pinned input shapes (``over
 and the constant inputs folded in as initializers; ``check_n=0`` so it does not run onnxruntime.
 Node counts include the nodes of subgraphs (``If`` branches).
 
-Usage: ``python bench/parse.py [--models mobilenet_v2,ppocr_det] [--runs 3] [--json out.json]``.
+For a live torch module, building the module (weights loaded) happens in the child before the
+timer starts, like an import: the measured parse is the export + canonicalization + save.
+
+Usage: ``python bench/parse.py [--models mobilenet_v2,torch_live_mobilenet_v2] [--runs 3] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT))
 
+import numpy as np  # noqa: E402
 import realmodels  # noqa: E402
 
 TOOLS = ("ours", "onnxsim")
@@ -63,16 +74,17 @@ def count_nodes(graph) -> int:
     return total
 
 
-def _run_ours(source: Path, shapes: dict, constants: dict, output: Path) -> int:
+def _run_ours(source, shapes: dict, constants: dict, output: Path, backend: str = "onnx", **options) -> int:
     import onnx
 
     from compiler_core.api import mblt_compile
 
-    written = mblt_compile(source, output, backend="onnx", input_shape_dict=shapes, constant_inputs=constants)
+    written = mblt_compile(source, output, backend=backend, input_shape_dict=shapes or None,
+                           constant_inputs=constants, **options)
     return count_nodes(onnx.load(str(written), load_external_data=False).graph)
 
 
-def _run_onnxsim(source: Path, shapes: dict, constants: dict, output: Path) -> int:
+def _run_onnxsim(source: Path, shapes: dict, constants: dict, output: Path, backend: str = "onnx") -> int:
     import onnx
     import onnxsim
 
@@ -102,29 +114,135 @@ def measure_in_child(tool: str, spec: dict) -> dict:
     else:
         import onnxsim  # noqa: F401
     constants = {name: np.array(value, dtype=dtype) for name, (dtype, value) in spec["constants"].items()}
+    source, options = _child_source(spec)
     baseline = _peak_rss_mb()
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        nodes_after = runner(Path(spec["source"]), spec["shapes"], constants, Path(folder) / "model.out")
+        nodes_after = runner(source, spec["shapes"], constants, Path(folder) / "model.out", spec["backend"], **options)
         seconds = time.perf_counter() - started
     return {"seconds": seconds, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - baseline,
             "nodes_after": nodes_after}
 
 
+def _child_source(spec: dict):
+    """The model argument and frontend options; a live module is built here, before the timer."""
+    import numpy as np
+
+    options = dict(spec.get("options", {}))
+    if "feed_dict" in options:
+        options["feed_dict"] = {name: np.array(value, dtype=dtype) for name, (dtype, value) in options["feed_dict"].items()}
+    if spec["source"] == "live:mobilenet_v2":
+        return realmodels.mobilenet_v2_module(), options
+    return Path(spec["source"]), options
+
+
 # -- parent process --------------------------------------------------------------------------------
 
 
+SITE_PACKAGES = Path(realmodels.package_dir("numpy", "numpy")).parent
+TFLITE_MODELS = {
+    "tflite_face_landmark": "mediapipe/modules/face_landmark/face_landmark.tflite",
+    "tflite_palm_detection_lite": "mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+    "tflite_selfie_segmentation": "mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite",
+    "tflite_pose_landmark_full": "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
+}
+
+
+def _array_json(array) -> tuple[str, list]:
+    return str(array.dtype), array.tolist()
+
+
+def _onnx_spec(name: str) -> dict:
+    source, shapes, constants = realmodels.real_models()[name]()
+    return {"source": str(source), "backend": "onnx", "shapes": shapes,
+            "constants": {k: _array_json(v) for k, v in constants.items()}}
+
+
+def _torch_live_spec() -> dict:
+    realmodels.mobilenet_weights_path()
+    feed = {"x": _array_json(np.zeros(realmodels.MOBILENET_SHAPE, np.float32))}
+    return {"source": "live:mobilenet_v2", "backend": "torch", "options": {"feed_dict": feed}}
+
+
+def _build_pt2(temp: Path) -> None:
+    import torch
+
+    example = torch.zeros(realmodels.MOBILENET_SHAPE)
+    with open(temp, "wb") as handle:
+        torch.export.save(torch.export.export(realmodels.mobilenet_v2_module(), (example,)), handle)
+
+
+def _torch_pt2_spec() -> dict:
+    realmodels.mobilenet_weights_path()
+    return {"source": str(realmodels._cached("mobilenet_v2.pt2", _build_pt2)), "backend": "torch"}
+
+
+def _transformers_spec() -> dict:
+    tokens = realmodels.tokenize(realmodels.SENTENCES[:1])
+    return {"source": str(realmodels.minilm_dir()), "backend": "torch",
+            "options": {"feed_dict": {k: _array_json(v) for k, v in tokens.items()}}}
+
+
+def _torchscript_spec() -> dict:
+    folder = realmodels.package_dir("silero_vad", "silero-vad==6.2.3")
+    return {"source": str(realmodels._require_file(folder / "data" / "silero_vad.jit", "silero-vad==6.2.3")),
+            "backend": "torchscript", "shapes": {"x": [1, 576], "state": [2, 1, 128]},
+            "options": {"submodule": "_model"}}
+
+
+def _tflite_spec(relative: str) -> Callable[[], dict]:
+    def build() -> dict:
+        path = SITE_PACKAGES / relative
+        if not path.is_file():
+            raise realmodels.RealModelUnavailable(f"{relative} is missing: pip install mediapipe==0.10.14")
+        return {"source": str(path), "backend": "tflite"}
+    return build
+
+
+def _build_keras(temp: Path) -> None:
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.Input((64, 64, 3), name="image"),
+        layers.Conv2D(16, 3, strides=2, padding="same"), layers.BatchNormalization(), layers.ReLU(6.0),
+        layers.DepthwiseConv2D(3, padding="same", activation="relu"), layers.Conv2D(32, 1),
+        layers.UpSampling2D(interpolation="bilinear"), layers.MaxPooling2D(), layers.GlobalAveragePooling2D(),
+        layers.Dense(10), layers.Softmax()])
+    model.save(temp.with_suffix(".keras"))
+    temp.with_suffix(".keras").rename(temp)
+
+
+def _keras_spec() -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        raise realmodels.RealModelUnavailable("tensorflow is not installed: pip install 'qbcompiler[tf]'")
+    return {"source": str(realmodels._cached("small_cnn.keras", _build_keras)), "backend": "tf"}
+
+
+def catalogue() -> dict[str, Callable[[], dict]]:
+    """Benchmark name -> builder of the child's spec (source, backend, shapes, constants, options)."""
+    models = {name: (lambda name=name: _onnx_spec(name)) for name in realmodels.real_models()}
+    models.update({"torch_live_mobilenet_v2": _torch_live_spec, "torch_pt2_mobilenet_v2": _torch_pt2_spec,
+                   "transformers_minilm": _transformers_spec, "torchscript_silero": _torchscript_spec,
+                   **{name: _tflite_spec(relative) for name, relative in TFLITE_MODELS.items()},
+                   "keras_small_cnn": _keras_spec})
+    return models
+
+
 def model_spec(model_name: str) -> dict:
-    """Source path, pinned shapes and constant inputs of a real model, as JSON for the child."""
-    source, shapes, constants = realmodels.real_models()[model_name]()
-    return {"name": model_name, "source": str(source), "shapes": shapes,
-            "constants": {k: (str(v.dtype), v.tolist()) for k, v in constants.items()}}
+    """The child's JSON spec of one benchmark model (defaults filled in)."""
+    spec = {"shapes": {}, "constants": {}, "options": {}, **catalogue()[model_name]()}
+    return {"name": model_name, **spec}
 
 
 def measure(tool: str, spec: dict) -> dict:
     """Run one measurement in a fresh interpreter and return its JSON record."""
-    command = [sys.executable, __file__, "--child", tool, json.dumps(spec)]
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+    command = [sys.executable, __file__, "--child", tool, "-"]  # the spec (with feeds) goes through stdin
+    completed = subprocess.run(command, input=json.dumps(spec), capture_output=True, text=True, cwd=REPO_ROOT,
+                               check=False)
     lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
     if completed.returncode != 0 or not lines:
         tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
@@ -137,8 +255,10 @@ def benchmark(model_name: str, runs: int) -> dict:
     import onnx
 
     spec = model_spec(model_name)
-    result = {"model": model_name, "nodes_before": count_nodes(onnx.load(spec["source"]).graph)}
-    for tool in TOOLS:
+    is_onnx = spec["backend"] == "onnx"
+    result = {"model": model_name, "backend": spec["backend"],
+              "nodes_before": count_nodes(onnx.load(spec["source"]).graph) if is_onnx else None}
+    for tool in TOOLS if is_onnx else TOOLS[:1]:
         records = [measure(tool, spec) for _ in range(runs)]
         errors = [r["error"] for r in records if "error" in r]
         if errors:
@@ -150,41 +270,49 @@ def benchmark(model_name: str, runs: int) -> dict:
 
 
 def _ratio(result: dict, key: str) -> str:
-    ours, peer = result["ours"].get(key), result["onnxsim"].get(key)
+    ours, peer = result["ours"].get(key), result.get("onnxsim", {}).get(key)
     return f"{ours / peer:.2f}" if ours is not None and peer else "-"
 
 
+def _cell(record: dict | None, key: str, width: int, digits: int) -> str:
+    value = (record or {}).get(key)
+    return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+
 def format_table(results: list[dict]) -> str:
-    """Plain-text table, one row per model."""
-    header = (f"{'model':<14}{'nodes':>7}{'ours':>7}{'sim':>7}  {'ours s':>7}{'sim s':>7}{'ratio':>7}  "
+    """Plain-text table, one row per model (onnxsim columns ``-`` where the source is not ONNX)."""
+    header = (f"{'model':<28}{'backend':<12}{'nodes':>7}{'ours':>7}{'sim':>7}  {'ours s':>7}{'sim s':>7}{'ratio':>7}  "
               f"{'ours MB':>8}{'sim MB':>8}{'ratio':>7}  {'ours +MB':>9}{'sim +MB':>9}{'ratio':>7}")
     rows = [header, "-" * len(header)]
     for result in results:
-        ours, sim = result["ours"], result["onnxsim"]
-        if "error" in ours or "error" in sim:
-            rows.append(f"{result['model']:<14}{result['nodes_before']:>7}  {ours.get('error') or sim.get('error')}")
+        ours, sim = result["ours"], result.get("onnxsim")
+        before = f"{result['nodes_before']:>7}" if result["nodes_before"] is not None else f"{'-':>7}"
+        prefix = f"{result['model']:<28}{result['backend']:<12}{before}"
+        if "error" in ours or (sim and "error" in sim):
+            rows.append(f"{prefix}  {ours.get('error') or sim.get('error')}")
             continue
-        rows.append(f"{result['model']:<14}{result['nodes_before']:>7}{ours['nodes_after']:>7.0f}"
-                    f"{sim['nodes_after']:>7.0f}  {ours['seconds']:>7.2f}{sim['seconds']:>7.2f}"
-                    f"{_ratio(result, 'seconds'):>7}  {ours['peak_rss_mb']:>8.0f}{sim['peak_rss_mb']:>8.0f}"
-                    f"{_ratio(result, 'peak_rss_mb'):>7}  {ours['growth_mb']:>9.0f}{sim['growth_mb']:>9.0f}"
-                    f"{_ratio(result, 'growth_mb'):>7}")
+        rows.append(f"{prefix}{_cell(ours, 'nodes_after', 7, 0)}{_cell(sim, 'nodes_after', 7, 0)}  "
+                    f"{_cell(ours, 'seconds', 7, 2)}{_cell(sim, 'seconds', 7, 2)}{_ratio(result, 'seconds'):>7}  "
+                    f"{_cell(ours, 'peak_rss_mb', 8, 0)}{_cell(sim, 'peak_rss_mb', 8, 0)}"
+                    f"{_ratio(result, 'peak_rss_mb'):>7}  {_cell(ours, 'growth_mb', 9, 0)}"
+                    f"{_cell(sim, 'growth_mb', 9, 0)}{_ratio(result, 'growth_mb'):>7}")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(realmodels.real_models()))
+    parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(catalogue()))
     parser.add_argument("--runs", type=int, default=3, help="fresh-process measurements per tool (median)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--child", nargs=2, metavar=("TOOL", "SPEC_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure_in_child(args.child[0], json.loads(args.child[1]))))
+        spec_text = sys.stdin.read() if args.child[1] == "-" else args.child[1]
+        print(json.dumps(measure_in_child(args.child[0], json.loads(spec_text))))
         return 0
-    names = args.models.split(",") if args.models else list(realmodels.real_models())
-    unknown = sorted(set(names) - set(realmodels.real_models()))
+    names = args.models.split(",") if args.models else list(catalogue())
+    unknown = sorted(set(names) - set(catalogue()))
     if unknown:
         parser.error(f"unknown model(s): {', '.join(unknown)}")
     results = []
@@ -194,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         except realmodels.RealModelUnavailable as error:
             print(f"{name}: skipped ({error})", file=sys.stderr)
     print(f"parse benchmark, median of {args.runs} fresh processes per cell; time = load + transform + save; "
-          "MB = peak RSS (VmHWM), +MB = growth over the post-import peak")
+          "MB = peak RSS (VmHWM), +MB = growth over the post-import peak; onnxsim only for ONNX sources")
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

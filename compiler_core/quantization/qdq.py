@@ -227,3 +227,95 @@ def _select_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
 
 _CONSTANT_HANDLERS = {"linear": _linear_constants, "add": _add_constants, "gather_table": _table_constants,
                       "select": _select_constants}
+
+
+# -- cross-check ----------------------------------------------------------------------------------
+
+
+def layerwise_qdq(mblt_path: str | Path, model: QuantizedModel) -> ir.Model:
+    """The QDQ model cut at every quantized tensor: each layer reads *given* codes, writes its own.
+
+    Every ``DequantizeLinear`` of an activation reads a new graph input ``<tensor>.codes_in`` and
+    every ``QuantizeLinear`` output ``<tensor>.codes`` is a graph output. Feeding the golden
+    executor's codes checks each layer on the very inputs the golden executor used, so one-step
+    differences (float32 vs exact integer arithmetic) cannot cascade through the network.
+    """
+    qdq = export_qdq(mblt_path, model)
+    graph = qdq.graph
+    for node in list(graph):
+        if node.op_type != "QuantizeLinear" or not node.outputs[0].name.endswith(".codes"):
+            continue
+        codes = node.outputs[0]
+        codes.shape = node.inputs[0].shape
+        codes.type = ir.TensorType(node.inputs[2].const_value.dtype)
+        cut = ir.Value(name=f"{codes.name}_in", shape=codes.shape, type=codes.type)
+        graph.inputs.append(cut)
+        for user, index in list(codes.uses()):
+            user.replace_input_with(index, cut)
+        if not codes.is_graph_output():
+            graph.outputs.append(codes)
+    return qdq
+
+
+def cross_check(mblt_path: str | Path, model: QuantizedModel, samples, *, layerwise: bool = True) -> dict:
+    """Agreement of the golden executor with onnxruntime running the QDQ model.
+
+    Returns per tensor ``{elements, within_one, equal, max_difference}`` and the totals over the
+    model outputs; with ``layerwise`` each layer is fed the golden codes of its inputs.
+    """
+    import onnxruntime as ort
+
+    from compiler_core.quantization import executor
+
+    graph = layerwise_qdq(mblt_path, model) if layerwise else _with_code_outputs(export_qdq(mblt_path, model))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(ir.to_proto(graph).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = [item.name for item in session.get_outputs() if item.name.endswith(".codes")]
+    tally: dict[str, list[int]] = {}
+    for sample in samples:
+        feeds = {spec.name: np.asarray(sample[spec.name]) for spec in model.inputs}
+        env = executor.execute(model, executor.quantize_inputs(model, feeds), keep=True)
+        ort_feeds = {item.name: _feed(item, env, feeds) for item in session.get_inputs()}
+        for name, value in zip(wanted, session.run(wanted, ort_feeds)):
+            _tally(tally, name[: -len(".codes")], env, value)
+    return _agreement(tally, [spec.name for spec in model.outputs])
+
+
+def _with_code_outputs(qdq: ir.Model) -> ir.Model:
+    for node in qdq.graph:
+        if node.op_type == "QuantizeLinear" and not node.outputs[0].is_graph_output():
+            node.outputs[0].shape = node.inputs[0].shape
+            node.outputs[0].type = ir.TensorType(node.inputs[2].const_value.dtype)
+            qdq.graph.outputs.append(node.outputs[0])
+    return qdq
+
+
+def _feed(item, env: dict, feeds: dict) -> np.ndarray:
+    if item.name.endswith(".codes_in"):
+        codes = env[item.name[: -len(".codes_in")]]
+        return codes.astype({"tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+                             "tensor(int16)": np.int16}.get(item.type, np.int8))
+    return feeds[item.name]
+
+
+def _tally(tally: dict, tensor: str, env: dict, value: np.ndarray) -> None:
+    if tensor not in env:
+        return
+    difference = np.abs(env[tensor] - value.astype(np.int64))
+    entry = tally.setdefault(tensor, [0, 0, 0, 0])
+    entry[0] += difference.size
+    entry[1] += int((difference <= 1).sum())
+    entry[2] += int((difference == 0).sum())
+    entry[3] = max(entry[3], int(difference.max()) if difference.size else 0)
+
+
+def _agreement(tally: dict, outputs: list[str]) -> dict:
+    tensors = {name: {"elements": e, "within_one": w / e if e else 1.0, "equal": q / e if e else 1.0,
+                      "max_difference": m} for name, (e, w, q, m) in tally.items()}
+    total = [sum(tally[name][i] for name in tally) for i in range(3)]
+    out = [sum(tally[name][i] for name in outputs if name in tally) for i in range(3)]
+    return {"tensors": tensors,
+            "all_tensors": {"elements": total[0], "within_one": total[1] / max(total[0], 1),
+                            "equal": total[2] / max(total[0], 1)},
+            "outputs": {"elements": out[0], "within_one": out[1] / max(out[0], 1), "equal": out[2] / max(out[0], 1)}}

@@ -1,0 +1,340 @@
+"""Integer kernels for PRelu, linear/cubic Resize and ConvTranspose, and the LSTM decomposition.
+
+Each kernel is checked twice: against an exact float reference computed from the very integer
+constants it uses (within one step: only the final rounding differs), and end to end on a small
+model (``compiler_core.api.quantize`` with random calibration) against the QDQ model in
+onnxruntime (within one step on at least 99.9 % of the output elements, docs/numerics.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from compiler_core.api import mblt_compile, parse_model, quantize
+from compiler_core.quantization import executor, kernels
+from compiler_core.quantization.kernels.linear import convolution_weight_as_transposed, transposed_conv_weight
+from compiler_core.quantization.kernels.resize import WEIGHT_FRACTION_BITS
+from compiler_core.quantization.qdq import export_qdq
+
+RNG = np.random.default_rng(0)
+AGREEMENT = 0.999
+
+
+def make_model(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int] | None],
+               initializers: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """An opset-21 float model from nodes, input/output shapes and initializers."""
+    graph = helper.make_graph(
+        nodes, "test", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs.items()],
+        [numpy_helper.from_array(np.asarray(value), name) for name, value in (initializers or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def quantized(tmp_path: Path, model: onnx.ModelProto):
+    """``(mblt_path, QuantizedModel)`` of ``model`` with random calibration."""
+    source = tmp_path / "model.onnx"
+    onnx.save(model, str(source))
+    mblt = mblt_compile(source, tmp_path / "model.mblt", backend="onnx")
+    return mblt, quantize(mblt, use_random_calib=True, analysis=False).model
+
+
+def golden_vs_qdq(mblt: Path, program, feeds: dict[str, np.ndarray]) -> float:
+    """Fraction of output codes where the golden executor and the QDQ model agree within one step."""
+    codes = executor.run_codes(program, feeds)
+    qdq = ir.to_proto(export_qdq(mblt, program)).SerializeToString()
+    options = ort.SessionOptions()
+    # onnxruntime 1.32's extended MatMul+Add -> Gemm fusion builds an ill-typed QuantizeLinear for
+    # 3-D MatMul inputs with int8 zero points; the basic level keeps the QDQ model as written.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(qdq, options, providers=["CPUExecutionProvider"])
+    results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    agree, total = 0, 0
+    for name, golden in codes.items():
+        reference = program.params(name).quantize(results[name])
+        agree += int((np.abs(reference - golden) <= 1).sum())
+        total += golden.size
+    return agree / total
+
+
+def feeds_for(model: onnx.ModelProto, count: int = 1):
+    """Standard-normal feeds (what random calibration draws) for each model input."""
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    return {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def only_op(program, kind: str):
+    """The single integer operation of ``kind``."""
+    (op,) = [op for op in program.ops if op.kind == kind]
+    return op
+
+
+# -- PRelu -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slope_shape", [[1], [4, 1, 1], [1, 1, 5], [4, 3, 5]])
+def test_prelu_kernel_against_exact_reference(tmp_path, slope_shape):
+    slope = RNG.uniform(-0.5, 1.5, slope_shape).astype(np.float32)
+    model = make_model([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": [1, 4, 3, 5]},
+                       {"y": [1, 4, 3, 5]}, {"slope": slope})
+    mblt, program = quantized(tmp_path, model)
+    op = only_op(program, "prelu")
+    feeds = feeds_for(model)
+    x_params, y_params = program.params(op.inputs[0]), program.params(op.outputs[0])
+    codes_x = x_params.quantize(feeds["x"])
+    (codes_y,) = kernels.KERNELS["prelu"](op, [codes_x])
+    real = x_params.dequantize(codes_x)
+    exact = np.where(real >= 0, real, real * slope.astype(np.float64)) / y_params.scale + y_params.zero_point
+    assert np.abs(codes_y - np.clip(exact, y_params.qmin, y_params.qmax)).max() <= 0.5 + 1e-6
+    assert golden_vs_qdq(mblt, program, feeds) >= AGREEMENT
+
+
+def test_all_prelu_runs_on_the_prelu_kernel(tmp_path):
+    model = make_model([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": [1, 8]}, {"y": [1, 8]},
+                       {"slope": np.array([0.25], dtype=np.float32)})
+    _, program = quantized(tmp_path, model)
+    assert [op.kind for op in program.ops] == ["prelu"]
+
+
+# -- Resize ----------------------------------------------------------------------------------------
+
+RESIZE_CASES = [
+    ("linear", "half_pixel", {"scales": [1, 1, 2, 2]}),
+    ("linear", "align_corners", {"sizes": [1, 3, 11, 7]}),
+    ("linear", "asymmetric", {"scales": [1, 1, 1.5, 0.5]}),
+    ("linear", "pytorch_half_pixel", {"sizes": [1, 3, 1, 9]}),
+    ("linear", "half_pixel_symmetric", {"scales": [1, 1, 3, 2]}),
+    ("cubic", "half_pixel", {"scales": [1, 1, 2, 2]}),
+]
+
+
+def resize_model(mode: str, transform: str, target: dict) -> onnx.ModelProto:
+    in_shape = [1, 3, 6, 8]
+    if "scales" in target:
+        out_shape = [int(np.floor(n * s)) for n, s in zip(in_shape, target["scales"])]
+        inputs, constants = ["x", "", "scales"], {"scales": np.array(target["scales"], dtype=np.float32)}
+    else:
+        out_shape = target["sizes"]
+        inputs, constants = ["x", "", "", "sizes"], {"sizes": np.array(target["sizes"], dtype=np.int64)}
+    node = helper.make_node("Resize", inputs, ["y"], mode=mode, coordinate_transformation_mode=transform)
+    return make_model([node], {"x": in_shape}, {"y": out_shape}, constants)
+
+
+@pytest.mark.parametrize(("mode", "transform", "target"), RESIZE_CASES)
+def test_resize_kernel_against_exact_reference(tmp_path, mode, transform, target):
+    model = resize_model(mode, transform, target)
+    mblt, program = quantized(tmp_path, model)
+    op = only_op(program, "interpolate")
+    feeds = feeds_for(model)
+    params = program.params(op.inputs[0])
+    codes_x = params.quantize(feeds["x"])
+    (codes_y,) = kernels.KERNELS["interpolate"](op, [codes_x])
+    exact = (codes_x - params.zero_point).astype(np.float64)
+    for axis in op.attrs["axes"]:
+        weights = op.consts[f"weight{axis}"].astype(np.float64) / (1 << WEIGHT_FRACTION_BITS)
+        assert np.all(op.consts[f"weight{axis}"].sum(axis=1) == 1 << WEIGHT_FRACTION_BITS)
+        exact = np.moveaxis(np.tensordot(weights, exact, axes=([1], [axis])), 0, axis)
+    exact = np.clip(exact + params.zero_point, params.qmin, params.qmax)
+    assert np.abs(codes_y - exact).max() <= 0.5 + 1e-9
+    assert golden_vs_qdq(mblt, program, feeds) >= AGREEMENT
+
+
+def test_resize_weights_are_the_spec_interpolation(tmp_path):
+    """Q15 weights dequantized equal onnxruntime's float Resize within one Q15 step per weight."""
+    model = resize_model("linear", "half_pixel", {"scales": [1, 1, 2, 2]})
+    _, program = quantized(tmp_path, model)
+    op = only_op(program, "interpolate")
+    assert op.attrs["axes"] == [2, 3]
+    x = np.zeros([1, 3, 6, 8], dtype=np.float32)
+    x[0, 0, 2, :] = 1.0  # one row of ones: the output rows are the H-axis weights of input row 2
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(op.consts["weight2"][:, 2] / 2**15, expected[0, 0, :, 0], atol=2**-15)
+
+
+def test_nearest_resize_stays_a_move(tmp_path):
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+    model = make_model([node], {"x": [1, 2, 3, 3]}, {"y": [1, 2, 6, 6]},
+                       {"scales": np.array([1, 1, 2, 2], dtype=np.float32)})
+    _, program = quantized(tmp_path, model)
+    assert [op.kind for op in program.ops] == ["move"]
+
+
+# -- ConvTranspose ---------------------------------------------------------------------------------
+
+CONV_TRANSPOSE_CASES = [
+    ({"strides": [2, 2]}, [1, 4, 5, 6], [4, 3, 2, 2], 1),
+    ({"strides": [2, 1], "pads": [1, 0, 0, 1], "output_padding": [1, 0]}, [1, 4, 5, 6], [4, 3, 3, 3], 1),
+    ({"strides": [3, 2], "dilations": [2, 1], "pads": [2, 1, 1, 2], "group": 2}, [1, 4, 5, 6], [4, 3, 3, 2], 2),
+    ({"strides": [2, 2], "group": 4}, [1, 4, 5, 5], [4, 1, 3, 3], 4),
+    ({"strides": [2], "pads": [1, 1], "output_padding": [1]}, [1, 4, 7], [4, 2, 4], 1),
+    ({"strides": [2, 2], "auto_pad": "VALID"}, [1, 2, 4, 4], [2, 3, 3, 3], 1),
+    ({"strides": [2, 2], "output_shape": [9, 10]}, [1, 2, 4, 5], [2, 3, 3, 3], 1),
+]
+
+
+def conv_transpose_model(attributes: dict, x_shape, w_shape, relu: bool = False):
+    weight = RNG.standard_normal(w_shape).astype(np.float32) * 0.5
+    bias = RNG.standard_normal(w_shape[1] * attributes.get("group", 1)).astype(np.float32) * 0.1
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t" if relu else "y"], **attributes)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["t"], ["y"]))
+    model = make_model(nodes, {"x": x_shape}, {"y": None}, {"w": weight, "b": bias})
+    return onnx.shape_inference.infer_shapes(model), weight, bias
+
+
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape", "groups"), CONV_TRANSPOSE_CASES)
+def test_conv_transpose_kernel_against_exact_reference(tmp_path, attributes, x_shape, w_shape, groups):
+    model, _, _ = conv_transpose_model(attributes, x_shape, w_shape)
+    mblt, program = quantized(tmp_path, model)
+    op = only_op(program, "linear")
+    assert op.attrs["layout"] == "conv_transpose"
+    feeds = feeds_for(model)
+    x_params, y_params = program.params(op.inputs[0]), program.params(op.outputs[0])
+    codes_x = x_params.quantize(feeds["x"])
+    (codes_y,) = kernels.KERNELS["linear"](op, [codes_x])
+    # exact: the float64 ConvTranspose of the spec on the very codes and scales the kernel uses
+    weight = convolution_weight_as_transposed(op.consts["weight"].astype(np.float64), groups)
+    scales = np.asarray(op.attrs["weight_scale"])
+    channel_scale = scales.reshape(groups, 1, -1).repeat(weight.shape[0] // groups, axis=1).reshape(weight.shape[:2])
+    real_weight = weight * channel_scale.reshape(*channel_scale.shape, *[1] * (weight.ndim - 2))
+    real_bias = op.consts["bias"].astype(np.float64) * x_params.scale * scales
+    real_x = x_params.dequantize(codes_x)
+    reference = _float_conv_transpose(model, real_x, real_weight, real_bias)
+    exact = np.clip(reference / y_params.scale + y_params.zero_point, y_params.qmin, y_params.qmax)
+    assert codes_y.shape == exact.shape
+    assert np.abs(codes_y - exact).max() <= 0.5 + 1e-6
+    assert golden_vs_qdq(mblt, program, feeds) >= AGREEMENT
+
+
+def _float_conv_transpose(model: onnx.ModelProto, x, weight, bias) -> np.ndarray:
+    """The ONNX ConvTranspose in float64, written as the spec's scatter (onnx.reference mishandles groups)."""
+    (node,) = [n for n in model.graph.node if n.op_type == "ConvTranspose"]
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    rank, groups = x.ndim - 2, attributes.get("group", 1)
+    kernel = weight.shape[2:]
+    strides = attributes.get("strides", [1] * rank)
+    dilations = attributes.get("dilations", [1] * rank)
+    extra = attributes.get("output_padding", [0] * rank)
+    full = [s * (n - 1) + d * (k - 1) + 1 + e for s, n, d, k, e in zip(strides, x.shape[2:], dilations, kernel, extra)]
+    if "output_shape" in attributes:
+        total = [f - o for f, o in zip(full, attributes["output_shape"])]
+        pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+    else:
+        pads = [0] * (2 * rank) if attributes.get("auto_pad") == "VALID" else attributes.get("pads", [0] * (2 * rank))
+    in_per_group, out_per_group = x.shape[1] // groups, weight.shape[1]
+    y = np.zeros([x.shape[0], out_per_group * groups, *full])
+    for position in np.ndindex(*x.shape[2:]):
+        for tap in np.ndindex(*kernel):
+            target = tuple(p * s + t * d for p, s, t, d in zip(position, strides, tap, dilations))
+            for group in range(groups):
+                inputs = x[(slice(None), slice(group * in_per_group, (group + 1) * in_per_group), *position)]
+                taps = weight[(slice(group * in_per_group, (group + 1) * in_per_group), slice(None), *tap)]
+                y[(slice(None), slice(group * out_per_group, (group + 1) * out_per_group), *target)] += inputs @ taps
+    crop = tuple(slice(b, f - e) for b, e, f in zip(pads[:rank], pads[rank:], full))
+    return y[(slice(None), slice(None), *crop)] + bias.reshape(1, -1, *[1] * rank)
+
+
+def test_conv_transpose_weight_layout_round_trips():
+    weight = RNG.standard_normal([6, 2, 3, 2])
+    for groups in (1, 2, 3, 6):
+        converted = transposed_conv_weight(weight, groups)
+        assert converted.shape == (2 * groups, 6 // groups, 3, 2)
+        np.testing.assert_array_equal(convolution_weight_as_transposed(converted, groups), weight)
+
+
+def test_conv_transpose_fuses_relu(tmp_path):
+    model, _, _ = conv_transpose_model({"strides": [2, 2]}, [1, 3, 4, 4], [3, 2, 2, 2], relu=True)
+    mblt, program = quantized(tmp_path, model)
+    (op,) = program.ops
+    assert op.kind == "linear" and len(op.nodes) == 2 and op.attrs["clamp"][0] == program.params(op.outputs[0]).quantize(0.0)
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= AGREEMENT
+
+
+# -- LSTM decomposition ----------------------------------------------------------------------------
+
+HIDDEN, INPUT, SEQ, BATCH = 5, 3, 4, 2
+
+
+def lstm_model(direction: str = "forward", layout: int = 0, bias: bool = True, initial: bool = True,
+               peepholes: bool = False, outputs=("Y", "Y_h", "Y_c")) -> onnx.ModelProto:
+    directions = 2 if direction == "bidirectional" else 1
+    x_shape = [SEQ, BATCH, INPUT] if layout == 0 else [BATCH, SEQ, INPUT]
+    state_shape = [directions, BATCH, HIDDEN] if layout == 0 else [BATCH, directions, HIDDEN]
+    constants = {"W": RNG.standard_normal([directions, 4 * HIDDEN, INPUT]).astype(np.float32),
+                 "R": RNG.standard_normal([directions, 4 * HIDDEN, HIDDEN]).astype(np.float32) * 0.5}
+    inputs = {"X": x_shape}
+    names = ["X", "W", "R", "", "", "", "", ""]
+    if bias:
+        constants["B"] = RNG.standard_normal([directions, 8 * HIDDEN]).astype(np.float32) * 0.3
+        names[3] = "B"
+    if initial:
+        inputs.update({"h0": state_shape, "c0": state_shape})
+        names[5:7] = ["h0", "c0"]
+    if peepholes:
+        constants["P"] = RNG.standard_normal([directions, 3 * HIDDEN]).astype(np.float32) * 0.3
+        names[7] = "P"
+    while names and not names[-1]:
+        names.pop()
+    node_outputs = [name if name in outputs else "" for name in ("Y", "Y_h", "Y_c")]
+    while not node_outputs[-1]:
+        node_outputs.pop()
+    node = helper.make_node("LSTM", names, node_outputs, hidden_size=HIDDEN, direction=direction, layout=layout)
+    model = make_model([node], inputs, {name: None for name in outputs}, constants)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _run(model_bytes: bytes, feeds):
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return session.run(None, {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
+
+
+@pytest.mark.parametrize(("direction", "layout", "bias", "initial", "peepholes", "outputs"), [
+    ("forward", 0, True, True, False, ("Y", "Y_h", "Y_c")),
+    ("reverse", 0, True, True, False, ("Y", "Y_h")),
+    ("bidirectional", 0, True, True, True, ("Y", "Y_h", "Y_c")),
+    ("bidirectional", 1, False, False, False, ("Y", "Y_c")),
+    ("forward", 1, True, False, False, ("Y_h",)),
+])
+def test_lstm_decomposes_to_primitive_ops(tmp_path, direction, layout, bias, initial, peepholes, outputs):
+    model = lstm_model(direction, layout, bias, initial, peepholes, outputs)
+    graph, _ = parse_model(_as_path(model, tmp_path), backend="onnx")
+    ops = {node.op_type for node in graph.graph}
+    assert "LSTM" not in ops and ops <= {"MatMul", "Add", "Sigmoid", "Tanh", "Mul", "Split", "Squeeze", "Unsqueeze",
+                                         "Concat", "Transpose", "Reshape", "Slice", "Identity"}
+    assert all(node.metadata_props.get("mblt.source_name") == "lstm" for node in graph.graph)
+    feeds = feeds_for(model)
+    if layout == 0:
+        expected = _run(model.SerializeToString(), feeds)
+    else:  # onnxruntime has no batch-major (layout 1) LSTM
+        expected = ReferenceEvaluator(model).run(None, feeds)
+    actual = _run(ir.to_proto(graph).SerializeToString(), feeds)
+    for want, got in zip(expected, actual):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _as_path(model: onnx.ModelProto, folder: Path) -> Path:
+    model.graph.node[0].name = "lstm"
+    onnx.save(model, str(folder / "lstm.onnx"))
+    return folder / "lstm.onnx"
+
+
+def test_decomposed_lstm_quantizes(tmp_path):
+    model = lstm_model("forward", 0, True, True, False, ("Y", "Y_h", "Y_c"))
+    mblt, program = quantized(tmp_path, model)
+    assert {op.kind for op in program.ops} <= {"linear", "add", "lut", "mul", "move", "concat"}
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= 0.99  # many chained roundings, 2x5x4 outputs
+
+
+def test_unsupported_lstm_is_left_alone(tmp_path):
+    model = lstm_model()
+    model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
+    graph, _ = parse_model(_as_path(model, tmp_path), backend="onnx")
+    assert [node.op_type for node in graph.graph] == ["LSTM"]
+
