@@ -299,7 +299,7 @@ EXPECTED_PRESET_CHANGES = {
     "yolo_640": {"calibration.mode", "calibration.output", "imageChannels", "uint8Input.apply",
                  "preprocessing.apply", "preprocessing.pipeline"},
     "vision_transformer": {"calibration.method", "bit.layerOverrides.activation16Bits"},
-    "transformer_encoder": {"calibration.method", "calibration.mode", "bit.layerOverrides.activation16Bits"},
+    "transformer_encoder": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "llm": {"llm.apply", "equivalentTransformation.apply", "calibration.method", "calibration.mode",
             "bit.layerOverrides.activation16Bits"},
     "llm_fast": {"llm.apply", "calibration.method", "calibration.numSamples", "bit.transformer.ffnBits"},

@@ -38,7 +38,6 @@ def _yolo(size: int) -> dict[str, Any]:
 
 
 _VIT_INT16 = ["*attention*output*", "*attn*proj*", "*mlp*", "*ffn*", "*intermediate*"]
-_ENCODER_INT16 = ["*softmax*", "*layernorm*", "*layer_norm*", "*gelu*", "*erf*"]
 _LLM_INT16 = ["*norm*", "*softmax*"]
 
 PRESETS: dict[str, Preset] = {
@@ -67,9 +66,9 @@ PRESETS: dict[str, Preset] = {
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": _VIT_INT16}}}),
     "transformer_encoder": Preset(
-        "BERT/MiniLM-style encoders: WChAMulti, MaxPercentile, int16 Softmax/LayerNorm/GELU outputs.",
-        {"calibration": {"method": 1, "mode": 1},
-         "bit": {"layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
+        "BERT/MiniLM-style encoders: a16w8 (int16 activations, int8 weights), WChAMulti, Max calibration.",
+        {"calibration": {"method": 1, "mode": 0},
+         "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm": Preset(
         "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
         {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},
