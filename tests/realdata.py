@@ -33,7 +33,6 @@ order. Calibration and held-out sentences come from disjoint module lists.
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from realmodels import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     MINILM_INPUT_NAMES,
+    REPO_ROOT,
     RealModelUnavailable,
     _build_lock,
     _require_module,
@@ -234,14 +234,13 @@ def imagenet_tensors(folder: Path) -> np.ndarray:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """A gzipped IDX file of unsigned bytes as an array of its stated shape (as scripts/train_sample.py)."""
-    with gzip.open(path, "rb") as stream:
-        raw = stream.read()
-    if raw[:2] != b"\0\0" or raw[2] != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file")
-    rank = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(rank))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * rank).reshape(shape)
+    """A gzipped IDX file as an array: the reader of scripts/train_sample.py (which trained the sample)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_sample", REPO_ROOT / "scripts" / "train_sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_idx(path)
 
 
 def fashion_mnist_test() -> tuple[np.ndarray, np.ndarray]:
