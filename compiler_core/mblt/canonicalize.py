@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -180,7 +181,9 @@ def _convert_opset(model: ir.Model) -> None:
     if current != opset.MBLT_OPSET_VERSION:
         # The C-API fallback drops node metadata but keeps node names: restore it by name.
         saved = {node.name: dict(node.metadata_props) for node in ir.traversal.RecursiveGraphIterator(model.graph)}
-        onnxscript.version_converter.convert_version(model, opset.MBLT_OPSET_VERSION, fallback=True)
+        with _quiet("onnxscript.version_converter"):  # its "using the C API fallback" warning is expected
+            onnxscript.version_converter.convert_version(model, opset.MBLT_OPSET_VERSION, fallback=True)
+        logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
         for node in ir.traversal.RecursiveGraphIterator(model.graph):
             node.metadata_props.update(saved.get(node.name, {}))
     if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
@@ -237,6 +240,18 @@ def _verify(model: ir.Model) -> None:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _quiet(name: str):
+    """Raise one library logger to ERROR for the duration of a call."""
+    target = logging.getLogger(name)
+    level = target.level
+    target.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
 
 
 def _should_fold(node: ir.Node) -> bool | None:
