@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run run-cli test lint bench clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,14 @@ $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
 	@touch $(STAMP)
 
 run: setup
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ] || [ -n "$$QT_QPA_PLATFORM" ]; then \
+		$(VENV)/bin/qbstudio resources/samples/fashion_cnn.qbproj; \
+	else \
+		echo "No display: running the sample through the command line instead (the workbench: make run on a desktop)."; \
+		$(MAKE) --no-print-directory run-cli; \
+	fi
+
+run-cli: setup
 	$(VENV)/bin/qbcompiler parse --model $(SAMPLE)/model.onnx --output build/sample/model.mblt --target-device aries-rb
 	$(VENV)/bin/qbcompiler check --mblt build/sample/model.mblt --target-device regulus-ra
 	$(VENV)/bin/qbcompiler quantize --mblt build/sample/model.mblt --compile-config $(SAMPLE)/compile_config.yaml \

@@ -4,4 +4,5 @@ import sys
 
 from qbstudio.app import main
 
-sys.exit(main())
+if __name__ == "__main__":  # multiprocessing children import this module too
+    sys.exit(main())

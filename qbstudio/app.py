@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
+    from qbstudio._compat import guard_none_refcount
+
+    guard_none_refcount()
     from PySide6 import QtWebEngineWidgets  # noqa: F401  (must be imported before the QApplication)
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication

@@ -7,6 +7,7 @@ one user action or one job outcome; the panels and the Qt-free state hold the lo
 from __future__ import annotations
 
 import logging
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,14 @@ from compiler_core.fileio import sha256_file
 from compiler_core.frontends import detect_backend
 from compiler_core.targets import check_support
 from qbstudio import dialogs
+from qbstudio._compat import guard_none_refcount
+from qbstudio.process_jobs import run_in_process, warm_up
 from qbstudio.state.model_info import dynamic_inputs, node_info, onnx_input_shapes
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
-from qbstudio.tasks import CompileOutcome, LoadedModel, compile_run, open_mblt, parse_model
+from qbstudio.tasks import CompileOutcome, LoadedModel, open_mblt, parse_model
 from qbstudio.widgets.calibration_panel import CalibrationPanel
 from qbstudio.widgets.compare_view import CompareView
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
@@ -58,6 +61,7 @@ MODEL_FILTER = "Models (*.onnx *.mblt *.tflite);;All files (*)"
 PROJECT_FILTER = f"qb Studio project (*{PROJECT_SUFFIX})"
 OPEN_FILTER = f"Projects and models (*{PROJECT_SUFFIX} *.onnx *.mblt *.tflite);;All files (*)"
 AUTOSAVE_DELAY_MS = 1500
+COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
 
 
@@ -80,12 +84,14 @@ class MainWindow(QMainWindow):
 
     def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None) -> None:
         super().__init__()
+        guard_none_refcount()
         self.dirs = dirs or AppDirs.default()
         self.preferences = preferences or Preferences.load(self.dirs.preferences_file)
         self.runner = JobRunner(self)
         self.project = self._untitled_project()
         self.loaded: LoadedModel | None = None
         self.report: Any = None
+        self._outcomes: dict[str, str] = {}
         self.setWindowTitle("qb Studio")
         self.setAcceptDrops(True)
         self._autosave_timer = QTimer(self, singleShot=True, interval=AUTOSAVE_DELAY_MS)
@@ -113,7 +119,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.compare, "Runs && Compare")
         self.setCentralWidget(self.tabs)
         self._build_layers_dock()
-        self.log_handler = QtLogHandler()
+        self.log_handler = QtLogHandler(self)
         logging.getLogger().addHandler(self.log_handler)
         self.log_dock = LogDock(self.log_handler, self)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.log_dock)
@@ -163,8 +169,8 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
-        self.act_load_config = self._action("Load Compile Config…", self.options._on_load_clicked)
-        self.act_save_config = self._action("Save Compile Config…", self.options._on_save_clicked)
+        self.act_load_config = self._action("Load Compile Config…", self.options.ask_load_config)
+        self.act_save_config = self._action("Save Compile Config…", self.options.ask_save_config)
         self.act_quit = self._action("&Quit", self.close, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
@@ -350,15 +356,17 @@ class MainWindow(QMainWindow):
         if pending is not None:
             self.project.model, self._pending_model = pending, None
         self.loaded = loaded
+        self.tabs.setCurrentWidget(self.graph)  # Chromium does not lay out pages in hidden tabs
         self.graph.load_mblt(loaded.mblt_path)
         self.check_support()
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
                                      self._specs())
         self._update_model_label()
         self._update_can_compile()
+        warm_up()
         self.statusBar().showMessage(f"Model ready: {len(loaded.model.graph)} nodes", 5000)
         self.mark_dirty()
-        self.model_ready.emit()
+        self._outcomes["model"] = "ready"
 
     def _on_model_failed(self, error: Exception) -> None:
         self._pending_model = None
@@ -447,8 +455,8 @@ class MainWindow(QMainWindow):
         run_id = self.project.runs.next_id()
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         calibration = self.project.calibration
-        worker = Worker("compile", compile_run, self.project.mblt_path, save_path, self.project.settings.config,
-                        calibration.path, calibration.use_random)
+        worker = Worker("compile", run_in_process, COMPILE_TARGET, self.project.mblt_path, save_path,
+                        self.project.settings.config, calibration.path, calibration.use_random)
         worker.progress.connect(self.run_panel.show_progress)
         worker.succeeded.connect(lambda outcome: self._on_compiled(run_id, outcome))
         worker.failed.connect(self._on_compile_failed)
@@ -471,26 +479,38 @@ class MainWindow(QMainWindow):
             self.show_node(self.details.node)
         self.statusBar().showMessage(f"Compiled {Path(run.mxq_path).name} in {run.duration_s:.1f} s", 8000)
         self.mark_dirty()
-        self.compile_finished.emit("done")
+        self._outcomes["compile"] = "done"
+
+    def _discard_run_dir(self) -> None:
+        run_dir = self.project.run_dir(self.project.runs.next_id())
+        if run_dir.exists():  # a fresh folder of this compile only (the child normally removed it)
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     def _on_compile_failed(self, error: Exception) -> None:
+        self._discard_run_dir()
         self.run_panel.finished(f"Failed: {getattr(error, 'code', type(error).__name__)}")
+        self._outcomes["compile"] = "failed"
         dialogs.show_error(self, "Compile failed", error)
-        self.compile_finished.emit("failed")
 
     def _on_compile_cancelled(self) -> None:
+        self._discard_run_dir()
         self.run_panel.finished("Cancelled")
         self.statusBar().showMessage("Compile cancelled; nothing was written.", 6000)
-        self.compile_finished.emit("cancelled")
+        self._outcomes["compile"] = "cancelled"
 
     def cancel_jobs(self) -> None:
         """Cancel the running compile or model job."""
         for slot in ("compile", "model", "make_calib"):
             self.runner.cancel(slot)
 
-    def _on_busy_changed(self, _slot: str, _busy: bool) -> None:
+    def _on_busy_changed(self, slot: str, busy: bool) -> None:
         self.act_cancel.setEnabled(any(self.runner.is_busy(s) for s in ("compile", "model", "make_calib")))
         self._update_can_compile()
+        outcome = None if busy else self._outcomes.pop(slot, None)
+        if slot == "compile" and outcome:  # announced once the job slot is free for the next one
+            self.compile_finished.emit(outcome)
+        elif slot == "model" and outcome:
+            self.model_ready.emit()
 
     def _update_can_compile(self) -> None:
         ready = self.loaded is not None and not self.runner.is_busy("compile") and not self.runner.is_busy("model")
@@ -571,7 +591,8 @@ class MainWindow(QMainWindow):
         name = self.project.name + (" (sample)" if self.project.template else "")
         self.setWindowTitle(f"{name}{' •' if dirty else ''} — qb Studio")
         model = self.project.model
-        self.status_label.setText(f"{self.project.path or 'untitled'} · {Path(model.path).name if model else 'no model'}")
+        where = "sample project (not saved yet)" if self.project.template else str(self.project.path or "untitled")
+        self.status_label.setText(f"{where} · {Path(model.path).name if model else 'no model'}")
 
     def _update_model_label(self) -> None:
         model = self.project.model
@@ -609,6 +630,7 @@ class MainWindow(QMainWindow):
             self.resize(1400, 900)
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
+        self._default_docks = not window.get("state")
         self.tabs.setCurrentIndex(int(window.get("tab", 0)))
 
     def _store_layout(self) -> None:
@@ -625,6 +647,14 @@ class MainWindow(QMainWindow):
 
     def _open_folder(self, path: Path) -> None:
         open_folder(path)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """On the first show without a saved layout, give the docks sensible sizes."""
+        super().showEvent(event)
+        if self._default_docks:
+            self._default_docks = False
+            self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.log_dock], [130], Qt.Orientation.Vertical)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
         """Accept dropped local files."""
@@ -652,4 +682,5 @@ class MainWindow(QMainWindow):
         self._store_layout()
         self._save_preferences()
         logging.getLogger().removeHandler(self.log_handler)
+        self.log_handler.stop()
         super().closeEvent(event)

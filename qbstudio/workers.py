@@ -117,9 +117,11 @@ class JobRunner(QObject):
         """
         if self.is_busy(slot):
             raise RuntimeError(f"A {slot} job is already running.")
+        worker.setParent(self)  # Qt-owned: deleted by deleteLater in this thread, never by the GC elsewhere
         thread = JobThread(worker, self)
         thread.setObjectName(f"qbstudio-{slot}")
-        thread.finished.connect(self._on_thread_finished)  # bound slot: runs in this (GUI) thread
+        worker.finished.connect(self._on_worker_finished)  # queued after the outcome signal's slots
+        thread.finished.connect(thread.deleteLater)
         self._jobs[slot] = (worker, thread)
         thread.start()
         self.busy_changed.emit(slot, True)
@@ -143,16 +145,17 @@ class JobRunner(QObject):
     def shutdown(self, timeout_ms: int = 30_000) -> None:
         """Cancel every job and wait for the threads to end (application exit)."""
         for slot, (worker, thread) in list(self._jobs.items()):
+            if not thread.isRunning():
+                continue
             worker.cancel()
             if not thread.wait(timeout_ms):
                 logger.warning("%s job did not stop within %d ms", slot, timeout_ms)
 
     @Slot()
-    def _on_thread_finished(self) -> None:
-        thread = self.sender()
-        for slot, (worker, job_thread) in list(self._jobs.items()):
-            if job_thread is thread:
+    def _on_worker_finished(self) -> None:
+        worker = self.sender()
+        for slot, (job_worker, _thread) in list(self._jobs.items()):
+            if job_worker is worker:
                 del self._jobs[slot]
-                worker.deleteLater()
-                job_thread.deleteLater()
+                job_worker.deleteLater()
                 self.busy_changed.emit(slot, False)

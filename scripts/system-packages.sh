@@ -1,9 +1,10 @@
 #!/bin/sh
-# Debian packages the test suite reads real data from (Fashion-MNIST). Installed when missing and
+# Debian packages: real data the test suite reads (Fashion-MNIST) and a font for the graph view. Installed when missing and
 # when we can (root with apt-get); otherwise the tests that need them skip and say why.
 set -e
 missing=""
 [ -d /usr/share/datasets/fashion-mnist ] || missing="$missing dataset-fashion-mnist"
+[ -d /usr/share/fonts/truetype/wqy ] || missing="$missing fonts-wqy-microhei"  # a glyph for Netron's shape brackets
 [ -z "$missing" ] && exit 0
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
     echo "Installing Debian packages:$missing"

@@ -109,10 +109,11 @@ class NetronPage(QWebEnginePage):
     def _configure(self) -> None:
         settings = self.settings()
         attribute = QWebEngineSettings.WebAttribute
-        for name in ("LocalContentCanAccessRemoteUrls", "JavascriptCanOpenWindows", "PluginsEnabled",
-                     "DnsPrefetchEnabled", "NavigateOnDropEnabled", "AutoLoadIconsForPage",
-                     "HyperlinkAuditingEnabled"):
-            settings.setAttribute(getattr(attribute, name), False)
+        # LocalContentCanAccessRemoteUrls must stay off: it also breaks Netron's layout worker.
+        for off in (attribute.LocalContentCanAccessRemoteUrls, attribute.JavascriptCanOpenWindows,
+                    attribute.PluginsEnabled, attribute.DnsPrefetchEnabled, attribute.NavigateOnDropEnabled,
+                    attribute.AutoLoadIconsForPage, attribute.HyperlinkAuditingEnabled):
+            settings.setAttribute(off, False)
         settings.setAttribute(attribute.JavascriptEnabled, True)
 
     def acceptNavigationRequest(self, url: QUrl | str, navigation_type: QWebEnginePage.NavigationType,  # noqa: N802

@@ -16,9 +16,8 @@ logger = logging.getLogger(__name__)
 
 NO_PRESET = "none"
 NORMALIZED_RANGE = (-3.0, 3.0)
-UNIT_RANGE = (0.0, 1.0)
 PIXEL_RANGE = (0.0, 255.0)
-_FAR_FACTOR = 3.0
+_FAR_FACTOR = 1.0
 
 
 @dataclass
@@ -96,12 +95,14 @@ class PreprocessForm:
         return form
 
     def expected_range(self, uint8_input: bool) -> tuple[float, float]:
-        """The value range a sample should roughly have after this pipeline."""
-        if self.apply and self.normalize and not self.fuse:
-            return NORMALIZED_RANGE if self.scale < 0.1 else PIXEL_RANGE
-        if self.apply and (uint8_input or self.fuse or not self.normalize):
+        """The value range the model's first layer saw in FP32 training, roughly.
+
+        A float model is trained on normalized inputs (about [-3, 3]; [0, 1] lies inside); a model
+        taking uint8 input, or with the normalization fused into its first layer, sees pixels 0-255.
+        """
+        if uint8_input or (self.apply and self.normalize and self.fuse):
             return PIXEL_RANGE
-        return UNIT_RANGE
+        return NORMALIZED_RANGE
 
 
 def _read_color(form: PreprocessForm, op: Any) -> None:
@@ -144,6 +145,20 @@ def pipeline_presets() -> dict[str, str]:
     """Preset name -> description: ``none`` and every core preset that carries preprocessing."""
     found = {name: preset.description for name, preset in PRESETS.items() if "preprocessing" in preset.config}
     return {NO_PRESET: "No preprocessing: images are only scaled to 0-1.", **found}
+
+
+PRESET_LABELS = {NO_PRESET: "None (scale to 0-1)", "classification_torchvision": "ImageNet (torchvision)",
+                 "yolo_640": "YOLO 640", "yolo_1280": "YOLO 1280"}
+"""Friendly names of the pipeline presets (others show their registry name)."""
+
+
+def matching_preset(preprocessing: dict[str, Any]) -> str | None:
+    """The pipeline preset whose pipeline equals ``preprocessing``'s, or None for a custom one."""
+    current = PreprocessForm.from_preprocessing(preprocessing)
+    for name in pipeline_presets():
+        if PreprocessForm.from_preprocessing(pipeline_preset(name)[0]) == current:
+            return name
+    return None
 
 
 def pipeline_preset(name: str) -> tuple[dict[str, Any], bool]:

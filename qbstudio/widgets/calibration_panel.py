@@ -37,9 +37,11 @@ from compiler_core.errors import QBCompilerError
 from compiler_core.progress import as_reporter
 from qbstudio import dialogs
 from qbstudio.state.calibration import (
+    PRESET_LABELS,
     PreprocessForm,
     SampleStats,
     display_image,
+    matching_preset,
     pipeline_preset,
     pipeline_presets,
     review_samples,
@@ -181,9 +183,10 @@ class CalibrationPanel(QWidget):
         form = QFormLayout(group)
         self.preset_combo = QComboBox(objectName="pipelinePreset")
         for name, description in pipeline_presets().items():
-            self.preset_combo.addItem(name, name)
+            self.preset_combo.addItem(PRESET_LABELS.get(name, name), name)
             self.preset_combo.setItemData(self.preset_combo.count() - 1, description, 3)
-        self.preset_combo.activated.connect(lambda: self.apply_preset(self.preset_combo.currentData()))
+        self.preset_combo.addItem("(custom)", None)
+        self.preset_combo.activated.connect(self._on_preset_chosen)
         self.apply_check = QCheckBox("Apply the pipeline to images")
         self.color_combo = self._combo(["", "RGB", "BGR"], "keep")
         self.layout_combo = self._combo(["", "HWC", "CHW"], "model's")
@@ -205,6 +208,11 @@ class CalibrationPanel(QWidget):
         for widget in (self.apply_check, self.uint8_check):
             widget.toggled.connect(self._on_form_edited)
         return group
+
+    def _on_preset_chosen(self) -> None:
+        name = self.preset_combo.currentData()
+        if name:
+            self.apply_preset(name)
 
     def _combo(self, values: list[str], empty_label: str) -> QComboBox:
         combo = QComboBox()
@@ -303,6 +311,8 @@ class CalibrationPanel(QWidget):
             self.path_edit.setText(self.source.path or "")
             self.random_check.setChecked(self.source.use_random)
             self._show_form(PreprocessForm.from_preprocessing(self.settings.preprocessing))
+            self.preset_combo.setCurrentIndex(self.preset_combo.findData(matching_preset(self.settings.preprocessing)))
+            self._enable_rows()
             self.uint8_check.setChecked(self.settings.config.uint8_input.apply)
             self.make_button.setEnabled(bool(self.source.path) and Path(self.source.path).is_dir())
         finally:
@@ -344,9 +354,24 @@ class CalibrationPanel(QWidget):
             scale=self.scale_combo.currentData(), fuse=self.fuse_check.isChecked(),
             layout=self.layout_combo.currentData())
 
+    def _enable_rows(self) -> None:
+        rows = ((self.resize_check, (self.keep_aspect_check, self.resize_size, self.resize_h, self.resize_w)),
+                (self.crop_check, (self.crop_h, self.crop_w)),
+                (self.letterbox_check, (self.letterbox_h, self.letterbox_w, self.pad_spin)),
+                (self.normalize_check, (self.mean_edit, self.std_edit, self.scale_combo, self.fuse_check)))
+        for check, widgets in rows:
+            for widget in widgets:
+                widget.setEnabled(check.isChecked())
+        if self.resize_check.isChecked():
+            keep = self.keep_aspect_check.isChecked()
+            self.resize_size.setEnabled(keep)
+            self.resize_h.setEnabled(not keep)
+            self.resize_w.setEnabled(not keep)
+
     def _on_form_edited(self) -> None:
         if self._refreshing:
             return
+        self._enable_rows()
         try:
             preprocessing = self.form().to_preprocessing()
             self.settings.set("preprocessing", preprocessing)
@@ -354,6 +379,7 @@ class CalibrationPanel(QWidget):
         except (ValueError, QBCompilerError) as error:
             self.preview_status.setText(f"<span style='color:#c62828'>Invalid pipeline: {error}</span>")
             return
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(matching_preset(self.settings.preprocessing)))
         self.changed.emit()
         self.schedule_preview()
 

@@ -61,10 +61,13 @@ class CompareView(QWidget):
         for combo in (self.combo_a, self.combo_b):
             combo.currentIndexChanged.connect(self.update_plot)
         self.plot = pg.PlotWidget(background="w")
-        self.plot.setLabel("left", "SQNR", units="dB")
-        self.plot.setLabel("bottom", "layer (ordered by run A, worst first)")
+        self.plot.setLabel("left", "SQNR", units="dB", color="#222")
+        self.plot.setLabel("bottom", "layer (ordered by run A, worst first)", color="#222")
         self.plot.showGrid(x=True, y=True, alpha=0.3)
-        self.legend = self.plot.addLegend(offset=(-10, 10))
+        for axis in ("left", "bottom"):
+            self.plot.getAxis(axis).setTextPen("#222")
+            self.plot.getAxis(axis).setPen("#888")
+        self.legend = self.plot.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
         self.curve_a = self.plot.plot([], [], pen=pg.mkPen(COLOURS[0], width=2), symbol="o", symbolSize=5,
                                       symbolBrush=COLOURS[0], name="A", connect="finite")
         self.curve_b = self.plot.plot([], [], pen=pg.mkPen(COLOURS[1], width=2), symbol="t", symbolSize=6,

@@ -7,12 +7,15 @@ nodes without reloading when the device or a decision changes, and syncs selecti
 
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QPoint, Qt, QUrl, Signal
+import shiboken6
+from PySide6.QtCore import QCoreApplication, QPoint, Qt, QUrl, Signal
 from PySide6.QtWebEngineWidgets import QWebEngineView
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
@@ -28,6 +31,30 @@ LARGE_GRAPH_NODES = 1000
 
 _LAYOUT_CANCEL_BUTTON = "Cancel"
 """Button of Netron's notice for a layout running over 2.5 s (every other message blocks the graph)."""
+
+
+_LIVE_VIEWS: weakref.WeakSet[GraphView] = weakref.WeakSet()
+
+
+def release_web_engine() -> None:
+    """Delete the page, then the profile, of every GraphView still alive.
+
+    QtWebEngine crashes (or warns "Release of profile requested but WebEnginePage still not
+    deleted") when pages outlive the QApplication or their profile, which happens when views are
+    left to Python's garbage collection at exit. Runs on ``aboutToQuit`` and at interpreter exit.
+    """
+    for view in list(_LIVE_VIEWS):
+        view._release_web_engine()
+
+
+atexit.register(release_web_engine)
+
+
+def _release_on_quit() -> None:
+    app = QCoreApplication.instance()
+    if app is not None and not app.property("qbReleasesWebEngine"):
+        app.aboutToQuit.connect(release_web_engine)
+        app.setProperty("qbReleasesWebEngine", True)
 
 
 def statuses_from_report(report: Any) -> tuple[dict[str, str], dict[str, str]]:
@@ -68,6 +95,7 @@ class GraphView(QWidget):
 
     Signals:
         ready(): The graph is rendered (Netron's page is in its ``default`` state and nodes exist).
+            Chromium does not lay out hidden pages: in a hidden tab this comes once the view is shown.
         node_selected(str): The user clicked a node in the graph (not sent for :meth:`select_node`).
         node_context_requested(str, QPoint): Right click on a node, at a global screen position.
         load_failed(str): Netron shows an error, or a dialog it would wait on, instead of the graph.
@@ -99,6 +127,8 @@ class GraphView(QWidget):
         self._page = NetronPage(self._profile, self._web)
         self._web.setPage(self._page)
         self._connect_page()
+        _LIVE_VIEWS.add(self)
+        _release_on_quit()
 
     def _build_widgets(self) -> None:
         self._banner = QLabel(self)
@@ -237,6 +267,14 @@ class GraphView(QWidget):
         self._page.runJavaScript(js_call("qbSelect", name, "smooth" if smooth else "instant"), 0, done)
 
     # -- internals ---------------------------------------------------------------------------------
+
+    def _release_web_engine(self) -> None:
+        """Delete the page before the profile, now (the view is unusable afterwards)."""
+        if not shiboken6.isValid(self):
+            return
+        for item in (self._page, self._profile):
+            if shiboken6.isValid(item):
+                shiboken6.delete(item)
 
     @staticmethod
     def _tooltip(status: str, reason: str) -> str:

@@ -28,9 +28,11 @@ class QtLogHandler(logging.Handler, QObject):
 
     records = Signal(list)
 
-    def __init__(self, level: int = logging.INFO) -> None:
+    def __init__(self, parent: QObject, level: int = logging.INFO) -> None:
         logging.Handler.__init__(self, level)
-        QObject.__init__(self)
+        # Parented on purpose: a parentless QObject is freed by Python's cyclic GC, which may run in a
+        # worker thread, and a QTimer destroyed off its thread crashes Qt.
+        QObject.__init__(self, parent)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
         self._pending: collections.deque[str] = collections.deque(maxlen=MAX_LINES)
         self._lock = threading.Lock()
@@ -48,6 +50,10 @@ class QtLogHandler(logging.Handler, QObject):
             return
         with self._lock:
             self._pending.append(line)
+
+    def stop(self) -> None:
+        """Stop delivering (the owner is closing); queued lines are dropped."""
+        self._timer.stop()
 
     def flush_pending(self) -> None:
         """Deliver queued lines now (GUI thread)."""

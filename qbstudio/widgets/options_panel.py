@@ -149,9 +149,9 @@ class OptionsPanel(QWidget):
     def _file_buttons(self) -> QHBoxLayout:
         row = QHBoxLayout()
         load = QPushButton("Load config…", objectName="loadConfigButton")
-        load.clicked.connect(self._on_load_clicked)
+        load.clicked.connect(self.ask_load_config)
         save = QPushButton("Save config…", objectName="saveConfigButton")
-        save.clicked.connect(self._on_save_clicked)
+        save.clicked.connect(self.ask_save_config)
         self.config_label = QLabel(styleSheet="color: #555")
         row.addWidget(load)
         row.addWidget(save)
@@ -295,12 +295,14 @@ class OptionsPanel(QWidget):
         self.config_label.setText(f"Saved {Path(path).name}")
         return True
 
-    def _on_load_clicked(self) -> None:
+    def ask_load_config(self) -> None:
+        """Ask for a config file and load it."""
         path, _ = QFileDialog.getOpenFileName(self, "Load compile config", "", CONFIG_FILTER)
         if path:
             self.load_config(path)
 
-    def _on_save_clicked(self) -> None:
+    def ask_save_config(self) -> None:
+        """Ask for a file name and save the config there."""
         path, _ = QFileDialog.getSaveFileName(self, "Save compile config", "compile_config.yaml", CONFIG_FILTER)
         if path:
             self.save_config(path)

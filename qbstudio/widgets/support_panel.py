@@ -175,6 +175,8 @@ class SupportPanel(QWidget):
         table.setWordWrap(False)
         header = table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        for column in (0, 1, 2):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
         table.selectionModel().currentRowChanged.connect(self._on_current_changed)
         return table

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -297,11 +299,11 @@ def test_large_graph_shows_a_notice_and_stays_usable(qtbot, make_view, chain_onn
     assert notices and notices[0].startswith("Large graph: 1,200 nodes. Netron is laying it out")
     assert view.notice == "Large graph: 1,200 nodes. Scrolling and zooming may be slow."
     assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.5  # the Qt event loop kept running
-    view.set_support({"Tanh_1198": "unsupported"})
-    view.select_node("Tanh_1198", smooth=False)
+    view.set_support({"Tanh_1199": "unsupported"})
+    view.select_node("Tanh_1199", smooth=False)
     qtbot.waitUntil(lambda: run_js(qtbot, view, "Array.from(window.__view__.target.selection)"
-                                                ".map(e => e.value.name)") == ["Tanh_1198"])
-    assert node_classes(qtbot, view, ["Tanh_1198"]) == {"Tanh_1198": ["qb-status-unsupported"]}
+                                                ".map(e => e.value.name)") == ["Tanh_1199"], timeout=RENDER_TIMEOUT_MS)
+    assert node_classes(qtbot, view, ["Tanh_1199"]) == {"Tanh_1199": ["qb-status-unsupported"]}
 
 
 def test_layout_notice_is_progress_but_other_dialogs_fail(qtbot, make_view, sample_mblt):
@@ -345,6 +347,38 @@ def test_page_is_deleted_before_its_profile(qtbot, qtlog, sample_mblt):
     open_model(qtbot, view, sample_mblt)
     delete_now(qtbot, view)
     assert not [record for record in qtlog.records if "Release of profile" in record.message]
+
+
+_LEFT_ALIVE = """
+import sys
+sys.path[:0] = [{root!r}, {here!r}]
+from conftest import pytest_configure
+pytest_configure(None)
+from PySide6.QtCore import QEventLoop
+from PySide6.QtWidgets import QApplication, QMainWindow
+app = QApplication([])
+from qbstudio.widgets.graph_view import GraphView
+window = QMainWindow()
+view = GraphView()
+window.setCentralWidget(view)
+window.show()
+loop = QEventLoop()
+view.ready.connect(loop.quit)
+view.load_mblt({model!r})
+loop.exec()
+print("rendered", view.node_count)
+window.close()
+window.deleteLater()  # never runs: no event loop after this, as in a test's teardown
+"""
+
+
+def test_views_left_alive_at_exit_do_not_crash(sample_mblt):
+    """Pages still alive at interpreter exit are released before their profile and the QApplication."""
+    script = _LEFT_ALIVE.format(root=str(ROOT), here=str(Path(__file__).parent), model=str(sample_mblt))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"rendered {SAMPLE_NODES}"
+    assert "Release of profile requested" not in result.stderr
 
 
 def test_screenshot(qtbot, make_view, tmp_path):

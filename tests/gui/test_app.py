@@ -1,0 +1,116 @@
+"""The application shell: start-up (timed), no-display message, root sandbox flag, exception hook, None guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
+
+from qbstudio import app, dialogs  # noqa: E402
+from qbstudio._compat import guard_none_refcount, needs_none_guard  # noqa: E402
+from qbstudio.main_window import MainWindow  # noqa: E402
+from qbstudio.state.preferences import AppDirs, Preferences  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+COLD_START_GOAL_S = 3.0
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(QBSTUDIO_HOME=str(tmp_path / "home"), QT_QPA_PLATFORM="offscreen", **extra)
+    return env
+
+
+def test_cold_start_to_a_shown_window(tmp_path):
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "qbstudio", "--smoke-exit-after-ready"], cwd=ROOT,
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("qbstudio ready"))
+    assert "window shown=True" in line
+    in_process = float(line.rsplit("after ", 1)[1].split()[0])
+    print(f"\ncold start: window shown {in_process:.2f} s after start-up (in-process), {wall:.2f} s wall "
+          f"including interpreter start and exit; load average {os.getloadavg()[0]:.1f}")
+    assert in_process < COLD_START_GOAL_S or os.getloadavg()[0] > 2, line  # the goal holds on an idle machine
+    log = tmp_path / "home" / "log" / "qbstudio.log"
+    assert "qb Studio starting" in log.read_text()
+
+
+def test_no_display_says_so_in_one_line(tmp_path):
+    env = _env(tmp_path)
+    del env["QT_QPA_PLATFORM"]
+    result = subprocess.run([sys.executable, "-m", "qbstudio"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [app.NO_DISPLAY_MESSAGE.strip()]
+    assert "QT_QPA_PLATFORM=offscreen" in result.stderr
+
+
+def test_display_detection_and_sandbox_flag():
+    assert not app.has_display({}, "linux")
+    assert app.has_display({"DISPLAY": ":0"}, "linux") and app.has_display({"QT_QPA_PLATFORM": "offscreen"}, "linux")
+    assert app.has_display({}, "darwin")
+    assert app.chromium_flags("--disable-gpu", is_root=True) == "--disable-gpu --no-sandbox"
+    assert app.chromium_flags("--no-sandbox", is_root=True) == "--no-sandbox"
+    assert app.chromium_flags("", is_root=False) == ""
+
+
+def test_exception_hook_saves_and_shows_the_error(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    shown: list[tuple[str, str]] = []
+    monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: shown.append((title, str(error))))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    window = MainWindow(AppDirs.default())
+    qtbot.addWidget(window)
+    saved: list[bool] = []
+    monkeypatch.setattr(window, "emergency_save", lambda: saved.append(True))
+    app.install_exception_hooks(window)
+    try:
+        raise ValueError("boom in a slot")
+    except ValueError:
+        sys.excepthook(*sys.exc_info())
+    assert saved == [True] and shown == [("Unexpected error", "boom in a slot")]
+    assert window.isEnabled()
+    window.close()
+
+
+def test_window_layout_and_recent_files_persist(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    dirs = AppDirs.default()
+    window = MainWindow(dirs)
+    qtbot.addWidget(window)
+    window.resize(701, 555)  # inside the offscreen screen (restoreGeometry clamps to it)
+    window.tabs.setCurrentIndex(3)
+    window.preferences.add_recent_model(ROOT / "resources" / "samples" / "fashion_cnn" / "model.onnx")
+    window.close()
+    prefs = Preferences.load(dirs.preferences_file)
+    assert prefs.window["tab"] == 3 and prefs.recent_models
+    again = MainWindow(dirs)
+    qtbot.addWidget(again)
+    assert again.tabs.currentIndex() == 3 and again.size().width() == 701
+    assert again.recent_models_menu.actions()[0].text() == prefs.recent_models[0]
+    again.close()
+
+
+@pytest.mark.skipif(not needs_none_guard(), reason="None is immortal on this interpreter")
+def test_none_refcount_guard():
+    """PySide6 6.12.0 drops a reference to None per void call on CPython 3.11; drop the guard when this fails."""
+    guard_none_refcount()
+    label = QLabel()
+    before = sys.getrefcount(None)
+    for _ in range(100):
+        label.setText("x")
+    leaked = before - sys.getrefcount(None)
+    assert leaked in (0, 100)
+    if leaked == 0:
+        pytest.fail("PySide6 no longer leaks None references: remove qbstudio._compat.guard_none_refcount")
+    QApplication.processEvents()

@@ -1,0 +1,256 @@
+"""The workbench's Qt-free state: compile settings, projects, runs, preferences, calibration form, model facts.
+
+Runs without a display and without Qt: a test proves ``qbstudio.state`` never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from compiler_core.api import mblt_compile
+from compiler_core.calibration import InputSpec
+from compiler_core.config import PreprocessingConfig
+from compiler_core.config.presets import preset_config
+from compiler_core.errors import ArgumentError, ConfigError
+from qbstudio.state.calibration import (
+    PreprocessForm,
+    pipeline_preset,
+    pipeline_presets,
+    review_samples,
+    sample_stats,
+)
+from qbstudio.state.model_info import dynamic_inputs, node_info, onnx_input_shapes
+from qbstudio.state.preferences import MAX_RECENT, AppDirs, Preferences
+from qbstudio.state.project import CalibrationSource, ModelRef, Project, ProjectError
+from qbstudio.state.runs import RunHistory, RunRecord, compare_layers
+from qbstudio.state.settings import CompileSettings, allowed_schemes, device_card
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "resources" / "samples"
+IMAGE_SPEC = InputSpec("image", (1, 3, 8, 8), np.dtype("float32"), "NCHW")
+
+
+# ---------------------------------------------------------------- architecture
+
+def test_state_imports_without_qt():
+    code = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('PySide6', 'shiboken6', 'pyqtgraph'):\n"
+            "            raise ImportError(name)\nsys.meta_path.insert(0, Block())\n"
+            "import qbstudio.state.project, qbstudio.state.calibration, qbstudio.state.model_info, qbstudio.tasks\n"
+            "print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- settings
+
+def test_settings_validate_every_edit():
+    settings = CompileSettings()
+    settings.set("calibration.maxPercentile.percentile", 0.999)
+    assert settings.config.calibration.max_percentile.percentile == 0.999
+    with pytest.raises(ConfigError):
+        settings.set("calibration.mode", 9)
+    assert settings.get("calibration.mode") == 0
+
+
+def test_device_change_limits_the_scheme():
+    settings = CompileSettings()
+    settings.set_scheme("global8")
+    assert allowed_schemes("aries-rb") == ["single", "multi", "global4", "global8", "all"]
+    assert settings.set_device("regulus-ra") == "single"
+    assert allowed_schemes("regulus-ra") == ["single", "all"]
+    with pytest.raises(ArgumentError):
+        settings.set_scheme("multi")
+    card = device_card("regulus-ra")
+    assert card["cores"] == 1 and not card["mfu"] and card["tops"] == pytest.approx(10, abs=0.1)
+
+
+def test_preset_and_int16_overrides(tmp_path):
+    settings = CompileSettings()
+    settings.set_device("regulus-rb")
+    settings.apply_preset("transformer_encoder")
+    assert settings.device == "regulus-rb" and settings.preset == "transformer_encoder"
+    assert settings.int16_layers == preset_config("transformer_encoder")["bit"]["layerOverrides"]["activation16Bits"]
+    assert settings.add_int16_layer("Conv_3") and not settings.add_int16_layer("Conv_3")
+    path = tmp_path / "config.yaml"
+    settings.save(path)
+    loaded = CompileSettings()
+    loaded.load(path)
+    assert loaded.config == settings.config
+    assert "transformer_encoder" in settings.summary() and "int16 x" in settings.summary()
+    settings.remove_int16_layer("Conv_3")
+    assert "Conv_3" not in settings.int16_layers
+
+
+def test_loading_an_invalid_config_keeps_the_settings(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"calibration": {"mode": 1, "unknownKey": 2}}')
+    settings = CompileSettings()
+    before = settings.to_dict()
+    with pytest.raises(ConfigError, match="bad.json"):
+        settings.load(bad)
+    assert settings.to_dict() == before
+
+
+# ---------------------------------------------------------------- runs
+
+def _run(run_id: int, sqnr: dict[str, float]) -> RunRecord:
+    result = {"device": "aries-rb", "core_modes": ["single"], "output": f"/x/run{run_id}.mxq", "size_bytes": 10,
+              "analysis": {"verdict": "ok", "min_output_sqnr_db": min(sqnr.values()), "mean_output_cosine": 0.99},
+              "outputs": {"logits": {"top1_agreement": 0.9}}, "samples": {"calibration": 4, "holdout": 2}}
+    analysis = {"layers": [{"layer": name, "op": "Conv", "precision": "a8w8", "sqnr_db": value}
+                           for name, value in sqnr.items()]}
+    return RunRecord.from_result(run_id, result, analysis, config={}, config_summary="s", precisions={"a": "a8"})
+
+
+def test_runs_rank_and_compare_layers():
+    first, second = _run(1, {"a": 30.0, "b": 12.5, "c": 40.0}), _run(2, {"a": 31.0, "c": 20.0, "d": 25.0})
+    assert [row["layer"] for row in first.worst_layers()] == ["b", "a", "c"]
+    assert first.headline() == {"verdict": "ok", "sqnr_db": 12.5, "cosine": 0.99, "top1": 0.9}
+    names, sqnr_a, sqnr_b = compare_layers(first, second)
+    assert names == ["b", "a", "c", "d"]
+    assert sqnr_a[:3] == [12.5, 30.0, 40.0] and math.isnan(sqnr_a[3])
+    assert math.isnan(sqnr_b[0]) and sqnr_b[1:] == [31.0, 20.0, 25.0]
+    history = RunHistory([first])
+    history.add(second)
+    assert history.next_id() == 3 and history.latest is second
+    assert RunHistory.from_list(history.to_list()).to_list() == history.to_list()
+
+
+# ---------------------------------------------------------------- projects
+
+def test_project_round_trip_with_relative_paths(tmp_path):
+    folder = tmp_path / "proj"
+    project = Project.new("p", tmp_path / "scratch")
+    project.work_dir.mkdir(parents=True)
+    (project.work_dir / "model.mblt").write_bytes(b"mblt")
+    run_mxq = project.run_dir(1) / "m.mxq"
+    run_mxq.parent.mkdir(parents=True)
+    run_mxq.write_bytes(b"mxq")
+    project.model = ModelRef(str(tmp_path / "models" / "m.onnx"), "onnx", "abc", {"x": [1, 3]})
+    project.calibration = CalibrationSource(str(folder / "calib"), False)
+    project.settings.set_device("regulus-rb")
+    run = _run(1, {"a": 30.0})
+    run.mxq_path = str(run_mxq)
+    project.runs.add(run)
+
+    saved = project.save(folder / "p.qbproj")
+    data = json.loads(saved.read_text())
+    assert data["workDir"] == "p.qbstudio" and data["calibration"]["path"] == "calib"
+    assert data["runs"][0]["mxq_path"] == "p.qbstudio/runs/run-001/m.mxq"
+    assert Path(data["model"]["path"]).is_absolute()  # outside the project folder
+
+    loaded = Project.load(saved)
+    assert loaded.has_mblt and loaded.work_dir == folder / "p.qbstudio"
+    assert Path(loaded.runs.latest.mxq_path).read_bytes() == b"mxq"
+    assert loaded.model == project.model and loaded.settings.device == "regulus-rb"
+    assert loaded.calibration.path == str(folder / "calib")
+
+
+def test_bundled_sample_is_a_template(tmp_path):
+    with pytest.raises(ProjectError, match="template"):
+        Project.load(SAMPLE / "fashion_cnn.qbproj")
+    sample = Project.load(SAMPLE / "fashion_cnn.qbproj", scratch_dir=tmp_path / "scratch")
+    assert sample.template and not sample.writable
+    assert Path(sample.model.path) == SAMPLE / "fashion_cnn" / "model.onnx" and not sample.model.changed_on_disk()
+    assert sample.calibration.path == str(SAMPLE / "fashion_cnn" / "calib")
+    assert sample.settings.config.image_channels == 1 and sample.settings.config.calibration.mode == 1
+    with pytest.raises(ProjectError):
+        sample.save()
+
+
+@pytest.mark.parametrize("text", ["not json", '{"format": "other"}', '{"format": "qbstudio-project", "version": 9}'])
+def test_bad_project_files_raise_project_error(tmp_path, text):
+    path = tmp_path / "bad.qbproj"
+    path.write_text(text)
+    with pytest.raises(ProjectError):
+        Project.load(path)
+
+
+# ---------------------------------------------------------------- preferences
+
+def test_preferences_recent_and_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path))
+    dirs = AppDirs.default()
+    assert dirs.preferences_file == tmp_path / "config" / "preferences.json"
+    prefs = Preferences()
+    for index in range(MAX_RECENT + 2):
+        prefs.add_recent_model(tmp_path / f"m{index}.onnx")
+    prefs.add_recent_model(tmp_path / "m3.onnx")
+    assert len(prefs.recent_models) == MAX_RECENT and prefs.recent_models[0].endswith("m3.onnx")
+    prefs.remember_dir("model", tmp_path / "m3.onnx")
+    prefs.window = {"geometry": "abc", "tab": 2}
+    prefs.save(dirs.preferences_file)
+    again = Preferences.load(dirs.preferences_file)
+    assert again == prefs and again.last_dir("model") == str(tmp_path)
+    dirs.preferences_file.write_text("{broken")
+    assert Preferences.load(dirs.preferences_file) == Preferences()
+
+
+# ---------------------------------------------------------------- calibration form and checks
+
+@pytest.mark.parametrize("name", list(pipeline_presets()))
+def test_pipeline_presets_round_trip_through_the_form(name):
+    preprocessing, _ = pipeline_preset(name)
+    form = PreprocessForm.from_preprocessing(preprocessing)
+    again = form.to_preprocessing()
+    canonical = PreprocessingConfig.model_validate(preprocessing).model_dump(mode="json", by_alias=True)
+    assert again == canonical
+    assert PreprocessForm.from_preprocessing(again) == form
+
+
+def test_imagenet_preset_asks_for_uint8_and_fuses_normalize():
+    preprocessing, uint8 = pipeline_preset("classification_torchvision")
+    form = PreprocessForm.from_preprocessing(preprocessing)
+    assert uint8 and form.fuse and form.resize and form.keep_aspect and form.crop
+    assert form.expected_range(uint8) == (0.0, 255.0)
+
+
+def test_review_flags_constant_unnormalized_and_few_samples():
+    rng = np.random.default_rng(0)
+    good = [sample_stats(i, f"{i}.png", rng.normal(size=IMAGE_SPEC.shape), IMAGE_SPEC) for i in range(3)]
+    form = PreprocessForm(apply=True, normalize=True, mean=[0.5] * 3, std=[0.2] * 3)
+    assert review_samples(good, 64, IMAGE_SPEC, form) == []
+    raw = [sample_stats(0, "raw.png", rng.uniform(0, 255, size=IMAGE_SPEC.shape), IMAGE_SPEC)]
+    zero = [sample_stats(1, "zero.png", np.zeros(IMAGE_SPEC.shape), IMAGE_SPEC)]
+    warnings = review_samples(raw + zero, 8, IMAGE_SPEC, PreprocessForm(apply=True, normalize=True, mean=[0.5, 0.5],
+                                                                       std=[0.2, 0.2]))
+    assert any("Only 8" in text for text in warnings)
+    assert any("zero.png" in text and "all zeros" in text for text in warnings)
+    assert any("far outside" in text for text in warnings)
+    assert any("3 channel" in text for text in warnings)
+    assert good[0].describe().count("c") == 3 and len(good[0].minimum) == 3
+
+
+# ---------------------------------------------------------------- model facts
+
+def test_onnx_input_shapes_finds_dynamic_dims(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, None, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph), path)
+    (shape,) = onnx_input_shapes(path)
+    assert shape.dims == ("batch", 3, None, 8) and shape.dtype == "float32"
+    assert dynamic_inputs([shape]) == [shape] and shape.suggested() == [1, 3, 0, 8]
+
+
+def test_node_info_of_the_sample(tmp_path):
+    from compiler_core.api import load_mblt
+
+    model = load_mblt(mblt_compile(SAMPLE / "fashion_cnn" / "model.onnx", tmp_path / "m.mblt"))
+    info = node_info(model, "Conv_0")
+    assert info["op"] == "Conv" and info["outputs"][0]["shape"] == [1, 16, 28, 28]
+    assert info["inputs"][0]["shape"] == [1, 1, 28, 28] and info["inputs"][1]["constant"]
+    assert "kernel_shape" in info["attributes"]
+    assert node_info(model, "nope") is None
