@@ -285,7 +285,8 @@ def _check_normalize_channels(pipeline: Sequence[PreprocessOp], channels: int) -
     if wrong:
         raise CalibrationError(
             f"A normalize op has {wrong[0]} mean/std values but the images have {channels} channel(s).",
-            hint=f"Give 1 or {channels} values for mean and std.")
+            hint="Give one value for mean and std." if channels == 1
+            else f"Give 1 or {channels} values for mean and std.")
 
 
 def _raise_channels(infos: Sequence[ImageInfo], spec: InputSpec, channels: int) -> None:
