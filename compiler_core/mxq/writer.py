@@ -157,7 +157,7 @@ def _check_names(names: list[str]) -> None:
 def _write_file(temp: Path, device: bytes, sections: list[SectionPayload], meter: _ProgressMeter) -> None:
     table_size = len(sections) * ENTRY_SIZE
     with open(temp, "wb") as handle:
-        handle.write(bytes(HEADER_SIZE + table_size))  # placeholder, rewritten once sizes and CRCs are known
+        handle.write(bytes(HEADER_SIZE + table_size))  # zeros for now; rewritten once sizes and CRCs are known
         entries = [_SectionSink(handle).write_section(section, meter) for section in sections]
         file_size = handle.tell()
         table = b"".join(entry.pack() for entry in entries)

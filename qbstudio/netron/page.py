@@ -46,7 +46,7 @@ class LocalOnlyInterceptor(QWebEngineUrlRequestInterceptor):
     """Blocks and records every request the page makes outside :data:`LOCAL_SCHEMES`.
 
     Chromium already refuses http(s) requests from a ``LocalScheme`` page before they get here, so
-    an empty record alone does not prove nothing was attempted (see the ``sendBeacon`` stub).
+    an empty record alone does not prove nothing was attempted (see the no-op ``sendBeacon``).
     """
 
     def __init__(self, parent: QObject | None = None) -> None:

@@ -1,6 +1,6 @@
 """User scripts and CSS injected into the embedded Netron page.
 
-The scripts live in ``resources/netron/`` (``privacy.js``: consent cookie and ``sendBeacon`` stub;
+The scripts live in ``resources/netron/`` (``privacy.js``: consent cookie and a no-op ``sendBeacon``;
 ``bridge.js``: events to Python, colouring and selection API, readiness). Each is wrapped here in a
 ``try``/``catch`` with two helpers, because an uncaught error in an injected script makes Netron
 blank the graph:

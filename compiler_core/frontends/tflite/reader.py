@@ -227,7 +227,7 @@ def _decode_tensor(tensor: tflite.Tensor, index: int, buffers: list) -> Tensor:
 
 
 def _dynamic_dims(tensor: tflite.Tensor) -> tuple[int, ...]:
-    """Dimensions the signature leaves open (-1); ``shape`` then holds a placeholder size of 1."""
+    """Dimensions the signature leaves open (-1); ``shape`` then holds the size 1 for them."""
     if tensor.ShapeSignatureLength() == 0:
         return ()
     return tuple(i for i, dim in enumerate(tensor.ShapeSignatureAsNumpy()) if dim < 0)
