@@ -145,11 +145,16 @@ def _raise_unreadable(unreadable: dict[Path, str], what: str, hint: str) -> None
     raise files_error(f"{len(paths)} calibration file(s) cannot be read {what}: {reasons}{more}.", paths, hint)
 
 
+def _grouped(bad: dict, label) -> tuple[str, list[Path]]:
+    """``"<label> in a.npy, b.npy; <label> in ..."`` and every offending path."""
+    text = "; ".join(f"{label(key)} in {name_files(paths)}" for key, paths in bad.items())
+    return text, [path for group in bad.values() for path in group]
+
+
 def _raise_bad_npy_shapes(bad: dict[tuple[int, ...], list[Path]], spec: InputSpec, auto_convert: bool) -> None:
     if not bad:
         return
-    groups = "; ".join(f"got {_shape_text(shape)} in {name_files(paths)}" for shape, paths in bad.items())
-    paths = [p for group in bad.values() for p in group]
+    groups, paths = _grouped(bad, lambda shape: f"got {_shape_text(shape)}")
     raise files_error(
         f"{len(paths)} .npy file(s) do not fit model input '{spec.name}': expected shape "
         f"{accepted_shapes(spec, auto_convert)}; {groups}.", paths,
@@ -159,8 +164,7 @@ def _raise_bad_npy_shapes(bad: dict[tuple[int, ...], list[Path]], spec: InputSpe
 def _raise_bad_npy_dtypes(bad: dict[np.dtype, list[Path]], spec: InputSpec) -> None:
     if not bad:
         return
-    groups = "; ".join(f"{dtype.name} in {name_files(paths)}" for dtype, paths in bad.items())
-    paths = [p for group in bad.values() for p in group]
+    groups, paths = _grouped(bad, lambda dtype: dtype.name)
     raise files_error(
         f"{len(paths)} .npy file(s) cannot be cast to {spec.dtype.name} for model input '{spec.name}' "
         f"without loss: {groups}.", paths, f"Save the arrays as {spec.dtype.name}.")

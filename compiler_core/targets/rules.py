@@ -124,6 +124,12 @@ _NORM = {"const_inputs": (1, 2)}
 _AXES = {"const_inputs": (1,)}
 _SIGMOID_LUT = "a sigmoid look-up table"
 
+
+def _recurrent(last_constant_input: int, mfu_use: str) -> OpRule:
+    """LSTM/GRU/RNN: weights, biases and initial states are constants; the gates need the MFU."""
+    return OpRule(MAC, (c.rnn_layout,), const_inputs=tuple(range(1, last_constant_input + 1)),
+                  mfu_when=c.rnn_uses_lut, mfu_use=mfu_use)
+
 SUPPORT_RULES: dict[str, OpRule] = {
     # Convolution and matrix engine.
     "Conv": OpRule(MAC, (c.conv_window,), **_CONV),
@@ -131,27 +137,9 @@ SUPPORT_RULES: dict[str, OpRule] = {
     "MatMul": OpRule(MAC, max_rank=4),
     "Gemm": OpRule(MAC),
     "Einsum": OpRule(MAC, (c.einsum_equation,), max_rank=4),
-    "LSTM": OpRule(
-        MAC,
-        (c.rnn_layout,),
-        const_inputs=(1, 2, 3, 4, 5, 6, 7),
-        mfu_when=c.rnn_uses_lut,
-        mfu_use="its sigmoid/tanh gate look-up tables",
-    ),
-    "GRU": OpRule(
-        MAC,
-        (c.rnn_layout,),
-        const_inputs=(1, 2, 3, 4, 5),
-        mfu_when=c.rnn_uses_lut,
-        mfu_use="its sigmoid/tanh gate look-up tables",
-    ),
-    "RNN": OpRule(
-        MAC,
-        (c.rnn_layout,),
-        const_inputs=(1, 2, 3, 4, 5),
-        mfu_when=c.rnn_uses_lut,
-        mfu_use="its tanh/sigmoid look-up table",
-    ),
+    "LSTM": _recurrent(7, "its sigmoid/tanh gate look-up tables"),
+    "GRU": _recurrent(5, "its sigmoid/tanh gate look-up tables"),
+    "RNN": _recurrent(5, "its tanh/sigmoid look-up table"),
     # Pooling.
     "MaxPool": OpRule(VEC, (c.pool_window, c.no_pool_indices), **_POOL),
     "AveragePool": OpRule(VEC, (c.pool_window,), **_POOL),
