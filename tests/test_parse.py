@@ -125,6 +125,23 @@ def test_constant_subgraph_folded(tmp_path):
     assert [d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim] == [1, 6]
 
 
+def test_constant_multi_output_nodes_folded(tmp_path):
+    """A Split of a constant (how exporters write an LSTM's initial states) leaves no all-constant node."""
+    state = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4), "state")
+    nodes = [
+        helper.make_node("Split", ["state"], ["h", "c"], axis=0, num_outputs=2),
+        helper.make_node("Add", ["x", "h"], ["a"]),
+        helper.make_node("Mul", ["a", "c"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [state])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "split.onnx")
+    out = mblt_compile(src, tmp_path / "split.mblt")
+    assert "Split" not in [n.op_type for n in onnx.load(str(out)).graph.node]
+    x = RNG.standard_normal((1, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, {"x": x})[0], _run(src, {"x": x})[0], rtol=1e-6)
+
+
 def test_constant_inputs_are_bound(tmp_path):
     nodes = [helper.make_node("Mul", ["x", "k"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),

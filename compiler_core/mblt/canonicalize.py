@@ -235,7 +235,36 @@ def _legalize(model: ir.Model) -> None:
         onnxscript.optimizer.optimize_ir(
             model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
             should_fold=_should_fold)
+    _fold_remaining_constants(model)
     _remove_unused_initializers(model)
+
+
+def _fold_remaining_constants(model: ir.Model) -> None:
+    """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
+    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one."""
+    from onnx.reference import ReferenceEvaluator
+
+    for node in list(model.graph):
+        inputs = [v for v in node.inputs if v is not None]
+        if not inputs or any(v.const_value is None for v in inputs) or node.domain not in ("", "ai.onnx"):
+            continue
+        if sum(v.const_value.size for v in inputs) > _FOLD_SIZE_LIMIT:
+            continue
+        proto = ir.serde.serialize_node(node)
+        graph = onnx.helper.make_graph([proto], "fold", [], [onnx.helper.make_empty_tensor_value_info(o)
+                                                             for o in proto.output if o],
+                                       [onnx.numpy_helper.from_array(v.const_value.numpy(), v.name) for v in inputs])
+        folded = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset.MBLT_OPSET_VERSION)])
+        results = ReferenceEvaluator(folded).run(None, {})
+        for output, array in zip([o for o in node.outputs if o.name], results):
+            name, output.name = output.name, f"{output.name}_unfolded"
+            replacement = ir.Value(name=name, const_value=ir.tensor(np.asarray(array)),
+                                   shape=ir.Shape(np.shape(array)), type=ir.TensorType(output.dtype))
+            model.graph.register_initializer(replacement)
+            ir.convenience.replace_all_uses_with(output, replacement)
+            if output.is_graph_output():
+                model.graph.outputs[model.graph.outputs.index(output)] = replacement
+        model.graph.remove(node, safe=False)
 
 
 def _tidy(model: ir.Model) -> None:
