@@ -173,7 +173,9 @@ def _int_field(info: dict[str, str], key: str, tensor: str, path: Path) -> int:
 def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
     """Read every external tensor into the proto (the checks above made sure the data is there)."""
     try:
-        external_data_helper.load_external_data_for_model(proto, str(path.parent))
+        for tensor in list(_external_tensors(proto.graph)):
+            external_data_helper.load_external_data_for_tensor(tensor, str(path.parent))
+            tensor.ClearField("data_location")  # as if it had been stored inline: same bytes downstream
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"External weight data of '{path.name}' cannot be read: {error}.",
                              hint="Keep the external data file(s) in the same folder as the model.",
