@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 from collections.abc import Mapping
@@ -32,7 +31,11 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 def make_provenance(*, source_path: str | None, source_sha256: str | None, backend: str,
                     parser_options: Mapping[str, Any] | None = None,
                     feed_dict_fingerprint: str | None = None) -> dict[str, Any]:
-    """The provenance record stored in every MBLT (DESIGN section 5)."""
+    """The provenance record stored in every MBLT (DESIGN section 5).
+
+    It holds no timestamp, so parsing the same source with the same options gives the same bytes
+    (the file's modification time says when it was written).
+    """
     return {
         "source_path": source_path,
         "source_sha256": source_sha256,
@@ -41,7 +44,6 @@ def make_provenance(*, source_path: str | None, source_sha256: str | None, backe
         "compiler_version": __version__,
         "parser_options": dict(parser_options or {}),
         "feed_dict_fingerprint": feed_dict_fingerprint,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
