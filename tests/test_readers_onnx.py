@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -231,3 +232,20 @@ def test_a_checker_failure_blames_the_source_only_when_the_source_fails_the_full
     assert caught.value.message.startswith("The source model fails onnx.checker (full check):")
     assert caught.value.fields["file"] == str(path)
 
+
+
+# -- the opset converter's warnings -----------------------------------------------------------------
+
+
+def test_only_the_expected_converter_warning_is_hidden(tmp_path, caplog):
+    converter = logging.getLogger("onnxscript.version_converter")
+    with caplog.at_level(logging.WARNING, logger="onnxscript.version_converter"):
+        path = tmp_path / "old.onnx"
+        onnx.save(_gemm_model(opset=13), str(path))
+        parse_model(str(path))  # opset 13 -> 21 goes through the C-API fallback
+        with canonicalize_module._quiet("onnxscript.version_converter"):
+            converter.warning("The model version conversion is not supported by the onnxscript version converter "
+                              "and fallback is enabled. The model will be converted using the onnx C API")
+            converter.warning("Failed to convert the model to the target version 21 using the ONNX C API.")
+    messages = [record.getMessage() for record in caplog.records if record.name == converter.name]
+    assert messages == ["Failed to convert the model to the target version 21 using the ONNX C API."]

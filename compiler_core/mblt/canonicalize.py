@@ -254,15 +254,22 @@ def _verify(model: ir.Model) -> None:
 
 
 @contextmanager
-def _quiet(name: str):
-    """Raise one library logger to ERROR for the duration of a call."""
+def _quiet(name: str, prefix: str = "The model version conversion is not supported by the onnxscript version "
+                                    "converter and fallback is enabled"):
+    """Hide only the expected warning (the one starting with ``prefix``) of one library logger during a call.
+
+    Every other record of that logger (a failed conversion, a skipped node) still reaches the user.
+    """
     target = logging.getLogger(name)
-    level = target.level
-    target.setLevel(logging.ERROR)
+
+    def not_expected(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(prefix)
+
+    target.addFilter(not_expected)
     try:
         yield
     finally:
-        target.setLevel(level)
+        target.removeFilter(not_expected)
 
 
 def _should_fold(node: ir.Node) -> bool | None:
