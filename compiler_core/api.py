@@ -56,6 +56,13 @@ def parse_model(
         graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
     except InternalError as error:
         raise _blame_source(error, model, backend) from error.__cause__
+    except QBCompilerError:
+        raise
+    except Exception as error:  # a library pass crashed: the source's fault only if it fails the full checker
+        crash = InternalError(f"Canonicalization failed: {type(error).__name__}: {error}",
+                              hint="This is probably a compiler bug. Please report it with the model.",
+                              stage=VERIFY_STAGE)
+        raise _blame_source(crash, model, backend) from error
     provenance = make_provenance(
         source_path=str(Path(model).resolve()) if is_path else None,
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,

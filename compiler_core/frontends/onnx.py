@@ -103,7 +103,31 @@ def _read_proto(path: Path, kind: str, hint: str) -> onnx.ModelProto:
     if not proto.HasField("graph") or not proto.opset_import or len(proto.graph.node) == 0:
         raise ModelLoadError(f"'{path.name}' is not an {kind} model (no graph, opset or nodes found).",
                              hint=hint, file=str(path))
+    bad_text = _first_invalid_text(proto)
+    if bad_text is not None:
+        raise ModelLoadError(f"'{path.name}' is corrupt: the text field '{bad_text}' is not valid UTF-8.",
+                             hint=hint, file=str(path))
     return proto
+
+
+def _repeated(field) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 6; older versions have ``label``
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+
+
+def _first_invalid_text(message) -> str | None:
+    """The name of the first string field holding bytes that are not UTF-8 (protobuf does not check proto2)."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = value if _repeated(field) else [value]
+            if any(not isinstance(item, str) for item in values):
+                return field.full_name
+        elif field.type == field.TYPE_MESSAGE:
+            for item in value if _repeated(field) else [value]:
+                found = _first_invalid_text(item)
+                if found is not None:
+                    return found
+    return None
 
 
 def check_tensor_sizes(proto: onnx.ModelProto, path: Path) -> None:
@@ -124,6 +148,33 @@ def check_tensor_sizes(proto: onnx.ModelProto, path: Path) -> None:
             raise ModelLoadError(f"'{path.name}': tensor '{tensor.name}' declares {count * itemsize} bytes "
                                  f"(shape {list(tensor.dims)}), more than the {MAX_TENSOR_BYTES} byte limit.",
                                  hint=_ONNX_HINT, file=str(path), tensor=tensor.name)
+        _check_data_length(tensor, count, path)
+
+
+def _check_data_length(tensor: onnx.TensorProto, count: int, path: Path) -> None:
+    """The stored values must be exactly as many as the dims say (raw bytes, or one typed field)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type in _PACKED_TYPES:
+        return
+    if tensor.HasField("raw_data"):
+        found, expected = len(tensor.raw_data), count * _itemsize(tensor.data_type)
+    else:
+        typed = [len(getattr(tensor, field)) for field in _TYPED_FIELDS if len(getattr(tensor, field))]
+        found = typed[0] if typed else 0
+        expected = count * (2 if tensor.data_type in _COMPLEX_TYPES else 1) if typed or count else 0
+        if tensor.data_type == onnx.TensorProto.STRING:
+            found, expected = len(tensor.string_data), count
+    if found != expected:
+        raise ModelLoadError(f"'{path.name}': tensor '{tensor.name}' of shape {list(tensor.dims)} holds {found} "
+                             f"{'bytes' if tensor.HasField('raw_data') else 'values'}, expected {expected}.",
+                             hint=_ONNX_HINT, file=str(path), tensor=tensor.name)
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+_COMPLEX_TYPES = frozenset({onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128})
+_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in
+                          ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
+                          if hasattr(onnx.TensorProto, name))
+"""Sub-byte types pack several values per byte: their lengths are not checked here."""
 
 
 def _itemsize(data_type: int) -> int:
@@ -190,7 +241,14 @@ def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] =
     """
     defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.values.name for t in graph.sparse_initializer}
-    defined |= {name for node in graph.node for name in node.output if name}
+    produced = [name for node in graph.node for name in node.output if name]
+    redefined = sorted({name for name in produced if name in defined or produced.count(name) > 1})
+    if redefined:
+        raise InvalidModelError(f"'{path.name}': tensor '{redefined[0]}' is defined more than once (by a node and "
+                                "an input, an initializer or another node).",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), tensor=redefined[0])
+    defined |= set(produced)
     for node in graph.node:
         for name in node.input:
             if name and name not in defined:
@@ -203,11 +261,37 @@ def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] =
         for attribute in node.attribute:
             for subgraph in _subgraphs(attribute):
                 check_references(subgraph, path, frozenset(defined))
+    _check_acyclic(graph, path)
     missing_outputs = [v.name for v in graph.output if v.name not in defined]
     if missing_outputs:
         raise InvalidModelError(f"'{path.name}': graph output(s) {missing_outputs} are not produced by any node.",
                                 hint="The source model is malformed (check it with onnx.checker); export it again.",
                                 file=str(path), tensor=missing_outputs[0])
+
+
+def _check_acyclic(graph: onnx.GraphProto, path: Path) -> None:
+    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope)."""
+    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    waiting = [len({producer[name] for name in node.input if name in producer}) for node in graph.node]
+    consumers: dict[int, set[int]] = {}
+    for index, node in enumerate(graph.node):
+        for source in {producer[name] for name in node.input if name in producer}:
+            consumers.setdefault(source, set()).add(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    done = 0
+    while ready:
+        index = ready.pop()
+        done += 1
+        for consumer in consumers.get(index, ()):
+            waiting[consumer] -= 1
+            if waiting[consumer] == 0:
+                ready.append(consumer)
+    if done != len(graph.node):
+        stuck = next(node for node, count in zip(graph.node, waiting) if count)
+        raise InvalidModelError(f"'{path.name}': the graph has a cycle (node '{stuck.name or stuck.op_type}' "
+                                "depends on its own output).",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), node=stuck.name or stuck.op_type)
 
 
 def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:

@@ -124,7 +124,7 @@ def _assemble(builder: GraphBuilder, graph: TFLiteGraph) -> ir.Model:
                                    SOURCE_FORMAT_KEY: "tflite"})
     try:
         check_references(proto.graph, graph.path)
-    except InvalidModelError as error:  # a corrupt file: an operator reads a tensor nothing writes
+    except InvalidModelError as error:  # a corrupt file: an operator reads or rewrites a tensor it must not
         raise ModelLoadError(f"'{graph.path.name}' is corrupt: {error.message}", hint=_CORRUPT_HINT,
                              file=str(graph.path)) from error
     return ir.serde.deserialize_model(proto)
