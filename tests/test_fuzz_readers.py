@@ -21,7 +21,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from fuzzing import FUZZ, SAMPLE_DIR, check_case, sample_mxq, scratch, seed_mblt_bytes, seed_onnx, summary
+from fuzzing import (
+    CASES,
+    FUZZ,
+    OUTCOMES,
+    SAMPLE_DIR,
+    check_case,
+    sample_mxq,
+    scratch,
+    seed_mblt_bytes,
+    seed_onnx,
+    summary,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
@@ -32,7 +43,7 @@ from compiler_core.config import CompileConfig
 from compiler_core.mblt.io import load_mblt
 
 TEXT = st.text(alphabet=string.printable + "\u00e9\u4e2d\u0000", max_size=12)  # a fixed alphabet: no charmap build
-JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True), TEXT)
+JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False), TEXT)
 JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                                  st.dictionaries(TEXT, inner, max_size=4)),
                            max_leaves=8)
@@ -60,6 +71,7 @@ def byte_mutations(draw, data: bytes) -> bytes:
 
 def _report(reader: str) -> None:
     print("\n" + summary(reader))
+    assert sum(OUTCOMES[reader].values()) >= CASES, f"{reader}: fewer cases than the profile's {CASES}"
 
 
 # -- ONNX ------------------------------------------------------------------------------------------
