@@ -73,7 +73,7 @@ def write_mxq(path: str | os.PathLike, *, target_device: str, meta: Mapping[str,
         path: Output file; its folder is created if needed.
         target_device: A device string of the registry (e.g. ``"aries-rb"``); stored canonical.
         meta: JSON-serialisable metadata (numpy scalars/arrays are converted).
-        program: JSON-serialisable NPU program.
+        program: JSON-serialisable program document (the quantized op graph, ``qbops-1``).
         consts: Name to array (bool, integer or float, any shape), or an iterable of
             ``(name, array)`` pairs consumed while writing.
         cpu: Name to ONNX model bytes of CPU-offloaded parts; the section is omitted if None.
