@@ -137,6 +137,18 @@ def _concat_counts(op: dict, consts: dict[str, np.ndarray]) -> str | None:
     return None
 
 
+def _operand_counts(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    count = len(op["inputs"])
+    if len(op["attrs"]["zero_points"]) != count or consts["multipliers"].shape != (count,) \
+            or consts["shifts"].shape != (count,):
+        return f"zero_points, multipliers and shifts must each have one entry per input ({count})"
+    return None
+
+
+def _extremum_mode(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    return None if op["attrs"]["mode"] in ("max", "min") else f"mode {op['attrs']['mode']!r} is not max or min"
+
+
 def _add_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
     if consts["multipliers"].shape[:1] != (2,) or consts["shifts"].shape != consts["multipliers"].shape:
         return "constants multipliers and shifts must both have shape [2, ...]"
@@ -183,8 +195,22 @@ SCHEMAS: dict[str, KindSchema] = {
                        optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None)),
     "exact": KindSchema(attrs={"attributes": DICT}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                         optional_consts=("input*",), integer_consts=False, inputs=(0, None), outputs=(1, None)),
-    "concat": KindSchema(attrs={"axis": INT, "zp_inputs": INTS, **_QUANTIZED}, consts=_REQUANT, inputs=(1, None),
-                         rules=(_concat_counts,)),
+    "concat": KindSchema(attrs={"axis": INT, "zp_inputs": INTS, **_QUANTIZED}, consts=_REQUANT,
+                         optional_consts=("const*",), inputs=(1, None), rules=(_concat_counts,)),
+    "extremum": KindSchema(attrs={"zero_points": INTS, "mode": STRING, **_QUANTIZED},
+                           consts=("multipliers", "shifts"), optional_consts=("const*",), inputs=(1, None),
+                           rules=(_operand_counts, _extremum_mode)),
+    "sum": KindSchema(attrs={"zero_points": INTS, **_QUANTIZED}, consts=("multipliers", "shifts"),
+                      optional_consts=("const*",), inputs=(1, None), rules=(_operand_counts,)),
+    "divide": KindSchema(attrs={"zp_a": INT, "offset_b": INT, **_QUANTIZED}, consts=("reciprocal", *_REQUANT),
+                         optional_consts=("const_a",), inputs=(2, 2),
+                         rules=(_table_1d("reciprocal"), _requantizer_shapes)),
+    "groupnorm": KindSchema(attrs={"groups": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),)),
+    "reduce_l2": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED},
+                            optional_attrs={"headroom": INT}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+    "cumsum": KindSchema(attrs={"axis": INT, "exclusive": BOOL, "reverse": BOOL, "zp_x": INT, **_QUANTIZED},
+                         consts=_REQUANT, rules=(_requantizer_shapes,)),
     "gather_table": KindSchema(attrs={"axis": INT}, consts=("table",), optional_consts=("indices",), inputs=(2, 2)),
     "layernorm": KindSchema(attrs={"axis": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
                             consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift", "offset"),)),
