@@ -40,7 +40,7 @@ def _ints(value: Any) -> bool:
 
 
 def _clamp(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and _ints(value) and value[0] <= value[1]
+    return isinstance(value, list) and len(value) == 2 and _ints(value)  # low > high is ONNX Clip's min > max
 
 
 def _int_or_ints(value: Any) -> bool:
@@ -59,7 +59,7 @@ INT, INTS, CLAMP, ZERO_POINT, NUMBER, NUMBERS = _is_int, _ints, _clamp, _int_or_
 STRING: Check = lambda value: isinstance(value, str)  # noqa: E731
 DICT: Check = lambda value: isinstance(value, dict)  # noqa: E731
 BOOL: Check = _bool_like
-_TYPE_NAMES = {INT: "an integer", INTS: "a list of integers", CLAMP: "[low, high] integers with low <= high",
+_TYPE_NAMES = {INT: "an integer", INTS: "a list of integers", CLAMP: "[low, high] integers",
                ZERO_POINT: "an integer or a list of integers", NUMBER: "a finite number",
                NUMBERS: "a list of finite numbers", STRING: "a string", DICT: "an object", BOOL: "a boolean"}
 
