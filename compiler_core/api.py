@@ -209,7 +209,7 @@ def _is_mblt(model: Any) -> bool:
         return True
     try:
         _read_provenance(model)
-    except Exception:  # not an MBLT (any read error): treat it as a source model
+    except QBCompilerError:  # not an MBLT: treat it as a source model
         return False
     return True
 

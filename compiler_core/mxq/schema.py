@@ -254,9 +254,11 @@ def validate_program(document: Mapping[str, Any], consts: Mapping[str, np.ndarra
     for index, entry in enumerate(ops):
         op = _check_op_fields(entry, index, where)
         label = f"operation {index} ('{op['name']}', kind {op['kind']!r})"
-        problem = _check_op(op, consts, known, shapes) or _check_onnx_node(op, consts, document)
+        problem, cause = _check_op(op, consts, known, shapes), None
+        if not problem:
+            problem, cause = _check_onnx_node(op, consts, document)
         if problem:
-            raise _error(f"{where}the program is invalid at {label}: {problem}.", op=op["name"], index=index)
+            raise _error(f"{where}the program is invalid at {label}: {problem}.", op=op["name"], index=index) from cause
         known.update(op["outputs"])
     missing = [spec["name"] for spec in document["outputs"] if spec["name"] not in known]
     if missing:
@@ -362,23 +364,29 @@ def _check_rules(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray])
 _ONNX_EVALUATED = frozenset({"move", "exact"})
 
 
-def _check_onnx_node(op: dict, consts: Mapping[str, np.ndarray], document: Mapping[str, Any]) -> str | None:
+def _check_onnx_node(op: dict, consts: Mapping[str, np.ndarray],
+                     document: Mapping[str, Any]) -> tuple[str | None, Exception | None]:
     """``move``/``exact`` run the ONNX op itself: its attributes, input types and shapes must infer the
-    output shapes the program records (strict ONNX shape inference on the single node)."""
+    output shapes the program records (strict ONNX shape inference on the single node).
+
+    Returns:
+        (problem, the exception behind it) or (None, None).
+    """
     if op["kind"] not in _ONNX_EVALUATED:
-        return None
+        return None, None
     try:
         model = _single_node_model(op, consts, document)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    except Exception as error:  # noqa: BLE001 - any failure to build or infer the node is the file's fault
-        return f"its ONNX node ({op['op_type']}) is invalid: {type(error).__name__}: {_first_line(error)}"
+    except Exception as error:  # building or inferring the node fails in many ways: re-raised coded, as cause
+        return f"its ONNX node ({op['op_type']}) is invalid: {type(error).__name__}: {_first_line(error)}", error
     for value in inferred.graph.output:
         dims = value.type.tensor_type.shape.dim
         shape = [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
         expected = document["shapes"][value.name]
         if value.type.tensor_type.HasField("shape") and None not in shape and shape != list(expected):
-            return f"its ONNX node ({op['op_type']}) gives {value.name!r} shape {shape}, the program records {expected}"
-    return None
+            return (f"its ONNX node ({op['op_type']}) gives {value.name!r} shape {shape}, the program records "
+                    f"{expected}"), None
+    return None, None
 
 
 def _single_node_model(op: dict, consts: Mapping[str, np.ndarray], document: Mapping[str, Any]) -> onnx.ModelProto:
