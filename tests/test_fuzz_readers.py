@@ -16,6 +16,7 @@ import shutil
 import string
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -314,26 +315,43 @@ def zip_mutations(draw, data: bytes) -> bytes:
     return output.getvalue()
 
 
-def test_fuzz_torch_zips():
-    torch = pytest.importorskip("torch")
+def _torch_seeds(torch, folder: Path) -> dict[str, tuple[bytes, Callable[[Path], object]]]:
+    """TorchScript, torch.export (.pt2) and torch.save archives of a tiny model, with their readers."""
+    from compiler_core.frontends.torch import _load_exported_program, load_pickled_module
     from compiler_core.frontends.torchscript import load_script_module
 
-    buffer = io.BytesIO()
-    torch.jit.save(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU())), buffer)
-    seed = buffer.getvalue()
+    module = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU())
+    torch.jit.save(torch.jit.script(module), folder / "m.jit")
+    torch.export.save(torch.export.export(module, (torch.zeros(1, 4),)), folder / "m.pt2")
+    torch.save(module.state_dict(), folder / "m.pth")
+    return {"jit": ((folder / "m.jit").read_bytes(), load_script_module),
+            "pt2": ((folder / "m.pt2").read_bytes(), _load_exported_program),
+            "pth": ((folder / "m.pth").read_bytes(), load_pickled_module)}
+
+
+def test_fuzz_torch_zips(tmp_path):
+    torch = pytest.importorskip("torch")
+    seeds = _torch_seeds(torch, tmp_path)
+
+    @st.composite
+    def archives(draw) -> tuple[str, bytes]:
+        kind = draw(st.sampled_from(sorted(seeds)))
+        return kind, draw(zip_mutations(seeds[kind][0]))
 
     @FUZZ
-    @given(zip_mutations(seed))
-    def case(data: bytes) -> None:
+    @given(archives())
+    def case(archive: tuple[str, bytes]) -> None:
+        kind, data = archive
         folder = scratch()
         try:
-            (folder / "m.jit").write_bytes(data)
-            check_case("torchscript", lambda: load_script_module(folder / "m.jit"))
+            path = folder / f"m.{kind}"
+            path.write_bytes(data)
+            check_case("torch zips", lambda: seeds[kind][1](path))
         finally:
             shutil.rmtree(folder)
 
     case()
-    _report("torchscript")
+    _report("torch zips")
 
 
 # -- calibration data: .npy, images, manifests -------------------------------------------------------
