@@ -73,8 +73,9 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     with open(path, "rb") as handle:
         try:
             version = np.lib.format.read_magic(handle)
+            # version 3.0 only allows a UTF-8 header; its layout is version 2.0's
             reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0,
-                      (3, 0): _read_header_3_0}.get(version)
+                      (3, 0): np.lib.format.read_array_header_2_0}.get(version)
             if reader is None:
                 raise ValueError(f"unsupported .npy format version {version}")
             shape, _, dtype = reader(handle)
@@ -89,10 +90,6 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
         raise ValueError(f"its header describes a {list(shape)} {dtype} array ({expected} bytes with the header), "
                          f"but the file has {actual} bytes")
     return tuple(shape), dtype
-
-
-def _read_header_3_0(handle):
-    return np.lib.format._read_array_header(handle, version=(3, 0))
 
 
 def npy_axes(shape: tuple[int, ...], spec: InputSpec, auto_convert: bool) -> tuple[int, ...] | None | bool:
