@@ -184,11 +184,15 @@ def _decode_model(model: tflite.Model, data: bytes, path: Path) -> TFLiteGraph:
     operators = [_decode_operator(subgraph.Operators(i), i, opcodes) for i in range(subgraph.OperatorsLength())]
     for operator in operators:
         _check_tensor_indices(operator, len(tensors), path)
+    inputs = tuple(int(i) for i in subgraph.InputsAsNumpy()) if subgraph.InputsLength() else ()
+    outputs = tuple(int(i) for i in subgraph.OutputsAsNumpy()) if subgraph.OutputsLength() else ()
+    bad = [i for i in (*inputs, *outputs) if not 0 <= i < len(tensors)]
+    if bad:
+        raise ModelLoadError(f"'{path.name}' is corrupt: the graph's inputs/outputs name tensor(s) {bad}, but the "
+                             f"graph has {len(tensors)}.", hint=_HINT, file=str(path))
     return TFLiteGraph(
         path=path, version=model.Version(), description=(model.Description() or b"").decode(errors="replace"),
-        tensors=tensors, operators=operators,
-        inputs=tuple(int(i) for i in subgraph.InputsAsNumpy()) if subgraph.InputsLength() else (),
-        outputs=tuple(int(i) for i in subgraph.OutputsAsNumpy()) if subgraph.OutputsLength() else (),
+        tensors=tensors, operators=operators, inputs=inputs, outputs=outputs,
         subgraph_count=model.SubgraphsLength(), metadata=_metadata_names(model))
 
 
