@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench clean
+.PHONY: setup run run-cli test lint bench fuzz clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,13 @@ lint: setup
 
 test: setup lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15
+
+# Reader fuzzing, long profile: 10,000 cases per reader (the fast profile, 300 per reader, is in `make test`).
+fuzz: setup
+	@mkdir -p build
+	@QB_FUZZ_PROFILE=long $(PY) -m pytest -n 2 -rP -q -p no:cacheprovider tests/test_fuzz_readers.py \
+		tests/test_mxq_tamper.py > build/fuzz.log 2>&1; status=$$?; \
+	grep -E "^fuzz |tampered|passed|failed|Falsifying" build/fuzz.log; echo "full log: build/fuzz.log"; exit $$status
 
 bench: setup
 	$(PY) bench/parse.py

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.errors import ArgumentError
+from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
 from compiler_core.fileio import sha256_file
 from compiler_core.frontends import detect_backend, load_source
-from compiler_core.mblt.canonicalize import canonicalize
+from compiler_core.mblt.canonicalize import VERIFY_STAGE, canonicalize
 from compiler_core.mblt.io import load_mblt, make_provenance, write_mblt
 from compiler_core.mblt.io import read_provenance as _read_provenance
 from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
@@ -52,7 +52,17 @@ def parse_model(
     with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
         source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
         reporter.advance()
-    graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
+    try:
+        graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
+    except InternalError as error:
+        raise _blame_source(error, model, backend) from error.__cause__
+    except QBCompilerError:
+        raise
+    except Exception as error:  # a library pass crashed: the source's fault only if it fails the full checker
+        crash = InternalError(f"Canonicalization failed: {type(error).__name__}: {error}",
+                              hint="This is probably a compiler bug. Please report it with the model.",
+                              stage=VERIFY_STAGE)
+        raise _blame_source(crash, model, backend) from error
     provenance = make_provenance(
         source_path=str(Path(model).resolve()) if is_path else None,
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
@@ -131,6 +141,21 @@ def _log_support(graph: ir.Model, device) -> None:
     logger.info("Support on %s: %s", device.name, report.counts())
 
 
+def _blame_source(error: InternalError, model: Any, backend: str) -> QBCompilerError:
+    """The canonical graph failed ONNX's checker: blame the source only if it fails the full checker too."""
+    if error.fields.get("stage") != VERIFY_STAGE or backend != "onnx" or not isinstance(model, (str, Path)):
+        return error
+    from compiler_core.frontends.onnx import source_checker_failure
+
+    failure = source_checker_failure(model)
+    if failure is None:
+        return error
+    return InvalidModelError(f"The source model fails onnx.checker (full check): {failure}",
+                             hint="Fix or re-export the source model; check it with "
+                                  "onnx.checker.check_model(path, full_check=True).",
+                             file=str(model), stage=VERIFY_STAGE, parsed_graph_error=error.message)
+
+
 def _fingerprint(array: np.ndarray) -> str:
     digest = hashlib.sha256(array.tobytes() + json.dumps([array.dtype.str, array.shape]).encode())
     return digest.hexdigest()[:16]
@@ -184,7 +209,7 @@ def _is_mblt(model: Any) -> bool:
         return True
     try:
         _read_provenance(model)
-    except Exception:  # not an MBLT (any read error): treat it as a source model
+    except QBCompilerError:  # not an MBLT: treat it as a source model
         return False
     return True
 

@@ -219,7 +219,7 @@ def _validate_mblt(path: Path) -> dict[str, Any]:
     problems = []
     try:
         onnx.checker.check_model(str(path), full_check=True)
-    except Exception as error:  # the checker's own exception types
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         problems.append(f"onnx.checker: {str(error).splitlines()[0]}")
     dynamic = [v.name for n in model.graph for v in n.outputs
                if v.shape is None or not all(isinstance(d, int) for d in v.shape)]

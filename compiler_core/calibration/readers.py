@@ -295,8 +295,8 @@ def _read_manifest(path: Path, inputs: list[InputSpec]) -> Listing:
     entries = _manifest_entries(data, path)
     _check_entry_widths(entries, inputs, path)
     info = data.get("info") or {}
-    names = _info_list(info, "input names", len(inputs), path) or [None] * len(inputs)
-    shapes = _info_list(info, "input shapes", len(inputs), path) or [None] * len(inputs)
+    names = _info_list(info, "input names", len(inputs), path, _is_name) or [None] * len(inputs)
+    shapes = _info_list(info, "input shapes", len(inputs), path, _is_shape) or [None] * len(inputs)
     rows_files = [[_resolve(p, path.parent) for p in entry] for entry in entries]
     _require_existing([f for files in rows_files for f in files], path)
     column_shapes = [tuple(s) if s is not None else _header_shape(rows_files[0][i]) for i, s in enumerate(shapes)]
@@ -322,12 +322,22 @@ def _manifest_entries(data: Any, path: Path) -> list[list[str]]:
     return entries
 
 
-def _info_list(info: Any, key: str, width: int, path: Path) -> list | None:
+def _info_list(info: Any, key: str, width: int, path: Path, valid: Callable[[Any], bool]) -> list | None:
     value = info.get(key) if isinstance(info, dict) else None
-    if value is not None and (not isinstance(value, list) or len(value) != width):
-        raise CalibrationError(f"'{path.name}': info \"{key}\" must list one value per model input ({width}).",
+    if value is not None and (not isinstance(value, list) or len(value) != width
+                              or not all(item is None or valid(item) for item in value)):
+        raise CalibrationError(f"'{path.name}': info \"{key}\" must list one value per model input ({width}): "
+                               "a name (string) or a shape (list of sizes >= 0) each.",
                                hint=_MANIFEST_HINT, file=str(path))
     return value
+
+
+def _is_name(item: Any) -> bool:
+    return isinstance(item, str)
+
+
+def _is_shape(item: Any) -> bool:
+    return isinstance(item, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item)
 
 
 def _check_entry_widths(entries: list[list[str]], inputs: list[InputSpec], path: Path) -> None:

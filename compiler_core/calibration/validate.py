@@ -7,10 +7,12 @@ offending files (up to :data:`MAX_LISTED_FILES`, then "and N more") and says wha
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from tokenize import TokenError
 
 import numpy as np
 from PIL import Image
@@ -30,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 MAX_LISTED_FILES = 5
 """How many file names one message spells out; the rest are counted."""
+
+MAX_IMAGE_PIXELS = 64_000_000
+"""Larger calibration images are refused from their header, before any pixel is decoded."""
 
 _TO_MODEL_LAYOUT = {("HWC", "NCHW"): (2, 0, 1), ("CHW", "NHWC"): (1, 2, 0)}
 
@@ -57,20 +62,33 @@ def _shape_text(shape: Sequence[int]) -> str:
 def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of a ``.npy`` file, read from its header only.
 
+    The header must describe exactly the bytes that follow it, so a header claiming a huge shape
+    is refused before anything is allocated for it.
+
     Raises:
-        ValueError: not a .npy file, or it holds Python objects.
+        ValueError: not a .npy file, a damaged header, a header that does not match the file size,
+            or it holds Python objects.
         OSError: the file cannot be read.
     """
     with open(path, "rb") as handle:
-        version = np.lib.format.read_magic(handle)
-        reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version in reader:
-            shape, _, dtype = reader[version](handle)
-        else:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-            shape, dtype = array.shape, array.dtype
+        try:
+            version = np.lib.format.read_magic(handle)
+            # version 3.0 only allows a UTF-8 header; its layout is version 2.0's
+            reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0,
+                      (3, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise ValueError(f"unsupported .npy format version {version}")
+            shape, _, dtype = reader(handle)
+        except (SyntaxError, TokenError, TypeError, MemoryError, RecursionError) as error:  # from the header's literal
+            raise ValueError(f"the .npy header is damaged ({type(error).__name__})") from error
+        data_start = handle.tell()
     if dtype.hasobject:
         raise ValueError("it holds Python objects (saved with allow_pickle)")
+    expected = data_start + math.prod(shape) * dtype.itemsize
+    actual = path.stat().st_size
+    if expected != actual:
+        raise ValueError(f"its header describes a {list(shape)} {dtype} array ({expected} bytes with the header), "
+                         f"but the file has {actual} bytes")
     return tuple(shape), dtype
 
 
@@ -220,6 +238,9 @@ def probe_image(path: Path) -> ImageInfo:
         SyntaxError: Pillow found a damaged PNG chunk.
     """
     with Image.open(path) as image:
+        if image.width * image.height > MAX_IMAGE_PIXELS:  # read from the header: refused before decoding
+            raise ValueError(f"it is {image.width}x{image.height} pixels, more than the "
+                             f"{MAX_IMAGE_PIXELS // 1_000_000} megapixel limit")
         info = ImageInfo(path, (image.height, image.width), image_channels_of_mode(image.mode))
         QUICK_CHECKS.get(image.format, Image.Image.load)(image)
     return info

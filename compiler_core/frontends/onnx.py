@@ -1,67 +1,195 @@
-"""ONNX frontend: read an ``.onnx`` file (with external data) into an onnx-ir model, with clear errors."""
+"""ONNX frontend: read an ``.onnx`` file (with external data) into an onnx-ir model, with clear errors.
+
+External weight data is read into memory at load time, so later passes (which create, fold and
+re-serialize tensors) never hold a reference to a file beside the source. Graphs whose nodes
+name tensors that nothing defines are refused here: onnx-ir would otherwise invent new graph
+inputs for them.
+"""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper
 
-from compiler_core.errors import ModelLoadError
+from compiler_core.errors import InvalidModelError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 _ONNX_HINT = "Export the model again, or pass the right file; see `qbcompiler parse --help`."
+MAX_TENSOR_BYTES = 1 << 34
+"""Largest single tensor (16 GiB) a model may declare; beyond it the model is refused before allocation."""
 
 
 def load_onnx(path: str | Path) -> ir.Model:
-    """Load an ONNX file, checking that it is complete and that its external data exists.
+    """Load an ONNX file, checking that it is complete and self-consistent.
+
+    External data is resolved relative to the file and read into memory.
 
     Args:
         path: Path to a ``.onnx`` file; external data files are resolved relative to it.
 
     Raises:
         ModelLoadError: the file is missing, unreadable, truncated, not ONNX, or its external
-            data is missing or too short.
+            data is missing, too short or outside the model's folder.
+        InvalidModelError: a node reads a tensor that no input, initializer or node defines.
     """
     path = Path(path)
-    proto = _read_proto(path)
+    return to_ir(read_checked_proto(path), path)
+
+
+def read_checked_proto(path: Path, *, kind: str = "ONNX", hint: str = _ONNX_HINT) -> onnx.ModelProto:
+    """Read an ONNX-format file (a source model or an MBLT) with its external data, fully checked.
+
+    Args:
+        path: The file; external data is resolved relative to its folder.
+        kind: What to call the file in messages (``ONNX`` or ``MBLT``).
+        hint: The remedy given with every error.
+
+    Raises:
+        ModelLoadError: see :func:`load_onnx`.
+        InvalidModelError: a node reads an undefined tensor.
+    """
+    proto = _read_proto(path, kind, hint)
+    check_tensor_sizes(proto, path)
     _check_external_data(proto, path)
+    check_references(proto.graph, path)
+    _load_external_data(proto, path)
+    return proto
+
+
+def to_ir(proto: onnx.ModelProto, path: Path) -> ir.Model:
+    """Deserialize a checked proto into onnx-ir.
+
+    Raises:
+        ModelLoadError: onnx-ir cannot represent the proto.
+    """
     try:
-        model = ir.serde.deserialize_model(proto)
+        return ir.serde.deserialize_model(proto)
     except Exception as error:  # onnx-ir raises plain exceptions on malformed protos
         raise ModelLoadError(f"'{path.name}' is not a valid ONNX model: {error}.", hint=_ONNX_HINT,
                              file=str(path)) from error
-    ir.external_data.set_base_dir(model.graph, path.parent)
-    return model
 
 
-def _read_proto(path: Path) -> onnx.ModelProto:
+def source_checker_failure(path: str | Path) -> str | None:
+    """The first line of ``onnx.checker.check_model(path, full_check=True)``'s complaint, or None.
+
+    Used to decide whom an error blames: the source model only when this returns a message.
+    """
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        lines = str(error).strip().splitlines()
+        return lines[0] if lines else type(error).__name__
+    return None
+
+
+def _read_proto(path: Path, kind: str, hint: str) -> onnx.ModelProto:
     if not path.exists():
-        raise ModelLoadError(f"Model file '{path}' does not exist.", hint="Check the path.", file=str(path))
+        raise ModelLoadError(f"{kind} file '{path}' does not exist.", hint="Check the path.", file=str(path))
     if path.is_dir():
-        raise ModelLoadError(f"'{path}' is a folder, not an ONNX file.",
-                             hint="Pass the .onnx file, or choose the backend for this folder with --backend.",
+        raise ModelLoadError(f"'{path}' is a folder, not an {kind} file.",
+                             hint="Pass the file itself, or choose the backend for this folder with --backend.",
                              file=str(path))
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, OSError, UnicodeDecodeError) as error:
-        raise ModelLoadError(f"'{path.name}' cannot be read as ONNX (truncated or not an ONNX file): {error}.",
-                             hint=_ONNX_HINT, file=str(path)) from error
+        raise ModelLoadError(f"'{path.name}' cannot be read as {kind} (truncated or not an {kind} file): {error}.",
+                             hint=hint, file=str(path)) from error
     if not proto.HasField("graph") or not proto.opset_import or len(proto.graph.node) == 0:
-        raise ModelLoadError(f"'{path.name}' is not an ONNX model (no graph, opset or nodes found).",
-                             hint=_ONNX_HINT, file=str(path))
+        raise ModelLoadError(f"'{path.name}' is not an {kind} model (no graph, opset or nodes found).",
+                             hint=hint, file=str(path))
+    bad_text = _first_invalid_text(proto)
+    if bad_text is not None:
+        raise ModelLoadError(f"'{path.name}' is corrupt: the text field '{bad_text}' is not valid UTF-8.",
+                             hint=hint, file=str(path))
     return proto
+
+
+def _repeated(field) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 6; older versions have ``label``
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+
+
+def _first_invalid_text(message) -> str | None:
+    """The name of the first string field holding bytes that are not UTF-8 (protobuf does not check proto2)."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = value if _repeated(field) else [value]
+            if any(not isinstance(item, str) for item in values):
+                return field.full_name
+        elif field.type == field.TYPE_MESSAGE:
+            for item in value if _repeated(field) else [value]:
+                found = _first_invalid_text(item)
+                if found is not None:
+                    return found
+    return None
+
+
+def check_tensor_sizes(proto: onnx.ModelProto, path: Path) -> None:
+    """Refuse tensors whose declared size is absurd, before anything is allocated for them.
+
+    Raises:
+        ModelLoadError: a tensor has a negative dimension or declares more than ``MAX_TENSOR_BYTES``.
+    """
+    for tensor in _all_tensors(proto.graph):
+        count = 1
+        for dim in tensor.dims:
+            if dim < 0:
+                raise ModelLoadError(f"'{path.name}': tensor '{tensor.name}' has a negative dimension {list(tensor.dims)}.",
+                                     hint=_ONNX_HINT, file=str(path), tensor=tensor.name)
+            count *= dim
+        itemsize = _itemsize(tensor.data_type)
+        if count * itemsize > MAX_TENSOR_BYTES:
+            raise ModelLoadError(f"'{path.name}': tensor '{tensor.name}' declares {count * itemsize} bytes "
+                                 f"(shape {list(tensor.dims)}), more than the {MAX_TENSOR_BYTES} byte limit.",
+                                 hint=_ONNX_HINT, file=str(path), tensor=tensor.name)
+        _check_data_length(tensor, count, path)
+
+
+def _check_data_length(tensor: onnx.TensorProto, count: int, path: Path) -> None:
+    """The stored values must be exactly as many as the dims say (raw bytes, or one typed field)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type in _PACKED_TYPES:
+        return
+    if tensor.HasField("raw_data"):
+        found, expected = len(tensor.raw_data), count * _itemsize(tensor.data_type)
+    else:
+        typed = [len(getattr(tensor, field)) for field in _TYPED_FIELDS if len(getattr(tensor, field))]
+        found = typed[0] if typed else 0
+        expected = count * (2 if tensor.data_type in _COMPLEX_TYPES else 1) if typed or count else 0
+        if tensor.data_type == onnx.TensorProto.STRING:
+            found, expected = len(tensor.string_data), count
+    if found != expected:
+        raise ModelLoadError(f"'{path.name}': tensor '{tensor.name}' of shape {list(tensor.dims)} holds {found} "
+                             f"{'bytes' if tensor.HasField('raw_data') else 'values'}, expected {expected}.",
+                             hint=_ONNX_HINT, file=str(path), tensor=tensor.name)
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+_COMPLEX_TYPES = frozenset({onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128})
+_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in
+                          ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
+                          if hasattr(onnx.TensorProto, name))
+"""Sub-byte types pack several values per byte: their lengths are not checked here."""
+
+
+def _itemsize(data_type: int) -> int:
+    try:
+        return max(1, onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+    except (KeyError, ValueError, TypeError):
+        return 1
 
 
 def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
     missing: list[str] = []
     for tensor in _external_tensors(proto.graph):
         info = {entry.key: entry.value for entry in tensor.external_data}
-        location = path.parent / info.get("location", "")
-        needed = int(info.get("offset", 0)) + int(info.get("length", 0))
+        location = _external_location(info.get("location", ""), tensor.name, path)
+        needed = _int_field(info, "offset", tensor.name, path) + _int_field(info, "length", tensor.name, path)
         if not location.is_file():
             missing.append(f"{tensor.name} -> {location.name} (file missing)")
         elif location.stat().st_size < needed:
@@ -74,13 +202,116 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
                              file=str(path))
 
 
-def _external_tensors(graph: onnx.GraphProto):
-    for tensor in graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            yield tensor
+def _external_location(location: str, tensor: str, path: Path) -> Path:
+    relative = PurePath(location)
+    if not location or relative.is_absolute() or ".." in relative.parts:
+        raise ModelLoadError(f"'{path.name}': tensor '{tensor}' names external data '{location}', which is not a "
+                             "file inside the model's folder.", hint=_ONNX_HINT, file=str(path), tensor=tensor)
+    return path.parent / relative
+
+
+def _int_field(info: dict[str, str], key: str, tensor: str, path: Path) -> int:
+    try:
+        value = int(info.get(key, 0) or 0)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ModelLoadError(f"'{path.name}': tensor '{tensor}' has an invalid external data {key} "
+                             f"'{info.get(key)}'.", hint=_ONNX_HINT, file=str(path), tensor=tensor)
+    return value
+
+
+def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Read every external tensor into the proto (the checks above made sure the data is there)."""
+    try:
+        for tensor in list(_external_tensors(proto.graph)):
+            external_data_helper.load_external_data_for_tensor(tensor, str(path.parent))
+            tensor.ClearField("data_location")  # as if it had been stored inline: same bytes downstream
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"External weight data of '{path.name}' cannot be read: {error}.",
+                             hint="Keep the external data file(s) in the same folder as the model.",
+                             file=str(path)) from error
+
+
+def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] = frozenset()) -> None:
+    """Every node input must name a graph input, an initializer, a node output or an outer-scope value.
+
+    Raises:
+        InvalidModelError: naming the first node that reads an undefined tensor, and the tensor.
+    """
+    defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    produced = [name for node in graph.node for name in node.output if name]
+    redefined = sorted({name for name in produced if name in defined or produced.count(name) > 1})
+    if redefined:
+        raise InvalidModelError(f"'{path.name}': tensor '{redefined[0]}' is defined more than once (by a node and "
+                                "an input, an initializer or another node).",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), tensor=redefined[0])
+    defined |= set(produced)
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in defined:
+                label = node.name or f"#{list(graph.node).index(node)}"
+                raise InvalidModelError(
+                    f"'{path.name}': node '{label}' ({node.op_type}) reads tensor '{name}', which no graph input, "
+                    "initializer or node defines.",
+                    hint="The source model is malformed (check it with onnx.checker); export it again.",
+                    file=str(path), node=label, tensor=name)
+        for attribute in node.attribute:
+            for subgraph in _subgraphs(attribute):
+                check_references(subgraph, path, frozenset(defined))
+    _check_acyclic(graph, path)
+    missing_outputs = [v.name for v in graph.output if v.name not in defined]
+    if missing_outputs:
+        raise InvalidModelError(f"'{path.name}': graph output(s) {missing_outputs} are not produced by any node.",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), tensor=missing_outputs[0])
+
+
+def _check_acyclic(graph: onnx.GraphProto, path: Path) -> None:
+    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope)."""
+    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    waiting = [len({producer[name] for name in node.input if name in producer}) for node in graph.node]
+    consumers: dict[int, set[int]] = {}
+    for index, node in enumerate(graph.node):
+        for source in {producer[name] for name in node.input if name in producer}:
+            consumers.setdefault(source, set()).add(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    done = 0
+    while ready:
+        index = ready.pop()
+        done += 1
+        for consumer in consumers.get(index, ()):
+            waiting[consumer] -= 1
+            if waiting[consumer] == 0:
+                ready.append(consumer)
+    if done != len(graph.node):
+        stuck = next(node for node, count in zip(graph.node, waiting) if count)
+        raise InvalidModelError(f"'{path.name}': the graph has a cycle (node '{stuck.name or stuck.op_type}' "
+                                "depends on its own output).",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), node=stuck.name or stuck.op_type)
+
+
+def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attribute.type == onnx.AttributeProto.GRAPH:
+        return [attribute.g]
+    return list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
+
+
+def _all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_location == onnx.TensorProto.EXTERNAL:
+            if attribute.type == onnx.AttributeProto.TENSOR:
                 yield attribute.t
-            for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                yield from _external_tensors(subgraph)
+            yield from attribute.tensors
+            for subgraph in _subgraphs(attribute):
+                yield from _all_tensors(subgraph)
+
+
+def _external_tensors(graph: onnx.GraphProto):
+    for tensor in _all_tensors(graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.errors import ArgumentError, ModelLoadError
+from compiler_core.errors import ArgumentError, ModelLoadError, QBCompilerError
 from compiler_core.frontends.torch import export_legacy, exporter_reason, record_module_paths
 
 logger = logging.getLogger(__name__)
@@ -256,8 +256,8 @@ def describe_requirements(path: str | Path, submodule: str | None = None) -> dic
         index_inputs = _index_inputs(target)
         for parameter in script_parameters(target):
             info["inputs"].append(_describe_parameter(parameter, index_inputs))
-    except Exception as error:  # the GUI shows the reason instead of failing
-        info.update(kind="unreadable", note=exporter_reason(error))
+    except QBCompilerError as error:  # not a readable archive, or no such submodule: the GUI shows why
+        info.update(kind="unreadable", note=error.message)
         return info
     required = [entry for entry in info["inputs"] if entry["required"]]
     info["needs_feed_dict"] = any(entry["type"] != "Tensor" for entry in required)

@@ -23,7 +23,13 @@ from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.rewriter.rules.fusion._layer_norm import layer_normalization_rules
 from onnxscript.utils import metadata_merger
 
-from compiler_core.errors import ArgumentError, DynamicShapeError, InvalidModelError, UnsupportedOpsError
+from compiler_core.errors import (
+    ArgumentError,
+    DynamicShapeError,
+    InternalError,
+    InvalidModelError,
+    UnsupportedOpsError,
+)
 from compiler_core.mblt import opset
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
@@ -33,6 +39,8 @@ from compiler_core.progress import Reporter, as_reporter
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME_KEY = "mblt.source_name"
+VERIFY_STAGE = "verify"
+"""The ``stage`` field of the error raised when the canonical graph fails ONNX's checker."""
 # A node fused from several keeps every source name ("conv1, bn1"); onnxscript exposes no public
 # hook for per-key mergers yet, so register ours on its default merger.
 _rewrite_rule._default_metadata_merger.mergers[SOURCE_NAME_KEY] = metadata_merger.comma_separator_merger
@@ -283,24 +291,34 @@ def _verify(model: ir.Model) -> None:
     model.ir_version = opset.MBLT_IR_VERSION
     try:
         common_passes.CheckerPass(full_check=True)(model)
-    except Exception as error:  # onnx.checker raises ValidationError / InferenceError
-        raise InvalidModelError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
-                                hint="The source model is probably malformed; check it with onnx.checker.") from error
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        # Whose fault it is depends on the source: api.parse_model blames the source model only when
+        # onnx.checker (full) fails on the source file too.
+        raise InternalError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
+                            hint="The source model may be fine; this is probably a compiler bug. Please report it "
+                                 "with the model.", stage=VERIFY_STAGE) from error
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
 
 @contextmanager
-def _quiet(name: str):
-    """Raise one library logger to ERROR for the duration of a call."""
+def _quiet(name: str, prefix: str = "The model version conversion is not supported by the onnxscript version "
+                                    "converter and fallback is enabled"):
+    """Hide only the expected warning (the one starting with ``prefix``) of one library logger during a call.
+
+    Every other record of that logger (a failed conversion, a skipped node) still reaches the user.
+    """
     target = logging.getLogger(name)
-    level = target.level
-    target.setLevel(logging.ERROR)
+
+    def not_expected(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(prefix)
+
+    target.addFilter(not_expected)
     try:
         yield
     finally:
-        target.setLevel(level)
+        target.removeFilter(not_expected)
 
 
 def _should_fold(node: ir.Node) -> bool | None:

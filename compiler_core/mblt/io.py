@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 from collections.abc import Mapping
@@ -14,8 +13,9 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from compiler_core import __version__
-from compiler_core.errors import ModelLoadError
+from compiler_core.errors import ModelLoadError, OutputWriteError
 from compiler_core.fileio import atomic_write
+from compiler_core.frontends.onnx import read_checked_proto, to_ir
 from compiler_core.mblt import opset
 
 logger = logging.getLogger(__name__)
@@ -24,13 +24,18 @@ PRODUCER_NAME = "qbcompiler"
 FORMAT_KEY = "mblt.format_version"
 PROVENANCE_KEY = "mblt.provenance"
 INPUTS_KEY = "mblt.inputs"
-_EXTERNAL_THRESHOLD = 1_800_000_000  # bytes of weights: beyond this, keep them beside the file
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+"""Bytes of weights beyond which :func:`write_mblt` keeps them in a ``.data`` file beside the MBLT."""
 
 
 def make_provenance(*, source_path: str | None, source_sha256: str | None, backend: str,
                     parser_options: Mapping[str, Any] | None = None,
                     feed_dict_fingerprint: str | None = None) -> dict[str, Any]:
-    """The provenance record stored in every MBLT (DESIGN section 5)."""
+    """The provenance record stored in every MBLT (DESIGN section 5).
+
+    It holds no timestamp, so parsing the same source with the same options gives the same bytes
+    (the file's modification time says when it was written).
+    """
     return {
         "source_path": source_path,
         "source_sha256": source_sha256,
@@ -39,7 +44,6 @@ def make_provenance(*, source_path: str | None, source_sha256: str | None, backe
         "compiler_version": __version__,
         "parser_options": dict(parser_options or {}),
         "feed_dict_fingerprint": feed_dict_fingerprint,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
@@ -56,8 +60,16 @@ def layout_hint(dims: list[int]) -> str:
     return {3: "NCW", 2: "NC"}.get(len(dims), "")
 
 
-def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any]) -> Path:
+def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any], *,
+               external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
     """Stamp format metadata and provenance on ``model`` and write it atomically.
+
+    Args:
+        model: The canonical graph.
+        path: The ``.mblt`` to write.
+        provenance: The record from :func:`make_provenance`.
+        external_data_threshold: When the weights total more bytes than this, they are written to
+            ``<name>.mblt.data`` beside the file (protobuf cannot hold more than 2 GB).
 
     Raises:
         OutputWriteError: the file cannot be written.
@@ -70,38 +82,43 @@ def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any])
     model.metadata_props[INPUTS_KEY] = json.dumps(describe_inputs(model))
     path = Path(path)
     weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
-    if weights > _EXTERNAL_THRESHOLD:
+    if weights > external_data_threshold:
         return _write_with_external_data(model, path)
     data = ir.to_proto(model).SerializeToString(deterministic=True)
     return atomic_write(path, lambda temp: temp.write_bytes(data))
 
 
 def _write_with_external_data(model: ir.Model, path: Path) -> Path:
-    """Over 1.8 GB of weights: the data file goes beside the MBLT (the .mblt itself is renamed in last)."""
+    """The data file goes beside the MBLT first (atomically); the .mblt itself is renamed in last."""
     data_name = path.name + ".data"
-    logger.info("Weights over 1.8 GB: writing them to %s beside the MBLT", data_name)
-    return atomic_write(path, lambda temp: ir.save(model, temp, format="protobuf", external_data=data_name))
+    logger.info("Weights over the external-data threshold: writing them to %s beside the MBLT", data_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return atomic_write(path, lambda temp: ir.save(model, temp, format="protobuf", external_data=data_name))
+    except ValueError as error:  # onnx-ir refuses to overwrite data an external tensor still reads
+        raise OutputWriteError(f"Cannot write the external data of '{path.name}': {error}.",
+                               hint="Write the MBLT to another file name.", file=str(path)) from error
 
 
 def load_mblt(path: str | Path) -> ir.Model:
-    """Read an MBLT file, checking that it is one.
+    """Read an MBLT file (and its ``.data`` file, if any), checking that it is one.
+
+    External weight data is read into memory, so the model can be written elsewhere afterwards.
 
     Raises:
-        ModelLoadError: missing, unreadable, or not written by this compiler's parse stage.
+        ModelLoadError: missing, unreadable, external data missing, or not written by this compiler's
+            parse stage.
+        InvalidModelError: the graph reads a tensor that nothing defines.
     """
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"MBLT file '{path}' does not exist.", hint="Check the path, or run `qbcompiler parse` first.",
                              file=str(path))
-    try:
-        model = ir.load(path)
-    except (DecodeError, ValueError, OSError) as error:
-        raise ModelLoadError(f"'{path.name}' cannot be read as an MBLT (truncated or wrong file): {error}.",
-                             hint="Parse the source model again.", file=str(path)) from error
-    if FORMAT_KEY not in model.metadata_props:
+    proto = read_checked_proto(path, kind="MBLT", hint="Parse the source model again.")
+    if FORMAT_KEY not in {entry.key for entry in proto.metadata_props}:
         raise ModelLoadError(f"'{path.name}' is an ONNX file but not an MBLT (no {FORMAT_KEY} metadata).",
                              hint="Run `qbcompiler parse --model FILE` to make an MBLT from it.", file=str(path))
-    return model
+    return to_ir(proto, path)
 
 
 def read_provenance(path: str | Path) -> dict[str, Any]:

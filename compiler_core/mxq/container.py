@@ -23,6 +23,7 @@ from compiler_core.mxq import blobstore
 from compiler_core.mxq.blobstore import BlobEntry
 from compiler_core.mxq.layout import Encoding, SectionInfo, corrupt
 from compiler_core.mxq.reader import ContainerReader, FormatVersion, load_bytes
+from compiler_core.mxq.schema import PROGRAM_ENCODING, validate_program
 from compiler_core.mxq.writer import SectionPayload, write_sections
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 
@@ -72,7 +73,7 @@ def write_mxq(path: str | os.PathLike, *, target_device: str, meta: Mapping[str,
         path: Output file; its folder is created if needed.
         target_device: A device string of the registry (e.g. ``"aries-rb"``); stored canonical.
         meta: JSON-serialisable metadata (numpy scalars/arrays are converted).
-        program: JSON-serialisable NPU program.
+        program: JSON-serialisable program document (the quantized op graph, ``qbops-1``).
         consts: Name to array (bool, integer or float, any shape), or an iterable of
             ``(name, array)`` pairs consumed while writing.
         cpu: Name to ONNX model bytes of CPU-offloaded parts; the section is omitted if None.
@@ -137,9 +138,17 @@ def _decode(reader: ContainerReader, sections: list[SectionInfo], path: Path) ->
     if "cpu" in by_name:
         cpu = {name: array.tobytes() for name, array in _read_blobs(reader, by_name["cpu"], bytes_only=True)[1].items()}
     calib = _read_json(reader, by_name["calib"]) if "calib" in by_name else None
+    program = _read_json(reader, by_name["program"])
+    if program.get("encoding") == PROGRAM_ENCODING:
+        info = by_name["program"]
+        try:
+            validate_program(program, consts, path=reader.path)
+        except MxqFormatError as error:
+            error.fields.setdefault("offset", info.offset)
+            raise
     return MxqFile(path=path, version=reader.version, target_device=reader.device, file_size=reader.size,
                    sections=sections, meta=_read_json(reader, by_name["meta"]),
-                   program=_read_json(reader, by_name["program"]), consts=MappingProxyType(consts),
+                   program=program, consts=MappingProxyType(consts),
                    const_index=const_index, cpu=cpu, calib=calib)
 
 

@@ -1,8 +1,11 @@
 """The quantized program: integer operations with their constants, and per-tensor parameters.
 
 This is what the golden executor runs, what the QDQ exporter mirrors and what the MXQ ``program``
-and ``const`` sections encode. It holds no float math: every constant is an integer array and every
-operation is defined in docs/numerics.md.
+and ``const`` sections encode (the quantized op graph, not a tile-level NPU instruction stream).
+Arithmetic kernels hold integer constants only and are defined in docs/numerics.md; the
+data-movement and exact ops (kinds ``move`` and ``exact``) run the ONNX op itself through
+``onnx.reference``, on codes or, for max-pooling and exact ops with quantized inputs, on float
+(dequantized) values.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from compiler_core.mxq import read_mxq
 from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel, ValueSpec
 from compiler_core.quantization.serialize import from_document
+from compiler_core.runtime.checks import check_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class CompiledArtifact:
 
     def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW") -> list:
         """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``."""
-        env: dict[str, np.ndarray] = dict(feeds)
+        env: dict[str, np.ndarray] = check_feeds(self.input_specs, self.program, feeds)
         raw_codes: dict[str, np.ndarray] = {}
         self._run_cpu("head", env)
         body = self._body_inputs(env)

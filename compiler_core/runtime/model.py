@@ -18,6 +18,7 @@ from compiler_core.errors import ArgumentError
 from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.runtime.artifact import CompiledArtifact, load_artifact
+from compiler_core.runtime.checks import host_io
 from compiler_core.runtime.cost import estimate
 from compiler_core.targets import get_device
 
@@ -99,6 +100,7 @@ class Model:
         self.artifact: CompiledArtifact = load_artifact(self.path)
         self._accelerator: Accelerator | None = None
         self.core_mode: str | None = None
+        self.host_io: str | None = None
 
     @property
     def program(self) -> QuantizedModel:
@@ -112,6 +114,7 @@ class Model:
                 f"{self.path.name} was compiled for {self.artifact.device}, not {accelerator.device}.",
                 hint=f"Use Accelerator('{self.artifact.device}') or compile for {accelerator.device}.")
         self.core_mode = self._resolve_mode()
+        self.host_io = host_io(accelerator.device, accelerator.profile.float_io)  # "float32" or "quantized"
         self._accelerator = accelerator
 
     def _resolve_mode(self) -> str:
@@ -131,7 +134,9 @@ class Model:
 
         Args:
             inputs: one array per model input (a list, a dict by name, or a single array).
-                float32 arrays are quantized on the way in; int8/int16 arrays are taken as codes.
+                Float arrays are quantized on the way in; arrays of exactly the input's code dtype
+                (``int8``/``int16``/``uint8``) are taken as codes and must lie in its code range;
+                any other dtype is an :class:`ArgumentError`.
             raw: return the NPU output codes instead of float32 values.
 
         Returns:

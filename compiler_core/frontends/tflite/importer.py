@@ -16,7 +16,14 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from compiler_core.errors import DynamicShapeError, UnsupportedOpsError
+from compiler_core.errors import (
+    DynamicShapeError,
+    InvalidModelError,
+    ModelLoadError,
+    QBCompilerError,
+    UnsupportedOpsError,
+)
+from compiler_core.frontends.onnx import check_references
 from compiler_core.frontends.tflite.builder import GraphBuilder, NotConvertible, UpstreamUnavailable
 from compiler_core.frontends.tflite.converters import CONVERTERS
 from compiler_core.frontends.tflite.reader import Operator, Tensor, TFLiteGraph
@@ -27,6 +34,7 @@ ONNX_OPSET = 21
 IR_VERSION = 10
 CALIBRATION_HINTS_KEY = "mblt.calibration_hints"
 SOURCE_FORMAT_KEY = "mblt.source_format"
+_CORRUPT_HINT = "Pass a complete, uncorrupted .tflite file (re-export it, or download it again)."
 
 
 def import_graph(graph: TFLiteGraph) -> ir.Model:
@@ -80,6 +88,13 @@ def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
         builder.unavailable.update(op.outputs)
     except NotConvertible as error:
         return str(error)
+    except QBCompilerError:
+        raise
+    except Exception as error:  # a corrupt operator (wrong input count, options, shapes) trips the converter
+        raise ModelLoadError(
+            f"'{builder.graph.path.name}' is corrupt: operator {op.index} ({op.display_name}) cannot be read "
+            f"({type(error).__name__}: {error}).", hint=_CORRUPT_HINT, file=str(builder.graph.path),
+            node=f"op_{op.index}") from error
     return None
 
 
@@ -107,6 +122,11 @@ def _assemble(builder: GraphBuilder, graph: TFLiteGraph) -> ir.Model:
                               producer_name="qbstudio tflite frontend", ir_version=IR_VERSION)
     helper.set_model_props(proto, {CALIBRATION_HINTS_KEY: json.dumps(calibration_hints(builder, graph)),
                                    SOURCE_FORMAT_KEY: "tflite"})
+    try:
+        check_references(proto.graph, graph.path)
+    except InvalidModelError as error:  # a corrupt file: an operator reads or rewrites a tensor it must not
+        raise ModelLoadError(f"'{graph.path.name}' is corrupt: {error.message}", hint=_CORRUPT_HINT,
+                             file=str(graph.path)) from error
     return ir.serde.deserialize_model(proto)
 
 

@@ -101,7 +101,7 @@ class Operator:
     custom_code: str
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
-    options: Any = None
+    options: DecodedOptions | None = None
     custom_options: bytes = b""
 
     @property
@@ -184,11 +184,15 @@ def _decode_model(model: tflite.Model, data: bytes, path: Path) -> TFLiteGraph:
     operators = [_decode_operator(subgraph.Operators(i), i, opcodes) for i in range(subgraph.OperatorsLength())]
     for operator in operators:
         _check_tensor_indices(operator, len(tensors), path)
+    inputs = tuple(int(i) for i in subgraph.InputsAsNumpy()) if subgraph.InputsLength() else ()
+    outputs = tuple(int(i) for i in subgraph.OutputsAsNumpy()) if subgraph.OutputsLength() else ()
+    bad = [i for i in (*inputs, *outputs) if not 0 <= i < len(tensors)]
+    if bad:
+        raise ModelLoadError(f"'{path.name}' is corrupt: the graph's inputs/outputs name tensor(s) {bad}, but the "
+                             f"graph has {len(tensors)}.", hint=_HINT, file=str(path))
     return TFLiteGraph(
         path=path, version=model.Version(), description=(model.Description() or b"").decode(errors="replace"),
-        tensors=tensors, operators=operators,
-        inputs=tuple(int(i) for i in subgraph.InputsAsNumpy()) if subgraph.InputsLength() else (),
-        outputs=tuple(int(i) for i in subgraph.OutputsAsNumpy()) if subgraph.OutputsLength() else (),
+        tensors=tensors, operators=operators, inputs=inputs, outputs=outputs,
         subgraph_count=model.SubgraphsLength(), metadata=_metadata_names(model))
 
 
@@ -274,14 +278,49 @@ def _decode_operator(op: tflite.Operator, index: int, opcodes: list[tuple[str, s
         custom_options=op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b"")
 
 
-def _decode_options(op: tflite.Operator) -> Any:
+def _decode_options(op: tflite.Operator) -> DecodedOptions | None:
     table = op.BuiltinOptions()
     class_name = _OPTION_CLASS_NAMES.get(op.BuiltinOptionsType())
     if table is None or class_name in (None, "NONE") or not hasattr(tflite, class_name):
         return None
     options = getattr(tflite, class_name)()
     options.Init(table.Bytes, table.Pos)
-    return options
+    return DecodedOptions.read(options)
+
+
+class DecodedOptions:
+    """A builtin-options table read in full, with the accessors of the ``tflite`` class.
+
+    ``options.Padding()`` or ``options.NewShapeAsNumpy()`` return values decoded up front, so a
+    corrupt table fails inside :func:`decode_tflite` (as a :class:`ModelLoadError`) and never later.
+    """
+
+    _SKIPPED = ("Init", "GetRootAs")
+
+    def __init__(self, kind: str, values: dict[str, Any]) -> None:
+        self.kind = kind
+        self._values = values
+
+    @classmethod
+    def read(cls, table: Any) -> DecodedOptions:
+        """Call every accessor of ``table``: scalars, vectors (``X(j)`` for each ``j < XLength()``) and numpy views."""
+        values: dict[str, Any] = {}
+        methods = {name: getattr(table, name) for name in dir(table)
+                   if not name.startswith(("_", *cls._SKIPPED)) and not name.endswith("BufferHasIdentifier")}
+        for name, method in methods.items():
+            if f"{name}Length" in methods:
+                values[name] = [method(j) for j in range(methods[f"{name}Length"]())]
+            elif callable(method) and method.__code__.co_argcount == 1:
+                result = method()
+                values[name] = result.copy() if isinstance(result, np.ndarray) else result
+        return cls(type(table).__name__, values)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name not in values:
+            raise AttributeError(f"{self.__dict__.get('kind', 'options')} has no field {name}")
+        value = values[name]
+        return (lambda j: value[j]) if isinstance(value, list) else (lambda: value)
 
 
 def _check_tensor_indices(op: Operator, count: int, path: Path) -> None:

@@ -1,0 +1,430 @@
+"""Content checks of an MXQ ``program`` section (encoding ``qbops-1``) against a schema per kernel kind.
+
+The container checks (CRCs, bounds) prove the bytes are the ones written; these checks prove the
+program makes sense before anything runs: every operation has a known kernel kind, the attributes
+that kind reads with the right JSON types, constants of integer type and consistent shapes, and
+tensor references that name tensors defined earlier. A failure is an :class:`MxqFormatError`
+naming the operation, so a tampered or mis-written file never reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from compiler_core.errors import MxqFormatError
+
+logger = logging.getLogger(__name__)
+
+PROGRAM_ENCODING = "qbops-1"
+"""The program encoding these checks cover; other encodings are left to their readers."""
+
+Check = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and np.isfinite(value)
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(item) for item in value)
+
+
+def _clamp(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and _ints(value)  # low > high is ONNX Clip's min > max
+
+
+def _int_or_ints(value: Any) -> bool:
+    return _is_int(value) or (_ints(value) and len(value) > 0)
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_number(item) for item in value)
+
+
+def _bool_like(value: Any) -> bool:
+    return isinstance(value, bool) or value in (0, 1)
+
+
+INT, INTS, CLAMP, ZERO_POINT, NUMBER, NUMBERS = _is_int, _ints, _clamp, _int_or_ints, _is_number, _numbers
+STRING: Check = lambda value: isinstance(value, str)  # noqa: E731
+DICT: Check = lambda value: isinstance(value, dict)  # noqa: E731
+BOOL: Check = _bool_like
+_TYPE_NAMES = {INT: "an integer", INTS: "a list of integers", CLAMP: "[low, high] integers",
+               ZERO_POINT: "an integer or a list of integers", NUMBER: "a finite number",
+               NUMBERS: "a list of finite numbers", STRING: "a string", DICT: "an object", BOOL: "a boolean"}
+
+
+@dataclass(frozen=True)
+class KindSchema:
+    """What one kernel kind reads.
+
+    Attributes:
+        attrs: required attribute -> type check.
+        optional_attrs: optional attribute -> type check.
+        consts: required constant names.
+        optional_consts: optional constant names (``prefix*`` matches any suffix).
+        integer_consts: constants must be integer (or bool) arrays.
+        inputs: (min, max) number of input slots (``""`` slots count); max None = any.
+        outputs: (min, max) number of outputs.
+        rules: extra checks over (op, consts) returning a problem sentence or None.
+    """
+
+    attrs: Mapping[str, Check] = field(default_factory=dict)
+    optional_attrs: Mapping[str, Check] = field(default_factory=dict)
+    consts: tuple[str, ...] = ()
+    optional_consts: tuple[str, ...] = ()
+    integer_consts: bool = True
+    inputs: tuple[int, int | None] = (1, 1)
+    outputs: tuple[int, int | None] = (1, 1)
+    rules: tuple[Callable[[dict, dict[str, np.ndarray]], str | None], ...] = ()
+
+
+def _same_shape(*names: str):
+    def rule(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+        shapes = {name: consts[name].shape for name in names if name in consts}
+        if len(set(shapes.values())) > 1:
+            return f"constants {', '.join(names)} must have one shape, found {shapes}"
+        return None
+    return rule
+
+
+def _linear_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    attrs, weight = op["attrs"], consts["weight"]
+    layout = attrs["layout"]
+    if layout not in ("conv", "conv_transpose", "dense"):
+        return f"attribute 'layout' is {layout!r}, not conv, conv_transpose or dense"
+    if layout == "dense":
+        if weight.ndim != 2:
+            return f"a dense weight must be 2-D, found shape {list(weight.shape)}"
+        channels = weight.shape[0]
+    else:
+        missing = [name for name in ("kernel", "pads", "strides", "dilations") if not _ints(attrs.get(name))]
+        if missing or not _is_int(attrs.get("group")) or attrs["group"] < 1:
+            return f"a {layout} needs integer-list attributes kernel, pads, strides, dilations and a group >= 1"
+        rank = len(attrs["kernel"])
+        if weight.ndim != rank + 2 or len(attrs["pads"]) != 2 * rank or len(attrs["strides"]) != rank \
+                or len(attrs["dilations"]) != rank or list(weight.shape[2:]) != attrs["kernel"]:
+            return (f"weight shape {list(weight.shape)} does not match kernel {attrs['kernel']}, pads "
+                    f"{attrs['pads']}, strides {attrs['strides']}, dilations {attrs['dilations']}")
+        if min(attrs["strides"] + attrs["dilations"]) < 1 or min(attrs["pads"]) < 0:
+            return "strides and dilations must be >= 1 and pads >= 0"
+        channels = weight.shape[0] if layout == "conv" else weight.shape[1] * attrs["group"]
+    for name in ("bias", "multiplier", "shift"):
+        if consts[name].shape != (channels,):
+            return f"constant '{name}' has shape {list(consts[name].shape)}, expected [{channels}] (output channels)"
+    return None
+
+
+def _requantizer_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    return _same_shape("multiplier", "shift")(op, consts)
+
+
+def _concat_counts(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    count = len(op["inputs"])
+    if len(op["attrs"]["zp_inputs"]) != count or consts["multiplier"].shape != (count,) \
+            or consts["shift"].shape != (count,):
+        return f"zp_inputs, multiplier and shift must each have one entry per input ({count})"
+    return None
+
+
+def _operand_counts(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    count = len(op["inputs"])
+    if len(op["attrs"]["zero_points"]) != count or consts["multipliers"].shape != (count,) \
+            or consts["shifts"].shape != (count,):
+        return f"zero_points, multipliers and shifts must each have one entry per input ({count})"
+    return None
+
+
+def _extremum_mode(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    return None if op["attrs"]["mode"] in ("max", "min") else f"mode {op['attrs']['mode']!r} is not max or min"
+
+
+def _add_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    if consts["multipliers"].shape[:1] != (2,) or consts["shifts"].shape != consts["multipliers"].shape:
+        return "constants multipliers and shifts must both have shape [2, ...]"
+    return None
+
+
+def _resize_weights(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    for axis in op["attrs"]["axes"]:
+        weights = consts.get(f"weight{axis}")
+        if weights is None or weights.ndim != 2:
+            return f"axis {axis} needs a 2-D constant 'weight{axis}'"
+    return None
+
+
+def _table_1d(name: str):
+    def rule(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+        return None if consts[name].ndim == 1 and consts[name].size > 0 else f"constant '{name}' must be a non-empty 1-D table"
+    return rule
+
+
+_REQUANT = ("multiplier", "shift")
+_QUANTIZED = {"zp_y": INT, "clamp": CLAMP}
+
+SCHEMAS: dict[str, KindSchema] = {
+    "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, **_QUANTIZED},
+                         optional_attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS,
+                                         "group": INT, "weight_scale": NUMBERS, "output_padding": INTS},
+                         consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,)),
+    "matmul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
+                         rules=(_requantizer_shapes,)),
+    "add": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, optional_attrs={"const_a_scale": NUMBER,
+                                                                                      "const_b_scale": NUMBER},
+                      consts=("multipliers", "shifts"), optional_consts=("const_a", "const_b"), inputs=(2, 2),
+                      rules=(_add_shapes,)),
+    "scale": KindSchema(attrs={"zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+    "mul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
+                      rules=(_requantizer_shapes,)),
+    "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_x": INT},
+                         optional_consts=("const_*", "multiplier_*", "shift_*"), inputs=(3, 3)),
+    "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}),
+    "clamp": KindSchema(attrs={"clamp": CLAMP}),
+    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),)),
+    "move": KindSchema(attrs={"attributes": DICT}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
+                       optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None)),
+    "exact": KindSchema(attrs={"attributes": DICT}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
+                        optional_consts=("input*",), integer_consts=False, inputs=(0, None), outputs=(1, None)),
+    "concat": KindSchema(attrs={"axis": INT, "zp_inputs": INTS, **_QUANTIZED}, consts=_REQUANT,
+                         optional_consts=("const*",), inputs=(1, None), rules=(_concat_counts,)),
+    "extremum": KindSchema(attrs={"zero_points": INTS, "mode": STRING, **_QUANTIZED},
+                           consts=("multipliers", "shifts"), optional_consts=("const*",), inputs=(1, None),
+                           rules=(_operand_counts, _extremum_mode)),
+    "sum": KindSchema(attrs={"zero_points": INTS, **_QUANTIZED}, consts=("multipliers", "shifts"),
+                      optional_consts=("const*",), inputs=(1, None), rules=(_operand_counts,)),
+    "divide": KindSchema(attrs={"zp_a": INT, "offset_b": INT, **_QUANTIZED}, consts=("reciprocal", *_REQUANT),
+                         optional_consts=("const_a",), inputs=(2, 2),
+                         rules=(_table_1d("reciprocal"), _requantizer_shapes)),
+    "groupnorm": KindSchema(attrs={"groups": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),)),
+    "reduce_l2": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED},
+                            optional_attrs={"headroom": INT}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+    "cumsum": KindSchema(attrs={"axis": INT, "exclusive": BOOL, "reverse": BOOL, "zp_x": INT, **_QUANTIZED},
+                         consts=_REQUANT, rules=(_requantizer_shapes,)),
+    "gather_table": KindSchema(attrs={"axis": INT}, consts=("table",), optional_consts=("indices",), inputs=(2, 2)),
+    "layernorm": KindSchema(attrs={"axis": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift", "offset"),)),
+    "reduce_sum": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED}, consts=_REQUANT,
+                             rules=(_requantizer_shapes,)),
+    "average_pool": KindSchema(attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS, "group": INT,
+                                      "zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+    "prelu": KindSchema(attrs={"zp_x": INT, **_QUANTIZED},
+                        consts=("positive_multiplier", "positive_shift", "negative_multiplier", "negative_shift"),
+                        rules=(_same_shape("positive_multiplier", "positive_shift"),
+                               _same_shape("negative_multiplier", "negative_shift"))),
+    "interpolate": KindSchema(attrs={"axes": INTS, "zp": INT, "clamp": CLAMP}, optional_consts=("weight*",),
+                              rules=(_resize_weights,)),
+    "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, consts=("exp_table",), rules=(_table_1d("exp_table"),)),
+}
+"""Kernel kind -> what its kernel reads. Every kind in the executor's registry must have an entry."""
+
+_OP_FIELDS = {"name": STRING, "kind": STRING, "op_type": STRING, "inputs": list, "outputs": list, "attrs": DICT,
+              "consts": DICT}
+
+
+def validate_program(document: Mapping[str, Any], consts: Mapping[str, np.ndarray], *, path: str = "") -> None:
+    """Check a ``qbops-1`` program document and its constants; return silently if it is sound.
+
+    Args:
+        document: The decoded ``program`` section.
+        consts: The ``const`` section's arrays by name.
+        path: The file, for messages.
+
+    Raises:
+        MxqFormatError: the first problem, naming the operation (``fields["op"]``).
+    """
+    where = f"{path}: " if path else ""
+    shapes = _mapping(document, "shapes", where)
+    tensors = _mapping(document, "tensors", where)
+    known = _interface(document, "inputs", where)
+    _interface(document, "outputs", where)
+    ops = document.get("ops")
+    if not isinstance(ops, list):
+        raise _error(f"{where}the program has no operation list.")
+    for index, entry in enumerate(ops):
+        op = _check_op_fields(entry, index, where)
+        label = f"operation {index} ('{op['name']}', kind {op['kind']!r})"
+        problem, cause = _check_op(op, consts, known, shapes), None
+        if not problem:
+            problem, cause = _check_onnx_node(op, consts, document)
+        if problem:
+            raise _error(f"{where}the program is invalid at {label}: {problem}.", op=op["name"], index=index) from cause
+        known.update(op["outputs"])
+    missing = [spec["name"] for spec in document["outputs"] if spec["name"] not in known]
+    if missing:
+        raise _error(f"{where}the program never computes output {missing[0]!r}.")
+    bad = [name for name, record in tensors.items() if not isinstance(record, dict) or not isinstance(record.get("params"), dict)]
+    if bad:
+        raise _error(f"{where}tensor {bad[0]!r} has no quantization parameters.")
+
+
+def _mapping(document: Mapping[str, Any], key: str, where: str) -> dict:
+    value = document.get(key)
+    if not isinstance(value, dict):
+        raise _error(f"{where}the program's '{key}' is not an object.")
+    return value
+
+
+def _interface(document: Mapping[str, Any], key: str, where: str) -> set[str]:
+    specs = document.get(key)
+    valid = isinstance(specs, list) and all(
+        isinstance(spec, dict) and STRING(spec.get("name")) and _ints(spec.get("shape"))
+        and all(dim >= 0 for dim in spec["shape"]) and STRING(spec.get("dtype")) for spec in specs)
+    if not valid:
+        raise _error(f"{where}the program's '{key}' must list {{name, shape, dtype}} records with sizes >= 0.")
+    return {spec["name"] for spec in specs}
+
+
+def _check_op_fields(entry: Any, index: int, where: str) -> dict:
+    if not isinstance(entry, dict):
+        raise _error(f"{where}operation {index} of the program is not an object.", index=index)
+    for name, check in _OP_FIELDS.items():
+        value = entry.get(name)
+        ok = isinstance(value, list) and all(isinstance(item, str) for item in value) if check is list else check(value)
+        if not ok:
+            raise _error(f"{where}operation {index} ('{entry.get('name')}') has no valid '{name}' field.",
+                         op=str(entry.get("name")), index=index)
+    return entry
+
+
+def _check_op(op: dict, consts: Mapping[str, np.ndarray], known: set[str], shapes: Mapping[str, Any]) -> str | None:
+    schema = SCHEMAS.get(op["kind"])
+    if schema is None:
+        return f"kernel kind {op['kind']!r} does not exist (known: {', '.join(sorted(SCHEMAS))})"
+    return (_check_slots(op, schema, known, shapes) or _check_attrs(op["attrs"], schema)
+            or _check_const_refs(op, schema, consts) or _check_rules(op, schema, consts))
+
+
+def _check_slots(op: dict, schema: KindSchema, known: set[str], shapes: Mapping[str, Any]) -> str | None:
+    for what, values, (low, high) in (("inputs", op["inputs"], schema.inputs),
+                                      ("outputs", op["outputs"], schema.outputs)):
+        if len(values) < low or (high is not None and len(values) > high):
+            return f"it has {len(values)} {what}, its kind takes {low} to {high if high is not None else 'any'}"
+    unknown = [name for name in op["inputs"] if name and name not in known]
+    if unknown:
+        return f"it reads tensor {unknown[0]!r}, which no input or earlier operation defines"
+    for name in op["outputs"]:
+        if not name or name in known:
+            return f"output {name!r} is empty or already defined"
+        if not _ints(shapes.get(name)) or any(dim < 0 for dim in shapes[name]):
+            return f"output {name!r} has no valid static shape in the program's 'shapes'"
+    return None
+
+
+def _check_attrs(attrs: dict, schema: KindSchema) -> str | None:
+    missing = [name for name in schema.attrs if name not in attrs]
+    if missing:
+        return f"attribute {missing[0]!r} is missing"
+    for name, value in attrs.items():
+        check = schema.attrs.get(name) or schema.optional_attrs.get(name)
+        if check is not None and not check(value):
+            return f"attribute {name!r} is {value!r}, expected {_TYPE_NAMES.get(check, 'another type')}"
+    return None
+
+
+def _check_const_refs(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray]) -> str | None:
+    refs = op["consts"]
+    missing = [key for key in schema.consts if key not in refs]
+    if missing:
+        return f"constant {missing[0]!r} is missing"
+    for key, name in refs.items():
+        if key not in schema.consts and not _matches(key, schema.optional_consts):
+            return f"constant {key!r} is not one its kind reads"
+        if not isinstance(name, str) or name not in consts:
+            return f"constant {key!r} references {name!r}, which the const section does not hold"
+        dtype = np.asarray(consts[name]).dtype
+        if schema.integer_consts and dtype.kind not in "iub":
+            return f"constant {key!r} is {dtype}, expected an integer array"
+    return None
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == pattern or (pattern.endswith("*") and key.startswith(pattern[:-1])) for pattern in patterns)
+
+
+def _check_rules(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray]) -> str | None:
+    arrays = {key: np.asarray(consts[name]) for key, name in op["consts"].items()}
+    for rule in schema.rules:
+        problem = rule(op, arrays)
+        if problem:
+            return problem
+    return None
+
+
+_ONNX_EVALUATED = frozenset({"move", "exact"})
+
+
+def _check_onnx_node(op: dict, consts: Mapping[str, np.ndarray],
+                     document: Mapping[str, Any]) -> tuple[str | None, Exception | None]:
+    """``move``/``exact`` run the ONNX op itself: its attributes, input types and shapes must infer the
+    output shapes the program records (strict ONNX shape inference on the single node).
+
+    Returns:
+        (problem, the exception behind it) or (None, None).
+    """
+    if op["kind"] not in _ONNX_EVALUATED:
+        return None, None
+    try:
+        model = _single_node_model(op, consts, document)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except Exception as error:  # building or inferring the node fails in many ways: re-raised coded, as cause
+        return f"its ONNX node ({op['op_type']}) is invalid: {type(error).__name__}: {_first_line(error)}", error
+    for value in inferred.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        shape = [dim.dim_value if dim.HasField("dim_value") else None for dim in dims]
+        expected = document["shapes"][value.name]
+        if value.type.tensor_type.HasField("shape") and None not in shape and shape != list(expected):
+            return (f"its ONNX node ({op['op_type']}) gives {value.name!r} shape {shape}, the program records "
+                    f"{expected}"), None
+    return None, None
+
+
+def _single_node_model(op: dict, consts: Mapping[str, np.ndarray], document: Mapping[str, Any]) -> onnx.ModelProto:
+    attrs, shapes, exact = op["attrs"], document["shapes"], document.get("exact", {})
+    dequantized = attrs.get("dequantize", {}) if isinstance(attrs.get("dequantize"), dict) else {}
+    names, inputs, initializers = [], [], []
+    for index, name in enumerate(op["inputs"]):
+        key = f"input{index}"
+        if key in op["consts"]:
+            initializers.append(onnx.numpy_helper.from_array(np.asarray(consts[op["consts"][key]]), key))
+            names.append(key)
+        elif name:
+            if str(index) in dequantized:
+                element = onnx.TensorProto.FLOAT
+            elif name in exact:
+                element = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(exact[name]))
+            else:
+                element = onnx.TensorProto.DOUBLE if attrs.get("float_evaluated") else onnx.TensorProto.INT64
+            inputs.append(onnx.helper.make_tensor_value_info(key, element, _shape_of(name, shapes)))
+            names.append(key)
+        else:
+            names.append("")
+    node = onnx.helper.make_node(op["op_type"], names, op["outputs"], **attrs["attributes"])
+    graph = onnx.helper.make_graph([node], "op", inputs, [onnx.helper.make_tensor_value_info(name, 0, None)
+                                                          for name in op["outputs"]], initializers)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _shape_of(name: str, shapes: Mapping[str, Any]) -> list[int] | None:
+    shape = shapes.get(name)
+    return list(shape) if _ints(shape) else None
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _error(message: str, **fields: Any) -> MxqFormatError:
+    return MxqFormatError(message, hint="The file is corrupt or was written by an incompatible compiler; "
+                                        "compile the model again.", section="program", **fields)

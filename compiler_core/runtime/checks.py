@@ -1,0 +1,106 @@
+"""Checks of run-time inputs against a compiled model's interface: names, shape, dtype and range.
+
+A float input takes floating-point values (cast to float32, NaN and infinity refused) or, when the
+NPU body reads it directly, integer codes of exactly the input's code dtype and inside its code
+range. Integer and bool inputs (token ids, masks) take arrays of their kind whose values fit.
+Everything else is an :class:`ArgumentError` saying what was expected; nothing is converted
+silently (a uint8 image fed to an int8-code input used to give garbage).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from compiler_core.errors import ArgumentError
+from compiler_core.quantization.program import QuantizedModel, ValueSpec
+
+logger = logging.getLogger(__name__)
+
+
+def check_feeds(specs: Sequence[ValueSpec], program: QuantizedModel,
+                feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Validate NCHW ``feeds`` for a model whose inputs are ``specs`` and whose NPU body is ``program``.
+
+    Returns:
+        The feeds by name: floats as the spec's float dtype, codes and exact values unchanged in value.
+
+    Raises:
+        ArgumentError: a missing or unknown input, a wrong shape, dtype or value range.
+    """
+    names = [spec.name for spec in specs]
+    unknown = sorted(set(feeds) - set(names))
+    missing = [name for name in names if name not in feeds or feeds[name] is None]
+    if unknown or missing:
+        raise ArgumentError(f"Inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}.",
+                            hint=f"The model's inputs are: {', '.join(names)}.")
+    body = {spec.name for spec in program.inputs}
+    return {spec.name: _checked(spec, np.asarray(feeds[spec.name]), program, spec.name in body) for spec in specs}
+
+
+def _checked(spec: ValueSpec, array: np.ndarray, program: QuantizedModel, in_body: bool) -> np.ndarray:
+    if list(array.shape) != list(spec.shape):
+        raise ArgumentError(f"Input '{spec.name}' has shape {list(array.shape)}, expected {list(spec.shape)} (NCHW).",
+                            hint="Reshape or transpose the array to the model's input shape.", input=spec.name)
+    expected = np.dtype(spec.dtype)
+    if expected.kind == "f":
+        return _float_input(spec, array, expected, program if in_body and spec.name in program.tensors else None)
+    if expected.kind == "b":
+        if array.dtype.kind != "b":
+            raise _dtype_error(spec, array, "a bool array")
+        return array
+    if array.dtype.kind not in "iu":
+        raise _dtype_error(spec, array, f"an integer array ({expected.name})")
+    info = np.iinfo(expected)
+    _check_range(spec, array, info.min, info.max, f"{expected.name} values")
+    return array.astype(expected, copy=False)
+
+
+def _float_input(spec: ValueSpec, array: np.ndarray, expected: np.dtype,
+                 program: QuantizedModel | None) -> np.ndarray:
+    if array.dtype.kind == "f":
+        if array.size and not np.isfinite(array).all():
+            raise ArgumentError(f"Input '{spec.name}' contains NaN or infinite values.",
+                                hint="Pass finite values.", input=spec.name)
+        return array.astype(expected, copy=False)
+    params = program.params(spec.name) if program is not None else None
+    if params is not None and array.dtype == params.dtype:
+        _check_range(spec, array, params.qmin, params.qmax, f"{params.dtype.name} codes")
+        return array
+    codes = f" or {params.dtype.name} codes (zero point {np.asarray(params.zero_point).tolist()})" if params else ""
+    raise ArgumentError(
+        f"Input '{spec.name}' takes {expected.name} values{codes}; a {array.dtype.name} array was given.",
+        hint=f"Convert it, e.g. array.astype(np.{expected.name}), and apply the model's preprocessing "
+             "(normalization) first; integer arrays are never reinterpreted silently.",
+        input=spec.name, expected=expected.name, given=array.dtype.name)
+
+
+def _check_range(spec: ValueSpec, array: np.ndarray, low: int, high: int, what: str) -> None:
+    if array.size == 0:
+        return
+    found_low, found_high = int(array.min()), int(array.max())
+    if found_low < low or found_high > high:
+        raise ArgumentError(f"Input '{spec.name}' holds values {found_low}..{found_high}, outside the "
+                            f"{low}..{high} range of {what}.", hint="Pass values inside that range.",
+                            input=spec.name)
+
+
+def _dtype_error(spec: ValueSpec, array: np.ndarray, wanted: str) -> ArgumentError:
+    return ArgumentError(f"Input '{spec.name}' takes {wanted}; a {array.dtype.name} array was given.",
+                         hint="Convert the array to the model's input dtype.", input=spec.name,
+                         expected=spec.dtype, given=array.dtype.name)
+
+
+def host_io(device_name: str, float_io: bool) -> str:
+    """How a device exchanges tensors with the host: ``"float32"`` or ``"quantized"`` (logged once per launch).
+
+    On an integer-only device (``float_io=False``, e.g. ``regulus-rb-usb``) the runtime quantizes the
+    inputs and dequantizes the outputs on the host; the NPU itself only ever sees codes.
+    """
+    if float_io:
+        return "float32"
+    logger.info("%s takes quantized I/O only: the runtime quantizes inputs and dequantizes outputs on the host",
+                device_name)
+    return "quantized"

@@ -1,0 +1,66 @@
+"""Structure-aware tampering of a real MXQ: valid CRCs, wrong content (shared by tests and `make fuzz`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler_core.mxq import read_mxq, write_mxq
+
+
+def load_parts(path: Path) -> dict[str, Any]:
+    """The sections of a good MXQ, as Python values to tamper with."""
+    mxq = read_mxq(path)
+    return {"device": mxq.target_device, "meta": mxq.meta, "program": mxq.program,
+            "consts": {name: np.array(array) for name, array in mxq.consts.items()},
+            "cpu": dict(mxq.cpu) or None, "calib": mxq.calib}
+
+
+def write_parts(parts: dict[str, Any], path: Path) -> Path:
+    """Write (possibly tampered) parts as a container with valid CRCs."""
+    return write_mxq(path, target_device=parts["device"], meta=parts["meta"], program=parts["program"],
+                     consts=parts["consts"], cpu=parts["cpu"], calib=parts["calib"])
+
+
+def _wrong_type(value: Any) -> Any:
+    return 7 if isinstance(value, str) else "tampered"
+
+
+def tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every content tampering the issue lists, applied to every operation: (label, tampered parts)."""
+    ops = parts["program"]["ops"]
+    defined = [spec["name"] for spec in parts["program"]["inputs"]]
+    for index, op in enumerate(ops):
+        label = f"op {index} {op['name']} ({op['kind']})"
+        yield f"{label}: unknown kernel kind", _edit(parts, index, lambda o: o.update(kind="no_such_kernel"))
+        for key, value in op["attrs"].items():
+            yield (f"{label}: attribute {key} of the wrong type",
+                   _edit(parts, index, lambda o, k=key, v=value: o["attrs"].update({k: _wrong_type(v)})))
+        for key, name in op["consts"].items():
+            tampered = copy.copy(parts)
+            array = parts["consts"][name]
+            tampered["consts"] = {**parts["consts"], name: np.append(array.reshape(-1), array.reshape(-1)[:1])}
+            yield f"{label}: constant {key} of the wrong shape", tampered
+        for slot, name in enumerate(op["inputs"]):
+            if name:
+                yield (f"{label}: input {slot} names a tensor nothing defines",
+                       _edit(parts, index, lambda o, s=slot: o["inputs"].__setitem__(s, "ghost_tensor")))
+                if index + 1 < len(ops):
+                    later = ops[index + 1]["outputs"][0]
+                    yield (f"{label}: input {slot} reads a later operation's output",
+                           _edit(parts, index, lambda o, s=slot, t=later: o["inputs"].__setitem__(s, t)))
+        if defined:
+            yield (f"{label}: output redefines an existing tensor",
+                   _edit(parts, index, lambda o, t=defined[0]: o["outputs"].__setitem__(0, t)))
+        defined.extend(op["outputs"])
+
+
+def _edit(parts: dict[str, Any], index: int, change) -> dict[str, Any]:
+    tampered = copy.copy(parts)
+    tampered["program"] = copy.deepcopy(parts["program"])
+    change(tampered["program"]["ops"][index])
+    return tampered

@@ -1,0 +1,251 @@
+"""ONNX and MBLT readers on real files: external data, dangling inputs, whom a checker failure blames."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler_core.api import mblt_compile, mxq_compile, parse_model
+from compiler_core.errors import InternalError, InvalidModelError, ModelLoadError
+from compiler_core.mblt import canonicalize as canonicalize_module
+from compiler_core.mblt.io import load_mblt, write_mblt
+from compiler_core.runtime import Accelerator, Model
+from compiler_core.runtime.inputs import load_run_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_DIR = ROOT / "resources" / "samples" / "fashion_cnn"
+
+
+def _save_external(source: Path, folder: Path) -> Path:
+    """``source`` re-saved as ``folder/model.onnx`` + ``model.onnx.data`` (every tensor external)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "model.onnx"
+    onnx.save(onnx.load(str(source)), str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="model.onnx.data", size_threshold=0)
+    onnx.checker.check_model(str(target), full_check=True)
+    assert (folder / "model.onnx.data").stat().st_size > target.stat().st_size
+    return target
+
+
+def _graph_bytes(path: Path) -> bytes:
+    """The MBLT's graph (provenance aside, which names the source path)."""
+    model = onnx.load(str(path))
+    return model.graph.SerializeToString(deterministic=True)
+
+
+def _ort(path: Path, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _gemm_model(opset: int = 13) -> onnx.ModelProto:
+    """A Gemm with alpha/beta that canonicalization rewrites, and a small bias that it keeps."""
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "Gemm_0.C")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "Gemm_0.C"], ["y"], alpha=0.5, beta=2.0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weights, bias])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+# -- external data -------------------------------------------------------------------------------
+
+
+def test_small_model_with_external_data_parses_and_matches(tmp_path):
+    """The reported case: a folded bias kept an external-data location that did not exist any more."""
+    source = tmp_path / "src" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save(_gemm_model(), str(source), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    onnx.checker.check_model(str(source), full_check=True)
+    mblt = mblt_compile(source, tmp_path / "out" / "gemm.mblt")
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_ort(mblt, feeds)[0], _ort(source, feeds)[0], rtol=1e-5, atol=1e-6)
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in onnx.load(str(mblt)).graph.initializer)
+
+
+def test_mobilenet_with_external_data_gives_the_same_mblt_as_inline(tmp_path):
+    import realmodels
+
+    try:
+        inline = realmodels.mobilenet_v2_onnx()
+    except realmodels.RealModelUnavailable as error:
+        pytest.skip(str(error))
+    external = _save_external(inline, tmp_path / "external")
+    from_external = mblt_compile(external, tmp_path / "a.mblt")
+    from_inline = mblt_compile(inline, tmp_path / "b.mblt")
+    assert _graph_bytes(from_external) == _graph_bytes(from_inline)
+    image = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    name = onnx.load(str(inline), load_external_data=False).graph.input[0].name
+    np.testing.assert_allclose(_ort(from_external, {name: image})[0], _ort(inline, {name: image})[0],
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_sample_with_external_data_compiles_and_matches_fp32(tmp_path):
+    source = _save_external(SAMPLE_DIR / "model.onnx", tmp_path / "external")
+    mblt = mblt_compile(source, tmp_path / "sample.mblt")
+    result = mxq_compile(mblt, "aries-rb", SAMPLE_DIR / "calib", tmp_path / "sample.mxq",
+                         compile_config=SAMPLE_DIR / "compile_config.yaml")
+    model = Model(result.mxq_path, input_layout="NCHW")
+    model.launch(Accelerator(model.artifact.device))
+    fp32 = ort.InferenceSession(str(SAMPLE_DIR / "model.onnx"), providers=["CPUExecutionProvider"])
+    agree, cosines = 0, []
+    for _, feed in load_run_inputs(model.artifact, [str(SAMPLE_DIR / "test")]):
+        image = feed["image"]
+        expected = fp32.run(None, {"image": image})[0]
+        got = model.infer(image)[0]
+        agree += int(np.argmax(got) == np.argmax(expected))
+        cosines.append(float(got.ravel() @ expected.ravel() / (np.linalg.norm(got) * np.linalg.norm(expected))))
+    print(f"\nexternal-data sample vs FP32: top-1 agreement {agree}/{len(cosines)}, min cosine {min(cosines):.4f}")
+    assert len(cosines) >= 10 and agree >= 0.9 * len(cosines) and min(cosines) > 0.98
+
+
+def test_mblt_with_large_weights_is_written_with_external_data_and_read_back(tmp_path):
+    graph, provenance = parse_model(str(SAMPLE_DIR / "model.onnx"))
+    path = write_mblt(graph, tmp_path / "out" / "big.mblt", provenance, external_data_threshold=1024)
+    data = tmp_path / "out" / "big.mblt.data"
+    assert data.is_file() and data.stat().st_size > 100_000 > path.stat().st_size
+    assert sorted(p.name for p in path.parent.iterdir()) == ["big.mblt", "big.mblt.data"]  # no .part left
+    loaded = load_mblt(path)
+    # read into memory: the loaded model can be written elsewhere and the data file removed
+    moved = write_mblt(loaded, tmp_path / "moved" / "copy.mblt", provenance)
+    shutil.rmtree(tmp_path / "out")
+    feeds = {"image": np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)}
+    np.testing.assert_allclose(_ort(moved, feeds)[0], _ort(SAMPLE_DIR / "model.onnx", feeds)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_mblt_whose_data_file_is_missing_is_a_model_load_error(tmp_path):
+    graph, provenance = parse_model(str(SAMPLE_DIR / "model.onnx"))
+    path = write_mblt(graph, tmp_path / "big.mblt", provenance, external_data_threshold=1024)
+    (tmp_path / "big.mblt.data").unlink()
+    with pytest.raises(ModelLoadError, match="big.mblt.data.*file missing"):
+        load_mblt(path)
+
+
+@pytest.mark.parametrize("location", ["/etc/passwd", "../outside.data", ""])
+def test_external_data_outside_the_model_folder_is_refused(tmp_path, location):
+    model = _gemm_model()
+    tensor = model.graph.initializer[0]
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.external_data.add(key="location", value=location)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelLoadError) as caught:
+        parse_model(str(path))
+    assert "W" in caught.value.message and ("not a file inside" in caught.value.message
+                                            or "missing" in caught.value.message)
+
+
+def test_absurd_initializer_size_is_refused_before_allocation(tmp_path):
+    model = _gemm_model()
+    huge = TensorProto(name="huge", data_type=TensorProto.FLOAT, dims=[1 << 20, 1 << 20], raw_data=b"\0" * 16)
+    model.graph.initializer.append(huge)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelLoadError, match="'huge' declares .* byte limit") as caught:
+        parse_model(str(path))
+    assert caught.value.fields["tensor"] == "huge"
+
+
+# -- dangling inputs -----------------------------------------------------------------------------
+
+
+def test_a_node_reading_an_undefined_tensor_is_invalid_model(tmp_path):
+    model = _gemm_model()
+    model.graph.node.append(helper.make_node("Add", ["y", "ghost"], ["z"], name="add_ghost"))
+    model.graph.output[0].name = "z"
+    path = tmp_path / "dangling.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(InvalidModelError) as caught:
+        mblt_compile(path, tmp_path / "out.mblt")
+    assert caught.value.code == "INVALID_MODEL"
+    assert caught.value.fields["node"] == "add_ghost" and caught.value.fields["tensor"] == "ghost"
+    assert "'add_ghost'" in caught.value.message and "'ghost'" in caught.value.message
+    assert not (tmp_path / "out.mblt").exists()
+
+
+def test_a_subgraph_may_read_outer_scope_values_but_not_undefined_ones(tmp_path):
+    def model_with_branch(read: str) -> Path:
+        branch = helper.make_graph([helper.make_node("Neg", [read], ["b"])], "branch", [],
+                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4])])
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="choose")],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        path = tmp_path / f"if_{read}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+        return path
+
+    graph, _ = parse_model(str(model_with_branch("r")))
+    assert [v.name for v in graph.graph.inputs] == ["x"]
+    with pytest.raises(InvalidModelError, match="reads tensor 'nowhere'"):
+        parse_model(str(model_with_branch("nowhere")))
+
+
+# -- whom a checker failure blames ----------------------------------------------------------------
+
+
+def _failing_checker(monkeypatch):
+    """Make the final check of the parsed graph fail, as a compiler bug would."""
+    class Failing:
+        def __init__(self, **_):
+            pass
+
+        def __call__(self, model):
+            raise onnx.checker.ValidationError("simulated: the parsed graph is broken")
+
+    monkeypatch.setattr(canonicalize_module.common_passes, "CheckerPass", Failing)
+
+
+def test_a_checker_failure_on_a_valid_source_is_reported_as_a_compiler_bug(tmp_path, monkeypatch):
+    path = tmp_path / "ok.onnx"
+    onnx.save(_gemm_model(), str(path))
+    _failing_checker(monkeypatch)
+    with pytest.raises(InternalError) as caught:
+        parse_model(str(path))
+    assert caught.value.code == "INTERNAL_ERROR" and "compiler bug" in caught.value.hint
+    assert "source model is probably malformed" not in str(caught.value)
+
+
+def test_a_checker_failure_blames_the_source_only_when_the_source_fails_the_full_checker(tmp_path, monkeypatch):
+    model = _gemm_model()
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 5  # Gemm gives 4: full check fails
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, str(path))
+    _failing_checker(monkeypatch)
+    with pytest.raises(InvalidModelError) as caught:
+        parse_model(str(path))
+    assert caught.value.message.startswith("The source model fails onnx.checker (full check):")
+    assert caught.value.fields["file"] == str(path)
+
+
+
+# -- the opset converter's warnings -----------------------------------------------------------------
+
+
+def test_only_the_expected_converter_warning_is_hidden(tmp_path, caplog):
+    converter = logging.getLogger("onnxscript.version_converter")
+    with caplog.at_level(logging.WARNING, logger="onnxscript.version_converter"):
+        path = tmp_path / "old.onnx"
+        onnx.save(_gemm_model(opset=13), str(path))
+        parse_model(str(path))  # opset 13 -> 21 goes through the C-API fallback
+        with canonicalize_module._quiet("onnxscript.version_converter"):
+            converter.warning("The model version conversion is not supported by the onnxscript version converter "
+                              "and fallback is enabled. The model will be converted using the onnx C API")
+            converter.warning("Failed to convert the model to the target version 21 using the ONNX C API.")
+    messages = [record.getMessage() for record in caplog.records if record.name == converter.name]
+    assert messages == ["Failed to convert the model to the target version 21 using the ONNX C API."]
