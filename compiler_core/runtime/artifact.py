@@ -15,6 +15,7 @@ from compiler_core.mxq import read_mxq
 from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel, ValueSpec
 from compiler_core.quantization.serialize import from_document
+from compiler_core.runtime.fastpath import FastExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class CompiledArtifact:
     cpu_models: dict[str, bytes] = field(default_factory=dict)
     file_size: int = 0
     _sessions: dict[str, Any] = field(default_factory=dict, repr=False)
+    _fast: FastExecutor | None = field(default=None, repr=False)
 
     @property
     def input_specs(self) -> list[ValueSpec]:
@@ -45,13 +47,24 @@ class CompiledArtifact:
         """The model's outputs."""
         return [ValueSpec(**spec) for spec in self.meta["outputs"]]
 
-    def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW") -> list:
-        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``."""
+    def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW",
+            golden: bool = False) -> list:
+        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``.
+
+        Feeds may hold N samples along the leading (batch) axis; they run at once on the fast
+        simulator (sample by sample through a CPU head or tail). ``golden=True`` runs the body on the
+        reference executor instead (same codes, much slower).
+        """
+        count = _batch_size(feeds)
+        if count > 1 and (self.cpu_models or golden):
+            parts = [self.run({name: value[i:i + 1] for name, value in feeds.items()}, raw=raw,
+                              output_layout=output_layout, golden=golden) for i in range(count)]
+            return [np.concatenate(outputs) for outputs in zip(*parts)]
         env: dict[str, np.ndarray] = dict(feeds)
         raw_codes: dict[str, np.ndarray] = {}
         self._run_cpu("head", env)
         body = self._body_inputs(env)
-        result = executor.execute(self.program, body)
+        result = executor.execute(self.program, body) if golden else self.fast_executor().execute_codes(body)
         for spec in self.program.outputs:
             raw_codes[spec.name] = result[spec.name]
             env[spec.name] = executor.dequantize_output(self.program, spec.name, result[spec.name])
@@ -61,6 +74,12 @@ class CompiledArtifact:
             value = raw_codes[spec.name] if raw and spec.name in raw_codes else env[spec.name]
             outputs.append(value.transpose(0, 2, 3, 1) if value.ndim == 4 and output_layout == "NHWC" else value)
         return outputs
+
+    def fast_executor(self) -> FastExecutor:
+        """The program prepared for the fast simulator (built on first use)."""
+        if self._fast is None:
+            self._fast = FastExecutor(self.program)
+        return self._fast
 
     def _body_inputs(self, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         body = {}
@@ -108,6 +127,11 @@ class CompiledArtifact:
             entry.update(scale=np.asarray(params.scale).tolist(), zero_point=np.asarray(params.zero_point).tolist(),
                          code_dtype=str(params.dtype))
         return entry
+
+
+def _batch_size(feeds: Mapping[str, np.ndarray]) -> int:
+    sizes = {np.shape(value)[0] for value in feeds.values() if np.ndim(value) >= 1}
+    return max(sizes) if sizes else 1
 
 
 def load_artifact(path: Path) -> CompiledArtifact:

@@ -136,13 +136,26 @@ class FastExecutor:
 
     def run_codes(self, feeds: Mapping[str, np.ndarray], *, keep: Collection[str] | bool = ()) -> dict[str, np.ndarray]:
         """int64 output codes (and the codes of ``keep``) for float/exact feeds with a leading batch N >= 1."""
-        count = self._batch_size(feeds)
+        return self.execute_codes(self.quantize_inputs(feeds), keep=keep)
+
+    def execute_codes(self, codes: Mapping[str, np.ndarray], *, keep: Collection[str] | bool = (),
+                      as_int64: bool = True) -> dict[str, np.ndarray]:
+        """Codes of the outputs (and of ``keep``) for input codes (int or float32) with a leading batch N.
+
+        Models that cannot run batched run sample by sample; the results are concatenated. Codes come
+        back as int64 (as from the golden executor), or with ``as_int64=False`` as the exact float32
+        the steps use (half the memory; ``QuantParams.dequantize`` takes either).
+        """
+        count = self._batch_size(codes)
         if count > 1 and not self.batchable:
-            parts = [self.run_codes({name: value[i:i + 1] for name, value in feeds.items()}, keep=keep)
-                     for i in range(count)]
+            parts = [self.execute_codes({name: value[i:i + 1] for name, value in codes.items()}, keep=keep,
+                                        as_int64=as_int64) for i in range(count)]
             return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
-        env = self.execute(self.quantize_inputs(feeds), keep=keep, batch=count)
-        return {name: _widen(value) for name, value in env.items() if name in self._outputs or _kept(name, keep)}
+        env = {name: value.astype(np.float32) if name in self.model.tensors and value.dtype != np.float32 else value
+               for name, value in codes.items()}
+        env = self.execute(env, keep=keep, batch=count)
+        return {name: _batched(_widen(value) if as_int64 else value, count) for name, value in env.items()
+                if name in self._outputs or _kept(name, keep)}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Dequantized (float32) outputs, as :func:`compiler_core.quantization.executor.run`."""
@@ -200,6 +213,13 @@ def _per_sample(step: Step, inputs: list, batch: int) -> list:
                   for value in inputs]
         results.append(step.run(sample))
     return [np.concatenate([result[position] for result in results]) for position in range(len(results[0]))]
+
+
+def _batched(value: np.ndarray, count: int) -> np.ndarray:
+    """Values that do not depend on the inputs keep a leading 1: repeat them for every sample."""
+    if count > 1 and value.ndim and value.shape[0] == 1:
+        return np.repeat(value, count, axis=0)
+    return value
 
 
 def _widen(value: np.ndarray) -> np.ndarray:
