@@ -251,3 +251,69 @@ def build_average_pool(op: IntOp, context: PlanContext) -> Step | None:
         return [requant(conv_accumulate(centred, ones, {**attrs, "group": channels}))]
 
     return Step(run, method=f"average_pool/{requant.method}")
+
+
+@register_fast("mul")
+def build_mul(op: IntOp, context: PlanContext) -> Step | None:
+    """Product of two activations: a pair table for 8-bit operands, else exact float64 products."""
+    attrs = op.attrs
+    multiplier, shift = op.consts["multiplier"].astype(np.int64), op.consts["shift"].astype(np.int64)
+    params_a, params_b = context.params(op.inputs[0]), context.params(op.inputs[1])
+    if params_a is None or params_b is None or multiplier.size != 1 or params_a.axis is not None \
+            or params_b.axis is not None:
+        return None
+    low, high = attrs["clamp"]
+    codes_a = np.arange(params_a.qmin, params_a.qmax + 1, dtype=np.int64) - attrs["zp_a"]
+    codes_b = np.arange(params_b.qmin, params_b.qmax + 1, dtype=np.int64) - attrs["zp_b"]
+    if codes_a.size * codes_b.size <= PAIR_TABLE_LIMIT:
+        table = np.clip(requantize(codes_a[:, None] * codes_b[None, :], multiplier.reshape(()), shift.reshape(()))
+                        + attrs["zp_y"], low, high).astype(np.float32).reshape(-1)
+        width, offset_a, offset_b = codes_b.size, params_a.qmin, params_b.qmin
+
+        def run_table(inputs: list) -> list:
+            index = np.subtract(inputs[0], offset_a, dtype=np.float32)
+            index *= width
+            index += inputs[1]
+            index -= offset_b
+            return [np.take(table, index.astype(np.intp))]
+
+        return Step(run_table, method="mul/pair-table")
+    bound = int(np.abs(codes_a).max() * np.abs(codes_b).max())
+    requant = Requantizer(multiplier.reshape(()), shift.reshape(()), None, attrs["zp_y"], (low, high), bound)
+    zp_a, zp_b = np.float64(attrs["zp_a"]), np.float64(attrs["zp_b"])
+
+    def run(inputs: list) -> list:
+        product = np.subtract(inputs[0], zp_a, dtype=np.float64) * np.subtract(inputs[1], zp_b, dtype=np.float64)
+        return [requant(product)]
+
+    return Step(run, method=f"mul/{requant.method}")
+
+
+@register_fast("prelu")
+def build_prelu(op: IntOp, context: PlanContext) -> Step | None:
+    """One slope: a table; slopes per element: two Requantizers and a select."""
+    attrs, consts = op.attrs, op.consts
+    span, shape = context.span(op.inputs[0], attrs["zp_x"]), context.shape(op.inputs[0])
+    negative_multiplier = consts["negative_multiplier"].astype(np.int64)
+    if span is None or shape is None or negative_multiplier.ndim > len(shape):
+        return None
+    low, high = attrs["clamp"]
+    positive = Requantizer(consts["positive_multiplier"], consts["positive_shift"], None, attrs["zp_y"], (low, high),
+                           span)
+    negative = Requantizer(negative_multiplier, consts["negative_shift"], None, attrs["zp_y"], (low, high), span)
+    if negative_multiplier.size == 1:
+        def function(codes):
+            centred = (codes - attrs["zp_x"]).astype(np.float32)
+            return np.where(centred >= 0, positive(centred.copy()), negative(centred.copy()))
+        table = code_table(context, op.inputs[0], function)
+        if table is None:
+            return None
+        values, offset = table[0].reshape(-1).astype(np.float32), table[1]
+        return Step(lambda inputs: [lookup(values, offset, inputs[0])], method="prelu/table")
+    zero_point = np.float32(attrs["zp_x"])
+
+    def run(inputs: list) -> list:
+        centred = np.subtract(inputs[0], zero_point, dtype=np.float32)
+        return [np.where(centred >= 0, positive(centred.copy()), negative(centred.copy()))]
+
+    return Step(run, method=f"prelu/{positive.method}/{negative.method}")

@@ -38,17 +38,17 @@ def _input_zero_point(op: IntOp, rank: int) -> np.ndarray:
 
 @register_fast("linear")
 def build_linear(op: IntOp, context: PlanContext) -> Step | None:
-    """Conv (1-D/2-D) and dense layers; ConvTranspose keeps the golden kernel."""
+    """Conv and ConvTranspose (1-D/2-D) and dense layers."""
     layout, x = op.attrs["layout"], op.inputs[0]
     span, shape = context.span(x, op.attrs["zp_x"]), context.shape(x)
-    if layout not in ("conv", "dense") or span is None or shape is None:
+    if layout not in ("conv", "dense", "conv_transpose") or span is None or shape is None:
         return None
     weight = op.consts["weight"].astype(np.int64)
     bound = span * int(np.abs(weight.reshape(weight.shape[0], -1)).sum(axis=1).max())
     dtype = accumulator_dtype(bound)
-    if dtype is None or (layout == "conv" and len(shape) not in (3, 4)) or (layout == "dense" and weight.ndim != 2):
+    if dtype is None or (layout != "dense" and len(shape) not in (3, 4)) or (layout == "dense" and weight.ndim != 2):
         return None
-    channel_shape = (-1,) + (1,) * (len(shape) - 2) if layout == "conv" else (-1,)
+    channel_shape = (-1,) if layout == "dense" else (-1,) + (1,) * (len(shape) - 2)
     requant = Requantizer(op.consts["multiplier"].reshape(channel_shape), op.consts["shift"].reshape(channel_shape),
                           op.consts["bias"].reshape(channel_shape), op.attrs["zp_y"], op.attrs["clamp"], bound)
     zero_point = _input_zero_point(op, len(shape)).astype(dtype)
@@ -56,19 +56,36 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
         matrix = np.ascontiguousarray(weight.T.astype(dtype))
         return Step(lambda inputs: [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype), matrix))],
                     method=f"linear/{np.dtype(dtype).name}/{requant.method}")
-    accumulate = _conv_session(op, shape) if dtype == np.float32 else _numpy_conv(op)
-    return Step(lambda inputs: [requant(accumulate(np.subtract(inputs[0], zero_point, dtype=dtype)))],
-                method=f"conv/{np.dtype(dtype).name}/{requant.method}")
-
-
-def _numpy_conv(op: IntOp):
-    weight = op.consts["weight"].astype(np.float64)
-    return lambda x: conv_accumulate(x, weight, op.attrs)
-
-
-def _conv_session(op: IntOp, shape: list[int]):
-    """A float32 onnxruntime Conv with the layer's integer weights (exact under the layer's bound)."""
     attrs = op.attrs
+    if layout == "conv_transpose":  # the equivalent convolution of the zero-inserted, padded input
+        shape = list(_zero_insert_and_pad(np.zeros([1, *shape[1:]], dtype=np.float32), attrs).shape)
+        attrs = {**attrs, "pads": [0] * len(attrs["pads"])}
+    accumulate = _conv_session(op, attrs, shape) if dtype == np.float32 else _numpy_conv(op, attrs)
+    prepare = (lambda x: _zero_insert_and_pad(x, op.attrs)) if layout == "conv_transpose" else (lambda x: x)
+    return Step(lambda inputs: [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype))))],
+                method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
+
+
+def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
+    """ConvTranspose input: ``stride - 1`` zeros between samples, then the (possibly negative) pads."""
+    strides, rank = attrs["input_strides"], len(attrs["input_strides"])
+    begin, end = attrs["pads"][:rank], attrs["pads"][rank:]
+    spatial = [(n - 1) * s + 1 for n, s in zip(x.shape[2:], strides)]
+    padded_shape = [n + max(b, 0) + max(e, 0) for n, b, e in zip(spatial, begin, end)]
+    padded = np.zeros((*x.shape[:2], *padded_shape), dtype=x.dtype)
+    placed = tuple(slice(max(b, 0), max(b, 0) + n, s) for b, n, s in zip(begin, spatial, strides))
+    padded[(slice(None), slice(None), *placed)] = x
+    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, padded_shape))
+    return padded[(slice(None), slice(None), *crop)]
+
+
+def _numpy_conv(op: IntOp, attrs: dict):
+    weight = op.consts["weight"].astype(np.float64)
+    return lambda x: conv_accumulate(x, weight, attrs)
+
+
+def _conv_session(op: IntOp, attrs: dict, shape: list[int]):
+    """A float32 onnxruntime Conv with the layer's integer weights (exact under the layer's bound)."""
     node = onnx.helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=attrs["kernel"], pads=attrs["pads"],
                                  strides=attrs["strides"], dilations=attrs["dilations"], group=attrs["group"])
     x_info = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", *shape[1:]])

@@ -83,7 +83,7 @@ def register_fast(kind: str) -> Callable[[StepBuilder], StepBuilder]:
 
 
 def _load_steps() -> None:
-    from compiler_core.runtime.fastpath import elementwise, linear, movement  # noqa: F401
+    from compiler_core.runtime.fastpath import elementwise, linear, movement, normalization  # noqa: F401
 
 
 def golden_step(op: IntOp, context: PlanContext) -> Step:

@@ -138,9 +138,9 @@ class Requantizer:
 
     def _rounding_proven(self) -> bool:
         """Prove ``floor(clip(fl64(fl64(acc * m) + c)))`` equals the golden codes for every ``|acc| <= bound``."""
-        codes = np.arange(self.low + 1, self.high + 1, dtype=np.int64)
-        if self.multiplier.size * codes.size * _WINDOW.size > MAX_PROOF_POINTS:
+        if self.multiplier.size * (self.high - self.low) * _WINDOW.size > MAX_PROOF_POINTS:
             return False
+        codes = np.arange(self.low + 1, self.high + 1, dtype=np.int64)
         self._c64 = self._constants(with_rounding=True)
         shape = (-1, 1, 1)
         bias = self.bias.reshape(shape)
