@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from compiler_core.analysis.metrics import TensorComparison, is_classifier_output
-from compiler_core.calibration.statistics import _create_session, expose_tensors
+from compiler_core.calibration.statistics import session_with_outputs
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.program import QuantizedModel
@@ -29,9 +30,11 @@ KEPT_ELEMENTS_BUDGET = 1 << 26  # float32 codes kept for per-layer metrics: 256 
 import onnxruntime as ort  # noqa: E402  (after the project imports: heavy, and only needed here)
 
 
-def analyze(mblt_path: str | Path, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
+def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
             num_samples: int, per_layer: bool = True, reporter: Reporter | None = None) -> dict[str, Any]:
     """Compare outputs (and, optionally, every quantized tensor) of FP32 and quantized runs.
+
+    ``mblt_path`` is the MBLT file or the model in memory (a compile session's graph, left unchanged).
 
     Returns:
         ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", ...metrics}]
@@ -77,13 +80,13 @@ def _quantized_chunk(fast: FastExecutor, model: QuantizedModel, chunk: list, kep
     return fast.execute_codes(fast.quantize_inputs(feeds), keep=kept, as_int64=False)
 
 
-def _reference_session(mblt_path: str | Path, model: QuantizedModel, per_layer: bool):
-    graph = load_mblt(mblt_path)
+def _reference_session(mblt: str | Path | ir.Model, model: QuantizedModel, per_layer: bool):
+    graph = mblt if isinstance(mblt, ir.Model) else load_mblt(mblt)
     wanted = [name for name in model.tensors if name not in {s.name for s in model.inputs}] if per_layer else []
-    names = expose_tensors(graph, wanted) if per_layer else [v.name for v in graph.graph.outputs]
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return _create_session(graph, options), names
+    session, names = session_with_outputs(graph, wanted, options)
+    return session, names if per_layer else [v.name for v in graph.graph.outputs]
 
 
 def _compare_sample(session, names, model: QuantizedModel, sample, quantized: dict, index: int, outputs, layers,
