@@ -116,7 +116,7 @@ class PowerOfTwoHistogram:
         np.floor(scaled, out=scaled)
         index = scratch.indices(flat.size, self._index_dtype)
         np.add(scaled, np.float32(self.bins // 2), out=index, casting="unsafe")
-        np.add.at(self.counts, index, 1)
+        self.counts += np.bincount(index, minlength=self.bins)  # = np.add.at(counts, index, 1), ~20x faster
 
     def grow_to(self, absmax: float) -> None:
         """Double R until it is strictly above ``absmax``."""
@@ -324,20 +324,20 @@ class TensorAccumulator:
               scratch: Scratch | None) -> None:
         np.minimum(self._channel_min, low, out=self._channel_min)
         np.maximum(self._channel_max, high, out=self._channel_max)
-        sums = self._channel_sums(grouped)
+        absmax = max(-float(low.min()), float(high.max()), 0.0)
+        sums = self._channel_sums(grouped, absmax)
         self._channel_sum += sums
         flat = values.reshape(-1)
         self.count += flat.size
         self.total += float(sums.sum())
         self.total_squares += float(np.vdot(flat, flat))
-        absmax = max(-float(low.min()), float(high.max()), 0.0)
         self.sample_absmax.append(absmax)
         self.histogram.add(histogram_subsample(flat), absmax, scratch)
 
-    def _channel_sums(self, grouped: np.ndarray) -> np.ndarray:
+    def _channel_sums(self, grouped: np.ndarray, absmax: float) -> np.ndarray:
         # A BLAS matrix-vector product is ~3x faster than numpy's pairwise sum and as accurate here.
         # Tensors holding -3.4e38 masks would overflow float32 sums: those take the float64 path.
-        if float(np.abs(grouped).max(initial=0.0)) > 1e30:
+        if absmax > 1e30:
             return grouped.astype(np.float64).sum(axis=(0, 2))
         before, channels, after = grouped.shape
         if after > 1:

@@ -15,7 +15,7 @@ from compiler_core.mxq import read_mxq
 from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel, ValueSpec
 from compiler_core.quantization.serialize import from_document
-from compiler_core.runtime.fastpath import FastExecutor
+from compiler_core.runtime.fastpath import FastExecutor, batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class CompiledArtifact:
         simulator (sample by sample through a CPU head or tail). ``golden=True`` runs the body on the
         reference executor instead (same codes, much slower).
         """
-        count = _batch_size(feeds)
+        count = batch_size(feeds, {spec.name: spec.shape for spec in self.input_specs})
         if count > 1 and (self.cpu_models or golden):
             parts = [self.run({name: value[i:i + 1] for name, value in feeds.items()}, raw=raw,
                               output_layout=output_layout, golden=golden) for i in range(count)]
@@ -127,11 +127,6 @@ class CompiledArtifact:
             entry.update(scale=np.asarray(params.scale).tolist(), zero_point=np.asarray(params.zero_point).tolist(),
                          code_dtype=str(params.dtype))
         return entry
-
-
-def _batch_size(feeds: Mapping[str, np.ndarray]) -> int:
-    sizes = {np.shape(value)[0] for value in feeds.values() if np.ndim(value) >= 1}
-    return max(sizes) if sizes else 1
 
 
 def load_artifact(path: Path) -> CompiledArtifact:

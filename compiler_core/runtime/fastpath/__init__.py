@@ -6,6 +6,12 @@ Kinds without a fast step run the golden kernel (``kernels.KERNELS[kind]``) unch
 kind the golden executor knows runs here too, with identical codes. docs/numerics.md, "Fast path".
 """
 
-from compiler_core.runtime.fastpath.plan import FAST_STEPS, FastExecutor, executor_for, register_fast
+from compiler_core.runtime.fastpath.plan import (
+    FAST_STEPS,
+    FastExecutor,
+    batch_size,
+    executor_for,
+    register_fast,
+)
 
-__all__ = ["FAST_STEPS", "FastExecutor", "executor_for", "register_fast"]
+__all__ = ["FAST_STEPS", "FastExecutor", "batch_size", "executor_for", "register_fast"]

@@ -196,13 +196,27 @@ class FastExecutor:
                     env.pop(name, None)
         return env
 
-    @staticmethod
-    def _batch_size(feeds: Mapping[str, np.ndarray]) -> int:
-        sizes = {np.shape(value)[0] for value in feeds.values() if np.ndim(value) >= 1}
-        if len(sizes) > 1:
-            raise ArgumentError(f"Inputs disagree on the batch size: {sorted(sizes)}.",
-                                hint="Pass the same number of samples for every input.")
-        return int(sizes.pop()) if sizes else 1
+    def _batch_size(self, feeds: Mapping[str, np.ndarray]) -> int:
+        return batch_size(feeds, {spec.name: spec.shape for spec in self.model.inputs})
+
+
+def batch_size(feeds: Mapping[str, np.ndarray], shapes: Mapping[str, list[int]]) -> int:
+    """Samples in ``feeds``: 1 when every array has its input's shape, else the common leading dimension N.
+
+    Raises:
+        ArgumentError: the leading dimensions disagree, or an input has no leading batch dimension of 1.
+    """
+    given = {name: np.shape(value) for name, value in feeds.items() if name in shapes}
+    if all(list(shape) == list(shapes[name]) for name, shape in given.items()):
+        return 1
+    if any(not shapes[name] or shapes[name][0] != 1 for name in given):
+        raise ArgumentError("This model runs one sample at a time: not every input has a leading batch "
+                            "dimension of 1.", hint=f"Pass inputs of shapes {dict(shapes)}.")
+    sizes = {shape[0] for shape in given.values() if len(shape) >= 1}
+    if len(sizes) > 1:
+        raise ArgumentError(f"Inputs disagree on the batch size: {sorted(sizes)}.",
+                            hint="Pass the same number of samples for every input.")
+    return int(sizes.pop()) if sizes else 1
 
 
 def _per_sample(step: Step, inputs: list, batch: int) -> list:
