@@ -270,3 +270,24 @@ def test_real_models_fast_codes_equal_golden_codes(name, tmp_path):
     for output, value in golden.items():
         assert np.array_equal(batch[output][:1], value), (name, output)
         assert np.array_equal(batch[output][1:], again[output]), (name, output)
+
+
+# -- the runtime ---------------------------------------------------------------------------------------
+
+
+def test_model_infer_runs_a_batch_with_the_golden_codes(tmp_path, monkeypatch):
+    from compiler_core.api import mxq_compile
+    from compiler_core.runtime import Accelerator, Model
+
+    monkeypatch.setenv("QBCOMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    mxq = mxq_compile(str(FASHION / "model.onnx"), "aries-rb", str(FASHION / "calib"), tmp_path / "fashion.mxq",
+                      compile_config=FASHION / "compile_config.yaml", analysis_holdout=0).mxq_path
+    model = Model(mxq, input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    images = RNG.random((5, 1, 28, 28)).astype(np.float32)
+    batch = model.infer(images, raw=True)[0]
+    assert batch.shape[0] == 5
+    for index in range(5):
+        golden = model.artifact.run({"image": images[index:index + 1]}, raw=True, golden=True)[0]
+        assert np.array_equal(batch[index:index + 1], golden)
+        assert np.array_equal(model.infer(images[index:index + 1], raw=True)[0], golden)
