@@ -291,3 +291,19 @@ def test_model_infer_runs_a_batch_with_the_golden_codes(tmp_path, monkeypatch):
         golden = model.artifact.run({"image": images[index:index + 1]}, raw=True, golden=True)[0]
         assert np.array_equal(batch[index:index + 1], golden)
         assert np.array_equal(model.infer(images[index:index + 1], raw=True)[0], golden)
+
+
+def test_requantizer_blocks_on_threads_give_the_same_codes():
+    rng = np.random.default_rng(3)
+    channels = 64
+    multiplier, shift = quantize_multiplier(np.exp(rng.uniform(-12, -4, channels)))
+    bias = rng.integers(-5000, 5000, channels)
+    shape = (-1, 1, 1)
+    requant = Requantizer(multiplier.reshape(shape), shift.reshape(shape), bias.reshape(shape), -3, (-128, 127),
+                          1 << 20)
+    acc = rng.integers(-(1 << 20), 1 << 20, (2, channels, 64, 64))
+    golden = np.clip(requantize(acc + bias.reshape(shape), multiplier.reshape(shape), shift.reshape(shape)) - 3,
+                     -128, 127)
+    assert requant.method != "exact"
+    assert np.array_equal(requant(acc.astype(np.float32)).astype(np.int64), golden)
+    assert np.array_equal(requant(acc[:1].astype(np.float32)).astype(np.int64), golden[:1])

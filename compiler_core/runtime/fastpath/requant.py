@@ -28,6 +28,7 @@ first of these that holds is used:
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 FLOAT32_EXACT = 1 << 24
 FLOAT64_EXACT = 1 << 53
+THREADS = 2
+PARALLEL_ELEMENTS = 1 << 18  # below this, one block on the calling thread
+BLOCK_ELEMENTS = 1 << 16  # float64 scratch of a block stays in the L2 cache
 MAX_PROOF_POINTS = 1 << 22  # thresholds x parameter entries checked for the float32 method
 _WINDOW = np.arange(-2, 3)
 
@@ -68,16 +72,28 @@ class Requantizer:
         """Float32 codes for an exact-integer float accumulator."""
         if self.method == "exact":
             return self._exact(acc.astype(np.int64), self.bias, self.multiplier, self.shift)
-        value = np.multiply(acc, self._m64, dtype=np.float64)
-        value += self._c64
         if self.method == "float64-guarded":
+            value = np.multiply(acc, self._m64, dtype=np.float64)
+            value += self._c64
             return self._guarded(acc, value)
+        shape = np.broadcast_shapes(acc.shape, self._m64.shape)
+        out = np.empty(shape, dtype=np.float32)
+        blocks = _blocks(acc.shape, self._m64.shape) if shape == acc.shape else [((...,), (...,))]
+        if len(blocks) == 1:
+            self._float_into(acc, self._m64, self._c64, out)
+        else:  # numpy releases the GIL: cache-sized blocks on two threads
+            list(_pool().map(lambda block: self._float_into(acc[block[0]], self._m64[block[1]], self._c64[block[1]],
+                                                            out[block[0]]), blocks))
+        return out
+
+    def _float_into(self, acc: np.ndarray, multiplier: np.ndarray, constant: np.ndarray, out: np.ndarray) -> None:
+        value = np.multiply(acc, multiplier, dtype=np.float64)
+        value += constant
         if self._ties:  # v + copysign(0.5, v) is exact (numerator below 2**53); trunc rounds halves away
             value = np.trunc(value + np.copysign(0.5, value), out=value)
             value += self.zero_point
-            return np.clip(value, self.low, self.high).astype(np.float32)
-        codes = np.floor(value, out=np.empty(value.shape, dtype=np.float32), casting="same_kind")
-        return np.clip(codes, self.low, self.high, out=codes)  # = floor(clip(v)): the bounds are integers
+        np.floor(value, out=out, casting="same_kind")
+        np.clip(out, self.low, self.high, out=out)  # = floor(clip(v)): the bounds are integers
 
     def _exact(self, acc: np.ndarray, bias, multiplier, shift) -> np.ndarray:
         exact = requantize(acc + bias, multiplier, shift) + self.zero_point
@@ -159,6 +175,33 @@ class Requantizer:
         below_reach = (golden[..., :1] >= k) & (points[..., :1] <= -self.bound)
         above_reach = (golden[..., -1:] < k) & (points[..., -1:] >= self.bound)
         return bool(np.all(inside | below_reach | above_reach))
+
+
+def _blocks(shape: tuple[int, ...], parameter_shape: tuple[int, ...]) -> list[tuple[tuple, tuple]]:
+    """``(accumulator index, parameter index)`` per block along the first axis longer than 1 (one block when small)."""
+    size = int(np.prod(shape))
+    axis = next((a for a, n in enumerate(shape) if n > 1), None)
+    if size < PARALLEL_ELEMENTS or axis is None:
+        return [((...,), (...,))]
+    count = min(shape[axis], max(2, size // BLOCK_ELEMENTS))
+    offset = axis - (len(shape) - len(parameter_shape))
+    sliced = offset >= 0 and parameter_shape[offset] == shape[axis]
+    edges = np.linspace(0, shape[axis], count + 1).astype(int)
+    blocks = []
+    for start, stop in zip(edges[:-1], edges[1:]):
+        index = (slice(None),) * axis + (slice(start, stop),)
+        blocks.append((index, (slice(None),) * offset + (slice(start, stop),) if sliced else (...,)))
+    return blocks
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="qb-requant")
+    return _POOL
 
 
 def _tie_possible(multiplier: int, shift: int, bound: int) -> bool:
