@@ -54,16 +54,18 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     zero_point = _input_zero_point(op, len(shape)).astype(dtype)
     if layout == "dense":
         matrix = np.ascontiguousarray(weight.T.astype(dtype))
-        return Step(lambda inputs: [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype), matrix))],
-                    method=f"linear/{np.dtype(dtype).name}/{requant.method}")
+        def run_dense(inputs: list) -> list:  # C order: BLAS takes it (a transposed view would not)
+            return [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"), matrix))]
+        return Step(run_dense, method=f"linear/{np.dtype(dtype).name}/{requant.method}")
     attrs = op.attrs
     if layout == "conv_transpose":  # the equivalent convolution of the zero-inserted, padded input
         shape = list(_zero_insert_and_pad(np.zeros([1, *shape[1:]], dtype=np.float32), attrs).shape)
         attrs = {**attrs, "pads": [0] * len(attrs["pads"])}
     accumulate = _conv_session(op, attrs, shape) if dtype == np.float32 else _numpy_conv(op, attrs)
     prepare = (lambda x: _zero_insert_and_pad(x, op.attrs)) if layout == "conv_transpose" else (lambda x: x)
-    return Step(lambda inputs: [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype))))],
-                method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
+    def run_conv(inputs: list) -> list:
+        return [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"))))]
+    return Step(run_conv, method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
 
 
 def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
@@ -121,8 +123,8 @@ def build_matmul(op: IntOp, context: PlanContext) -> Step | None:
     zp_a, zp_b = dtype(op.attrs["zp_a"]), dtype(op.attrs["zp_b"])
 
     def run(inputs: list) -> list:
-        left = np.subtract(inputs[0], zp_a, dtype=dtype)
-        right = np.subtract(inputs[1], zp_b, dtype=dtype)
+        left = np.subtract(inputs[0], zp_a, dtype=dtype, order="C")
+        right = np.subtract(inputs[1], zp_b, dtype=dtype, order="C")
         return [requant(np.matmul(left, right))]
 
     return Step(run, method=f"matmul/{np.dtype(dtype).name}/{requant.method}")
