@@ -158,10 +158,11 @@ def _compile_ort(spec: dict, output: Path, analysis_holdout: int) -> dict:
 
 
 def _static_source(spec: dict, output: Path) -> Path:
-    """The source with the benchmark's pinned input shapes (quant_pre_process needs static shapes)."""
+    """The source with the benchmark's pinned input shapes (quant_pre_process needs static shapes), opset >= 13."""
     if not spec.get("input_shape_dict"):
         return Path(spec["source"])
     import onnx
+    import onnx.version_converter
 
     model = onnx.load(spec["source"])
     for value in model.graph.input:
@@ -169,6 +170,8 @@ def _static_source(spec: dict, output: Path) -> Path:
             dim.Clear()
             dim.dim_value = size
     del model.graph.value_info[:]
+    if model.opset_import[0].version < 13:  # per-channel QDQ (DequantizeLinear axis) needs opset 13
+        model = onnx.version_converter.convert_version(model, 13)
     target = output / "model.static.onnx"
     onnx.save(model, str(target))
     return target
