@@ -17,7 +17,7 @@ beside onnxruntime on the FP32 source and on the int8 QDQ model, median over ``-
 Beside them the cosine of each output to FP32 (mean-pooled sentence embeddings for MiniLM), and our
 cost-model estimate of the virtual NPU per core mode (ARIES modes, and REGULUS single).
 
-Usage: ``python bench/compile.py [--models mobilenet_v2,minilm_l6] [--runs 1] [--infer-runs 5] [--json out.json]``.
+Usage: ``python bench/compile.py [--models mobilenet_v2,minilm_l6,ppocr_det] [--runs 1] [--infer-runs 5] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -63,11 +63,35 @@ def _minilm_spec() -> dict:
             "options": {"config_preset": "transformer_encoder"}}
 
 
-MODELS: dict[str, Callable[[], dict]] = {"mobilenet_v2": _mobilenet_spec, "minilm_l6": _minilm_spec}
+OCR_DET_SIZE = 640
+OCR_DET_CALIB, OCR_DET_HOLDOUT = 32, 8
+
+
+def _ppocr_det_spec() -> dict:
+    """PP-OCRv4 det at 640x640: 32 calibration photos and (ours) the analysis on 8 held-out ones."""
+    source, shapes = realmodels.ppocr_models()["det"]
+    calib, _ = realdata.imagenet_photo_sets(n_calib=OCR_DET_CALIB + OCR_DET_HOLDOUT)
+    pipeline = [{"op": "resize", "height": OCR_DET_SIZE, "width": OCR_DET_SIZE, "mode": "bilinear"},
+                *realdata.IMAGENET_PIPELINE[2:]]
+    preprocessing = {"apply": True, "pipeline": pipeline}
+    shapes = {name: [1, 3, OCR_DET_SIZE, OCR_DET_SIZE] for name in shapes}
+    return {"name": "ppocr_det", "source": str(source), "calib": str(calib), "eval": None,
+            "preprocessing": preprocessing, "input_shape_dict": shapes, "peer_samples": OCR_DET_CALIB,
+            "analysis_holdout": OCR_DET_HOLDOUT,
+            "options": {"preprocessing_config": preprocessing, "input_shape_dict": shapes,
+                        "calibration_config": {"numSamples": OCR_DET_CALIB}}}
+
+
+MODELS: dict[str, Callable[[], dict]] = {"mobilenet_v2": _mobilenet_spec, "minilm_l6": _minilm_spec,
+                                         "ppocr_det": _ppocr_det_spec}
 
 
 def eval_feeds(spec: dict, count: int) -> list[dict[str, np.ndarray]]:
-    """Held-out inputs: photos of other scenes than the calibration ones, or held-out sentences."""
+    """Held-out inputs: photos of other scenes than the calibration ones, held-out sentences, or (OCR) samples."""
+    if spec["name"] == "ppocr_det":
+        dataset = calibration_dataset(spec)
+        return [{name: value[None] if value.shape[0] != 1 else value for name, value in dataset.sample(i).items()}
+                for i in range(min(count, len(dataset)))]
     if spec["eval"]:
         return [{"input": tensor[None]} for tensor in realdata.imagenet_tensors(Path(spec["eval"]))[:count]]
     tokens = realmodels.tokenize(realdata.english_sentences(count, "eval"))
@@ -83,8 +107,11 @@ def calibration_dataset(spec: dict):
 
     from compiler_core.calibration import input_specs, open_calibration_data
 
-    return open_calibration_data(spec["calib"], input_specs(ir.load(spec["source"])),
-                                 preprocessing=spec["preprocessing"])
+    graph = ir.load(spec["source"])
+    for value in graph.graph.inputs:  # dynamic sources (PP-OCR) read at the benchmark's pinned shape
+        if value.name in spec.get("input_shape_dict", {}):
+            value.shape = ir.Shape(spec["input_shape_dict"][value.name])
+    return open_calibration_data(spec["calib"], input_specs(graph), preprocessing=spec["preprocessing"])
 
 
 class DatasetReader:
@@ -107,8 +134,9 @@ class DatasetReader:
 def _compile_ours(spec: dict, output: Path, analysis_holdout: int) -> dict:
     from compiler_core.api import mxq_compile
 
+    holdout = spec.get("analysis_holdout", analysis_holdout)
     result = mxq_compile(spec["source"], "aries-rb", spec["calib"], output / "model.mxq", inference_scheme="all",
-                         analysis_holdout=analysis_holdout, **spec["options"])
+                         analysis_holdout=holdout, **spec["options"])
     return {"artifact": str(result.mxq_path), "timings": result.quantize.timings, "samples": result.quantize.samples,
             "size_mb": result.mxq_path.stat().st_size / 1e6}
 
@@ -118,12 +146,35 @@ def _compile_ort(spec: dict, output: Path, analysis_holdout: int) -> dict:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     ort.set_default_logger_severity(3)
-    prepared = realdata.ort_preprocess(Path(spec["source"]), output / "model.pre.onnx")
+    prepared = realdata.ort_preprocess(_static_source(spec, output), output / "model.pre.onnx")
     target = output / "model.qdq.onnx"
-    quantize_static(str(prepared), str(target), DatasetReader(calibration_dataset(spec)),
+    dataset = calibration_dataset(spec)
+    if spec.get("peer_samples"):
+        dataset = dataset.split(len(dataset) - spec["peer_samples"])[0]
+    quantize_static(str(prepared), str(target), DatasetReader(dataset),
                     quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QInt8,
                     weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
     return {"artifact": str(target), "size_mb": target.stat().st_size / 1e6}
+
+
+def _static_source(spec: dict, output: Path) -> Path:
+    """The source with the benchmark's pinned input shapes (quant_pre_process needs static shapes), opset >= 13."""
+    if not spec.get("input_shape_dict"):
+        return Path(spec["source"])
+    import onnx
+    import onnx.version_converter
+
+    model = onnx.load(spec["source"])
+    for value in model.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, spec["input_shape_dict"].get(value.name, [])):
+            dim.Clear()
+            dim.dim_value = size
+    del model.graph.value_info[:]
+    if model.opset_import[0].version < 13:  # per-channel QDQ (DequantizeLinear axis) needs opset 13
+        model = onnx.version_converter.convert_version(model, 13)
+    target = output / "model.static.onnx"
+    onnx.save(model, str(target))
+    return target
 
 
 def measure_in_child(tool: str, spec: dict, output: Path, analysis_holdout: int) -> dict:
@@ -212,6 +263,8 @@ def infer_all(spec: dict, compiled: dict, runs: int) -> dict:
                **{name: (lambda feed, s=session: s.run(None, feed)[0]) for name, session in sessions.items()}}
     latency = {name: _median_seconds(run, feeds, runs if name == "ours" else runs * ORT_RUNS_FACTOR)
                for name, run in runners.items()}
+    stacked = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
+    latency["ours_batched"] = _median_seconds(lambda batch: model.infer(batch)[0], [stacked], 3) / len(feeds)
     references = [runners["ort_fp32"](feed) for feed in feeds]
     cosine = {name: statistics.mean(_similarity(runners[name](feed), reference, feed)
                                     for feed, reference in zip(feeds, references)) for name in ("ours", "ort_int8")}
@@ -236,6 +289,9 @@ def format_compile_table(results: list[dict]) -> str:
         ours, peer = result["compile"]["ours"], result["compile"]["ort_qdq"]
         if "error" in ours or "error" in peer:
             rows.append(f"{result['model']:<14}{ours.get('error') or peer.get('error')}")
+            if "error" not in ours:
+                rows.append(f"{'':<14}ours {ours['seconds']:.1f} s; by stage: " + ", ".join(
+                    f"{stage} {seconds:.1f} s" for stage, seconds in ours.get("timings", {}).items()))
             continue
         rows.append(f"{result['model']:<14}{ours['seconds']:>8.1f}{peer['seconds']:>8.1f}"
                     f"{_ratio(ours['seconds'], peer['seconds']):>7}  {ours['peak_rss_mb']:>8.0f}"
@@ -249,7 +305,7 @@ def format_compile_table(results: list[dict]) -> str:
 
 def format_runtime_table(results: list[dict]) -> str:
     header = (f"{'model':<14}{'ours ms':>9}{'fp32 ms':>9}{'int8 ms':>9}{'/fp32':>8}{'/int8':>8}  "
-              f"{'cos ours':>9}{'cos int8':>9}")
+              f"{'batch ms':>9}{'/int8':>7}  {'cos ours':>9}{'cos int8':>9}")
     rows = [header, "-" * len(header)]
     for result in results:
         runtime = result.get("runtime")
@@ -258,6 +314,7 @@ def format_runtime_table(results: list[dict]) -> str:
         ms = {name: seconds * 1e3 for name, seconds in runtime["latency_s"].items()}
         rows.append(f"{result['model']:<14}{ms['ours']:>9.1f}{ms['ort_fp32']:>9.2f}{ms['ort_int8']:>9.2f}"
                     f"{_ratio(ms['ours'], ms['ort_fp32']):>8}{_ratio(ms['ours'], ms['ort_int8']):>8}  "
+                    f"{ms['ours_batched']:>9.1f}{_ratio(ms['ours_batched'], ms['ort_int8']):>7}  "
                     f"{runtime['cosine_to_fp32']['ours']:>9.4f}{runtime['cosine_to_fp32']['ort_int8']:>9.4f}")
         estimates = "; ".join(f"{mode} {entry['latency_ms']:.3f} ms, {entry['throughput_fps']:.0f} FPS"
                               for mode, entry in runtime["estimates"].items())
@@ -302,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_compile_table(results))
     print(f"\nruntime, median wall time of one inference (batch 1) on {EVAL_SAMPLES} held-out inputs: ours = "
           f"Model.infer on the simulator ({args.infer_runs} calls), onnxruntime FP32 / int8 QDQ "
-          f"({args.infer_runs * ORT_RUNS_FACTOR} calls); ratios ours / peer; cos = mean cosine to FP32")
+          f"({args.infer_runs * ORT_RUNS_FACTOR} calls); ratios ours / peer; batch = ours per sample when "
+          f"the {EVAL_SAMPLES} inputs run as one batch; cos = mean cosine to FP32")
     print(format_runtime_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

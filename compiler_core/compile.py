@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,14 @@ from compiler_core import __version__
 from compiler_core.backend.partition import Partition, partition
 from compiler_core.config import CompileConfig
 from compiler_core.errors import ArgumentError, UnsupportedOpsError
-from compiler_core.fileio import atomic_write_text, sha256_file
-from compiler_core.mblt.io import describe_inputs, load_mblt, read_provenance, write_mblt
+from compiler_core.fileio import atomic_write_text
+from compiler_core.mblt.io import describe_inputs
 from compiler_core.mxq import write_mxq
 from compiler_core.progress import Reporter
 from compiler_core.quantization.run import QuantizeResult, quantize_mblt
 from compiler_core.quantization.serialize import to_document
 from compiler_core.runtime.cost import estimate
+from compiler_core.session import MbltSession
 from compiler_core.targets import (
     DeviceProfile,
     apply_offload,
@@ -70,20 +70,18 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
         raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
     device = get_device(config.target_device)
     core_modes = validate_inference_scheme(device.name, config.inference_scheme)
-    graph = load_mblt(mblt_path)
-    with tempfile.TemporaryDirectory(prefix="qbcompiler-") as scratch:
-        parts, support = _check_and_split(graph, device, config, reporter)
-        body_path = mblt_path if parts is None else write_mblt(parts.body, Path(scratch) / "body.mblt",
-                                                               read_provenance(mblt_path))
-        result = quantize_mblt(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter,
-                               body_path=body_path if parts is not None else None,
-                               head=parts.head if parts is not None else None)
+    session = MbltSession.open(mblt_path)  # the only read and hash of the MBLT in this compile
+    graph = session.graph
+    parts, support = _check_and_split(graph, device, config, reporter)
+    result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
+                           body_path=parts.body if parts is not None else None,
+                           head=parts.head if parts is not None else None)
     with reporter.stage("schedule", total=len(core_modes), message="estimating each core mode"):
         schedule = {mode: estimate(result.model, device, mode).to_dict() for mode in core_modes}
         reporter.advance(len(core_modes))
     document, consts = to_document(result.model)
     document["schedule"] = schedule
-    meta = _meta(graph, mblt_path, device, core_modes, config, result, parts)
+    meta = _meta(session, device, core_modes, config, result, parts)
     # write_mxq checks for cancellation until the rename; after it the MXQ exists and nothing may cancel.
     written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
                         cpu=_cpu_blobs(parts), calib=_calib(result), reporter=reporter)
@@ -113,13 +111,14 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
     return partition(graph, plan), apply_offload(report, plan).counts()
 
 
-def _meta(graph: ir.Model, mblt_path: Path, device: DeviceProfile, core_modes: list[str], config: CompileConfig,
+def _meta(session: MbltSession, device: DeviceProfile, core_modes: list[str], config: CompileConfig,
           result: QuantizeResult, parts: Partition | None) -> dict[str, Any]:
+    graph = session.graph
     outputs = [{"name": v.name, "shape": [int(d) for d in v.shape], "dtype": v.dtype.numpy().name}
                for v in graph.graph.outputs]
     inputs = [{"name": i["name"], "shape": i["shape"], "dtype": _numpy_dtype(i["dtype"])} for i in describe_inputs(graph)]
     return {"format": "qbstudio-mxq", "compiler_version": __version__, "device": device.name, "core_modes": core_modes,
-            "provenance": read_provenance(mblt_path), "mblt_sha256": sha256_file(mblt_path),
+            "provenance": session.provenance, "mblt_sha256": session.sha256,
             "config": config.model_dump(mode="json", by_alias=True), "inputs": inputs, "outputs": outputs,
             "layers": [{k: row[k] for k in ("name", "op_type", "kind", "precision")}
                        for row in result.model.layer_table()],

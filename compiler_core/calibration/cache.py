@@ -33,6 +33,7 @@ from compiler_core.calibration.statistics import (
 from compiler_core.errors import ArgumentError, CalibrationError, OutputWriteError
 from compiler_core.fileio import sha256_file
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
+from compiler_core.session import MbltSession
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def _touch(path: Path) -> None:
 
 
 def collect_statistics_cached(
-    mblt_path: str | Path,
+    mblt_path: str | Path | MbltSession,
     dataset: Iterable[Mapping[str, np.ndarray]],
     *,
     cache: StatisticsCache | None = None,
@@ -152,7 +153,7 @@ def collect_statistics_cached(
     """Statistics of ``mblt_path`` over ``dataset``, from the cache when possible.
 
     Args:
-        mblt_path: The MBLT file.
+        mblt_path: The MBLT file, or a compile session holding it in memory (no reload, no rehash).
         dataset: Iterable of sample dicts with a ``fingerprint`` string and ``len()`` (a
             ``CalibrationDataset``). Without a fingerprint nothing is cached.
         cache: The cache; a :class:`StatisticsCache` at the default root if ``None``.
@@ -169,7 +170,7 @@ def collect_statistics_cached(
     cache = cache if cache is not None else StatisticsCache()
     num_samples = num_samples if num_samples is not None else _length(dataset)
     fingerprint = str(getattr(dataset, "fingerprint", "") or "")
-    sha256 = sha256_file(mblt_path)
+    sha256 = mblt_path.sha256 if isinstance(mblt_path, MbltSession) else sha256_file(mblt_path)
     key = statistics_cache_key(sha256, fingerprint, histogram_bins=histogram_bins, num_samples=num_samples,
                                tensors=tensors)
     cached = cache.get(key) if fingerprint else None
@@ -178,9 +179,10 @@ def collect_statistics_cached(
             reporter.advance(1)
         logger.info("Statistics cache hit %s", key[:12])
         return cached, True
-    stats = collect_statistics(mblt_path, dataset, num_samples=num_samples, tensors=tensors, reporter=reporter,
+    source = mblt_path.graph if isinstance(mblt_path, MbltSession) else mblt_path
+    stats = collect_statistics(source, dataset, num_samples=num_samples, tensors=tensors, reporter=reporter,
                                histogram_bins=histogram_bins, intra_op_threads=intra_op_threads,
-                               dataset_fingerprint=fingerprint)
+                               dataset_fingerprint=fingerprint, mblt_sha256=sha256)
     if fingerprint:
         _store(cache, key, stats)
     return stats, False

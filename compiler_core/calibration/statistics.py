@@ -116,7 +116,7 @@ class PowerOfTwoHistogram:
         np.floor(scaled, out=scaled)
         index = scratch.indices(flat.size, self._index_dtype)
         np.add(scaled, np.float32(self.bins // 2), out=index, casting="unsafe")
-        np.add.at(self.counts, index, 1)
+        self.counts += np.bincount(index, minlength=self.bins)  # = np.add.at(counts, index, 1), ~20x faster
 
     def grow_to(self, absmax: float) -> None:
         """Double R until it is strictly above ``absmax``."""
@@ -324,20 +324,20 @@ class TensorAccumulator:
               scratch: Scratch | None) -> None:
         np.minimum(self._channel_min, low, out=self._channel_min)
         np.maximum(self._channel_max, high, out=self._channel_max)
-        sums = self._channel_sums(grouped)
+        absmax = max(-float(low.min()), float(high.max()), 0.0)
+        sums = self._channel_sums(grouped, absmax)
         self._channel_sum += sums
         flat = values.reshape(-1)
         self.count += flat.size
         self.total += float(sums.sum())
         self.total_squares += float(np.vdot(flat, flat))
-        absmax = max(-float(low.min()), float(high.max()), 0.0)
         self.sample_absmax.append(absmax)
         self.histogram.add(histogram_subsample(flat), absmax, scratch)
 
-    def _channel_sums(self, grouped: np.ndarray) -> np.ndarray:
+    def _channel_sums(self, grouped: np.ndarray, absmax: float) -> np.ndarray:
         # A BLAS matrix-vector product is ~3x faster than numpy's pairwise sum and as accurate here.
         # Tensors holding -3.4e38 masks would overflow float32 sums: those take the float64 path.
-        if float(np.abs(grouped).max(initial=0.0)) > 1e30:
+        if absmax > 1e30:
             return grouped.astype(np.float64).sum(axis=(0, 2))
         before, channels, after = grouped.shape
         if after > 1:
@@ -452,7 +452,7 @@ def _write_npz(temp: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def collect_statistics(
-    model_path_or_bytes: str | Path | bytes,
+    model_path_or_bytes: str | Path | bytes | ir.Model,
     samples: Iterable[Mapping[str, np.ndarray]],
     *,
     num_samples: int,
@@ -461,11 +461,13 @@ def collect_statistics(
     histogram_bins: int = DEFAULT_BINS,
     intra_op_threads: int | None = None,
     dataset_fingerprint: str | None = None,
+    mblt_sha256: str | None = None,
 ) -> StatisticsSet:
     """Run the MBLT on up to ``num_samples`` samples and accumulate statistics of its float tensors.
 
     Args:
-        model_path_or_bytes: Path of the MBLT, or the serialized model.
+        model_path_or_bytes: Path of the MBLT, the serialized model, or the model in memory (a compile
+            session's graph: its outputs are restored once the onnxruntime session exists).
         samples: Iterable of ``{input name: array}`` feeds (e.g. a ``CalibrationDataset``).
         num_samples: How many samples to use (fewer are used, with a warning, if the iterable ends first).
         tensors: Only these tensor names (node outputs or graph inputs); all float32 tensors if ``None``.
@@ -473,6 +475,7 @@ def collect_statistics(
         histogram_bins: Bins of every histogram (power of two).
         intra_op_threads: onnxruntime intra-op threads (its default if ``None``).
         dataset_fingerprint: Stored with the result; defaults to ``samples.fingerprint`` if present.
+        mblt_sha256: The model's hash when it is passed in memory.
 
     Returns:
         The :class:`StatisticsSet`.
@@ -487,12 +490,14 @@ def collect_statistics(
     PowerOfTwoHistogram(histogram_bins)  # validates the bin count before any work
     reporter = as_reporter(reporter)
     started = time.perf_counter()
-    model, sha256 = _load_model(model_path_or_bytes)
+    if isinstance(model_path_or_bytes, ir.Model):
+        model, sha256 = model_path_or_bytes, mblt_sha256 or ""
+    else:
+        model, sha256 = _load_model(model_path_or_bytes)
     input_specs = {value.name: value for value in model.graph.inputs}
     wanted_inputs = [name for name in input_specs if _is_float(input_specs[name]) and _selected(name, tensors)]
-    outputs = expose_tensors(model, tensors)
+    session, outputs = _session(model, tensors, intra_op_threads)
     _check_selection(tensors, wanted_inputs + outputs)
-    session = _session(model, intra_op_threads)
     accumulators = {name: TensorAccumulator(name, histogram_bins) for name in wanted_inputs + outputs}
     used = _run_samples(session, samples, input_specs, outputs, accumulators, num_samples, reporter)
     results = {name: stats for name, acc in accumulators.items() if (stats := acc.result()) is not None}
@@ -550,14 +555,34 @@ def _load_model(source: str | Path | bytes) -> tuple[ir.Model, str]:
     return load_mblt(source), sha256_file(source)
 
 
-def _session(model: ir.Model, intra_op_threads: int | None) -> ort.InferenceSession:
+def session_with_outputs(model: ir.Model, tensors: Sequence[str] | None,
+                         options: ort.SessionOptions) -> tuple[ort.InferenceSession, list[str]]:
+    """An onnxruntime session of ``model`` with its float32 tensors (or ``tensors``) exposed as outputs.
+
+    The outputs are added to ``model`` only while the session is built, so a compile session's
+    graph is left as it was.
+
+    Returns:
+        ``(session, names of the exposed outputs)``.
+    """
+    original = list(model.graph.outputs)
+    names = expose_tensors(model, tensors)
+    try:
+        return _create_session(model, options), names
+    finally:
+        model.graph.outputs.clear()
+        model.graph.outputs.extend(original)
+
+
+def _session(model: ir.Model, tensors: Sequence[str] | None,
+             intra_op_threads: int | None) -> tuple[ort.InferenceSession, list[str]]:
     options = ort.SessionOptions()
     # Between runs the CPU does numpy work; spinning onnxruntime workers would steal it (measured 2x slower).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
     try:
-        return _create_session(model, options)
+        return session_with_outputs(model, tensors, options)
     except Exception as error:  # onnxruntime raises its own pybind exception types
         raise InvalidModelError(f"onnxruntime cannot load the MBLT with its tensors exposed: {error}.",
                                 hint="Check the MBLT with `qbcompiler check`; report the model if it passes.",

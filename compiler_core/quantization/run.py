@@ -19,11 +19,11 @@ from compiler_core.calibration.observers import observe
 from compiler_core.calibration.statistics import StatisticsSet
 from compiler_core.config import CompileConfig, layer_matches
 from compiler_core.errors import CalibrationError
-from compiler_core.fileio import sha256_file
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter
 from compiler_core.quantization.pipeline import MODE_NAMES, quantize_graph
 from compiler_core.quantization.program import QuantizedModel
+from compiler_core.session import MbltSession
 
 logger = logging.getLogger(__name__)
 
@@ -49,35 +49,38 @@ class QuantizeResult:
     samples: dict[str, int] = field(default_factory=dict)
 
 
-def quantize_mblt(mblt_path: str | Path, config: CompileConfig, *, calib_data_path: str | Sequence[str] | None = None,
-                  reporter: Reporter, cache: StatisticsCache | None = None, analysis: bool = True,
-                  body_path: str | Path | None = None, head: bytes | None = None) -> QuantizeResult:
+def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
+                  calib_data_path: str | Sequence[str] | None = None, reporter: Reporter,
+                  cache: StatisticsCache | None = None, analysis: bool = True,
+                  body_path: str | Path | ir.Model | None = None, head: bytes | None = None) -> QuantizeResult:
     """Quantize an MBLT with ``config`` (already resolved) on the given calibration data.
 
-    With CPU offload, ``body_path`` is the NPU part to quantize (statistics still come from the
-    whole MBLT, whose tensors it shares) and ``head`` the ONNX CPU head that turns samples into
-    the body's inputs for the analysis.
+    ``mblt_path`` is the file or a compile session that holds it in memory (then nothing is read
+    or hashed again). With CPU offload, ``body_path`` is the NPU part to quantize (a file or the
+    model in memory; statistics still come from the whole MBLT, whose tensors it shares) and
+    ``head`` the ONNX CPU head that turns samples into the body's inputs for the analysis.
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    graph = load_mblt(mblt_path)
+    session = mblt_path if isinstance(mblt_path, MbltSession) else MbltSession.open(mblt_path)
+    graph = session.graph
     dataset = _open_dataset(graph, config, calib_data_path, reporter)
     calibration, holdout = _split(dataset, config)
     timings["data"] = time.perf_counter() - started
     started = time.perf_counter()
-    stats, hit = collect_statistics_cached(mblt_path, calibration, cache=cache, reporter=reporter,
+    stats, hit = collect_statistics_cached(session, calibration, cache=cache, reporter=reporter,
                                            tensors=_quantization_points(graph, body_path))
     timings["statistics"] = time.perf_counter() - started
     started = time.perf_counter()
-    target = load_mblt(body_path) if body_path is not None else graph
+    target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
     model = quantize_graph(target, _range_function(stats, config), config, channel_means=_channel_means(stats),
-                           mblt_sha256=sha256_file(mblt_path), reporter=reporter)
+                           mblt_sha256=session.sha256, reporter=reporter)
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
         started = time.perf_counter()
         samples = holdout if head is None else _through_head(head, holdout)
-        report = analyze(body_path or mblt_path, model, samples, num_samples=len(holdout), reporter=reporter)
+        report = analyze(target, model, samples, num_samples=len(holdout), reporter=reporter)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
 

@@ -16,6 +16,7 @@ from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel, ValueSpec
 from compiler_core.quantization.serialize import from_document
 from compiler_core.runtime.checks import check_feeds
+from compiler_core.runtime.fastpath import FastExecutor, batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class CompiledArtifact:
     cpu_models: dict[str, bytes] = field(default_factory=dict)
     file_size: int = 0
     _sessions: dict[str, Any] = field(default_factory=dict, repr=False)
+    _fast: FastExecutor | None = field(default=None, repr=False)
 
     @property
     def input_specs(self) -> list[ValueSpec]:
@@ -46,13 +48,25 @@ class CompiledArtifact:
         """The model's outputs."""
         return [ValueSpec(**spec) for spec in self.meta["outputs"]]
 
-    def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW") -> list:
-        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``."""
-        env: dict[str, np.ndarray] = check_feeds(self.input_specs, self.program, feeds)
+    def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW",
+            golden: bool = False) -> list:
+        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``.
+
+        Feeds may hold N samples along the leading (batch) axis; they run at once on the fast
+        simulator (sample by sample through a CPU head or tail). ``golden=True`` runs the body on the
+        reference executor instead (same codes, much slower).
+        """
+        count = batch_size(feeds, {spec.name: spec.shape for spec in self.input_specs})
+        feeds = check_feeds(self.input_specs, self.program, feeds, batch=count)
+        if count > 1 and (self.cpu_models or golden):
+            parts = [self.run({name: value[i:i + 1] for name, value in feeds.items()}, raw=raw,
+                              output_layout=output_layout, golden=golden) for i in range(count)]
+            return [np.concatenate(outputs) for outputs in zip(*parts)]
+        env: dict[str, np.ndarray] = feeds
         raw_codes: dict[str, np.ndarray] = {}
         self._run_cpu("head", env)
         body = self._body_inputs(env)
-        result = executor.execute(self.program, body)
+        result = executor.execute(self.program, body) if golden else self.fast_executor().execute_codes(body)
         for spec in self.program.outputs:
             raw_codes[spec.name] = result[spec.name]
             env[spec.name] = executor.dequantize_output(self.program, spec.name, result[spec.name])
@@ -62,6 +76,12 @@ class CompiledArtifact:
             value = raw_codes[spec.name] if raw and spec.name in raw_codes else env[spec.name]
             outputs.append(value.transpose(0, 2, 3, 1) if value.ndim == 4 and output_layout == "NHWC" else value)
         return outputs
+
+    def fast_executor(self) -> FastExecutor:
+        """The program prepared for the fast simulator (built on first use)."""
+        if self._fast is None:
+            self._fast = FastExecutor(self.program)
+        return self._fast
 
     def _body_inputs(self, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         body = {}

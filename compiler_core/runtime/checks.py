@@ -21,8 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 def check_feeds(specs: Sequence[ValueSpec], program: QuantizedModel,
-                feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                feeds: Mapping[str, np.ndarray], *, batch: int = 1) -> dict[str, np.ndarray]:
     """Validate NCHW ``feeds`` for a model whose inputs are ``specs`` and whose NPU body is ``program``.
+
+    With ``batch`` N > 1, inputs of batch 1 take N samples stacked on the leading axis.
 
     Returns:
         The feeds by name: floats as the spec's float dtype, codes and exact values unchanged in value.
@@ -37,12 +39,14 @@ def check_feeds(specs: Sequence[ValueSpec], program: QuantizedModel,
         raise ArgumentError(f"Inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}.",
                             hint=f"The model's inputs are: {', '.join(names)}.")
     body = {spec.name for spec in program.inputs}
-    return {spec.name: _checked(spec, np.asarray(feeds[spec.name]), program, spec.name in body) for spec in specs}
+    return {spec.name: _checked(spec, np.asarray(feeds[spec.name]), program, spec.name in body, batch)
+            for spec in specs}
 
 
-def _checked(spec: ValueSpec, array: np.ndarray, program: QuantizedModel, in_body: bool) -> np.ndarray:
-    if list(array.shape) != list(spec.shape):
-        raise ArgumentError(f"Input '{spec.name}' has shape {list(array.shape)}, expected {list(spec.shape)} (NCHW).",
+def _checked(spec: ValueSpec, array: np.ndarray, program: QuantizedModel, in_body: bool, batch: int) -> np.ndarray:
+    shape = [batch, *spec.shape[1:]] if batch > 1 and spec.shape[:1] == [1] else list(spec.shape)
+    if list(array.shape) != shape:
+        raise ArgumentError(f"Input '{spec.name}' has shape {list(array.shape)}, expected {shape} (NCHW).",
                             hint="Reshape or transpose the array to the model's input shape.", input=spec.name)
     expected = np.dtype(spec.dtype)
     if expected.kind == "f":

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from compiler_core.errors import ArgumentError
-from compiler_core.quantization import executor
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.runtime.artifact import CompiledArtifact, load_artifact
 from compiler_core.runtime.checks import host_io
 from compiler_core.runtime.cost import estimate
+from compiler_core.runtime.fastpath import executor_for
 from compiler_core.targets import get_device
 
 logger = logging.getLogger(__name__)
@@ -130,13 +130,15 @@ class Model:
 
     def infer(self, inputs: np.ndarray | Sequence[np.ndarray] | Mapping[str, np.ndarray], *,
               raw: bool = False) -> list[np.ndarray]:
-        """Run one inference.
+        """Run one inference, or a batch of N samples at once.
 
         Args:
             inputs: one array per model input (a list, a dict by name, or a single array).
                 Float arrays are quantized on the way in; arrays of exactly the input's code dtype
                 (``int8``/``int16``/``uint8``) are taken as codes and must lie in its code range;
                 any other dtype is an :class:`ArgumentError`.
+                A model compiled for batch 1 also takes N samples stacked on the leading axis;
+                the outputs then hold N samples too (same codes as N single inferences).
             raw: return the NPU output codes instead of float32 values.
 
         Returns:
@@ -166,6 +168,8 @@ class Model:
         expected = list(spec.shape)
         nhwc = [expected[0], *expected[2:], expected[1]] if len(expected) == 4 else expected
         given_layout = expected if len(expected) != 4 or self.input_layout == "NCHW" else nhwc
+        if array.ndim == len(given_layout) and expected and expected[0] == 1 and array.shape[0] >= 1:
+            given_layout = [array.shape[0], *given_layout[1:]]  # a batch of samples
         if list(array.shape) != given_layout:
             hint = (f"Pass {self.input_layout} arrays of shape {given_layout}"
                     + (f" (or NCHW {expected} with Model(..., input_layout='NCHW'))"
@@ -194,5 +198,5 @@ def get_model_summary(path: str | Path) -> dict[str, Any]:
 
 
 def run_inputs_for(program: QuantizedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Golden-executor outputs (float) for NCHW feeds: what the NPU body computes."""
-    return executor.run(program, feeds)
+    """Outputs (float) of the NPU body for NCHW feeds, on the fast simulator (golden-identical codes)."""
+    return executor_for(program).run(feeds)

@@ -1,0 +1,130 @@
+"""Fast steps for ``linear`` (Conv, Gemm, MatMul with constant weights) and ``matmul`` (two activations).
+
+Accumulation runs in float32 when the layer's worst-case ``|acc|`` (largest centred input code
+times the largest per-channel sum of ``|w|``) is below ``2**24``, else in float64 (below ``2**53``):
+every partial sum is then an exactly representable integer, so any summation order (BLAS,
+onnxruntime's convolution kernels) gives the exact integer sum. Convolutions run in a one-node
+onnxruntime ``Conv`` session built once per layer; dense layers and products of activations in
+numpy BLAS. Requantization: :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from compiler_core.quantization.kernels.linear import conv_accumulate
+from compiler_core.quantization.program import IntOp
+from compiler_core.runtime.fastpath.plan import PlanContext, Step, register_fast
+from compiler_core.runtime.fastpath.requant import FLOAT32_EXACT, FLOAT64_EXACT, Requantizer
+
+logger = logging.getLogger(__name__)
+
+
+def accumulator_dtype(bound: int) -> type | None:
+    """float32 or float64 when every partial sum up to ``bound`` is exact in it, else ``None``."""
+    if bound < FLOAT32_EXACT:
+        return np.float32
+    return np.float64 if bound < FLOAT64_EXACT else None
+
+
+def _input_zero_point(op: IntOp, rank: int) -> np.ndarray:
+    zero_point = np.asarray(op.attrs["zp_x"], dtype=np.float64)
+    return zero_point.reshape(1, -1, *([1] * (rank - 2))) if zero_point.ndim else zero_point
+
+
+@register_fast("linear")
+def build_linear(op: IntOp, context: PlanContext) -> Step | None:
+    """Conv and ConvTranspose (1-D/2-D) and dense layers."""
+    layout, x = op.attrs["layout"], op.inputs[0]
+    span, shape = context.span(x, op.attrs["zp_x"]), context.shape(x)
+    if layout not in ("conv", "dense", "conv_transpose") or span is None or shape is None:
+        return None
+    weight = op.consts["weight"].astype(np.int64)
+    bound = span * int(np.abs(weight.reshape(weight.shape[0], -1)).sum(axis=1).max())
+    dtype = accumulator_dtype(bound)
+    if dtype is None or (layout != "dense" and len(shape) not in (3, 4)) or (layout == "dense" and weight.ndim != 2):
+        return None
+    channel_shape = (-1,) if layout == "dense" else (-1,) + (1,) * (len(shape) - 2)
+    requant = Requantizer(op.consts["multiplier"].reshape(channel_shape), op.consts["shift"].reshape(channel_shape),
+                          op.consts["bias"].reshape(channel_shape), op.attrs["zp_y"], op.attrs["clamp"], bound)
+    zero_point = _input_zero_point(op, len(shape)).astype(dtype)
+    if layout == "dense":
+        matrix = np.ascontiguousarray(weight.T.astype(dtype))
+        def run_dense(inputs: list) -> list:  # C order: BLAS takes it (a transposed view would not)
+            return [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"), matrix))]
+        return Step(run_dense, method=f"linear/{np.dtype(dtype).name}/{requant.method}")
+    attrs = op.attrs
+    if layout == "conv_transpose":  # the equivalent convolution of the zero-inserted, padded input
+        shape = list(_zero_insert_and_pad(np.zeros([1, *shape[1:]], dtype=np.float32), attrs).shape)
+        attrs = {**attrs, "pads": [0] * len(attrs["pads"])}
+    accumulate = _conv_session(op, attrs, shape) if dtype == np.float32 else _numpy_conv(op, attrs)
+    prepare = (lambda x: _zero_insert_and_pad(x, op.attrs)) if layout == "conv_transpose" else (lambda x: x)
+    def run_conv(inputs: list) -> list:
+        return [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"))))]
+    return Step(run_conv, method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
+
+
+def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
+    """ConvTranspose input: ``stride - 1`` zeros between samples, then the (possibly negative) pads."""
+    strides, rank = attrs["input_strides"], len(attrs["input_strides"])
+    begin, end = attrs["pads"][:rank], attrs["pads"][rank:]
+    spatial = [(n - 1) * s + 1 for n, s in zip(x.shape[2:], strides)]
+    padded_shape = [n + max(b, 0) + max(e, 0) for n, b, e in zip(spatial, begin, end)]
+    padded = np.zeros((*x.shape[:2], *padded_shape), dtype=x.dtype)
+    placed = tuple(slice(max(b, 0), max(b, 0) + n, s) for b, n, s in zip(begin, spatial, strides))
+    padded[(slice(None), slice(None), *placed)] = x
+    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, padded_shape))
+    return padded[(slice(None), slice(None), *crop)]
+
+
+def _numpy_conv(op: IntOp, attrs: dict):
+    weight = op.consts["weight"].astype(np.float64)
+    return lambda x: conv_accumulate(x, weight, attrs)
+
+
+def _conv_session(op: IntOp, attrs: dict, shape: list[int]):
+    """A float32 onnxruntime Conv with the layer's integer weights (exact under the layer's bound)."""
+    node = onnx.helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=attrs["kernel"], pads=attrs["pads"],
+                                 strides=attrs["strides"], dilations=attrs["dilations"], group=attrs["group"])
+    x_info = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", *shape[1:]])
+    y_info = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    weight = onnx.numpy_helper.from_array(op.consts["weight"].astype(np.float32), "w")
+    graph = onnx.helper.make_graph([node], "conv", [x_info], [y_info], [weight])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"x": x})[0]
+
+
+def _session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    # numpy work runs between the convolutions: spinning onnxruntime workers would steal its core
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
+@register_fast("matmul")
+def build_matmul(op: IntOp, context: PlanContext) -> Step | None:
+    """Product of two activations: exact float BLAS, then one scalar requantization."""
+    a, b = op.inputs
+    span_a, span_b = context.span(a, op.attrs["zp_a"]), context.span(b, op.attrs["zp_b"])
+    shape_a = context.shape(a)
+    if span_a is None or span_b is None or not shape_a:
+        return None
+    bound = int(shape_a[-1]) * span_a * span_b
+    dtype = accumulator_dtype(bound)
+    if dtype is None:
+        return None
+    requant = Requantizer(op.consts["multiplier"], op.consts["shift"], None, op.attrs["zp_y"], op.attrs["clamp"], bound)
+    zp_a, zp_b = dtype(op.attrs["zp_a"]), dtype(op.attrs["zp_b"])
+
+    def run(inputs: list) -> list:
+        left = np.subtract(inputs[0], zp_a, dtype=dtype, order="C")
+        right = np.subtract(inputs[1], zp_b, dtype=dtype, order="C")
+        return [requant(np.matmul(left, right))]
+
+    return Step(run, method=f"matmul/{np.dtype(dtype).name}/{requant.method}")
