@@ -26,130 +26,17 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT))
 
-import numpy as np  # noqa: E402
-
 DEVICE = "aries-rb"
 RESULTS = REPO_ROOT / "build" / "corpus" / "results.json"
 TARGET_COSINE = 0.99
 DEFAULT_TIMEOUT = 1200
-
-
-# ---------------------------------------------------------------------------------------------------
-# One model (child process)
-
-
-def _error(error: BaseException) -> dict:
-    from compiler_core.errors import QBCompilerError
-
-    if isinstance(error, QBCompilerError):
-        return {"code": error.code, "message": str(error.message)[:600]}
-    return {"code": "INTERNAL_ERROR", "message": f"Unexpected {type(error).__name__}: {error}"[:600],
-            "traceback": traceback.format_exc(limit=6)[-1500:]}
-
-
-def _mblt_inputs(mblt: Path):
-    import onnx
-    from corpus import InputSpec
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    graph = onnx.load(str(mblt), load_external_data=False).graph
-    return [InputSpec(value.name, tuple(d.dim_value for d in value.type.tensor_type.shape.dim),
-                      np.dtype(tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))) for value in graph.input]
-
-
-def _verdict(mblt: Path) -> dict:
-    from compiler_core.api import load_mblt
-    from compiler_core.targets import check_support, plan_cpu_offload
-
-    graph = load_mblt(mblt)
-    report = check_support(graph, DEVICE)
-    flagged = [entry for entry in report.entries.values() if entry.blocking]
-    if not flagged:
-        verdict = "supported"
-    else:
-        verdict = "unsupported" if plan_cpu_offload(graph, report).inner_unsupported else "cpu_offload"
-    reasons = sorted({f"{entry.op_type}: {entry.reason}" for entry in flagged})
-    return {"verdict": verdict, "counts": report.counts(), "nodes": len(report.entries), "flagged": reasons[:6]}
-
-
-def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
-    flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
-    flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
-    norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
-    values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
-    return {"mean": float(values.mean()), "min": float(values.min())}
-
-
-def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
-    import realdata
-
-    from compiler_core.runtime import Accelerator, Model
-
-    session = realdata.ort_session(mblt)
-    names = [output.name for output in session.get_outputs()]
-    model = Model(mxq, input_layout="NCHW")  # NCHW: arrays are passed in the MBLT's own layout, untouched
-    model.launch(Accelerator(DEVICE))
-    reference, quantized = {n: [] for n in names}, {n: [] for n in names}
-    for sample in samples:
-        for name, value in zip(names, session.run(names, sample)):
-            reference[name].append(np.asarray(value))
-        for name, value in zip(names, model.infer(sample)):
-            quantized[name].append(np.asarray(value))
-    return {name: _cosines(reference[name], quantized[name]) for name in names}
-
-
-def run_one(name: str) -> dict:
-    """Every measurement of one corpus entry (never raises: failures are recorded with their code)."""
-    import corpus
-    from realmodels import RealModelUnavailable
-
-    from compiler_core.api import mblt_compile, mxq_compile
-
-    entry = corpus.corpus_by_name()[name]
-    row = {"name": name, "task": entry.task, "package": entry.package, "licence": entry.licence,
-           "data": entry.data, "preset": entry.preset or "default", "stage": "source"}
-    scratch = Path(tempfile.mkdtemp(prefix=f"corpus-{name}-"))
-    try:
-        source = entry.source()
-        row.update(source=source.name, format=source.suffix.lstrip("."), stage="parse")
-        mblt = mblt_compile(source, scratch / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
-                            constant_inputs=entry.constant_inputs or None)
-        specs = _mblt_inputs(mblt)
-        row["inputs"] = {spec.name: [list(spec.shape), spec.dtype.name] for spec in specs}
-        row["stage"] = "check"
-        row["check"] = _verdict(mblt)
-        row["stage"] = "data"
-        calib = [entry.feed(specs, "calib", index) for index in range(corpus.N_CALIB)]
-        evaluation = [entry.feed(specs, "eval", index) for index in range(corpus.N_EVAL)]
-        manifest = corpus.write_manifest(scratch / "calib", calib)
-        row["stage"] = "compile"
-        offload = entry.cpu_offload or row["check"]["verdict"] == "cpu_offload"
-        row["cpu_offload"] = offload
-        started = time.perf_counter()
-        mxq_compile(mblt, target_device=DEVICE, calib_data_path=manifest, save_path=scratch / f"{name}.mxq",
-                    config_preset=entry.preset, cpu_offload=offload, analysis_holdout=0)
-        row["compile_seconds"] = round(time.perf_counter() - started, 1)
-        row["compile"] = {"code": "OK"}
-        row["stage"] = "run"
-        row["cosine"] = _accuracy(mblt, scratch / f"{name}.mxq", evaluation)
-        row["stage"] = "done"
-    except RealModelUnavailable as error:
-        row["unavailable"] = str(error)
-    except Exception as error:  # every failure is a row of the table, not a crash of the bench
-        row["compile_seconds"] = row.get("compile_seconds")
-        row["error"] = {"stage": row["stage"], **_error(error)}
-        if row["stage"] == "compile":
-            row["compile"] = _error(error)
-    return row
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -259,6 +146,41 @@ def failures_markdown(rows: dict[str, dict], names: list[str]) -> str:
     return "\n".join(lines) or "- none"
 
 
+DOC_HEAD = """# Real-model corpus
+
+Trained models shipped inside pip packages (and one Debian data package), compiled for **aries-rb**
+through the public API on real inputs. Generated by `make corpus` (`python bench/corpus.py`, then
+`python bench/corpus.py --markdown --write docs/models.md`) from `build/corpus/results.json`; the
+registry is `tests/corpus.py`, and `tests/test_corpus.py` runs a fast subset in the test suite.
+
+Columns: *check* is `check_support` on the parsed MBLT (`supported`; `cpu_offload`: only a head or
+tail is flagged, so the compile runs with `cpu_offload`; `unsupported`: flagged nodes inside the NPU
+body). *compile* is `mxq_compile` (default config unless a preset is named) on {n_calib} real
+calibration samples: `ok` or the error code and the stage it stopped at. *cosine* compares the MXQ
+(bit-exact simulator, `runtime.Model`) with onnxruntime on the MBLT (FP32) on {n_eval} held-out
+real samples: the worst output's mean and minimum over the samples. Entries below the 0.99 target
+are marked. *compile s* is the wall time of `mxq_compile` (calibration, quantization, scheduling,
+MXQ write) on this 2-core machine.
+
+Measured at commit `{commit}`.
+"""
+
+
+def document(stored: dict, names: list[str]) -> str:
+    """The whole of docs/models.md: introduction, table, failures and the data notes."""
+    import corpus
+
+    rows = stored.get("models", {})
+    used = {rows[name].get("data") for name in names if name in rows}
+    notes = [f"- **{kind}**: {text}" for kind, text in corpus.DATA_NOTES.items() if kind in used]
+    return "\n".join([DOC_HEAD.format(n_calib=corpus.N_CALIB, n_eval=corpus.N_EVAL,
+                                       commit=stored.get("commit", "?")),
+                      markdown(rows, names), "", "## Failures", "", failures_markdown(rows, names), "",
+                      "## Inputs: how distinct they are", "",
+                      "Calibration and held-out samples never share a photo scene, sentence, recording or file.",
+                      "", *notes, ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the corpus (or print the markdown table) and write ``build/corpus/results.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -266,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="only the test-suite subset")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per model")
     parser.add_argument("--markdown", action="store_true", help="print the models.md table from results.json")
+    parser.add_argument("--write", type=Path, help="with --markdown: write the whole document to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         import logging
 
         logging.basicConfig(level=logging.WARNING)
-        print("RESULT " + json.dumps(run_one(args.one)), flush=True)
+        import corpus
+
+        print("RESULT " + json.dumps(corpus.measure(args.one)), flush=True)
         return 0
     import corpus
 
@@ -286,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         names = [name for name in names if name in wanted]
     rows = load_results()
     if args.markdown:
-        print(markdown(rows, [entry.name for entry in entries if entry.name in rows]))
+        stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"models": {}}
+        text = document(stored, [entry.name for entry in entries if entry.name in rows])
+        if args.write:
+            args.write.write_text(text)
+            print(f"written: {args.write}")
+        else:
+            print(text)
         return 0
     for name in names:
         print(f"[corpus] {name} ...", flush=True)

@@ -26,6 +26,9 @@ import importlib.util
 import json
 import logging
 import sysconfig
+import tempfile
+import time
+import traceback
 import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ from realmodels import (
 
 logger = logging.getLogger(__name__)
 
+DEVICE = "aries-rb"
 N_CALIB = 16
 N_EVAL = 4
 SPEECH_DIR = Path("/usr/share/pocketsphinx/test/data")
@@ -141,8 +145,8 @@ def faces(split: str, count: int) -> tuple[np.ndarray, ...]:
     from skimage import data
 
     if split == "calib":
-        crops = data.lfw_subset()
-        return tuple(_rgb(crops[index * 7 % len(crops)]) for index in range(count))
+        crops = data.lfw_subset()[:100]  # the first 100 are faces, the other 100 are not
+        return tuple(_rgb(crops[index * 6 % len(crops)]) for index in range(count))
     sources = {"grace_hopper": realdata.EVAL_SOURCES["grace_hopper"](), "astronaut": data.astronaut()}
     face_boxes = {"grace_hopper": (20, 260, 80, 320), "astronaut": (0, 230, 120, 330)}  # top, bottom, left, right
     views = []
@@ -628,6 +632,28 @@ def corpus() -> list[CorpusEntry]:
     return entries
 
 
+DATA_NOTES = {
+    "photos": f"{N_CALIB} calibration views of 14 photos (13 scenes: scikit-image astronaut, stereo motorcycle "
+              "pair, hubble, immunohistochemistry, retina, camera, brick, grass, gravel, moon, coins, clock; "
+              f"scikit-learn china); {N_EVAL} held-out photos of 4 other scenes (chelsea, coffee, rocket, flower)",
+    "face photos": f"{N_CALIB} calibration faces of scikit-image's LFW subset (16 different crops); {N_EVAL} held-out "
+                   "face crops of 2 other photos (Grace Hopper, the astronaut; plain and mirrored)",
+    "rendered text lines": f"{N_CALIB} calibration sentences (3 DejaVu regular fonts) and {N_EVAL} held-out "
+                           "sentences (2 bold fonts) from disjoint standard-library docstrings, 4 paper/ink colours",
+    "rendered pages + scans": "calibration: 11 rendered pages of calibration sentences and 5 resized copies of "
+                              "scikit-image `page`; held-out: 3 pages of held-out sentences and scikit-image `text`",
+    "rendered captchas": f"{N_CALIB}/{N_EVAL} 4-6 character strings cut from disjoint calib/held-out sentences, "
+                         "drawn letter by letter with jitter and pixel noise",
+    "tokenized sentences": f"{N_CALIB} calibration and {N_EVAL} held-out sentences (disjoint docstring modules), "
+                           "the model's own tokenizer, S=128",
+    "speech (LibriVox)": f"{N_CALIB} chunks of 5 recordings (4 LibriVox utterances + goforward.raw) to calibrate; "
+                         f"{N_EVAL} chunks of 2 other recordings (LibriVox 0930, numbers.raw) held out",
+    "real files' bytes": f"{N_CALIB} calibration files (standard-library .py/.txt, scikit-image images) and "
+                         f"{N_EVAL} other held-out files",
+}
+"""How distinct the inputs of each data kind are (docs/models.md)."""
+
+
 def _no_feed(specs, split, index):
     raise RealModelUnavailable("no feed: the model is refused before any input is needed")
 
@@ -654,3 +680,111 @@ def write_manifest(folder: Path, samples: list[dict[str, np.ndarray]]) -> Path:
                                              "input shapes": [list(samples[0][n].shape) for n in names]},
                                     "calib paths": paths}, indent=1))
     return manifest
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring one entry (bench/corpus.py runs each in a child process; tests call it directly)
+
+
+def _error(error: BaseException) -> dict:
+    from compiler_core.errors import QBCompilerError
+
+    if isinstance(error, QBCompilerError):
+        return {"code": error.code, "message": str(error.message)[:600]}
+    return {"code": "INTERNAL_ERROR", "message": f"Unexpected {type(error).__name__}: {error}"[:600],
+            "traceback": traceback.format_exc(limit=6)[-1500:]}
+
+
+def _mblt_inputs(mblt: Path):
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    graph = onnx.load(str(mblt), load_external_data=False).graph
+    return [InputSpec(value.name, tuple(d.dim_value for d in value.type.tensor_type.shape.dim),
+                      np.dtype(tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))) for value in graph.input]
+
+
+def _verdict(mblt: Path) -> dict:
+    from compiler_core.api import load_mblt
+    from compiler_core.targets import check_support, plan_cpu_offload
+
+    graph = load_mblt(mblt)
+    report = check_support(graph, DEVICE)
+    flagged = [entry for entry in report.entries.values() if entry.blocking]
+    if not flagged:
+        verdict = "supported"
+    else:
+        verdict = "unsupported" if plan_cpu_offload(graph, report).inner_unsupported else "cpu_offload"
+    reasons = sorted({f"{entry.op_type}: {entry.reason}" for entry in flagged})
+    return {"verdict": verdict, "counts": report.counts(), "nodes": len(report.entries), "flagged": reasons[:6]}
+
+
+def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
+    flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
+    flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
+    norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
+    values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
+    return {"mean": float(values.mean()), "min": float(values.min())}
+
+
+def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
+    from compiler_core.runtime import Accelerator, Model
+
+    session = realdata.ort_session(mblt)
+    names = [output.name for output in session.get_outputs()]
+    model = Model(mxq, input_layout="NCHW")  # NCHW: arrays are passed in the MBLT's own layout, untouched
+    model.launch(Accelerator(DEVICE))
+    reference, quantized = {n: [] for n in names}, {n: [] for n in names}
+    for sample in samples:
+        for name, value in zip(names, session.run(names, sample)):
+            reference[name].append(np.asarray(value))
+        for name, value in zip(names, model.infer(sample)):
+            quantized[name].append(np.asarray(value))
+    return {name: _cosines(reference[name], quantized[name]) for name in names}
+
+
+def measure(name: str, scratch: Path | None = None) -> dict:
+    """Every measurement of one corpus entry, as a JSON-ready row (never raises: failures carry their code).
+
+    Stages: source, parse, check, data, compile, run; ``row["stage"]`` is the last one reached
+    (``done`` when all passed). Any exception outside ``QBCompilerError`` is recorded as
+    ``INTERNAL_ERROR``, as the CLI reports it.
+    """
+    from compiler_core.api import mblt_compile, mxq_compile
+
+    entry = corpus_by_name()[name]
+    row = {"name": name, "task": entry.task, "package": entry.package, "licence": entry.licence,
+           "data": entry.data, "preset": entry.preset or "default", "stage": "source"}
+    scratch = scratch or Path(tempfile.mkdtemp(prefix=f"corpus-{name}-"))
+    try:
+        source = entry.source()
+        row.update(source=source.name, format=source.suffix.lstrip("."), stage="parse")
+        mblt = mblt_compile(source, scratch / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
+                            constant_inputs=entry.constant_inputs or None)
+        specs = _mblt_inputs(mblt)
+        row["inputs"] = {spec.name: [list(spec.shape), spec.dtype.name] for spec in specs}
+        row["stage"] = "check"
+        row["check"] = _verdict(mblt)
+        row["stage"] = "data"
+        calib = [entry.feed(specs, "calib", index) for index in range(N_CALIB)]
+        evaluation = [entry.feed(specs, "eval", index) for index in range(N_EVAL)]
+        manifest = write_manifest(scratch / "calib", calib)
+        row["stage"] = "compile"
+        offload = entry.cpu_offload or row["check"]["verdict"] == "cpu_offload"
+        row["cpu_offload"] = offload
+        started = time.perf_counter()
+        mxq_compile(mblt, target_device=DEVICE, calib_data_path=manifest, save_path=scratch / f"{name}.mxq",
+                    config_preset=entry.preset, cpu_offload=offload, analysis_holdout=0)
+        row["compile_seconds"] = round(time.perf_counter() - started, 1)
+        row["compile"] = {"code": "OK"}
+        row["stage"] = "run"
+        row["cosine"] = _accuracy(mblt, scratch / f"{name}.mxq", evaluation)
+        row["stage"] = "done"
+    except RealModelUnavailable as error:
+        row["unavailable"] = str(error)
+    except Exception as error:  # every failure is a row of the table, not a crash of the bench
+        row["compile_seconds"] = row.get("compile_seconds")
+        row["error"] = {"stage": row["stage"], **_error(error)}
+        if row["stage"] == "compile":
+            row["compile"] = _error(error)
+    return row
