@@ -17,7 +17,8 @@ go on). Any exception outside the ``QBCompilerError`` hierarchy is recorded as `
 as the CLI reports it. Results go to ``build/corpus/results.json`` (merged per model, so a subset
 run updates its rows); ``--markdown`` prints the table of ``docs/models.md`` from that file.
 
-Usage: ``python bench/corpus.py [--models a,b] [--fast] [--timeout 900] [--markdown [--write docs/models.md]]``.
+Usage: ``python bench/corpus.py [--models a,b] [--fast] [--timeout 1200]``, then
+``python bench/corpus.py --markdown [--write docs/models.md] [--status FILE]``.
 """
 
 from __future__ import annotations
@@ -166,6 +167,46 @@ Measured at commit `{commit}`.
 """
 
 
+def triage(rows: dict[str, dict], names: list[str]) -> list[str]:
+    """Bullets that sort the models by outcome: the lists the compiler work starts from."""
+    groups: dict[str, list[str]] = {key: [] for key in (
+        "internal", "check_missed", "refused", "below", "ok", "unavailable", "other")}
+    for name in names:
+        row = rows.get(name, {})
+        error, verdict = row.get("error", {}), row.get("check", {}).get("verdict")
+        if "unavailable" in row:
+            groups["unavailable"].append(name)
+        elif error.get("code") == "INTERNAL_ERROR":
+            groups["internal"].append(f"{name} ({error['stage']})")
+        elif error and verdict in ("supported", "cpu_offload"):
+            groups["check_missed"].append(f"{name} ({error['code']})")
+        elif error.get("code") == "UNSUPPORTED_OPS" and verdict in (None, "unsupported"):
+            groups["refused"].append(f"{name} (at {error['stage']})")
+        elif error:
+            groups["other"].append(f"{name} ({error['code']} at {error['stage']})")
+        else:
+            worst = min(value["mean"] for value in row["cosine"].values())
+            groups["below" if worst < TARGET_COSINE else "ok"].append(f"{name} {worst:.4f}"
+                                                                     if worst < TARGET_COSINE else name)
+    titles = {"ok": f"compile, cosine >= {TARGET_COSINE}", "below": f"compile, cosine < {TARGET_COSINE}",
+              "internal": "INTERNAL_ERROR", "check_missed": "check green (or CPU head/tail only), compile refused",
+              "refused": "refused with UNSUPPORTED_OPS before compiling (parse or check)",
+              "unavailable": "package missing here", "other": "other errors"}
+    return [f"- {titles[key]}: {len(items)}" + (f" — {', '.join(items)}" if items else "")
+            for key, items in groups.items() if items or key in ("ok", "internal", "check_missed")]
+
+
+def outputs_below(rows: dict[str, dict], names: list[str]) -> list[str]:
+    """One bullet per output under the target: model, output, mean and min cosine."""
+    lines = []
+    for name in names:
+        for output, value in rows.get(name, {}).get("cosine", {}).items():
+            if value["mean"] < TARGET_COSINE:
+                pooled = " (pooled over samples)" if value.get("pooled") else ""
+                lines.append(f"- {name} `{output}`: mean {value['mean']:.4f}, min {value['min']:.4f}{pooled}")
+    return lines or ["- none"]
+
+
 def document(stored: dict, names: list[str]) -> str:
     """The whole of docs/models.md: introduction, table, failures and the data notes."""
     import corpus
@@ -175,7 +216,9 @@ def document(stored: dict, names: list[str]) -> str:
     notes = [f"- **{kind}**: {text}" for kind, text in corpus.DATA_NOTES.items() if kind in used]
     return "\n".join([DOC_HEAD.format(n_calib=corpus.N_CALIB, n_eval=corpus.N_EVAL,
                                        commit=stored.get("commit", "?")),
-                      markdown(rows, names), "", "## Failures", "", failures_markdown(rows, names), "",
+                      "## Summary", "", *triage(rows, names), "", markdown(rows, names), "",
+                      "## Failures", "", failures_markdown(rows, names), "",
+                      "## Outputs below the target", "", *outputs_below(rows, names), "",
                       "## Inputs: how distinct they are", "",
                       "Calibration and held-out samples never share a photo scene, sentence, recording or file.",
                       "", *notes, ""])
@@ -189,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per model")
     parser.add_argument("--markdown", action="store_true", help="print the models.md table from results.json")
     parser.add_argument("--write", type=Path, help="with --markdown: write the whole document to this file")
+    parser.add_argument("--status", type=Path, help="with --markdown: also write a dated copy for the team to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -216,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             args.write.write_text(text)
             print(f"written: {args.write}")
-        else:
+        if args.status:
+            stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            args.status.write_text(f"<!-- corpus status written {stamp} by bench/corpus.py --status -->\n" + text)
+            print(f"written: {args.status}")
+        if not args.write and not args.status:
             print(text)
         return 0
     for name in names:
