@@ -723,7 +723,7 @@ def corpus() -> list[CorpusEntry]:
         CorpusEntry("palm_detection", "palm detection (TFLite)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "palm_detection", "palm_detection_lite.tflite"),
                     image_feed(_photo_set, "unit"), "photos"),
-        CorpusEntry("hand_landmark", "hand landmarks (TFLite)", MEDIAPIPE, "Apache-2.0",
+        CorpusEntry("hand_landmark", "hand landmarks (TFLite; the photos show no hands)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "hand_landmark", "hand_landmark_lite.tflite"),
                     image_feed(_photo_set, "unit"), "photos"),
         CorpusEntry("pose_detection", "person/pose detection (TFLite)", MEDIAPIPE, "Apache-2.0",
