@@ -203,14 +203,16 @@ def _ink(index: int) -> tuple[int, int, int]:
 
 
 def text_page(split: str, index: int, width: int, height: int) -> np.ndarray:
-    """A page of several rendered sentences (calib/eval) or, every third sample, a scikit-image scan."""
+    """A page of several rendered sentences (calib/eval) or, every third sample, a window of a scikit-image scan."""
     from PIL import Image, ImageDraw
 
     if index % 3 == 2:
         from skimage import data
 
         scan = _rgb((data.page, data.text)[int(split == "eval")]())
-        return np.asarray(Image.fromarray(scan).resize((width, height), Image.BILINEAR))
+        windows = [view for view in realdata.CROP_VIEWS if not view[2]]  # no mirrored text
+        window = realdata.crop_view(scan, *windows[index // 3 % len(windows)])
+        return np.asarray(Image.fromarray(window).resize((width, height), Image.BILINEAR))
     page = Image.new("RGB", (width, height), _paper(index))
     draw = ImageDraw.Draw(page)
     font = _font(split, index, size=18 + 4 * (index % 3))
@@ -787,8 +789,9 @@ DATA_NOTES = {
                    "face crops of 2 other photos (Grace Hopper, the astronaut; plain and mirrored)",
     "rendered text lines": f"{N_CALIB} calibration sentences (3 DejaVu regular fonts) and {N_EVAL} held-out "
                            "sentences (2 bold fonts) from disjoint standard-library docstrings, 4 paper/ink colours",
-    "rendered pages + scans": "calibration: 11 rendered pages of calibration sentences and 5 resized copies of "
-                              "scikit-image `page`; held-out: 3 pages of held-out sentences and scikit-image `text`",
+    "rendered pages + scans": "calibration: 11 rendered pages of calibration sentences and 5 windows of the "
+                              "scikit-image `page` scan; held-out: 3 pages of held-out sentences and the "
+                              "scikit-image `text` photo",
     "rendered captchas": f"{N_CALIB}/{N_EVAL} 4-6 character strings cut from disjoint calib/held-out sentences, "
                          "drawn letter by letter with jitter and pixel noise",
     "tokenized sentences": f"{N_CALIB} calibration and {N_EVAL} held-out sentences (disjoint docstring modules), "
