@@ -842,7 +842,7 @@ def _error(error: BaseException) -> dict:
     if isinstance(error, QBCompilerError):
         return {"code": error.code, "message": str(error.message)[:600]}
     return {"code": "INTERNAL_ERROR", "message": f"Unexpected {type(error).__name__}: {error}"[:600],
-            "traceback": traceback.format_exc(limit=6)[-1500:]}
+            "traceback": traceback.format_exc(limit=-4)[-2000:]}
 
 
 def _mblt_inputs(mblt: Path):
