@@ -67,10 +67,11 @@ def test_device_change_limits_the_scheme():
     settings.set_scheme("global8")
     assert allowed_schemes("aries-rb") == ["single", "multi", "global4", "global8", "all"]
     assert settings.set_device("regulus-ra") == "single"
-    assert allowed_schemes("regulus-ra") == ["single", "all"]
+    assert allowed_schemes("regulus-ra") == ["single"]  # the README's "single" only: the card says the same
     with pytest.raises(ArgumentError):
         settings.set_scheme("multi")
     card = device_card("regulus-ra")
+    assert card["schemes"] == ["single"]
     assert card["cores"] == 1 and not card["mfu"] and card["tops"] == pytest.approx(10, abs=0.1)
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
+import typing
 from typing import Any
+
+from pydantic import BaseModel
 
 from compiler_core.config import CompileConfig, deep_merge, describe_presets, preset_names
 from compiler_core.config.presets import preset_config
 from compiler_core.targets import get_device, list_devices, validate_inference_scheme
-from compiler_core.targets.devices import SCHEME_ALL
 
 logger = logging.getLogger(__name__)
 
@@ -167,11 +170,32 @@ class CompileSettings:
         return " · ".join(parts)
 
 
+def field_description(path: str) -> str:
+    """The config schema's description of the field at dotted camelCase ``path`` (tooltips: one source)."""
+    model: Any = CompileConfig
+    description = ""
+    for key in path.split("."):
+        info = next(info for name, info in model.model_fields.items() if key in (name, info.alias))
+        description = info.description or ""
+        model = next((arg for arg in (info.annotation, *typing.get_args(info.annotation))
+                      if isinstance(arg, type) and issubclass(arg, BaseModel)), None)
+    return description
+
+
+def choice_descriptions(path: str) -> dict[int, str]:
+    """Code -> its sentence, from a description listing ``"0 Name: text; 1 Name: text ..."``."""
+    return {int(code): f"{name}: {text.strip().rstrip('.')}."
+            for code, name, text in _CHOICE.findall(field_description(path))}
+
+
+_CHOICE = re.compile(r"(\d) (\w+): ([^;]+)")
+
+
 def allowed_schemes(device: str) -> list[str]:
-    """Inference schemes ``device`` accepts, ``all`` included (validated by the core)."""
+    """Inference schemes ``device`` offers, as its profile lists them (``all`` only where it means more
+    than one core mode, i.e. on ARIES; on one-core REGULUS it would only repeat ``single``)."""
     profile = get_device(device)
-    candidates = dict.fromkeys((*profile.inference_schemes, SCHEME_ALL))
-    return [scheme for scheme in candidates if _scheme_ok(profile.name, scheme)]
+    return [scheme for scheme in profile.inference_schemes if _scheme_ok(profile.name, scheme)]
 
 
 def _scheme_ok(device: str, scheme: str) -> bool:
