@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 MODEL_TIMEOUT_MS = 120_000
 COMPILE_TIMEOUT_MS = 600_000
-MAX_GUI_GAP_MS = 150
+MAX_GUI_GAP_MS = 100  # DESIGN.md section 11: event-loop stalls under 100 ms during a compile
 MOBILENET_NODES = 100
 MINILM_NODES = 189
 
@@ -65,6 +65,7 @@ class GapMeter:
 def errors(monkeypatch) -> list:
     calls: list = []
     monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
     return calls
 
 
