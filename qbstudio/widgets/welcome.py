@@ -21,9 +21,8 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PROJECT = ROOT / "resources" / "samples" / "fashion_cnn.qbproj"
 DOCS_DIR = ROOT / "docs"
-PIPELINE = (("Model", "ONNX, TFLite, MBLT"), ("Parse", "to MBLT; shapes fixed"),
-            ("Check", "layer support on the device"), ("Calibrate", "representative data"),
-            ("Quantize & compile", "int8/int16 program"), ("MXQ", "runs on the NPU"))
+PIPELINE = (("Model", "ONNX, TFLite"), ("Parse", "to MBLT"), ("Check", "per device"),
+            ("Calibrate", "your data"), ("Quantize", "int8 / int16"), ("Compile", "to an MXQ"))
 
 
 def pipeline_html() -> str:
@@ -31,8 +30,8 @@ def pipeline_html() -> str:
     cells = []
     for index, (title, text) in enumerate(PIPELINE):
         if index:
-            cells.append("<td valign='middle' style='font-size:20px;color:#888'>&nbsp;&#8594;&nbsp;</td>")
-        cells.append(f"<td style='border:1px solid #90a4ae;background:#eceff1;padding:8px' align='center'>"
+            cells.append("<td valign='middle' style='color:#888'>&nbsp;&#8594;&nbsp;</td>")
+        cells.append(f"<td style='border:1px solid #90a4ae;background:#eceff1;padding:6px' align='center'>"
                      f"<b>{title}</b><br><small>{text}</small></td>")
     return f"<table cellspacing='0'><tr>{''.join(cells)}</tr></table>"
 
@@ -94,9 +93,7 @@ class WelcomePage(QWidget):
         holder.setLayout(column)
         holder.setMaximumWidth(900)
         outer = QHBoxLayout(self)
-        outer.addStretch(1)
-        outer.addWidget(holder, 4)
-        outer.addStretch(1)
+        outer.addWidget(holder, 1)
 
     def set_recent(self, entries: list[tuple[str, str]]) -> None:
         """Show ``(label, path)`` recent projects, newest first."""

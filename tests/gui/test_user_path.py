@@ -459,6 +459,14 @@ def test_option_names_tooltips_and_what_applies(qtbot, make_window, answers):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(100)
     assert window.grab().save(str(SCREENSHOTS / "user_path_compile_form.png"))
+    from PySide6.QtWidgets import QToolTip
+
+    QToolTip.showText(options.percentile_spin.mapToGlobal(QPoint(20, 20)), options.percentile_spin.toolTip(),
+                      options.percentile_spin)
+    qtbot.waitUntil(QToolTip.isVisible)
+    tip = next(widget for widget in QApplication.topLevelWidgets() if widget.inherits("QTipLabel"))
+    assert tip.grab().save(str(SCREENSHOTS / "user_path_compile_form_tooltip.png"))
+    assert "MaxPercentile" in tip.text()
 
 
 def test_tab_shortcuts_work_while_the_graph_has_focus_and_show_in_folder_failure_is_said(qtbot, make_window, answers,
