@@ -51,21 +51,21 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _run(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, in-process seconds from the 'after X s' line) of one fresh process."""
+def _run(command: list[str]) -> tuple[float, float, float]:
+    """(wall s, window-shown s, ready s) of one fresh process (in-process times from its output)."""
     with tempfile.TemporaryDirectory() as home:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=ROOT, env=_env(Path(home)), capture_output=True, text=True, timeout=300)
         wall = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-    line = next(line for line in result.stdout.splitlines() if " after " in line)
-    return wall, float(line.rsplit("after ", 1)[1].split()[0])
+    times = [float(line.rsplit("after ", 1)[1].split()[0]) for line in result.stdout.splitlines() if " after " in line]
+    return wall, times[0], times[-1]
 
 
-def _median(command: list[str], runs: int) -> tuple[float, float]:
+def _median(command: list[str], runs: int) -> tuple[float, float, float]:
     samples = [_run(command) for _ in range(runs)]
-    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+    return tuple(statistics.median(sample[index] for sample in samples) for index in range(3))
 
 
 def main() -> None:
@@ -75,15 +75,15 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=SAMPLE_MODEL)
     args = parser.parse_args()
     app = [sys.executable, "-m", "qbstudio", "--smoke-exit-after-ready"]
-    peer_wall, peer_in = _median([sys.executable, "-c", PEER], args.runs)
-    shown_wall, shown_in = _median(app, args.runs)
-    model_wall, model_in = _median([*app, str(args.model)], args.runs)
+    peer_wall, peer_in, _ = _median([sys.executable, "-c", PEER], args.runs)
+    empty_wall, shown, built = _median(app, args.runs)
+    model_wall, _, model_ready = _median([*app, str(args.model)], args.runs)
     print(f"load average {os.getloadavg()[0]:.2f}; median of {args.runs} fresh processes")
-    print(f"peer (bare QtWebEngine window): {peer_in:.2f} s in-process, {peer_wall:.2f} s wall")
-    print(f"window shown:                  {shown_in:.2f} s in-process, {shown_wall:.2f} s wall "
-          f"({shown_in / peer_in:.2f}x peer)")
-    print(f"model ready ({args.model.name}): {model_in:.2f} s in-process, {model_wall:.2f} s wall "
-          f"({model_wall / peer_wall:.2f}x peer wall)")
+    print(f"peer (bare QtWebEngine window):   shown {peer_in:.2f} s in-process, {peer_wall:.2f} s wall")
+    print(f"qbstudio, nothing open:           window shown {shown:.2f} s ({shown / peer_in:.2f}x peer), "
+          f"panels built {built:.2f} s in-process, {empty_wall:.2f} s wall")
+    print(f"qbstudio {args.model.name}: model parsed and graph rendered {model_ready:.2f} s in-process, "
+          f"{model_wall:.2f} s wall ({model_wall / peer_wall:.2f}x peer wall)")
 
 
 if __name__ == "__main__":

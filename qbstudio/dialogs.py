@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from qbstudio.state.model_info import InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
+from qbstudio.state.shapes import InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
 from qbstudio.widgets.wheel_guard import guard_wheel
 
 logger = logging.getLogger(__name__)

@@ -10,9 +10,10 @@ import html
 import json
 import logging
 import shutil
+import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QByteArray, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
@@ -33,34 +34,29 @@ from PySide6.QtWidgets import (
 )
 
 from compiler_core import __version__ as core_version
-from compiler_core.calibration import input_specs
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
-from compiler_core.frontends import detect_backend
-from compiler_core.targets import check_support
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
 from qbstudio.session import Session
 from qbstudio.state.model_fit import compile_readiness, fit_to_model
-from qbstudio.state.model_info import dynamic_inputs, node_info, onnx_input_shapes
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
-from qbstudio.tasks import CompileOutcome, LoadedModel, open_mblt, parse_model
-from qbstudio.widgets.calibration_panel import CalibrationPanel
-from qbstudio.widgets.compare_view import CompareView
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
-from qbstudio.widgets.options_panel import OptionsPanel
 from qbstudio.widgets.run_panel import RunPanel
 from qbstudio.widgets.summary import open_folder
 from qbstudio.widgets.support_panel import SupportPanel
 from qbstudio.widgets.welcome import DOCS_DIR, SAMPLE_PROJECT, WelcomePage
 from qbstudio.widgets.wheel_guard import guard_wheel
 from qbstudio.workers import JobRunner, Worker
+
+if TYPE_CHECKING:
+    from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +79,16 @@ class MainWindow(QMainWindow):
         model_ready(): a model was parsed/loaded and the panels show it.
         compile_finished(str): a compile ended: ``done``, ``cancelled`` or ``failed``.
         project_loaded(): a project was opened and its model (if any) is loading.
+        workbench_built(): the panels exist (at once, or after the first show with ``defer_workbench``).
     """
 
     model_ready = Signal()
     compile_finished = Signal(str)
     project_loaded = Signal()
+    workbench_built = Signal()
 
-    def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None) -> None:
+    def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None, *,
+                 defer_workbench: bool = False) -> None:
         super().__init__()
         guard_none_refcount()
         self.dirs = dirs or AppDirs.default()
@@ -105,14 +104,40 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self._autosave_timer = QTimer(self, singleShot=True, interval=AUTOSAVE_DELAY_MS)
         self._autosave_timer.timeout.connect(self.autosave)
-        self._build_widgets()
+        self.workbench_ready = False
+        self._build_shell()
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
-        self._connect()
         self._restore_layout()
+        self.shown_at: float | None = None
+        self._defer_build = defer_workbench
+        if defer_workbench:
+            self._set_shell_enabled(False)
+        else:
+            self.build_workbench()
+
+    def build_workbench(self) -> None:
+        """Build the panels (they import onnx, the calibration readers and pyqtgraph) and show the project.
+
+        With ``defer_workbench`` this runs right after the first show, so the window appears first.
+        """
+        if self.workbench_ready:
+            return
+        self._build_panels()
+        self.device_combo.addItems(devices())
+        self._connect()
+        self.tabs.setCurrentIndex(int(self.preferences.window.get("tab", 0)))
         guard_wheel(self)
+        self.workbench_ready = True
+        self._set_shell_enabled(True)
         self._on_project_changed()
+        self.workbench_built.emit()
+
+    def _set_shell_enabled(self, enabled: bool) -> None:
+        for widget in (self.menuBar(), self.toolbar, self.welcome):
+            widget.setEnabled(enabled)
+        self.setAcceptDrops(enabled)
 
     @property
     def project(self) -> Project:
@@ -131,7 +156,11 @@ class MainWindow(QMainWindow):
 
     # ================================================================== building
 
-    def _build_widgets(self) -> None:
+    def _build_panels(self) -> None:
+        from qbstudio.widgets.calibration_panel import CalibrationPanel
+        from qbstudio.widgets.compare_view import CompareView
+        from qbstudio.widgets.options_panel import OptionsPanel
+
         self.graph = GraphView()
         self.calibration = CalibrationPanel(self.runner)
         self.options = OptionsPanel()
@@ -142,10 +171,13 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.calibration, "Calibration")
         self.tabs.addTab(self._compile_tab(), "Compile")
         self.tabs.addTab(self.compare, "Runs && Compare")
+        self.central.addWidget(self.tabs)
+
+    def _build_shell(self) -> None:
+        """What the first paint needs: welcome page, docks, status bar (no onnx, no pyqtgraph)."""
         self.welcome = WelcomePage()
         self.central = QStackedWidget(objectName="central")
         self.central.addWidget(self.welcome)
-        self.central.addWidget(self.tabs)
         self.setCentralWidget(self.central)
         self._build_layers_dock()
         self.log_handler = QtLogHandler(self)
@@ -199,8 +231,8 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
-        self.act_load_config = self._action("Load Compile Config…", self.options.ask_load_config)
-        self.act_save_config = self._action("Save Compile Config…", self.options.ask_save_config)
+        self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
+        self.act_save_config = self._action("Save Compile Config…", lambda: self.options.ask_save_config())
         self.act_quit = self._action("&Quit", self.close, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
@@ -238,13 +270,12 @@ class MainWindow(QMainWindow):
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
-        toolbar = self.addToolBar("Main")
+        self.toolbar = toolbar = self.addToolBar("Main")
         toolbar.setObjectName("mainToolbar")
         toolbar.addActions([self.act_open, self.act_import, self.act_save])
         toolbar.addSeparator()
         toolbar.addWidget(QLabel(" Device "))
-        self.device_combo = QComboBox(objectName="toolbarDevice")
-        self.device_combo.addItems(devices())
+        self.device_combo = QComboBox(objectName="toolbarDevice")  # filled by build_workbench
         self.device_combo.setToolTip("Target device: nodes are coloured by support on it")
         self.device_combo.textActivated.connect(self.set_device)
         toolbar.addWidget(self.device_combo)
@@ -380,6 +411,8 @@ class MainWindow(QMainWindow):
             dialogs.show_error(self, "Model not found", f"The project's model '{model.path}' does not exist.")
             return
         if self.project.has_mblt and not model.changed_on_disk():
+            from qbstudio.tasks import open_mblt
+
             self._start_model_job("open", open_mblt, self.project.mblt_path)
             return
         if model.changed_on_disk():
@@ -398,6 +431,8 @@ class MainWindow(QMainWindow):
         """Import a model: detect its backend, ask for static input shapes if needed, parse in the background."""
         if not self._idle("import a model"):
             return False
+        from compiler_core.frontends import detect_backend
+
         path = Path(path).absolute()
         try:
             backend = detect_backend(path)
@@ -431,6 +466,8 @@ class MainWindow(QMainWindow):
         return choice == dialogs.IMPORT_REPLACE
 
     def _ask_shapes(self, path: Path, backend: str) -> dict[str, list[int]] | None:
+        from qbstudio.state.model_info import dynamic_inputs, onnx_input_shapes
+
         if backend != "onnx" or path.suffix.lower() == ".mblt":
             return {}
         shapes = onnx_input_shapes(path)
@@ -439,6 +476,8 @@ class MainWindow(QMainWindow):
         return dialogs.ask_input_shapes(self, shapes, model_name=path.name)
 
     def _start_parse(self, model: ModelRef) -> None:
+        from qbstudio.tasks import parse_model
+
         self._pending_model = model
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
                               input_shapes=model.input_shapes)
@@ -479,6 +518,8 @@ class MainWindow(QMainWindow):
     def _specs(self) -> list:
         if self.loaded is None:
             return []
+        from compiler_core.calibration import input_specs
+
         try:
             return input_specs(self.loaded.model)
         except QBCompilerError as error:
@@ -501,6 +542,8 @@ class MainWindow(QMainWindow):
         """Check every node against the device; colour the graph and fill the Layer support panel."""
         if self.loaded is None:
             return
+        from compiler_core.targets import check_support
+
         self.session.set_report(check_support(self.loaded.model, self.project.settings.device))
         statuses, reasons = statuses_from_report(self.report)
         self.graph.set_support(statuses, reasons)
@@ -519,6 +562,8 @@ class MainWindow(QMainWindow):
 
     def show_node(self, name: str) -> None:
         """Show node ``name``'s details, with support and the latest run's precision and SQNR."""
+        from qbstudio.state.model_info import node_info
+
         info = node_info(self.loaded.model, name) if self.loaded else None
         if info is None:
             self.details.clear()
@@ -805,12 +850,11 @@ class MainWindow(QMainWindow):
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
         self._default_docks = not window.get("state")
-        self.tabs.setCurrentIndex(int(window.get("tab", 0)))
 
     def _store_layout(self) -> None:
+        tab = self.tabs.currentIndex() if self.workbench_ready else self.preferences.window.get("tab", 0)
         self.preferences.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
-                                   "state": bytes(self.saveState().toBase64()).decode(),
-                                   "tab": self.tabs.currentIndex()}
+                                   "state": bytes(self.saveState().toBase64()).decode(), "tab": tab}
 
     def show_about(self) -> None:
         """The About box."""
@@ -829,8 +873,13 @@ class MainWindow(QMainWindow):
         self._open_folder(DOCS_DIR / "README.md")
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        """On the first show without a saved layout, give the docks sensible sizes."""
+        """On the first show: note the time, build the deferred panels, size the docks if no layout was saved."""
         super().showEvent(event)
+        if self.shown_at is None:
+            self.shown_at = time.perf_counter()
+        if self._defer_build:
+            self._defer_build = False
+            QTimer.singleShot(0, self.build_workbench)
         if self._default_docks:
             self._default_docks = False
             self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)

@@ -8,13 +8,15 @@ summary behind.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
 from qbstudio.state.project import Project
 from qbstudio.state.runs import RunHistory, RunRecord
-from qbstudio.tasks import LoadedModel
+
+if TYPE_CHECKING:
+    from qbstudio.tasks import LoadedModel
 
 logger = logging.getLogger(__name__)
 

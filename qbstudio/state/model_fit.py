@@ -13,12 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qbstudio.state.calibration import PreprocessForm
-from qbstudio.state.project import CalibrationSource
-from qbstudio.state.settings import CompileSettings
-
 if TYPE_CHECKING:
     from compiler_core.calibration import InputSpec
+    from qbstudio.state.project import CalibrationSource
+    from qbstudio.state.settings import CompileSettings
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +70,8 @@ def _fit_image_channels(settings: CompileSettings, specs: Sequence[InputSpec]) -
 
 
 def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
+    from qbstudio.state.calibration import PreprocessForm  # imports the calibration readers (onnx)
+
     form = PreprocessForm.from_preprocessing(settings.preprocessing)
     image = next((spec for spec in specs if spec.is_image), None)
     if not form.apply or image is None:

@@ -13,7 +13,6 @@ from pydantic import BaseModel
 
 from compiler_core.config import CompileConfig, deep_merge, describe_presets, preset_names
 from compiler_core.config.presets import preset_config
-from compiler_core.targets import get_device, list_devices, validate_inference_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +78,8 @@ class CompileSettings:
         Raises:
             ArgumentError: unknown device string.
         """
+        from compiler_core.targets import get_device  # imports onnx: not at start-up
+
         profile = get_device(name)
         scheme = self._config.inference_scheme
         if scheme not in allowed_schemes(profile.name):
@@ -93,6 +94,8 @@ class CompileSettings:
         Raises:
             ArgumentError: the device does not offer ``scheme``.
         """
+        from compiler_core.targets import validate_inference_scheme
+
         validate_inference_scheme(self.device, scheme)
         self.set("inferenceScheme", scheme)
 
@@ -194,11 +197,15 @@ _CHOICE = re.compile(r"(\d) (\w+): ([^;]+)")
 def allowed_schemes(device: str) -> list[str]:
     """Inference schemes ``device`` offers, as its profile lists them (``all`` only where it means more
     than one core mode, i.e. on ARIES; on one-core REGULUS it would only repeat ``single``)."""
+    from compiler_core.targets import get_device
+
     profile = get_device(device)
     return [scheme for scheme in profile.inference_schemes if _scheme_ok(profile.name, scheme)]
 
 
 def _scheme_ok(device: str, scheme: str) -> bool:
+    from compiler_core.targets import validate_inference_scheme
+
     try:
         validate_inference_scheme(device, scheme)
     except Exception:  # noqa: BLE001 - any rejection means "not offered"
@@ -208,6 +215,8 @@ def _scheme_ok(device: str, scheme: str) -> bool:
 
 def device_card(name: str) -> dict[str, Any]:
     """Facts for the device card: cores, schemes, MFU, precisions, TOPS, description."""
+    from compiler_core.targets import get_device
+
     profile = get_device(name)
     return {"name": profile.name, "chip": profile.chip, "cores": profile.total_cores,
             "clusters": profile.clusters, "schemes": allowed_schemes(profile.name), "mfu": profile.has_mfu,
@@ -218,6 +227,8 @@ def device_card(name: str) -> dict[str, Any]:
 
 def devices() -> list[str]:
     """Every target device string."""
+    from compiler_core.targets import list_devices
+
     return list_devices()
 
 
