@@ -64,6 +64,7 @@ MODEL_FILTER = "Models (*.onnx *.mblt *.tflite);;All files (*)"
 PROJECT_FILTER = f"qb Studio project (*{PROJECT_SUFFIX})"
 OPEN_FILTER = f"Projects and models (*{PROJECT_SUFFIX} *.onnx *.mblt *.tflite);;All files (*)"
 AUTOSAVE_DELAY_MS = 1500
+WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
 
@@ -505,7 +506,7 @@ class MainWindow(QMainWindow):
             self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
                                          self._specs())
             self._update_model_label()
-        warm_up()
+        QTimer.singleShot(WARM_UP_DELAY_MS, warm_up)  # not while the graph renders: two cores only
         self.statusBar().showMessage(f"Model ready: {len(loaded.model.graph)} nodes", 5000)
         self.mark_dirty()
         self._outcomes["model"] = "ready"

@@ -303,6 +303,8 @@ class CalibrationPanel(QWidget):
                     specs: list[InputSpec]) -> None:
         """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
         self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
+        self._timer.stop()
+        self._rerun_preview = False
         self.runner.cancel("preview")
         self.preview, self.warnings = None, []
         self._clear_grid()
@@ -435,6 +437,8 @@ class CalibrationPanel(QWidget):
         """Refresh the preview shortly (edits in a row cause one refresh)."""
         if self.specs and (self.source.path or self.source.use_random):
             self._timer.start()
+        else:
+            self._timer.stop()
 
     def refresh_preview(self, *, report_errors: bool = False) -> None:
         """Open the data and preview it in the background (errors as a dialog if ``report_errors``)."""

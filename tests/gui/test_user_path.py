@@ -501,3 +501,89 @@ def test_welcome_page_when_nothing_is_open(qtbot, make_window, answers):
         qtbot.mouseClick(window.welcome.sample_button, Qt.MouseButton.LeftButton)
     assert window.central.currentWidget() is window.tabs and window.project.template
     assert window.act_docs.shortcut().toString() == "F1"
+
+
+# ---------------------------------------------------------------- the scripted session of the issue
+
+
+def dynamic_encoder(path: Path) -> Path:
+    """Two inputs sharing the symbolic ``sequence_length``; MatMul -> Softmax (a tail REGULUS-RA cannot run)."""
+    rng = np.random.default_rng(2)
+    dims = ["batch", "sequence_length", 16]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["tokens", "positions"], ["s"]), helper.make_node("MatMul", ["s", "w"], ["h"]),
+         helper.make_node("Softmax", ["h"], ["probs"], axis=-1)], "encoder",
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, dims),
+         helper.make_tensor_value_info("positions", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", "sequence_length", 16])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def photos(folder: Path, count: int = 24, side: int = 32) -> Path:
+    from PIL import Image
+
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(count):
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(folder / f"{index:02d}.png")
+    return folder
+
+
+def test_scripted_session_two_models_offload_and_reopen(qtbot, make_window, answers, monkeypatch, tmp_path):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+
+    # a 3-channel classifier replaces the sample's model; calibrate and compile it
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb.onnx")))
+    assert window.project.settings.config.image_channels == 0 and thumbnails(window) == 0
+    window.calibration.set_source(photos(tmp_path / "photos"))
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert answers.errors == [] and window.calibration.preview.total == 24
+    assert "24 sample(s)" in window.options.holdout_label.text()
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"], answers.errors
+    first_run = window.session.latest_run
+    first = tmp_path / "projects" / "classifier.qbproj"
+    assert window.save_project_as(first)
+
+    # a transformer-like model with a shared dynamic dim, in a new project: the dim is asked once
+    asked = []
+
+    def shapes_dialog(parent, shapes, model_name=""):
+        dialog = dialogs.InputShapesDialog(shapes, parent, model_name)
+        asked.append(sorted(dialog.spins))
+        result = dialog.shapes()
+        dialog.deleteLater()
+        return result
+
+    monkeypatch.setattr(dialogs, "ask_input_shapes", shapes_dialog)
+    answers.import_choice = dialogs.IMPORT_NEW
+    wait_model(qtbot, window, lambda: window.import_model(dynamic_encoder(tmp_path / "encoder.onnx")))
+    assert asked == [["batch", "sequence_length"]]
+    assert window.project.model.input_shapes == {"tokens": [1, 128, 16], "positions": [1, 128, 16]}
+    assert window.compare.table.rowCount() == 0 and window.run_panel.summary.run is None
+
+    # check on regulus-ra, offload the Softmax tail in one click, compile with random calibration data
+    window.set_device("regulus-ra")
+    assert not window.run_panel.compile_button.isEnabled() and not window.run_panel.offload_button.isHidden()
+    window.run_panel.offload_button.click()
+    window.calibration.random_check.setChecked(True)
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"], answers.errors
+    assert window.session.latest_run.device == "regulus-ra" and len(window.session.runs) == 1
+
+    # reopen the first project: its model, its run, its data; nothing of the encoder
+    wait_model(qtbot, window, lambda: window.open_path(first))
+    assert Path(window.project.model.path).name == "rgb.onnx" and window.project.settings.device == "aries-rb"
+    assert [run.run_id for run in window.session.runs.runs] == [first_run.run_id]
+    assert window.run_panel.summary.run.run_id == first_run.run_id and window.compare.table.rowCount() == 1
+    assert window.support.model.rowCount() == 5 and "rgb.onnx" in window.model_label.text()
+    qtbot.waitUntil(lambda: window.calibration.preview is not None, timeout=TIMEOUT_MS)
+    assert "24 sample(s)" in window.calibration.count_label.text()
+    window.graph.node_selected.emit("Conv_0")
+    assert "SQNR" in window.details.text()
+    assert answers.errors == []
