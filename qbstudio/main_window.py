@@ -628,8 +628,7 @@ class MainWindow(QMainWindow):
                                     precisions=outcome.precisions, duration_s=outcome.duration_s,
                                     model_sha256=model_sha256)
         self.run_panel.finished("Done")
-        self.session.add_run(run)
-        self.run_panel.summary.show_run(run)
+        self.session.add_run(run)  # the summary, compare view and details follow runs_changed
         self.statusBar().showMessage(f"Compiled {Path(run.mxq_path).name} in {run.duration_s:.1f} s", 8000)
         self.mark_dirty()
         self._outcomes["compile"] = "done"
