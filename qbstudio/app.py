@@ -32,7 +32,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("path", nargs="?", help="a .qbproj project or a model file to open")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--smoke-exit-after-ready", action="store_true",
-                        help="exit as soon as the window is shown (start-up timing, CI)")
+                        help="exit once the window is shown, or once PATH's model and graph are ready "
+                             "(start-up timing, CI)")
     return parser.parse_args(argv)
 
 
@@ -116,19 +117,31 @@ def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
     app.setOrganizationName("qbstudio")
     from qbstudio.main_window import MainWindow
 
-    window = MainWindow(dirs)
+    window = MainWindow(dirs, defer_workbench=True)  # the panels (onnx, pyqtgraph) are built after the first show
     install_exception_hooks(window)
     window.show()
     if args.path:
-        QTimer.singleShot(0, lambda: window.open_path(args.path))
-    if args.smoke_exit_after_ready:
-        QTimer.singleShot(0, lambda: _smoke_exit(window, app))
+        window.workbench_built.connect(lambda: window.open_path(args.path))
+    if args.smoke_exit_after_ready and args.path:  # ready = the model parsed and its graph rendered
+        window.model_ready.connect(lambda: _when_graph_ready(
+            window, lambda: QTimer.singleShot(0, lambda: _smoke_exit(window, app))))
+    elif args.smoke_exit_after_ready:
+        window.workbench_built.connect(lambda: _smoke_exit(window, app))
     return app.exec()
+
+
+def _when_graph_ready(window, action) -> None:
+    if window.graph.is_ready:
+        action()
+    else:
+        window.graph.ready.connect(action)
 
 
 def _smoke_exit(window, app) -> None:
     elapsed = time.perf_counter() - _STARTED
-    sys.stdout.write(f"qbstudio ready: window shown={window.isVisible()} after {elapsed:.2f} s in-process\n")
+    shown = (window.shown_at or time.perf_counter()) - _STARTED
+    sys.stdout.write(f"qbstudio window shown after {shown:.2f} s\n"
+                     f"qbstudio ready: window shown={window.isVisible()} after {elapsed:.2f} s in-process\n")
     sys.stdout.flush()
     window.close()
     app.quit()

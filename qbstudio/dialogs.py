@@ -6,22 +6,25 @@ so a monkeypatched function is the one used.
 
 from __future__ import annotations
 
+import html
 import logging
 import traceback
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QFormLayout,
     QLabel,
-    QLineEdit,
     QMessageBox,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from qbstudio.state.model_info import InputShape
+from qbstudio.state.shapes import InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
+from qbstudio.widgets.wheel_guard import guard_wheel
 
 logger = logging.getLogger(__name__)
 
@@ -65,66 +68,97 @@ def ask_yes_no(parent: QWidget | None, title: str, text: str) -> bool:
     return answer == QMessageBox.StandardButton.Yes
 
 
+IMPORT_NEW, IMPORT_REPLACE = "new", "replace"
+SAVE, DISCARD = "save", "discard"
+
+
+def ask_import_choice(parent: QWidget | None, new_model: str, current_model: str) -> str | None:
+    """Importing ``new_model`` while ``current_model`` is open: ``new`` project, ``replace``, or None (cancel)."""
+    box = QMessageBox(QMessageBox.Icon.Question, "Import model",
+                      f"This project holds <b>{html.escape(current_model)}</b>. Import "
+                      f"<b>{html.escape(new_model)}</b> into:", QMessageBox.StandardButton.Cancel, parent)
+    box.setInformativeText("A new project keeps this one as it is. Replacing the model keeps this project's "
+                           "settings (those that depend on the model are re-derived); runs of the current "
+                           "model stay in the project file but are not shown for the new model.")
+    new = box.addButton("New project", QMessageBox.ButtonRole.AcceptRole)
+    replace = box.addButton("Replace the model", QMessageBox.ButtonRole.DestructiveRole)
+    box.setDefaultButton(new)
+    box.exec()
+    return {id(new): IMPORT_NEW, id(replace): IMPORT_REPLACE}.get(id(box.clickedButton()))
+
+
+def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:
+    """Unsaved work before ``why`` (e.g. "closing"): ``save``, ``discard`` or None (cancel)."""
+    answer = QMessageBox.question(
+        parent, "Unsaved project", f"'{project_name}' has runs or changes that are not saved in a project file. "
+        f"Save it before {why}?", QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard
+        | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Save)
+    return {QMessageBox.StandardButton.Save: SAVE, QMessageBox.StandardButton.Discard: DISCARD}.get(answer)
+
+
 class InputShapesDialog(QDialog):
-    """Asks for a static shape for every input with dynamic dimensions.
+    """Asks once for every dynamic dimension; inputs sharing a symbolic dim share its value.
+
+    Each field starts at a value suggested from the dim's name, its position and the model's name
+    (:func:`qbstudio.state.model_info.suggest_dims`), so OK works at once for common models.
 
     Args:
-        shapes: The model's inputs (static ones are shown read-only for context).
+        shapes: The model's inputs (static ones are listed for context).
         parent: Parent widget.
+        model_name: The model's file name (a detector's name suggests 640-pixel images).
     """
 
-    def __init__(self, shapes: list[InputShape], parent: QWidget | None = None) -> None:
+    def __init__(self, shapes: list[InputShape], parent: QWidget | None = None, model_name: str = "") -> None:
         super().__init__(parent)
         self.setWindowTitle("Input shapes")
-        self._edits: dict[str, QLineEdit] = {}
+        self._shapes = shapes
+        self.spins: dict[str, QSpinBox] = {}
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel("Some inputs have dynamic dimensions. Give a static shape for each "
-                                "(comma-separated, e.g. 1, 3, 224, 224):", wordWrap=True))
-        form = QFormLayout()
-        for shape in shapes:
-            form.addRow(self._row_label(shape), self._editor(shape))
-        layout.addLayout(form)
-        self._error = QLabel(styleSheet="color: #c62828")
-        layout.addWidget(self._error)
+        layout.addWidget(QLabel("The model has dynamic dimensions. The compiler needs one static value for each "
+                                "(inputs that share a named dimension share its value):", wordWrap=True))
+        layout.addLayout(self._dim_form(suggest_dims(shapes, model_name), dynamic_dim_keys(shapes)))
+        layout.addWidget(QLabel("<b>Resulting input shapes</b>"))
+        self.preview = QLabel(objectName="shapePreview", textFormat=Qt.TextFormat.RichText)
+        layout.addWidget(self.preview)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self._accept_if_valid)
+        buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+        self._update_preview()
+        guard_wheel(self)
 
-    @staticmethod
-    def _row_label(shape: InputShape) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in shape.dims)
-        return f"{shape.name} [{dims}] {shape.dtype}"
+    def _dim_form(self, values: dict[str, int], users: dict[str, list[str]]) -> QFormLayout:
+        form = QFormLayout()
+        for key, value in values.items():
+            spin = QSpinBox(minimum=1, maximum=1_000_000, value=value, objectName=f"dim:{key}")
+            spin.valueChanged.connect(self._update_preview)
+            self.spins[key] = spin
+            form.addRow(QLabel(f"<b>{html.escape(key)}</b> <small>({html.escape(', '.join(users[key]))})</small>"),
+                        spin)
+        return form
 
-    def _editor(self, shape: InputShape) -> QLineEdit:
-        edit = QLineEdit(", ".join(str(d) for d in shape.suggested()))
-        edit.setReadOnly(not shape.dynamic)
-        if shape.dynamic:
-            self._edits[shape.name] = edit
-        return edit
+    def values(self) -> dict[str, int]:
+        """Dynamic dim key -> the value entered."""
+        return {key: spin.value() for key, spin in self.spins.items()}
 
     def shapes(self) -> dict[str, list[int]]:
-        """The entered shapes (raises ValueError for a malformed one)."""
-        result = {}
-        for name, edit in self._edits.items():
-            dims = [int(part) for part in edit.text().replace("x", ",").split(",") if part.strip()]
-            if not dims or any(d <= 0 for d in dims):
-                raise ValueError(f"{name}: every dimension must be a positive integer")
-            result[name] = dims
-        return result
+        """The static shape of every dynamic input."""
+        return resolve_shapes(self._shapes, self.values())
 
-    def _accept_if_valid(self) -> None:
-        try:
-            self.shapes()
-        except ValueError as error:
-            self._error.setText(str(error))
-            return
-        self.accept()
+    def _update_preview(self) -> None:
+        resolved = self.shapes()
+        rows = []
+        for shape in self._shapes:
+            dims = resolved.get(shape.name, list(shape.dims))
+            declared = ", ".join("?" if d is None else str(d) for d in shape.dims)
+            rows.append(f"{html.escape(shape.name)}: [{declared}] &rarr; <b>{dims}</b> {shape.dtype}")
+        self.preview.setText("<br>".join(rows))
 
 
-def ask_input_shapes(parent: QWidget | None, shapes: list[InputShape]) -> dict[str, list[int]] | None:
+def ask_input_shapes(parent: QWidget | None, shapes: list[InputShape], model_name: str = ""
+                     ) -> dict[str, list[int]] | None:
     """Show :class:`InputShapesDialog`; the shapes of the dynamic inputs, or None if cancelled."""
-    dialog = InputShapesDialog(shapes, parent)
+    dialog = InputShapesDialog(shapes, parent, model_name)
     if dialog.exec() != QDialog.DialogCode.Accepted:
         return None
     return dialog.shapes()

@@ -1,16 +1,20 @@
 """The workbench window: menus, toolbar, docks and tabs, wired to the project and the background jobs.
 
-Over 500 lines because it is the one place where every panel meets the project: each method is
-one user action or one job outcome; the panels and the Qt-free state hold the logic.
+Over 800 lines (918) because it is the one place where every panel meets the project: each method is
+one user action or one job outcome; the panels and the Qt-free state hold the logic. Splitting the
+project lifecycle (new/open/import/save) into its own controller is the next step.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import logging
 import shutil
+import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QByteArray, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
@@ -24,36 +28,36 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QScrollArea,
     QSplitter,
+    QStackedWidget,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from compiler_core import __version__ as core_version
-from compiler_core.calibration import input_specs
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
-from compiler_core.frontends import detect_backend
-from compiler_core.targets import check_support
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
-from qbstudio.state.model_info import dynamic_inputs, node_info, onnx_input_shapes
+from qbstudio.session import Session
+from qbstudio.state.model_fit import compile_readiness, fit_to_model
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
-from qbstudio.tasks import CompileOutcome, LoadedModel, open_mblt, parse_model
-from qbstudio.widgets.calibration_panel import CalibrationPanel
-from qbstudio.widgets.compare_view import CompareView
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
-from qbstudio.widgets.options_panel import OptionsPanel
 from qbstudio.widgets.run_panel import RunPanel
 from qbstudio.widgets.summary import open_folder
 from qbstudio.widgets.support_panel import SupportPanel
+from qbstudio.widgets.welcome import DOCS_DIR, SAMPLE_PROJECT, WelcomePage
+from qbstudio.widgets.wheel_guard import guard_wheel
 from qbstudio.workers import JobRunner, Worker
+
+if TYPE_CHECKING:
+    from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ MODEL_FILTER = "Models (*.onnx *.mblt *.tflite);;All files (*)"
 PROJECT_FILTER = f"qb Studio project (*{PROJECT_SUFFIX})"
 OPEN_FILTER = f"Projects and models (*{PROJECT_SUFFIX} *.onnx *.mblt *.tflite);;All files (*)"
 AUTOSAVE_DELAY_MS = 1500
+WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
 
@@ -76,37 +81,88 @@ class MainWindow(QMainWindow):
         model_ready(): a model was parsed/loaded and the panels show it.
         compile_finished(str): a compile ended: ``done``, ``cancelled`` or ``failed``.
         project_loaded(): a project was opened and its model (if any) is loading.
+        workbench_built(): the panels exist (at once, or after the first show with ``defer_workbench``).
     """
 
     model_ready = Signal()
     compile_finished = Signal(str)
     project_loaded = Signal()
+    workbench_built = Signal()
 
-    def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None) -> None:
+    def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None, *,
+                 defer_workbench: bool = False) -> None:
         super().__init__()
         guard_none_refcount()
         self.dirs = dirs or AppDirs.default()
         self.preferences = preferences or Preferences.load(self.dirs.preferences_file)
         self.runner = JobRunner(self)
-        self.project = self._untitled_project()
-        self.loaded: LoadedModel | None = None
-        self.report: Any = None
+        self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
+        self._pending_model: ModelRef | None = None
+        self._previous_specs: list | None = None
+        self.fit_notes: list[str] = []
+        self._dirty = False
         self.setWindowTitle("qb Studio")
         self.setAcceptDrops(True)
         self._autosave_timer = QTimer(self, singleShot=True, interval=AUTOSAVE_DELAY_MS)
         self._autosave_timer.timeout.connect(self.autosave)
-        self._build_widgets()
+        self.workbench_ready = False
+        self._build_shell()
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
-        self._connect()
         self._restore_layout()
-        self._show_project()
+        self.shown_at: float | None = None
+        self._defer_build = defer_workbench
+        if defer_workbench:
+            self._set_shell_enabled(False)
+        else:
+            self.build_workbench()
+
+    def build_workbench(self) -> None:
+        """Build the panels (they import onnx, the calibration readers and pyqtgraph) and show the project.
+
+        With ``defer_workbench`` this runs right after the first show, so the window appears first.
+        """
+        if self.workbench_ready:
+            return
+        self._build_panels()
+        self.device_combo.addItems(devices())
+        self._connect()
+        self.tabs.setCurrentIndex(int(self.preferences.window.get("tab", 0)))
+        guard_wheel(self)
+        self.workbench_ready = True
+        self._set_shell_enabled(True)
+        self._on_project_changed()
+        self.workbench_built.emit()
+
+    def _set_shell_enabled(self, enabled: bool) -> None:
+        for widget in (self.menuBar(), self.toolbar, self.welcome):
+            widget.setEnabled(enabled)
+        self.setAcceptDrops(enabled)
+
+    @property
+    def project(self) -> Project:
+        """The open project (held by :attr:`session`)."""
+        return self.session.project
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        """The project's loaded model, or None."""
+        return self.session.loaded
+
+    @property
+    def report(self) -> Any:
+        """The loaded model's support report on the current device, or None."""
+        return self.session.report
 
     # ================================================================== building
 
-    def _build_widgets(self) -> None:
+    def _build_panels(self) -> None:
+        from qbstudio.widgets.calibration_panel import CalibrationPanel
+        from qbstudio.widgets.compare_view import CompareView
+        from qbstudio.widgets.options_panel import OptionsPanel
+
         self.graph = GraphView()
         self.calibration = CalibrationPanel(self.runner)
         self.options = OptionsPanel()
@@ -117,7 +173,14 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.calibration, "Calibration")
         self.tabs.addTab(self._compile_tab(), "Compile")
         self.tabs.addTab(self.compare, "Runs && Compare")
-        self.setCentralWidget(self.tabs)
+        self.central.addWidget(self.tabs)
+
+    def _build_shell(self) -> None:
+        """What the first paint needs: welcome page, docks, status bar (no onnx, no pyqtgraph)."""
+        self.welcome = WelcomePage()
+        self.central = QStackedWidget(objectName="central")
+        self.central.addWidget(self.welcome)
+        self.setCentralWidget(self.central)
         self._build_layers_dock()
         self.log_handler = QtLogHandler(self)
         logging.getLogger().addHandler(self.log_handler)
@@ -152,6 +215,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(splitter, 1)
         self.layers_dock = QDockWidget("Model && layer support", self, objectName="layersDock")
         self.layers_dock.setWidget(holder)
+        self.layers_dock.setMinimumWidth(360)  # keeps the Reason column in view when the Compile tab widens
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.layers_dock)
 
     def _action(self, text: str, slot: Any, shortcut: Any = None, tip: str = "") -> QAction:
@@ -169,8 +233,8 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
-        self.act_load_config = self._action("Load Compile Config…", self.options.ask_load_config)
-        self.act_save_config = self._action("Save Compile Config…", self.options.ask_save_config)
+        self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
+        self.act_save_config = self._action("Save Compile Config…", lambda: self.options.ask_save_config())
         self.act_quit = self._action("&Quit", self.close, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
@@ -178,6 +242,7 @@ class MainWindow(QMainWindow):
         self.act_about = self._action("&About qb Studio", self.show_about)
         self.act_about_qt = self._action("About &Qt", lambda: QMessageBox.aboutQt(self))
         self.act_logs = self._action("Open &Log Folder", lambda: self._open_folder(self.dirs.log_file))
+        self.act_docs = self._action("&Documentation", self.open_docs, "F1", "The documentation shipped with the app")
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
@@ -195,22 +260,24 @@ class MainWindow(QMainWindow):
         compile_menu.addActions([self.act_compile, self.act_cancel])
         view_menu = bar.addMenu("&View")
         for index, title in enumerate(TABS):
-            view_menu.addAction(self._action(title.replace("&&", "&"), lambda _=False, i=index: self.tabs.setCurrentIndex(i),
-                                             f"Ctrl+{index + 1}"))
+            action = self._action(title.replace("&&", "&"), lambda _=False, i=index: self.tabs.setCurrentIndex(i),
+                                  f"Ctrl+{index + 1}")
+            action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)  # also while the web view has focus
+            view_menu.addAction(action)
+            self.addAction(action)
         view_menu.addSeparator()
         view_menu.addActions([self.layers_dock.toggleViewAction(), self.log_dock.toggleViewAction()])
         help_menu = bar.addMenu("&Help")
-        help_menu.addActions([self.act_about, self.act_about_qt, self.act_logs])
+        help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
-        toolbar = self.addToolBar("Main")
+        self.toolbar = toolbar = self.addToolBar("Main")
         toolbar.setObjectName("mainToolbar")
         toolbar.addActions([self.act_open, self.act_import, self.act_save])
         toolbar.addSeparator()
         toolbar.addWidget(QLabel(" Device "))
-        self.device_combo = QComboBox(objectName="toolbarDevice")
-        self.device_combo.addItems(devices())
+        self.device_combo = QComboBox(objectName="toolbarDevice")  # filled by build_workbench
         self.device_combo.setToolTip("Target device: nodes are coloured by support on it")
         self.device_combo.textActivated.connect(self.set_device)
         toolbar.addWidget(self.device_combo)
@@ -225,41 +292,90 @@ class MainWindow(QMainWindow):
         self.options.changed.connect(self._on_settings_changed)
         self.options.device_changed.connect(self._on_device_changed)
         self.calibration.changed.connect(self._on_calibration_changed)
+        self.calibration.preview_ready.connect(lambda preview: self.options.set_sample_count(preview.total))
+        self.calibration.preview_failed.connect(lambda _error: self.options.set_sample_count(None))
         self.run_panel.compile_requested.connect(self.start_compile)
         self.run_panel.cancel_requested.connect(lambda: self.runner.cancel("compile"))
-        self.compare.run_selected.connect(lambda run_id: self.run_panel.summary.show_run(self.project.runs.get(run_id)))
+        self.compare.run_selected.connect(lambda run_id: self.run_panel.summary.show_run(self.session.runs.get(run_id)))
+        self.run_panel.offload_requested.connect(self.enable_cpu_offload)
         self.runner.busy_changed.connect(self._on_busy_changed)
+        self.welcome.sample_requested.connect(lambda: self.open_path(SAMPLE_PROJECT))
+        self.welcome.import_requested.connect(self._on_import)
+        self.welcome.open_requested.connect(self._on_open)
+        self.welcome.recent_requested.connect(self.open_path)
+        self.session.project_changed.connect(self._on_project_changed)
+        self.session.model_changed.connect(self._on_model_changed)
+        self.session.runs_changed.connect(self._on_runs_changed)
 
     # ================================================================== project lifecycle
 
     def _untitled_project(self) -> Project:
         return Project.new("Untitled", self.dirs.untitled_dir / uuid.uuid4().hex[:12])
 
-    def new_project(self) -> None:
-        """Start an empty, untitled project (the current one is autosaved first)."""
-        if not self._idle("start a new project"):
-            return
+    def new_project(self) -> bool:
+        """Start an empty, untitled project (asks to save unsaved work first); False if the user cancelled."""
+        if not self._idle("start a new project") or not self.confirm_leave("starting a new project"):
+            return False
         self.autosave()
         self._set_project(self._untitled_project())
+        return True
 
     def _set_project(self, project: Project) -> None:
-        self.project = project
-        self.loaded, self.report = None, None
-        self.graph.clear()
-        self._show_project()
+        self._dirty = False
+        self.fit_notes = []
+        self.session.set_project(project)
 
-    def _show_project(self) -> None:
+    def _on_project_changed(self) -> None:
+        """Every panel starts over from the session's (new) project: nothing of the previous one stays."""
         project = self.project
+        self.graph.clear()
         self.options.set_settings(project.settings)
         self.device_combo.setCurrentText(project.settings.device)
-        self.calibration.set_context(project.calibration, project.settings, project.work_dir, self._specs())
-        self.compare.set_history(project.runs)
-        self.run_panel.summary.show_run(project.runs.latest)
+        self.calibration.set_context(project.calibration, project.settings, project.work_dir, [])
+        self.options.set_sample_count(None)
+        self.options.set_model_channels(set())
+        self.compare.set_history(self.session.runs)
+        self.run_panel.reset()
         self.support.set_report(None)
         self.details.clear()
+        self.log_dock.start_section(f"project {project.name}")
         self._update_title()
         self._update_model_label()
         self._update_can_compile()
+        self._show_welcome_if_empty()
+
+    def _show_welcome_if_empty(self) -> None:
+        """The welcome page while no model is open or loading; the tabs otherwise."""
+        empty = self.project.model is None and self._pending_model is None and not self.runner.is_busy("model")
+        self.central.setCurrentWidget(self.welcome if empty else self.tabs)
+
+    def _on_model_changed(self) -> None:
+        """Graph, support, calibration inputs, runs and details follow the session's model."""
+        loaded = self.loaded
+        if loaded is None:
+            self.graph.clear()
+        else:
+            self.tabs.setCurrentWidget(self.graph)  # Chromium does not lay out pages in hidden tabs
+            self.graph.load_mblt(loaded.mblt_path)
+        self.details.clear()
+        self.support.set_report(None)
+        self.check_support()
+        self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
+                                     self._specs())
+        self.options.set_sample_count(None)
+        self.options.set_model_channels({spec.channels for spec in self._specs() if spec.is_image})
+        self._on_runs_changed()
+        self._update_model_label()
+        self._update_can_compile()
+        self._show_welcome_if_empty()
+
+    def _on_runs_changed(self) -> None:
+        runs = self.session.runs
+        self.compare.set_history(runs)
+        if not self.run_panel.running:
+            self.run_panel.summary.show_run(runs.latest)
+        if self.details.node:
+            self.show_node(self.details.node)
 
     def open_path(self, path: str | Path) -> None:
         """Open a project (``.qbproj``) or import a model, by file type."""
@@ -271,7 +387,7 @@ class MainWindow(QMainWindow):
 
     def open_project(self, path: str | Path) -> bool:
         """Open a project file and restore its model, graph, calibration, settings and runs."""
-        if not self._idle("open a project"):
+        if not self._idle("open a project") or not self.confirm_leave("opening another project"):
             return False
         self.autosave()
         try:
@@ -279,6 +395,8 @@ class MainWindow(QMainWindow):
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot open project", error)
             return False
+        if self._is_autosave(project.path):
+            project.path = None  # a recovered untitled project: it stays untitled, autosaved where it was
         self._set_project(project)
         if not project.template:
             self.preferences.add_recent_project(path)
@@ -295,6 +413,8 @@ class MainWindow(QMainWindow):
             dialogs.show_error(self, "Model not found", f"The project's model '{model.path}' does not exist.")
             return
         if self.project.has_mblt and not model.changed_on_disk():
+            from qbstudio.tasks import open_mblt
+
             self._start_model_job("open", open_mblt, self.project.mblt_path)
             return
         if model.changed_on_disk():
@@ -313,9 +433,17 @@ class MainWindow(QMainWindow):
         """Import a model: detect its backend, ask for static input shapes if needed, parse in the background."""
         if not self._idle("import a model"):
             return False
+        from compiler_core.frontends import detect_backend
+
         path = Path(path).absolute()
         try:
             backend = detect_backend(path)
+        except QBCompilerError as error:
+            dialogs.show_error(self, "Cannot import model", error)
+            return False
+        if not self._make_room_for(path):
+            return False
+        try:
             shapes = input_shapes if input_shapes is not None else self._ask_shapes(path, backend)
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot import model", error)
@@ -323,26 +451,42 @@ class MainWindow(QMainWindow):
         if shapes is None:
             return False
         sha = sha256_file(path) if path.is_file() else ""
+        self._previous_specs = self._specs() if self.project.model is not None else None
         self._start_parse(ModelRef(str(path), backend, sha, shapes))
         self.preferences.add_recent_model(path)
         self._remember("model", path)
         return True
 
+    def _make_room_for(self, path: Path) -> bool:
+        """A project holds one model: importing another asks "new project or replace"; False if cancelled."""
+        current = self.project.model
+        if current is None or Path(current.path) == path:
+            return True
+        choice = dialogs.ask_import_choice(self, path.name, Path(current.path).name)
+        if choice == dialogs.IMPORT_NEW:
+            return self.new_project()
+        return choice == dialogs.IMPORT_REPLACE
+
     def _ask_shapes(self, path: Path, backend: str) -> dict[str, list[int]] | None:
+        from qbstudio.state.model_info import dynamic_inputs, onnx_input_shapes
+
         if backend != "onnx" or path.suffix.lower() == ".mblt":
             return {}
-        dynamic = dynamic_inputs(onnx_input_shapes(path))
-        if not dynamic:
+        shapes = onnx_input_shapes(path)
+        if not dynamic_inputs(shapes):
             return {}
-        return dialogs.ask_input_shapes(self, onnx_input_shapes(path))
+        return dialogs.ask_input_shapes(self, shapes, model_name=path.name)
 
     def _start_parse(self, model: ModelRef) -> None:
+        from qbstudio.tasks import parse_model
+
         self._pending_model = model
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
                               input_shapes=model.input_shapes)
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
     def _start_model_job(self, name: str, function: Any, *args: Any, **kwargs: Any) -> None:
+        self.central.setCurrentWidget(self.tabs)
         worker = Worker(name, function, *args, **kwargs)
         worker.progress.connect(lambda event: self.statusBar().showMessage(
             f"{name}: {event.stage} {event.message}".strip()))
@@ -352,30 +496,32 @@ class MainWindow(QMainWindow):
         self.runner.start("model", worker)
 
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
-        pending = getattr(self, "_pending_model", None)
+        pending, self._pending_model = self._pending_model, None
         if pending is not None:
-            self.project.model, self._pending_model = pending, None
-        self.loaded = loaded
-        self.tabs.setCurrentWidget(self.graph)  # Chromium does not lay out pages in hidden tabs
-        self.graph.load_mblt(loaded.mblt_path)
-        self.check_support()
-        self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
-                                     self._specs())
-        self._update_model_label()
-        self._update_can_compile()
-        warm_up()
+            self.project.model = pending
+        previous, self._previous_specs = self._previous_specs, None
+        self.session.set_model(loaded)
+        self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous)
+        if self.fit_notes:
+            self.options.refresh()
+            self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
+                                         self._specs())
+            self._update_model_label()
+        QTimer.singleShot(WARM_UP_DELAY_MS, warm_up)  # not while the graph renders: two cores only
         self.statusBar().showMessage(f"Model ready: {len(loaded.model.graph)} nodes", 5000)
         self.mark_dirty()
         self._outcomes["model"] = "ready"
 
     def _on_model_failed(self, error: Exception) -> None:
-        self._pending_model = None
+        self._pending_model, self._previous_specs = None, None
         self.statusBar().showMessage("Model import failed.", 5000)
         dialogs.show_error(self, "Cannot import model", error)
 
     def _specs(self) -> list:
         if self.loaded is None:
             return []
+        from compiler_core.calibration import input_specs
+
         try:
             return input_specs(self.loaded.model)
         except QBCompilerError as error:
@@ -398,12 +544,15 @@ class MainWindow(QMainWindow):
         """Check every node against the device; colour the graph and fill the Layer support panel."""
         if self.loaded is None:
             return
-        self.report = check_support(self.loaded.model, self.project.settings.device)
+        from compiler_core.targets import check_support
+
+        self.session.set_report(check_support(self.loaded.model, self.project.settings.device))
         statuses, reasons = statuses_from_report(self.report)
         self.graph.set_support(statuses, reasons)
         self.support.set_report(self.report.to_dict())
         if self.details.node:
             self.show_node(self.details.node)
+        self._update_can_compile()
 
     def _on_graph_selection(self, name: str) -> None:
         self.support.select_node(name)
@@ -415,12 +564,14 @@ class MainWindow(QMainWindow):
 
     def show_node(self, name: str) -> None:
         """Show node ``name``'s details, with support and the latest run's precision and SQNR."""
+        from qbstudio.state.model_info import node_info
+
         info = node_info(self.loaded.model, name) if self.loaded else None
         if info is None:
             self.details.clear()
             return
         entry = self.report.entries.get(name) if self.report else None
-        run = self.project.runs.latest
+        run = self.session.latest_run  # only a run of this very model (matched by MBLT hash)
         layer = run.layer_row(name) if run else None
         precision = run.precisions.get(name) if run else None
         self.details.show_node(info, entry.to_dict() if entry else None, layer, precision)
@@ -452,6 +603,10 @@ class MainWindow(QMainWindow):
             return False
         if not self._idle("start a compile"):
             return False
+        readiness = self.readiness()
+        if not readiness.ok:
+            dialogs.show_error(self, "Cannot compile", readiness.reason)
+            return False
         run_id = self.project.runs.next_id()
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         calibration = self.project.calibration
@@ -461,22 +616,20 @@ class MainWindow(QMainWindow):
         worker.succeeded.connect(lambda outcome: self._on_compiled(run_id, outcome))
         worker.failed.connect(self._on_compile_failed)
         worker.cancelled.connect(self._on_compile_cancelled)
-        self._compile_settings = (self.project.settings.to_dict()["config"], self.project.settings.summary())
+        self._compile_settings = (self.project.settings.to_dict()["config"], self.project.settings.summary(),
+                                  self.session.model_sha256)
         self.run_panel.started()
         self.tabs.setCurrentIndex(2)
         self.runner.start("compile", worker)
         return True
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
-        config, summary = self._compile_settings
+        config, summary, model_sha256 = self._compile_settings
         run = RunRecord.from_result(run_id, outcome.result, outcome.analysis, config=config, config_summary=summary,
-                                    precisions=outcome.precisions, duration_s=outcome.duration_s)
-        self.project.runs.add(run)
+                                    precisions=outcome.precisions, duration_s=outcome.duration_s,
+                                    model_sha256=model_sha256)
         self.run_panel.finished("Done")
-        self.run_panel.summary.show_run(run)
-        self.compare.set_history(self.project.runs)
-        if self.details.node:
-            self.show_node(self.details.node)
+        self.session.add_run(run)  # the summary, compare view and details follow runs_changed
         self.statusBar().showMessage(f"Compiled {Path(run.mxq_path).name} in {run.duration_s:.1f} s", 8000)
         self.mark_dirty()
         self._outcomes["compile"] = "done"
@@ -512,31 +665,75 @@ class MainWindow(QMainWindow):
         elif slot == "model" and outcome:
             self.model_ready.emit()
 
+    def readiness(self):
+        """Whether Compile can start now, and why not (:class:`~qbstudio.state.model_fit.Readiness`)."""
+        from qbstudio.state.model_fit import Readiness
+
+        if self.loaded is None:
+            return Readiness(False, "Import a model first.")
+        if self.runner.is_busy("model"):
+            return Readiness(False, "The model is still loading.")
+        return compile_readiness(self.loaded.model, self.report, self.project.settings.config.cpu_offload)
+
     def _update_can_compile(self) -> None:
-        ready = self.loaded is not None and not self.runner.is_busy("compile") and not self.runner.is_busy("model")
+        readiness = self.readiness()
+        ready = readiness.ok and not self.runner.is_busy("compile")
         self.act_compile.setEnabled(ready)
-        self.run_panel.set_can_compile(ready, "" if ready else "Import a model first.")
+        self.act_compile.setToolTip("Quantize and compile to an MXQ" if ready else readiness.reason)
+        self.run_panel.set_can_compile(ready, readiness.reason, offload_helps=readiness.offload_helps)
+
+    def enable_cpu_offload(self) -> None:
+        """Run the unsupported head/tail layers on the host CPU (the one-click fix Compile offers)."""
+        self.options.set_value("cpuOffload", True)
+        self.statusBar().showMessage("CPU offload on: the unsupported head/tail layers run on the host CPU.", 6000)
 
     # ================================================================== saving
 
     def mark_dirty(self) -> None:
         """Note an edit: the project is autosaved shortly."""
-        self._update_title(dirty=True)
+        self._dirty = True
+        self._update_title()
+        self._update_can_compile()
         self._autosave_timer.start()
 
+    @property
+    def has_unsaved_work(self) -> bool:
+        """Whether the project has runs but no project file of its own (untitled or the sample)."""
+        return not self.project.writable and len(self.project.runs) > 0
+
+    def confirm_leave(self, why: str) -> bool:
+        """Before ``why`` (closing, New ...): offer to save unsaved runs; False if the user cancelled."""
+        if not self.has_unsaved_work:
+            return True
+        answer = dialogs.ask_save_changes(self, self.project.name, why)
+        if answer == dialogs.SAVE:
+            return self._on_save_as()
+        return answer == dialogs.DISCARD  # discarded work still has its autosave in File > Recent Projects
+
+    def _autosave_path(self) -> Path:
+        return self.dirs.autosave_dir / f"{self.project.work_dir.name}{PROJECT_SUFFIX}"
+
+    def _is_autosave(self, path: Path | None) -> bool:
+        return path is not None and Path(path).parent.resolve() == self.dirs.autosave_dir.resolve()
+
     def autosave(self) -> Path | None:
-        """Save now: to the project file when it has one, else to the autosave folder."""
+        """Save now: to the project file when it has one, else to the autosave folder (listed in Recent)."""
         self._autosave_timer.stop()
         try:
             if self.project.writable:
                 path = self.project.save()
             elif self.project.model is not None:
-                path = self.project.write_copy(self.dirs.autosave_dir / f"{self.project.work_dir.name}{PROJECT_SUFFIX}")
+                path = self.project.write_copy(self._autosave_path())
+                if self.preferences.recent_projects[:1] != [str(path)]:
+                    self.preferences.add_recent_project(path)
+                    self._fill_recent_menus()
+                    self._save_preferences()
             else:
                 return None
         except QBCompilerError as error:
             logger.error("autosave failed: %s", error)
             return None
+        self._dirty = False
         self._update_title()
         return path
 
@@ -560,11 +757,10 @@ class MainWindow(QMainWindow):
         else:
             self._on_save_as()
 
-    def _on_save_as(self) -> None:
+    def _on_save_as(self) -> bool:
         start = str(Path(self.preferences.last_dir("project") or Path.home()) / f"{self.project.name}{PROJECT_SUFFIX}")
         path, _ = QFileDialog.getSaveFileName(self, "Save project", start, PROJECT_FILTER)
-        if path:
-            self.save_project_as(path)
+        return bool(path) and self.save_project_as(path)
 
     def _on_open(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open project or model", self.preferences.last_dir("project"),
@@ -587,12 +783,20 @@ class MainWindow(QMainWindow):
 
     # ================================================================== window chrome
 
-    def _update_title(self, dirty: bool = False) -> None:
-        name = self.project.name + (" (sample)" if self.project.template else "")
-        self.setWindowTitle(f"{name}{' •' if dirty else ''} — qb Studio")
+    def _update_title(self) -> None:
+        self.setWindowTitle(f"{self.project_title()}{' •' if self._dirty else ''} — qb Studio")
         model = self.project.model
         where = "sample project (not saved yet)" if self.project.template else str(self.project.path or "untitled")
         self.status_label.setText(f"{where} · {Path(model.path).name if model else 'no model'}")
+
+    def project_title(self) -> str:
+        """The project's name as the title bar and Recent list show it (untitled ones by their model)."""
+        project = self.project
+        if project.template:
+            return f"{project.name} (sample)"
+        if project.path is None and project.model is not None:
+            return f"{project.name} — {Path(project.model.path).name}"
+        return project.name
 
     def _update_model_label(self) -> None:
         model = self.project.model
@@ -601,15 +805,31 @@ class MainWindow(QMainWindow):
             return
         nodes = f", {len(self.loaded.model.graph)} nodes" if self.loaded else " (loading…)"
         shapes = "".join(f"<br>{name}: {dims}" for name, dims in model.input_shapes.items())
-        self.model_label.setText(f"<b>{Path(model.path).name}</b><br>backend: <b>{model.backend}</b>{nodes}{shapes}")
+        inputs = "".join(f"<br>input {spec.name}: {list(spec.shape)} {spec.dtype.name}" for spec in self._specs())
+        notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.fit_notes)
+        notes = f"<div style='color:#b26a00'><b>Settings re-derived for this model:</b><ul>{notes}</ul></div>" if notes else ""
+        self.model_label.setText(f"<b>{Path(model.path).name}</b><br>backend: <b>{model.backend}</b>{nodes}"
+                                 f"{shapes if not inputs else ''}{inputs}{notes}")
 
     def _fill_recent_menus(self) -> None:
         for menu, items in ((self.recent_projects_menu, self.preferences.recent_projects),
                             (self.recent_models_menu, self.preferences.recent_models)):
             menu.clear()
             for item in items:
-                menu.addAction(item).triggered.connect(lambda _=False, p=item: self.open_path(p))
+                menu.addAction(self.recent_label(item)).triggered.connect(lambda _=False, p=item: self.open_path(p))
             menu.setEnabled(bool(items))
+        self.welcome.set_recent([(self.recent_label(path), path) for path in self.preferences.recent_projects])
+
+    def recent_label(self, path: str) -> str:
+        """How a Recent entry reads: autosaved untitled projects by their model, others by path."""
+        if not self._is_autosave(Path(path)):
+            return path
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            model = Path((data.get("model") or {}).get("path") or "no model").name
+        except (OSError, ValueError):
+            model = "unreadable"
+        return f"{data.get('name', 'Untitled') if model != 'unreadable' else 'Untitled'} — {model} (autosaved)"
 
     def _remember(self, purpose: str, path: str | Path) -> None:
         self.preferences.remember_dir(purpose, path)
@@ -631,12 +851,11 @@ class MainWindow(QMainWindow):
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
         self._default_docks = not window.get("state")
-        self.tabs.setCurrentIndex(int(window.get("tab", 0)))
 
     def _store_layout(self) -> None:
+        tab = self.tabs.currentIndex() if self.workbench_ready else self.preferences.window.get("tab", 0)
         self.preferences.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
-                                   "state": bytes(self.saveState().toBase64()).decode(),
-                                   "tab": self.tabs.currentIndex()}
+                                   "state": bytes(self.saveState().toBase64()).decode(), "tab": tab}
 
     def show_about(self) -> None:
         """The About box."""
@@ -646,11 +865,22 @@ class MainWindow(QMainWindow):
             "compiler_core": core_version, "PySide6": pyside_version, "Log file": self.dirs.log_file}))
 
     def _open_folder(self, path: Path) -> None:
-        open_folder(path)
+        if not open_folder(path):
+            dialogs.show_info(self, "Cannot open the folder", f"No file manager could be started. The folder is:\n"
+                                                              f"{Path(path).parent}")
+
+    def open_docs(self) -> None:
+        """Open the documentation folder that ships with the app."""
+        self._open_folder(DOCS_DIR / "README.md")
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        """On the first show without a saved layout, give the docks sensible sizes."""
+        """On the first show: note the time, build the deferred panels, size the docks if no layout was saved."""
         super().showEvent(event)
+        if self.shown_at is None:
+            self.shown_at = time.perf_counter()
+        if self._defer_build:
+            self._defer_build = False
+            QTimer.singleShot(0, self.build_workbench)
         if self._default_docks:
             self._default_docks = False
             self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)
@@ -676,7 +906,10 @@ class MainWindow(QMainWindow):
             logger.exception("emergency save failed")
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
-        """Stop jobs, autosave, remember the layout."""
+        """Offer to save unsaved runs, stop jobs, autosave, remember the layout."""
+        if not self.confirm_leave("closing"):
+            event.ignore()
+            return
         self.runner.shutdown()
         self.autosave()
         self._store_layout()

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from compiler_core.api import load_mblt, mblt_compile, mxq_compile
 from compiler_core.config import CompileConfig
+from compiler_core.fileio import sha256_file
 from compiler_core.progress import as_reporter
 from qbstudio.state.runs import read_analysis
 
@@ -30,10 +31,12 @@ class LoadedModel:
     Attributes:
         mblt_path: The MBLT file.
         model: The MBLT loaded with onnx-ir.
+        sha256: The MBLT file's content hash: runs compiled from it carry it.
     """
 
     mblt_path: Path
     model: ir.Model
+    sha256: str = ""
 
 
 def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
@@ -49,8 +52,9 @@ def open_mblt(mblt_path: str | Path, *, callback=None, cancel_token=None) -> Loa
     reporter = as_reporter(callback, cancel_token)
     with reporter.stage("open", total=1, message=f"opening {Path(mblt_path).name}"):
         model = load_mblt(mblt_path)
+        sha = sha256_file(mblt_path)
         reporter.advance()
-    return LoadedModel(Path(mblt_path), model)
+    return LoadedModel(Path(mblt_path), model, sha)
 
 
 @dataclass

@@ -67,10 +67,11 @@ def test_device_change_limits_the_scheme():
     settings.set_scheme("global8")
     assert allowed_schemes("aries-rb") == ["single", "multi", "global4", "global8", "all"]
     assert settings.set_device("regulus-ra") == "single"
-    assert allowed_schemes("regulus-ra") == ["single", "all"]
+    assert allowed_schemes("regulus-ra") == ["single"]  # the README's "single" only: the card says the same
     with pytest.raises(ArgumentError):
         settings.set_scheme("multi")
     card = device_card("regulus-ra")
+    assert card["schemes"] == ["single"]
     assert card["cores"] == 1 and not card["mfu"] and card["tops"] == pytest.approx(10, abs=0.1)
 
 
@@ -254,3 +255,75 @@ def test_node_info_of_the_sample(tmp_path):
     assert info["inputs"][0]["shape"] == [1, 1, 28, 28] and info["inputs"][1]["constant"]
     assert "kernel_shape" in info["attributes"]
     assert node_info(model, "nope") is None
+
+
+def test_runs_belong_to_the_model_they_compiled():
+    history = RunHistory([RunRecord(1, "t", "aries-rb", ["single"], "a.mxq", 1, {}, model_sha256="aaa"),
+                          RunRecord(2, "t", "aries-rb", ["single"], "b.mxq", 1, {}, model_sha256="bbb"),
+                          RunRecord(3, "t", "aries-rb", ["single"], "c.mxq", 1, {})])
+    assert [run.run_id for run in history.for_model("aaa").runs] == [1]
+    assert len(history.for_model("")) == 0
+    assert history.adopt("bbb") == 1  # a run saved before runs carried a hash
+    assert [run.run_id for run in history.for_model("bbb").runs] == [2, 3]
+    again = RunHistory.from_list(history.to_list())
+    assert [run.model_sha256 for run in again.runs] == ["aaa", "bbb", "bbb"]
+
+
+def test_holdout_split_matches_the_compiler():
+    from compiler_core.quantization import run as quantization_run
+    from qbstudio.state.model_fit import MIN_CALIBRATION_SAMPLES, holdout_note, holdout_split
+
+    assert MIN_CALIBRATION_SAMPLES == quantization_run.MIN_CALIBRATION_SAMPLES
+
+    class Config:  # what _split reads
+        analysis_holdout = 16
+
+        class calibration:  # noqa: N801
+            num_samples = 128
+
+    for total in (5, 13, 48, 200):
+        class Dataset(list):
+            def split(self, holdout, seed=0):
+                return Dataset(self[holdout:]), Dataset(self[:holdout])
+
+        calibration, held = quantization_run._split(Dataset(range(total)), Config)
+        assert holdout_split(total, 16, 128) == (len(calibration), len(held))
+    text, adjusted = holdout_note(13, 16, 128)
+    assert adjusted and "10 for calibration, 3 held out" in text
+
+
+def test_fit_to_model_rederives_channels_preprocessing_and_calibration():
+    from qbstudio.state.model_fit import fit_to_model
+
+    settings = CompileSettings()
+    settings.set("imageChannels", 1)
+    settings.set("preprocessing", pipeline_preset("yolo_640")[0])
+    source = CalibrationSource(path="/data/fashion")
+    gray = [InputSpec("image", (1, 1, 28, 28), np.dtype("float32"), "NCHW")]
+    rgb = [InputSpec("image", (1, 3, 224, 224), np.dtype("float32"), "NCHW")]
+    assert fit_to_model(settings, source, gray, None) == []
+    notes = fit_to_model(settings, source, rgb, gray)
+    assert settings.config.image_channels == 0 and source.path is None
+    assert not settings.preprocessing["pipeline"] and len(notes) == 3
+    assert fit_to_model(settings, source, rgb, rgb) == []
+
+
+def test_shape_suggestions_share_named_dims():
+    from qbstudio.state.shapes import InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
+
+    shapes = [InputShape("ids", ("batch", "seq"), "int64"), InputShape("mask", ("batch", "seq"), "int64"),
+              InputShape("img", (None, 3, None, None), "float32")]
+    assert dynamic_dim_keys(shapes) == {"batch": ["ids", "mask"], "seq": ["ids", "mask"], "img[0]": ["img"],
+                                        "img[2]": ["img"], "img[3]": ["img"]}
+    values = suggest_dims(shapes, "yolov8n.onnx")
+    assert values == {"batch": 1, "seq": 128, "img[0]": 1, "img[2]": 640, "img[3]": 640}
+    assert resolve_shapes(shapes, values)["mask"] == [1, 128]
+
+
+def test_tooltips_come_from_the_config_schema():
+    from qbstudio.state.settings import choice_descriptions, field_description
+
+    assert field_description("analysisHoldout").startswith("Calibration samples held out")
+    assert "MaxPercentile" in field_description("calibration.maxPercentile.percentile")
+    assert set(choice_descriptions("calibration.mode")) == {0, 1, 2, 3}
+    assert set(choice_descriptions("imageChannels")) == {0, 1, 3}

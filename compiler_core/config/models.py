@@ -176,8 +176,11 @@ class PreprocessingConfig(ConfigSection):
 class MaxPercentileConfig(ConfigSection):
     """Parameters of the MaxPercentile calibration mode (``calibration.maxPercentile``)."""
 
-    percentile: float = Field(0.9999, gt=0, le=1, description="Quantile of |x| kept in range, in (0, 1].")
-    topk_ratio: float = Field(0.01, ge=0, le=1, description="Share of the largest values averaged, in [0, 1].")
+    percentile: float = Field(
+        0.9999, gt=0, le=1, description="Quantile of |x| kept in range, in (0, 1]; used by mode 1 (MaxPercentile).")
+    topk_ratio: float = Field(
+        0.01, ge=0, le=1,
+        description="Share of the largest values averaged, in [0, 1]; used by mode 1 (MaxPercentile).")
 
 
 class LayerCalibrationOverride(ConfigSection):
@@ -193,10 +196,22 @@ class CalibrationConfig(ConfigSection):
 
     method: CalibrationMethod = Field(
         CalibrationMethod.WChALayer,
-        description="0 WChALayer, 1 WChAMulti, 2 WChALayerZeropoint, 3 WChAMultiZeropoint.")
-    output: CalibrationOutput = Field(CalibrationOutput.Layer, description="0 Layer, 1 Ch, 2 Sigmoid.")
+        description="How ranges are grouped (weights always per output channel). "
+                    "0 WChALayer: one symmetric range per activation tensor; "
+                    "1 WChAMulti: as 0, and Concat inputs share their output's range; "
+                    "2 WChALayerZeropoint: as 0 with asymmetric activations (a zero point); "
+                    "3 WChAMultiZeropoint: as 1 with asymmetric activations.")
+    output: CalibrationOutput = Field(
+        CalibrationOutput.Layer,
+        description="How the model's output layers are quantized. 0 Layer: one range per output tensor; "
+                    "1 Ch: per channel (accepted, not implemented yet: quantized per layer); "
+                    "2 Sigmoid: sigmoid-aware (accepted, not implemented yet: quantized per layer).")
     mode: CalibrationMode = Field(
-        CalibrationMode.Max, description="0 Max, 1 MaxPercentile, 2 Histogram (KL), 3 Mse search.")
+        CalibrationMode.Max,
+        description="How an activation range is chosen from the statistics. 0 Max: the observed minimum and "
+                    "maximum; 1 MaxPercentile: clip at a percentile of |x| (uses maxPercentile); "
+                    "2 Histogram: the range whose histogram has the least KL divergence from the data's; "
+                    "3 Mse: the range with the least mean squared quantization error.")
     max_percentile: MaxPercentileConfig = Field(
         default_factory=MaxPercentileConfig, description="Parameters of mode 1.")
     num_samples: PositiveInt = Field(128, description="Calibration samples used for statistics.")
@@ -308,7 +323,9 @@ class CompileConfig(ConfigSection):
         default_factory=dict, description="Input name -> static shape, pinning dynamic dimensions.")
     device: Literal["cpu", "gpu"] = Field("cpu", description="Compile host device for calibration.")
     image_channels: Literal[0, 1, 3] = Field(
-        0, description="0 keeps the model's channels, 1 converts to gray, 3 converts gray to RGB.")
+        0, description="Channels calibration images are decoded to. 0 Model: the model input's own channel count; "
+                       "1 Gray: convert to gray (the model must take 1 channel); "
+                       "3 RGB: convert gray to RGB (the model must take 3 channels).")
     config_version: str = Field(CONFIG_VERSION, description="Schema version; this compiler reads 1.x.y.")
     target_device: str | None = Field(None, description="Target NPU, e.g. aries-rb (checked by targets).")
     backend: Backend | None = Field(None, description="Source framework; None guesses from the file.")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,36 +12,14 @@ import onnx_ir as ir
 
 from compiler_core.errors import ModelLoadError
 from compiler_core.targets.support import SOURCE_NAME_KEY, node_names
+from qbstudio.state.shapes import Dim, InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
+
+__all__ = ["Dim", "InputShape", "dynamic_dim_keys", "dynamic_inputs", "node_info", "onnx_input_shapes",
+           "resolve_shapes", "suggest_dims"]
 
 logger = logging.getLogger(__name__)
 
-Dim = int | str | None
 _MAX_ATTRIBUTE_CHARS = 120
-
-
-@dataclass(frozen=True)
-class InputShape:
-    """One graph input as the file declares it.
-
-    Attributes:
-        name: Input name.
-        dims: Each dimension: an int, a symbolic name, or None when unknown.
-        dtype: Element type name (``float32`` ...).
-    """
-
-    name: str
-    dims: tuple[Dim, ...]
-    dtype: str
-
-    @property
-    def dynamic(self) -> bool:
-        """Whether any dimension is not a fixed positive integer."""
-        return any(not isinstance(dim, int) or dim <= 0 for dim in self.dims)
-
-    def suggested(self) -> list[int]:
-        """A static shape to offer: the fixed dims, 1 for the first dynamic dim (batch), else 0 (to fill in)."""
-        return [dim if isinstance(dim, int) and dim > 0 else (1 if index == 0 else 0)
-                for index, dim in enumerate(self.dims)]
 
 
 def onnx_input_shapes(path: str | os.PathLike) -> list[InputShape]:

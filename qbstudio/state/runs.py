@@ -34,6 +34,7 @@ class RunRecord:
         precisions: Layer name -> precision for every quantized layer.
         duration_s: Wall time of the compile.
         samples: Calibration and held-out sample counts.
+        model_sha256: SHA-256 of the MBLT the run compiled: the run belongs to that model only.
     """
 
     run_id: int
@@ -50,11 +51,12 @@ class RunRecord:
     precisions: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
     samples: dict[str, int] = field(default_factory=dict)
+    model_sha256: str = ""
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
                     config: dict[str, Any], config_summary: str, precisions: dict[str, str] | None = None,
-                    duration_s: float = 0.0) -> RunRecord:
+                    duration_s: float = 0.0, model_sha256: str = "") -> RunRecord:
         """Build a record from ``CompileResult.to_dict()`` and the analysis JSON beside the MXQ."""
         rows = [{key: row.get(key) for key in _LAYER_KEYS} for row in (analysis or {}).get("layers", [])]
         return cls(run_id=run_id, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -62,7 +64,7 @@ class RunRecord:
                    size_bytes=int(result["size_bytes"]), config=config, config_summary=config_summary,
                    metrics=dict(result.get("analysis") or {}), outputs=dict(result.get("outputs") or {}),
                    layers=rows, precisions=dict(precisions or {}), duration_s=duration_s,
-                   samples=dict(result.get("samples") or {}))
+                   samples=dict(result.get("samples") or {}), model_sha256=model_sha256)
 
     @property
     def label(self) -> str:
@@ -140,6 +142,19 @@ class RunHistory:
     def latest(self) -> RunRecord | None:
         """The newest run, or None."""
         return self.runs[-1] if self.runs else None
+
+    def for_model(self, model_sha256: str | None) -> RunHistory:
+        """The runs of the model whose MBLT hashes to ``model_sha256`` (none for None or "")."""
+        if not model_sha256:
+            return RunHistory()
+        return RunHistory([run for run in self.runs if run.model_sha256 == model_sha256])
+
+    def adopt(self, model_sha256: str) -> int:
+        """Give runs recorded before runs carried a model hash to ``model_sha256``; returns how many."""
+        orphans = [run for run in self.runs if not run.model_sha256]
+        for run in orphans:
+            run.model_sha256 = model_sha256
+        return len(orphans)
 
     def remove(self, run_id: int) -> None:
         """Forget run ``run_id`` (its files are left alone)."""

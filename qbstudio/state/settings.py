@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
+import typing
 from typing import Any
+
+from pydantic import BaseModel
 
 from compiler_core.config import CompileConfig, deep_merge, describe_presets, preset_names
 from compiler_core.config.presets import preset_config
-from compiler_core.targets import get_device, list_devices, validate_inference_scheme
-from compiler_core.targets.devices import SCHEME_ALL
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class CompileSettings:
         Raises:
             ArgumentError: unknown device string.
         """
+        from compiler_core.targets import get_device  # imports onnx: not at start-up
+
         profile = get_device(name)
         scheme = self._config.inference_scheme
         if scheme not in allowed_schemes(profile.name):
@@ -90,6 +94,8 @@ class CompileSettings:
         Raises:
             ArgumentError: the device does not offer ``scheme``.
         """
+        from compiler_core.targets import validate_inference_scheme
+
         validate_inference_scheme(self.device, scheme)
         self.set("inferenceScheme", scheme)
 
@@ -167,14 +173,39 @@ class CompileSettings:
         return " · ".join(parts)
 
 
+def field_description(path: str) -> str:
+    """The config schema's description of the field at dotted camelCase ``path`` (tooltips: one source)."""
+    model: Any = CompileConfig
+    description = ""
+    for key in path.split("."):
+        info = next(info for name, info in model.model_fields.items() if key in (name, info.alias))
+        description = info.description or ""
+        model = next((arg for arg in (info.annotation, *typing.get_args(info.annotation))
+                      if isinstance(arg, type) and issubclass(arg, BaseModel)), None)
+    return description
+
+
+def choice_descriptions(path: str) -> dict[int, str]:
+    """Code -> its sentence, from a description listing ``"0 Name: text; 1 Name: text ..."``."""
+    return {int(code): f"{name}: {text.strip().rstrip('.')}."
+            for code, name, text in _CHOICE.findall(field_description(path))}
+
+
+_CHOICE = re.compile(r"(\d) (\w+): ([^;]+)")
+
+
 def allowed_schemes(device: str) -> list[str]:
-    """Inference schemes ``device`` accepts, ``all`` included (validated by the core)."""
+    """Inference schemes ``device`` offers, as its profile lists them (``all`` only where it means more
+    than one core mode, i.e. on ARIES; on one-core REGULUS it would only repeat ``single``)."""
+    from compiler_core.targets import get_device
+
     profile = get_device(device)
-    candidates = dict.fromkeys((*profile.inference_schemes, SCHEME_ALL))
-    return [scheme for scheme in candidates if _scheme_ok(profile.name, scheme)]
+    return [scheme for scheme in profile.inference_schemes if _scheme_ok(profile.name, scheme)]
 
 
 def _scheme_ok(device: str, scheme: str) -> bool:
+    from compiler_core.targets import validate_inference_scheme
+
     try:
         validate_inference_scheme(device, scheme)
     except Exception:  # noqa: BLE001 - any rejection means "not offered"
@@ -184,6 +215,8 @@ def _scheme_ok(device: str, scheme: str) -> bool:
 
 def device_card(name: str) -> dict[str, Any]:
     """Facts for the device card: cores, schemes, MFU, precisions, TOPS, description."""
+    from compiler_core.targets import get_device
+
     profile = get_device(name)
     return {"name": profile.name, "chip": profile.chip, "cores": profile.total_cores,
             "clusters": profile.clusters, "schemes": allowed_schemes(profile.name), "mfu": profile.has_mfu,
@@ -194,6 +227,8 @@ def device_card(name: str) -> dict[str, Any]:
 
 def devices() -> list[str]:
     """Every target device string."""
+    from compiler_core.targets import list_devices
+
     return list_devices()
 
 

@@ -70,6 +70,7 @@ class Preview:
         stats: Per-sample statistics of the first input.
         images: Display images of the first input (None for non-image inputs).
         spec: The first input.
+        source: The data path previewed (None for random data).
     """
 
     total: int
@@ -78,6 +79,7 @@ class Preview:
     stats: list[SampleStats] = field(default_factory=list)
     images: list[np.ndarray | None] = field(default_factory=list)
     spec: InputSpec | None = None
+    source: str | None = None
 
 
 def load_preview(source: CalibrationSource, specs: list[InputSpec], preprocessing: dict[str, Any],
@@ -88,7 +90,7 @@ def load_preview(source: CalibrationSource, specs: list[InputSpec], preprocessin
                                     use_random_calib=source.use_random, max_samples=source.max_samples,
                                     reporter=reporter)
     spec = specs[0]
-    preview = Preview(len(dataset), dataset.kind, list(dataset.notes), spec=spec)
+    preview = Preview(len(dataset), dataset.kind, list(dataset.notes), spec=spec, source=source.path)
     for index in sorted(set(np.linspace(0, len(dataset) - 1, min(count, len(dataset))).astype(int).tolist())):
         reporter.check()
         array = dataset.sample(index)[spec.name]
@@ -301,6 +303,14 @@ class CalibrationPanel(QWidget):
                     specs: list[InputSpec]) -> None:
         """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
         self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
+        self._timer.stop()
+        self._rerun_preview = False
+        self.runner.cancel("preview")
+        self.preview, self.warnings = None, []
+        self._clear_grid()
+        self.count_label.setText("")
+        self.warning_label.setText("")
+        self.preview_status.setText("" if specs else "Import a model first: the preview needs its input shapes.")
         self.refresh()
         self.schedule_preview()
 
@@ -427,6 +437,8 @@ class CalibrationPanel(QWidget):
         """Refresh the preview shortly (edits in a row cause one refresh)."""
         if self.specs and (self.source.path or self.source.use_random):
             self._timer.start()
+        else:
+            self._timer.stop()
 
     def refresh_preview(self, *, report_errors: bool = False) -> None:
         """Open the data and preview it in the background (errors as a dialog if ``report_errors``)."""
@@ -463,6 +475,8 @@ class CalibrationPanel(QWidget):
             dialogs.show_error(self, "Calibration data", error)
 
     def _show_preview(self, preview: Preview) -> None:
+        if preview.spec not in self.specs or preview.source != self.source.path:  # of a model/project closed since
+            return
         self.preview = preview
         self.count_label.setText(f"{preview.total} sample(s), {preview.kind}")
         self.preview_status.setText("; ".join(preview.notes) or f"Showing {len(preview.stats)} of {preview.total}.")

@@ -137,6 +137,9 @@ class CompareView(QWidget):
             self.layer_names = []
             self.curve_a.setData([], [])
             self.curve_b.setData([], [])
+            self.legend.items[0][1].setText("A")
+            self.legend.items[1][1].setText("B")
+            self.plot.getAxis("bottom").setTicks(None)
             return
         self.layer_names, sqnr_a, sqnr_b = compare_layers(run_a, run_b)
         x = np.arange(len(self.layer_names), dtype=float)
@@ -147,6 +150,15 @@ class CompareView(QWidget):
         step = max(1, len(self.layer_names) // MAX_TICKS)
         ticks = [(i, name[:14]) for i, name in enumerate(self.layer_names) if i % step == 0]
         self.plot.getAxis("bottom").setTicks([ticks])
+
+    def tick_labels(self) -> list[str]:
+        """The layer names on the x axis (for tests)."""
+        ticks = self.plot.getAxis("bottom")._tickLevels
+        return [label for level in ticks or [] for _, label in level]
+
+    def legend_texts(self) -> list[str]:
+        """The legend's entries (for tests)."""
+        return [label.text for _, label in self.legend.items]
 
     def curve_data(self) -> tuple[np.ndarray, np.ndarray]:
         """The y values of curves A and B (for tests)."""

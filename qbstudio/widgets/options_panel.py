@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -32,11 +32,26 @@ from PySide6.QtWidgets import (
 from compiler_core.config import CalibrationMethod, CalibrationMode, CalibrationOutput
 from compiler_core.errors import QBCompilerError
 from qbstudio import dialogs
-from qbstudio.state.settings import CompileSettings, allowed_schemes, device_card, devices, presets
+from qbstudio.state.model_fit import holdout_note
+from qbstudio.state.settings import (
+    CompileSettings,
+    allowed_schemes,
+    choice_descriptions,
+    device_card,
+    devices,
+    field_description,
+    presets,
+)
 
 logger = logging.getLogger(__name__)
 
 NO_PRESET_LABEL = "(keep current settings)"
+METHOD_LABELS = {0: "Per tensor, symmetric", 1: "Concat-shared, symmetric", 2: "Per tensor, zero point",
+                 3: "Concat-shared, zero point"}
+OUTPUT_LABELS = {0: "Per layer", 1: "Per channel (not implemented)", 2: "Sigmoid (not implemented)"}
+MODE_LABELS = {0: "Max", 1: "Percentile", 2: "Histogram (KL)", 3: "MSE search"}
+CHANNEL_LABELS = {0: "As the model takes them", 1: "Gray (1)", 3: "RGB (3)"}
+NOT_IMPLEMENTED_OUTPUTS = (1, 2)
 CONFIG_FILTER = "Compile config (*.yaml *.yml *.json)"
 
 
@@ -65,6 +80,8 @@ class OptionsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.settings = CompileSettings()
+        self.sample_count: int | None = None
+        self.holdout_adjusted = False
         self._refreshing = False
         layout = QVBoxLayout(self)
         layout.addWidget(self._target_group())
@@ -93,6 +110,9 @@ class OptionsPanel(QWidget):
             self.preset_combo.setItemData(self.preset_combo.count() - 1, description, 3)  # ToolTipRole
         self.preset_combo.activated.connect(self._on_preset)
         self.preset_label = QLabel(wordWrap=True, styleSheet="color: #555")
+        self.device_combo.setToolTip(field_description("targetDevice"))
+        self.scheme_combo.setToolTip(field_description("inferenceScheme") + " 'all' compiles every core mode.")
+        self.preset_combo.setToolTip("Layer a named preset's settings over the current ones.")
         form.addRow("Device", self.device_combo)
         form.addRow("", self.device_card)
         form.addRow("Inference scheme", self.scheme_combo)
@@ -103,19 +123,43 @@ class OptionsPanel(QWidget):
     def _calibration_group(self) -> QGroupBox:
         group = QGroupBox("Calibration")
         form = QFormLayout(group)
-        self.method_combo = self._enum_combo(CalibrationMethod, "calibration.method")
-        self.output_combo = self._enum_combo(CalibrationOutput, "calibration.output")
-        self.mode_combo = self._enum_combo(CalibrationMode, "calibration.mode")
+        self.method_combo = self._enum_combo(CalibrationMethod, "calibration.method", METHOD_LABELS)
+        self.output_combo = self._enum_combo(CalibrationOutput, "calibration.output", OUTPUT_LABELS)
+        for code in NOT_IMPLEMENTED_OUTPUTS:  # accepted by the schema, quantized per layer anyway
+            self.output_combo.model().item(self.output_combo.findData(code)).setEnabled(False)
+        self.mode_combo = self._enum_combo(CalibrationMode, "calibration.mode", MODE_LABELS)
         self.percentile_spin = self._double_spin("calibration.maxPercentile.percentile", 0.0001, 1.0, 6, 0.0001)
         self.topk_spin = self._double_spin("calibration.maxPercentile.topkRatio", 0.0, 1.0, 4, 0.001)
         self.samples_spin = self._int_spin("calibration.numSamples", 1, 100_000)
         self.holdout_spin = self._int_spin("analysisHoldout", 0, 10_000)
-        for label, widget in (("Method", self.method_combo), ("Output", self.output_combo),
-                              ("Mode", self.mode_combo), ("Percentile", self.percentile_spin),
-                              ("Top-k ratio", self.topk_spin), ("Samples", self.samples_spin),
-                              ("Held out for analysis", self.holdout_spin)):
-            form.addRow(label, widget)
+        self.holdout_label = QLabel("", wordWrap=True, objectName="holdoutNote")
+        self.channels_combo = QComboBox(objectName="imageChannels")
+        for code, text in choice_descriptions("imageChannels").items():
+            self.channels_combo.addItem(CHANNEL_LABELS[code], code)
+            self.channels_combo.setItemData(self.channels_combo.count() - 1, text, Qt.ItemDataRole.ToolTipRole)
+        self.channels_combo.currentIndexChanged.connect(
+            lambda: self._edit("imageChannels", self.channels_combo.currentData()))
+        rows = (("Range grouping", self.method_combo, "calibration.method"),
+                ("Output layers", self.output_combo, "calibration.output"),
+                ("Range choice", self.mode_combo, "calibration.mode"),
+                ("Percentile", self.percentile_spin, "calibration.maxPercentile.percentile"),
+                ("Top-k ratio", self.topk_spin, "calibration.maxPercentile.topkRatio"),
+                ("Calibration samples (max)", self.samples_spin, "calibration.numSamples"),
+                ("Held out for analysis", self.holdout_spin, "analysisHoldout"),
+                ("", self.holdout_label, None),
+                ("Image channels", self.channels_combo, "imageChannels"))
+        for label, widget, path in rows:
+            self._add_row(form, label, widget, path)
         return group
+
+    @staticmethod
+    def _add_row(form: QFormLayout, label: str, widget: QWidget, path: str | None) -> None:
+        tip = field_description(path) if path else ""
+        title = QLabel(label)
+        for item in (title, widget):
+            if tip and not item.toolTip():
+                item.setToolTip(tip)
+        form.addRow(title, widget)
 
     def _precision_group(self) -> QGroupBox:
         group = QGroupBox("int16 activation layers (bit.layerOverrides.activation16Bits)")
@@ -142,6 +186,9 @@ class OptionsPanel(QWidget):
         self.bias_check = self._check("Layer bias correction", "layerBiasCorrection.apply")
         self.offload_check = self._check("CPU offload of unsupported head/tail layers", "cpuOffload")
         self.uint8_check = self._check("uint8 input (raw pixels)", "uint8Input.apply")
+        for check, path in ((self.bias_check, "layerBiasCorrection.apply"), (self.offload_check, "cpuOffload"),
+                            (self.uint8_check, "uint8Input.apply")):
+            check.setToolTip(field_description(path))
         for widget in (self.bias_check, self.offload_check, self.uint8_check):
             layout.addWidget(widget)
         return group
@@ -158,10 +205,13 @@ class OptionsPanel(QWidget):
         row.addWidget(self.config_label, 1)
         return row
 
-    def _enum_combo(self, kind: Any, path: str) -> QComboBox:
-        combo = QComboBox()
+    def _enum_combo(self, kind: Any, path: str, labels: dict[int, str]) -> QComboBox:
+        combo = QComboBox(objectName=path)
+        tips = choice_descriptions(path)
         for member in kind:
-            combo.addItem(f"{member.value} {member.name}", int(member.value))
+            combo.addItem(labels[int(member)], int(member.value))
+            combo.setItemData(combo.count() - 1, f"{member.value} = {tips.get(int(member), member.name)}",
+                              Qt.ItemDataRole.ToolTipRole)
         combo.currentIndexChanged.connect(lambda: self._edit(path, combo.currentData()))
         return combo
 
@@ -200,6 +250,8 @@ class OptionsPanel(QWidget):
             self.topk_spin.setValue(config.calibration.max_percentile.topk_ratio)
             self.samples_spin.setValue(config.calibration.num_samples)
             self.holdout_spin.setValue(config.analysis_holdout)
+            self._select_data(self.channels_combo, config.image_channels)
+            self._refresh_applicable()
             self.int16_list.clear()
             self.int16_list.addItems(self.settings.int16_layers)
             self.bias_check.setChecked(config.layer_bias_correction.apply)
@@ -218,6 +270,37 @@ class OptionsPanel(QWidget):
         preset = self.settings.preset
         self._select_data(self.preset_combo, preset)
         self.preset_label.setText(presets().get(preset, "") if preset else "")
+
+    def _refresh_applicable(self) -> None:
+        """Disable what the current choices ignore; show how the held-out count splits the data."""
+        calibration = self.settings.config.calibration
+        percentile = int(calibration.mode) == int(CalibrationMode.MaxPercentile) or any(
+            override.mode is not None and int(override.mode) == int(CalibrationMode.MaxPercentile)
+            for override in calibration.layer_overrides.values())
+        for spin in (self.percentile_spin, self.topk_spin):
+            spin.setEnabled(percentile)
+        config = self.settings.config
+        text, adjusted = holdout_note(self.sample_count, config.analysis_holdout, calibration.num_samples)
+        colour = "#b26a00" if adjusted else "#555"
+        self.holdout_label.setText(f"<span style='color:{colour}'>{text}</span>")
+        self.holdout_adjusted = adjusted
+
+    def set_sample_count(self, total: int | None) -> None:
+        """The calibration data holds ``total`` samples (None: unknown); the held-out note follows."""
+        self.sample_count = total
+        self._refresh_applicable()
+
+    def set_model_channels(self, channels: set[int]) -> None:
+        """The model's image inputs have these channel counts: image-channel choices that contradict them are
+        disabled (an empty set enables every choice)."""
+        for index in range(self.channels_combo.count()):
+            code = self.channels_combo.itemData(index)
+            fits = code == 0 or not channels or channels == {code}
+            self.channels_combo.model().item(index).setEnabled(fits)
+
+    def set_value(self, path: str, value: Any) -> None:
+        """Set the setting at dotted ``path`` as if edited in the form."""
+        self._edit(path, value)
 
     @staticmethod
     def _select_data(combo: QComboBox, value: Any) -> None:

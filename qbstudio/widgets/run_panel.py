@@ -20,10 +20,12 @@ class RunPanel(QWidget):
     Signals:
         compile_requested(): the user pressed Compile.
         cancel_requested(): the user pressed Cancel.
+        offload_requested(): the user asked to run the unsupported head/tail layers on the CPU.
     """
 
     compile_requested = Signal()
     cancel_requested = Signal()
+    offload_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -37,6 +39,13 @@ class RunPanel(QWidget):
         self.progress = QProgressBar(objectName="stageProgress")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
+        self.reason_label = QLabel("", objectName="compileBlocked", wordWrap=True)
+        self.reason_label.setStyleSheet("color: #b26a00")
+        self.offload_button = QPushButton("Offload head/tail to CPU", objectName="offloadButton")
+        self.offload_button.setToolTip("Turn on CPU offload: the unsupported layers at the start and end of the "
+                                       "graph run on the host CPU, the rest on the NPU.")
+        self.offload_button.clicked.connect(self.offload_requested)
+        self.offload_button.hide()
         self.summary = CompileSummary(self)
         self._started = 0.0
         self._clock = QTimer(self, interval=200)
@@ -51,6 +60,10 @@ class RunPanel(QWidget):
         buttons.addWidget(self.elapsed_label)
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)
+        blocked = QHBoxLayout()
+        blocked.addWidget(self.reason_label, 1)
+        blocked.addWidget(self.offload_button)
+        layout.addLayout(blocked)
         layout.addWidget(self.progress)
         layout.addWidget(self.summary, 1)
 
@@ -68,6 +81,17 @@ class RunPanel(QWidget):
         self.progress.setRange(0, 0)
         self._clock.start()
         self._tick()
+        self.summary.show_running()
+
+    def reset(self) -> None:
+        """Idle, no outcome, no summary: another project or model is open."""
+        self._clock.stop()
+        self._started = 0.0
+        self.stage_label.setText("Idle")
+        self.elapsed_label.setText("")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.summary.show_run(None)
 
     def show_progress(self, event: ProgressEvent) -> None:
         """Show one progress event (busy indicator when the total is unknown)."""
@@ -89,10 +113,13 @@ class RunPanel(QWidget):
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if outcome == "Done" else 0)
 
-    def set_can_compile(self, enabled: bool, reason: str = "") -> None:
-        """Enable Compile (when idle); ``reason`` says why not."""
+    def set_can_compile(self, enabled: bool, reason: str = "", *, offload_helps: bool = False) -> None:
+        """Enable Compile (when idle); ``reason`` says why not; offer the offload fix when it would help."""
         self.compile_button.setEnabled(enabled and not self.running)
         self.compile_button.setToolTip(reason)
+        self.reason_label.setText("" if enabled else reason)
+        self.reason_label.setVisible(not enabled and bool(reason))
+        self.offload_button.setVisible(not enabled and offload_helps)
 
     def _tick(self) -> None:
         if self._started:

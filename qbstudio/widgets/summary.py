@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 LAYER_COLUMNS = ("Layer", "Op", "Precision", "SQNR (dB)", "Verdict")
 VERDICT_COLOURS = {"ok": "#2e7d32", "warn": "#b26a00", "bad": "#c62828"}
+FEW_HOLDOUT = 10
+METRICS_TITLE = "Accuracy (FP32 vs quantized, held-out samples)"
 
 
 def human_size(size: int) -> str:
@@ -54,11 +56,16 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
         rows.append(("Min output SQNR", f"{head['sqnr_db']:.2f} dB"))
     if head["cosine"] is not None:
         rows.append(("Mean output cosine", f"{head['cosine']:.5f}"))
+    held = run.samples.get("holdout")
+    on = f" (on {held} held-out sample{'s' if held != 1 else ''})" if held is not None else ""
     if head["top1"] is not None:
-        rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %"))
+        rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %{on}"))
     samples = run.samples
     if samples:
         rows.append(("Samples", f"{samples.get('calibration', 0)} calibration, {samples.get('holdout', 0)} held out"))
+    if held is not None and held < FEW_HOLDOUT:
+        rows.append(("Note", f"<span style='color:#b26a00'>Only {held} held-out sample(s): these figures are "
+                             f"rough. Add calibration data for a steadier measure.</span>"))
     return rows
 
 
@@ -71,7 +78,7 @@ class CompileSummary(QWidget):
         self.header = QLabel(objectName="summaryHeader", wordWrap=True)
         self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.metrics = QFormLayout()
-        metrics_box = QGroupBox("Accuracy (FP32 vs quantized, held-out samples)")
+        self.metrics_box = metrics_box = QGroupBox(METRICS_TITLE)
         metrics_box.setLayout(self.metrics)
         self.layers = QTableWidget(0, len(LAYER_COLUMNS), objectName="worstLayers")
         self.layers.setHorizontalHeaderLabels(LAYER_COLUMNS)
@@ -80,7 +87,7 @@ class CompileSummary(QWidget):
         self.layers.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.layers.horizontalHeader().setStretchLastSection(True)
         self.show_button = QPushButton("Show in folder", objectName="showInFolder")
-        self.show_button.clicked.connect(lambda: self.run and open_folder(self.run.mxq_path))
+        self.show_button.clicked.connect(self.show_in_folder)
         buttons = QHBoxLayout()
         buttons.addWidget(self.show_button)
         buttons.addStretch(1)
@@ -101,8 +108,12 @@ class CompileSummary(QWidget):
             self.metrics.removeRow(0)
         self.layers.setRowCount(0)
         if run is None:
+            self.metrics_box.setTitle(METRICS_TITLE)
             self.header.setText("<i>No compile yet. Choose calibration data and settings, then press Compile.</i>")
             return
+        held = run.samples.get("holdout")
+        self.metrics_box.setTitle(METRICS_TITLE if held is None else
+                                  f"Accuracy (FP32 vs quantized, on {held} held-out sample(s))")
         exists = Path(run.mxq_path).is_file()
         missing = "" if exists else " <span style='color:#c62828'>(file missing)</span>"
         self.header.setText(
@@ -112,6 +123,24 @@ class CompileSummary(QWidget):
         for label, text in metric_rows(run):
             self.metrics.addRow(label, QLabel(text))
         self._fill_layers(run)
+
+    def show_running(self) -> None:
+        """A compile is running: its results will appear here."""
+        self.show_run(None)
+        self.show_button.setEnabled(False)
+        self.header.setText("<i>Compiling… the results appear here when it finishes.</i>")
+
+    def show_in_folder(self) -> bool:
+        """Open the run's folder in the file manager; says so in the header when that is not possible."""
+        if self.run is None:
+            return False
+        if open_folder(self.run.mxq_path):
+            return True
+        folder = Path(self.run.mxq_path).parent
+        logger.warning("no file manager could open %s", folder)
+        self.header.setText(self.header.text() + f"<br><span style='color:#c62828'>Could not open a file "
+                                                 f"manager. The run's folder is {folder}</span>")
+        return False
 
     def _fill_layers(self, run: RunRecord) -> None:
         rows = run.worst_layers()

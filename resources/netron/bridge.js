@@ -73,6 +73,26 @@ window.qbSelect = qbGuard('qbSelect', (name, behavior) => {
     return true;
 });
 
+// Page -> Python: a node chosen in Netron's Find sidebar is selected with source 'sidebar' (no
+// showNodeProperties call): report it like a click. Selections from Python use another source.
+const hookTarget = (target) => {
+    if (!target || target.__qbHooked || typeof target.select !== 'function') {
+        return;
+    }
+    target.__qbHooked = true;
+    const select = target.select;
+    target.select = function (selection, source) {
+        const result = select.apply(this, arguments);
+        qbGuard('sidebarSelect', () => {
+            const node = Array.isArray(selection) && selection.length === 1 ? selection[0] : null;
+            if (source === 'sidebar' && node && node.type && node.name) {
+                qbPost('select', { node: String(node.name), source: 'find' });
+            }
+        })();
+        return result;
+    };
+};
+
 // Page -> Python: Netron shows a node's properties when the user clicks (or activates) it.
 const hookView = (view) => {
     const showNodeProperties = view.showNodeProperties;
@@ -87,6 +107,7 @@ const hookView = (view) => {
     view.render = async function () {
         const result = await render.apply(this, arguments);
         qbGuard('render', paintAll)();
+        qbGuard('hookTarget', hookTarget)(view.target);
         return result;
     };
 };

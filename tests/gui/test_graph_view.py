@@ -189,6 +189,17 @@ def test_clicking_a_node_emits_node_selected(qtbot, make_view, sample_mblt):
                                                 ".map(e => e.value.name)") == ["Conv_1"])
 
 
+def test_a_node_chosen_in_netrons_find_sidebar_emits_node_selected(qtbot, make_view, sample_mblt):
+    view = open_model(qtbot, make_view(), sample_mblt)
+    with qtbot.waitSignal(view.node_selected, timeout=5000) as blocker:  # what the Find sidebar's 'select' does
+        run_js(qtbot, view, "(() => { const v = window.__view__; v.find();"
+                            " const node = v.activeTarget.nodes.find(n => n.name === 'MaxPool_0');"
+                            " v.target.scrollTo(v.target.select([node], 'sidebar')); return true; })()")
+    assert blocker.args == ["MaxPool_0"]
+    with qtbot.assertNotEmitted(view.node_selected, wait=300):
+        view.select_node("Conv_1")  # a selection made from Python is not echoed
+
+
 def test_right_click_on_a_node_requests_a_context_menu(qtbot, make_view, sample_mblt):
     view = open_model(qtbot, make_view(), sample_mblt)
     position = node_centre(qtbot, view, "Relu_0")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 MODEL_TIMEOUT_MS = 120_000
 COMPILE_TIMEOUT_MS = 600_000
-MAX_GUI_GAP_MS = 150
+MAX_GUI_GAP_MS = 100  # DESIGN.md section 11: event-loop stalls under 100 ms during a compile
 MOBILENET_NODES = 100
 MINILM_NODES = 189
 
@@ -65,6 +65,7 @@ class GapMeter:
 def errors(monkeypatch) -> list:
     calls: list = []
     monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
     return calls
 
 
@@ -168,5 +169,5 @@ def test_minilm_device_switch_changes_the_flagged_set(qtbot, window, errors, mon
     assert all(window.report.entries[n].op_type == "Softmax" for n in window.support.visible_nodes())
     assert window.options.scheme_combo.currentText() == "single"
     assert [window.options.scheme_combo.itemText(i) for i in range(window.options.scheme_combo.count())] == [
-        "single", "all"]
+        "single"]  # one core: "all" would only repeat single
     assert errors == []

@@ -46,6 +46,7 @@ class ErrorLog:
 def errors(monkeypatch) -> ErrorLog:
     log = ErrorLog()
     monkeypatch.setattr(dialogs, "show_error", log)
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)  # closing with runs asks
     return log
 
 
@@ -262,7 +263,7 @@ def test_dynamic_input_asks_for_a_shape_and_drop_opens_it(qtbot, make_window, er
     onnx.save(model, dynamic)
     asked = []
 
-    def answer(parent, shapes):
+    def answer(parent, shapes, **_hints):
         asked.append([(shape.name, shape.dims) for shape in shapes])
         return {"image": [1, 1, 28, 28]}
 
@@ -278,6 +279,6 @@ def test_dynamic_input_asks_for_a_shape_and_drop_opens_it(qtbot, make_window, er
     assert window.project.model.input_shapes == {"image": [1, 1, 28, 28]}
     assert "image: [1, 1, 28, 28]" in window.model_label.text()
     assert window.preferences.recent_models[0] == str(dynamic)
-    monkeypatch.setattr(dialogs, "ask_input_shapes", lambda parent, shapes: None)
+    monkeypatch.setattr(dialogs, "ask_input_shapes", lambda parent, shapes, **_: None)
     assert not window.import_model(dynamic)  # cancelled dialog: nothing happens
     assert errors.calls == []

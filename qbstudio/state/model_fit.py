@@ -1,0 +1,150 @@
+"""Settings that depend on the model: re-derived when the model changes, and checked before a compile.
+
+A project's image channels, preprocessing sizes and calibration data were chosen for one model.
+When another model replaces it, :func:`fit_to_model` puts back what no longer fits and says what it
+changed, so nothing chosen for the old model silently breaks (or skews) the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compiler_core.calibration import InputSpec
+    from qbstudio.state.project import CalibrationSource
+    from qbstudio.state.settings import CompileSettings
+
+logger = logging.getLogger(__name__)
+
+MIN_CALIBRATION_SAMPLES = 4
+"""``compiler_core.quantization.run.MIN_CALIBRATION_SAMPLES`` (that module pulls in onnxruntime, too slow to
+import on the GUI thread); ``tests/test_state.py`` checks that the two agree."""
+
+
+def _signature(specs: Sequence[InputSpec]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(spec.name, tuple(spec.shape), spec.dtype.name) for spec in specs]
+
+
+def same_inputs(first: Sequence[InputSpec], second: Sequence[InputSpec]) -> bool:
+    """Whether two models take the same inputs (names, shapes and types)."""
+    return _signature(first) == _signature(second)
+
+
+def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, specs: Sequence[InputSpec],
+                 previous: Sequence[InputSpec] | None) -> list[str]:
+    """Re-derive the model-dependent settings for a model with inputs ``specs``.
+
+    Args:
+        settings: The project's settings (edited in place).
+        calibration: The project's calibration source (edited in place).
+        specs: The new model's inputs.
+        previous: The replaced model's inputs (None: no model before).
+
+    Returns:
+        One sentence per change, for the user; empty when everything still fits.
+    """
+    notes = _fit_image_channels(settings, specs)
+    if previous is not None and not same_inputs(previous, specs):
+        notes += _fit_preprocessing(settings, specs)
+        if calibration.path:
+            notes.append(f"Calibration data cleared: '{calibration.path}' was chosen for the previous model's "
+                         f"inputs.")
+            calibration.path = None
+    for note in notes:
+        logger.info("model changed: %s", note)
+    return notes
+
+
+def _fit_image_channels(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
+    wanted = settings.config.image_channels
+    channels = {spec.channels for spec in specs if spec.is_image}
+    if wanted == 0 or channels == {wanted}:
+        return []
+    settings.set("imageChannels", 0)
+    have = "/".join(str(c) for c in sorted(channels)) or "no image"
+    return [f"Image channels {wanted} -> keep the model's ({have}): the model takes {have}-channel input."]
+
+
+def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
+    from qbstudio.state.calibration import PreprocessForm  # imports the calibration readers (onnx)
+
+    form = PreprocessForm.from_preprocessing(settings.preprocessing)
+    image = next((spec for spec in specs if spec.is_image), None)
+    if not form.apply or image is None:
+        return []
+    height, width = image.spatial_size
+    sizes = [(form.crop_height, form.crop_width)] if form.crop else []
+    sizes += [(form.letterbox_height, form.letterbox_width)] if form.letterbox else []
+    if form.resize and not form.keep_aspect and not (form.crop or form.letterbox):
+        sizes.append((form.resize_height, form.resize_width))
+    means = {len(form.mean), len(form.std)} if form.normalize else set()
+    if all(size == (height, width) for size in sizes) and means <= {1, image.channels}:
+        return []
+    settings.set("preprocessing", PreprocessForm().to_preprocessing())
+    return [f"Preprocessing reset: its sizes or channel values were for the previous model, not {height}x{width} "
+            f"with {image.channels} channel(s). Choose a pipeline in the Calibration tab."]
+
+
+def holdout_split(total: int, holdout: int, num_samples: int) -> tuple[int, int]:
+    """How a compile splits ``total`` samples: ``(calibration, held out)``.
+
+    Mirrors ``compiler_core.quantization.run._split``: the held-out share is capped so that at least
+    ``MIN_CALIBRATION_SAMPLES`` remain and at most a quarter is held out; calibration is capped at
+    ``num_samples``.
+    """
+    held = min(holdout, max(0, total - MIN_CALIBRATION_SAMPLES), total // 4)
+    return min(total - held, num_samples), held
+
+
+def holdout_note(total: int | None, holdout: int, num_samples: int) -> tuple[str, bool]:
+    """A sentence on how the samples will be split, and whether it differs from what was asked."""
+    if total is None:
+        return "Choose calibration data to see how the samples are split.", False
+    calibration, held = holdout_split(total, holdout, num_samples)
+    text = f"{total} sample(s): {calibration} for calibration, {held} held out for the accuracy analysis."
+    if held < holdout:
+        text += (f" Asked for {holdout} held out, but at most a quarter of the data (and leaving "
+                 f"{MIN_CALIBRATION_SAMPLES} for calibration) is held out.")
+        return text, True
+    return text, False
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether Compile can start for the loaded model, and if not, why.
+
+    Attributes:
+        ok: Compile may start.
+        reason: Why not (empty when ``ok``).
+        offload_helps: Turning on CPU offload of the head/tail would make the model compilable.
+    """
+
+    ok: bool
+    reason: str = ""
+    offload_helps: bool = False
+
+
+def compile_readiness(model: Any, report: Any, cpu_offload: bool) -> Readiness:
+    """Readiness of ``model`` given its ``check_support`` report and the CPU offload setting."""
+    if report is None or report.compilable:
+        return Readiness(True)
+    from compiler_core.targets import plan_cpu_offload
+
+    plan = plan_cpu_offload(model, report)
+    blocking = report.blocking()
+    if plan.npu_ready:
+        if cpu_offload:
+            return Readiness(True)
+        where = ", ".join(sorted({entry.op_type for entry in blocking}))
+        return Readiness(False, f"{len(blocking)} node(s) ({where}) cannot run on {report.device}; they are all "
+                                f"at the start or end of the graph, so running them on the host CPU makes the "
+                                f"model compilable.", offload_helps=True)
+    ops = Counter(report.entries[name].op_type for name in plan.inner_unsupported)
+    listed = ", ".join(f"{op} x{count}" for op, count in ops.most_common())
+    return Readiness(False, f"Not compilable on {report.device}: {len(plan.inner_unsupported)} node(s) inside the "
+                            f"graph cannot run on it ({listed}). CPU offload moves only the start and end of the "
+                            f"graph; choose another device or change the model.")

@@ -1,0 +1,589 @@
+"""The workbench on a new user's path (issue 10): model/project lifecycle, no stale state, settings that cannot
+mislead, the shape dialog, no lost work, the log dock, the smaller fixes and the welcome page.
+
+Each test drives the real window; dialogs are answered through ``qbstudio.dialogs``. Small models are built
+here with ``onnx.helper`` so each test says what it needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
+from PySide6.QtGui import QWheelEvent  # noqa: E402
+from PySide6.QtTest import QTest  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from qbstudio import dialogs  # noqa: E402
+from qbstudio.main_window import MainWindow  # noqa: E402
+from qbstudio.state.model_info import InputShape  # noqa: E402
+from qbstudio.state.preferences import AppDirs  # noqa: E402
+from qbstudio.state.runs import RunRecord  # noqa: E402
+from qbstudio.widgets import summary as summary_module  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_PROJECT = ROOT / "resources" / "samples" / "fashion_cnn.qbproj"
+SAMPLE_DIR = ROOT / "resources" / "samples" / "fashion_cnn"
+SCREENSHOTS = ROOT / "build" / "screenshots"
+TIMEOUT_MS = 120_000
+
+
+# ---------------------------------------------------------------- fixtures and helpers
+
+
+class Dialogs:
+    """Records and answers the questions the window asks."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+        self.import_choice: str | None = dialogs.IMPORT_REPLACE
+        self.save_answer: str | None = dialogs.DISCARD
+        self.asked: list[str] = []
+
+    def show_error(self, parent, title, error) -> None:
+        self.errors.append((title, getattr(error, "message", str(error))))
+
+    def ask_import_choice(self, parent, new_model, current_model):
+        self.asked.append(f"import {new_model} over {current_model}")
+        return self.import_choice
+
+    def ask_save_changes(self, parent, name, why):
+        self.asked.append(f"save {name} before {why}")
+        return self.save_answer
+
+
+@pytest.fixture
+def answers(monkeypatch) -> Dialogs:
+    recorder = Dialogs()
+    for name in ("show_error", "ask_import_choice", "ask_save_changes"):
+        monkeypatch.setattr(dialogs, name, getattr(recorder, name))
+    monkeypatch.setattr(dialogs, "show_info", lambda *args: recorder.asked.append("info"))
+    return recorder
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path, monkeypatch, answers):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    windows = []
+
+    def make() -> MainWindow:
+        window = MainWindow(AppDirs.default())
+        window.resize(1400, 900)
+        window.show()
+        qtbot.waitExposed(window)
+        windows.append(window)
+        return window
+
+    yield make
+    answers.save_answer = dialogs.DISCARD
+    for window in windows:
+        window.close()
+        window.deleteLater()
+    QApplication.processEvents()
+
+
+def wait_model(qtbot, window: MainWindow, action) -> None:
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT_MS):
+        assert action() is not False
+    qtbot.waitUntil(lambda: window.graph.is_ready, timeout=TIMEOUT_MS)
+
+
+def conv_classifier(path: Path, channels: int = 3, side: int = 32, softmax: bool = False) -> Path:
+    """Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm (-> Softmax) on a ``channels``-channel image."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (8, channels, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (5, 8)).astype(np.float32), "fc_w"),
+             numpy_helper.from_array(np.zeros(5, np.float32), "fc_b")]
+    nodes = [helper.make_node("Conv", ["image", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits" if softmax else "out"], transB=1)]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["out"], axis=1))
+    graph = helper.make_graph(nodes, "classifier",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, channels, side, side])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 5])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def layernorm_in_the_middle(path: Path) -> Path:
+    """MatMul -> LayerNormalization -> MatMul: the LayerNorm cannot be offloaded (it is not at an end)."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), name) for name in ("w1", "w2")]
+    inits += [numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+              numpy_helper.from_array(np.zeros(16, np.float32), "beta")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "encoderish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def fake_run(window: MainWindow, sqnr: float = 28.3, holdout: int = 3) -> RunRecord:
+    """A run of the loaded model as a compile would record it (Conv_0 at ``sqnr`` dB)."""
+    run_id = window.project.runs.next_id()
+    mxq = window.project.run_dir(run_id) / "model.mxq"
+    mxq.parent.mkdir(parents=True, exist_ok=True)
+    mxq.write_bytes(b"MXQ")
+    run = RunRecord(run_id, "2026-12-02T22:00:00+00:00", window.project.settings.device, ["single"], str(mxq), 3,
+                    {}, "test run", {"verdict": "ok", "min_output_sqnr_db": 30.0},
+                    {"out": {"top1_agreement": 1.0}},
+                    [{"layer": "Conv_0", "op": "Conv", "precision": "a8w8", "sqnr_db": sqnr, "verdict": "ok"},
+                     {"layer": "Conv_1", "op": "Conv", "precision": "a8w8", "sqnr_db": 25.0, "verdict": "ok"}],
+                    {"Conv_0": "a8w8"}, 1.0, {"calibration": 10, "holdout": holdout}, window.session.model_sha256)
+    window.session.add_run(run)
+    return run
+
+
+def open_sample_with_preview(qtbot, window: MainWindow) -> None:
+    wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
+    qtbot.waitUntil(lambda: window.calibration.preview is not None, timeout=TIMEOUT_MS)
+
+
+def thumbnails(window: MainWindow) -> int:
+    return window.calibration.grid.count()
+
+
+# ---------------------------------------------------------------- 1. runs belong to a model
+
+
+def test_runs_belong_to_their_model_and_a_new_model_rederives_settings(qtbot, make_window, answers, tmp_path):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    assert window.project.settings.config.image_channels == 1
+    run = fake_run(window)
+    assert run.model_sha256 and window.session.runs.latest is run
+    window.graph.node_selected.emit("Conv_0")
+    assert "28.3 dB" in window.details.text()
+
+    rgb = conv_classifier(tmp_path / "rgb_classifier.onnx")
+    answers.import_choice = dialogs.IMPORT_REPLACE
+    wait_model(qtbot, window, lambda: window.import_model(rgb))
+    assert answers.asked == ["import rgb_classifier.onnx over model.onnx"]
+    assert window.session.model_sha256 != run.model_sha256
+    assert len(window.project.runs) == 1 and len(window.session.runs) == 0  # kept in the file, not shown
+    window.graph.node_selected.emit("Conv_0")
+    assert window.details.node == "Conv_0"
+    assert "28.3" not in window.details.text() and "SQNR" not in window.details.text()
+    assert window.compare.table.rowCount() == 0 and window.run_panel.summary.run is None
+    # re-derived and shown: image channels, calibration data chosen for 28x28 gray images
+    assert window.project.settings.config.image_channels == 0
+    assert window.options.channels_combo.currentData() == 0
+    assert window.project.calibration.path is None
+    assert "re-derived" in window.model_label.text() and "Image channels 1" in window.model_label.text()
+    assert window.readiness().ok
+
+    answers.import_choice = dialogs.IMPORT_NEW
+    other = conv_classifier(tmp_path / "other.onnx", side=24)
+    before = window.project
+    wait_model(qtbot, window, lambda: window.import_model(other))
+    assert window.project is not before and len(window.project.runs) == 0
+    answers.import_choice = None  # cancel: nothing changes
+    assert not window.import_model(rgb)
+    assert Path(window.project.model.path).name == "other.onnx"
+    assert answers.errors == []
+
+
+# ---------------------------------------------------------------- 2. one state, one refresh
+
+
+def test_switching_sample_model_project_new_resets_every_panel(qtbot, make_window, answers, tmp_path):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    assert thumbnails(window) > 0 and "48 sample(s)" in window.calibration.count_label.text()
+    fake_run(window)
+    fake_run(window, sqnr=20.0)
+    assert window.compare.table.rowCount() == 2 and window.compare.tick_labels()
+    window.run_panel.finished("Failed: UNSUPPORTED_OPS")
+    logging.getLogger("qbstudio.test").warning("line of the sample session")
+    window.log_handler.flush_pending()
+
+    # sample -> another model in a new project
+    answers.import_choice = dialogs.IMPORT_NEW
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb.onnx")))
+    _assert_fresh(window, nodes=5)
+    assert window.project.model is not None and window.calibration.specs
+
+    # -> back to a saved project (the sample saved with its runs)
+    window.session.set_project(window.project)  # no-op switch keeps the invariants too
+    saved = tmp_path / "saved" / "fashion.qbproj"
+    open_sample_with_preview(qtbot, window)
+    fake_run(window)
+    assert window.save_project_as(saved)
+    wait_model(qtbot, window, lambda: window.new_project() and window.import_model(SAMPLE_DIR / "model.onnx"))
+    _assert_fresh(window, nodes=13)
+    wait_model(qtbot, window, lambda: window.open_path(saved))
+    assert window.compare.table.rowCount() == 1 and window.run_panel.summary.run is not None
+    assert window.run_panel.stage_label.text() == "Idle"
+    qtbot.waitUntil(lambda: window.calibration.preview is not None, timeout=TIMEOUT_MS)
+
+    # -> New: everything empty, the welcome page shows
+    assert window.new_project()
+    _assert_fresh(window, nodes=None)
+    assert window.central.currentWidget() is window.welcome
+    assert window.calibration.path_edit.text() == "" and window.calibration.count_label.text() == ""
+    assert answers.errors == []
+
+
+def _assert_fresh(window: MainWindow, nodes: int | None) -> None:
+    """No panel shows anything of an earlier project or model."""
+    assert window.compare.table.rowCount() == 0
+    assert window.compare.tick_labels() == [] and window.compare.legend_texts() == ["A", "B"]
+    assert window.run_panel.summary.run is None and "No compile yet" in window.run_panel.summary.header.text()
+    assert window.run_panel.stage_label.text() == "Idle"
+    assert "line of the sample session" not in window.log_dock.text()
+    assert window.details.node is None
+    if nodes is None:
+        assert window.support.model.rowCount() == 0 and window.graph.model_path is None
+    else:
+        assert window.support.model.rowCount() == nodes
+    if window.project.calibration.path is None:
+        assert thumbnails(window) == 0 and "sample(s)" not in window.calibration.count_label.text()
+
+
+def test_compile_summary_says_compiling_while_a_compile_runs(qtbot, make_window, answers):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    window.run_panel.finished("Failed: UNSUPPORTED_OPS")
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+        assert "No compile yet" not in window.run_panel.summary.header.text()
+        assert "Compiling" in window.run_panel.summary.header.text()
+    assert blocker.args == ["done"], answers.errors
+    assert window.run_panel.stage_label.text() == "Done"
+    assert window.session.runs.latest.model_sha256 == window.session.model_sha256
+
+
+# ---------------------------------------------------------------- 3. no wheel edits
+
+
+def _wheel(widget) -> None:
+    position = QPointF(widget.rect().center())
+    event = QWheelEvent(position, QPointF(widget.mapToGlobal(position.toPoint())), QPoint(0, 0), QPoint(0, -120),
+                        Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(widget, event)
+
+
+def test_wheel_does_not_edit_unfocused_fields(qtbot, make_window, answers):
+    window = make_window()
+    window.tabs.setCurrentIndex(2)
+    window.central.setCurrentWidget(window.tabs)
+    options = window.options
+    options.mode_combo.setCurrentIndex(options.mode_combo.findData(1))
+    percentile, mode = window.project.settings.get("calibration.maxPercentile.percentile"), options.mode_combo.currentIndex()
+    for widget in (options.percentile_spin, options.mode_combo, options.holdout_spin, options.samples_spin):
+        assert not widget.hasFocus()
+        assert widget.focusPolicy() == Qt.FocusPolicy.StrongFocus
+        _wheel(widget)
+    assert window.project.settings.get("calibration.maxPercentile.percentile") == percentile
+    assert options.mode_combo.currentIndex() == mode
+    options.percentile_spin.setFocus()
+    qtbot.waitUntil(options.percentile_spin.hasFocus)
+    _wheel(options.percentile_spin)  # a focused field still takes the wheel
+    assert window.project.settings.get("calibration.maxPercentile.percentile") != percentile
+
+
+# ---------------------------------------------------------------- 4. shape dialog
+
+
+def test_shape_dialog_suggests_values_and_asks_shared_dims_once(qtbot):
+    encoder = [InputShape("input_ids", ("batch", "sequence_length"), "int64"),
+               InputShape("attention_mask", ("batch", "sequence_length"), "int64"),
+               InputShape("token_type_ids", ("batch", "sequence_length"), "int64")]
+    dialog = dialogs.InputShapesDialog(encoder, model_name="minilm.onnx")
+    qtbot.addWidget(dialog)
+    assert dialog.values() == {"batch": 1, "sequence_length": 128}  # asked once, sensible at once
+    assert dialog.shapes() == {name: [1, 128] for name in ("input_ids", "attention_mask", "token_type_ids")}
+    dialog.spins["sequence_length"].setValue(64)
+    assert {tuple(shape) for shape in dialog.shapes().values()} == {(1, 64)}
+    assert "[1, 64]" in dialog.preview.text()
+
+    detector = dialogs.InputShapesDialog([InputShape("x", (None, 3, "height", "width"), "float32")],
+                                         model_name="ppocr_det.onnx")
+    qtbot.addWidget(detector)
+    assert detector.shapes() == {"x": [1, 3, 640, 640]}
+    classifier = dialogs.InputShapesDialog([InputShape("pixels", ("N", 3, None, None), "float32")],
+                                           model_name="resnet.onnx")
+    qtbot.addWidget(classifier)
+    assert classifier.shapes() == {"pixels": [1, 3, 224, 224]}
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    assert dialog.grab().save(str(SCREENSHOTS / "user_path_shape_dialog.png"))
+
+
+# ---------------------------------------------------------------- 5. held-out count
+
+
+def test_holdout_split_is_shown_and_metrics_say_their_sample_count(qtbot, make_window, answers):
+    window = make_window()
+    options = window.options
+    options.set_value("analysisHoldout", 16)
+    options.set_sample_count(13)
+    text = options.holdout_label.text()
+    assert "10 for calibration, 3 held out" in text and "Asked for 16" in text and options.holdout_adjusted
+    options.set_sample_count(200)
+    assert "16 held out" in options.holdout_label.text() and not options.holdout_adjusted
+
+    open_sample_with_preview(qtbot, window)
+    assert "48 sample(s)" in options.holdout_label.text()  # the calibration preview's count reaches the form
+    fake_run(window, holdout=3)
+    summary = window.run_panel.summary
+    assert "on 3 held-out" in summary.metrics_box.title()
+    shown = [summary.metrics.itemAt(row, summary.metrics.ItemRole.FieldRole).widget().text()
+             for row in range(summary.metrics.rowCount())]
+    assert any("100.0 % (on 3 held-out samples)" in cell for cell in shown)
+    assert any("Only 3 held-out" in cell for cell in shown)
+
+
+# ---------------------------------------------------------------- 6. no lost work
+
+
+def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_window, answers, tmp_path):
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(SAMPLE_DIR / "model.onnx"))
+    fake_run(window)
+    assert window.has_unsaved_work
+    assert "Untitled — model.onnx" in window.windowTitle()
+
+    answers.save_answer = None  # Cancel keeps everything as it is
+    assert not window.new_project()
+    assert len(window.project.runs) == 1
+    answers.save_answer = dialogs.DISCARD
+    work_dir = window.project.work_dir
+    assert window.new_project()
+    assert answers.asked == ["save Untitled before starting a new project"] * 2
+    recent = window.preferences.recent_projects[0]
+    assert window.recent_projects_menu.isEnabled()
+    label = window.recent_projects_menu.actions()[0].text()
+    assert label == "Untitled — model.onnx (autosaved)"
+    assert window.welcome.recent.item(0).text() == label
+
+    wait_model(qtbot, window, lambda: window.open_path(recent))
+    assert window.project.work_dir == work_dir and len(window.project.runs) == 1
+    assert window.windowTitle().startswith("Untitled — model.onnx")
+    assert work_dir.name not in window.windowTitle()
+    assert window.compare.table.rowCount() == 1
+
+    answers.save_answer = None
+    window.close()
+    assert window.isVisible()  # closing with unsaved runs asks; Cancel keeps the window
+    answers.save_answer = dialogs.DISCARD
+
+
+# ---------------------------------------------------------------- 7. log dock
+
+
+def test_log_dock_follows_new_lines_and_hides_library_noise(qtbot, make_window, answers, caplog):
+    caplog.set_level(logging.INFO)  # the app logs INFO and above
+    window = make_window()
+    dock = window.log_dock
+    logging.getLogger("onnx_ir.passes").info("library chatter")
+    logging.getLogger("onnx_ir").warning("library warning")
+    logging.getLogger("qbstudio.test").info("our own line")
+    window.log_handler.flush_pending()
+    assert "our own line" in dock.text() and "library warning" in dock.text()
+    assert "library chatter" not in dock.text()
+    dock.library_check.setChecked(True)
+    assert "library chatter" in dock.text()
+    dock.library_check.setChecked(False)
+
+    dock.resize(600, 150)
+    logging.getLogger("qbstudio.test").info("x" * 3000)
+    for index in range(300):
+        logging.getLogger("qbstudio.test").info("line %d", index)
+        if index % 50 == 0:
+            window.log_handler.flush_pending()
+    window.log_handler.flush_pending()
+    assert dock.view.verticalScrollBar().maximum() > 0 and dock.following()
+
+
+# ---------------------------------------------------------------- 8. smaller items
+
+
+def test_compile_is_disabled_with_the_reason_and_offload_is_offered_only_when_it_helps(qtbot, make_window, answers,
+                                                                                         tmp_path):
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "soft.onnx", softmax=True)))
+    window.set_device("regulus-ra")
+    panel = window.run_panel
+    assert not panel.compile_button.isEnabled() and not window.act_compile.isEnabled()
+    assert "Softmax" in panel.reason_label.text() and not panel.offload_button.isHidden()
+    window.tabs.setCurrentIndex(2)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    qtbot.wait(100)
+    assert window.grab().save(str(SCREENSHOTS / "user_path_not_compilable_offload.png"))
+    qtbot.mouseClick(panel.offload_button, Qt.MouseButton.LeftButton)
+    assert window.project.settings.config.cpu_offload and window.options.offload_check.isChecked()
+    assert panel.compile_button.isEnabled() and panel.offload_button.isHidden()
+
+    answers.import_choice = dialogs.IMPORT_NEW
+    wait_model(qtbot, window, lambda: window.import_model(layernorm_in_the_middle(tmp_path / "ln.onnx")))
+    window.set_device("regulus-ra")
+    assert not panel.compile_button.isEnabled() and panel.offload_button.isHidden()
+    assert "inside the graph" in panel.reason_label.text() and "LayerNormalization" in panel.reason_label.text()
+    assert not window.start_compile() and answers.errors[-1][0] == "Cannot compile"
+
+
+def test_option_names_tooltips_and_what_applies(qtbot, make_window, answers):
+    window = make_window()
+    options = window.options
+    assert options.mode_combo.itemText(1) == "Percentile"
+    assert "clip at a percentile" in options.mode_combo.itemData(1, Qt.ItemDataRole.ToolTipRole)
+    assert options.method_combo.itemData(0, Qt.ItemDataRole.ToolTipRole).startswith("0 = WChALayer")
+    assert "Quantile" in options.percentile_spin.toolTip() and "held out" in options.holdout_spin.toolTip()
+    options.mode_combo.setCurrentIndex(options.mode_combo.findData(0))
+    assert not options.percentile_spin.isEnabled() and not options.topk_spin.isEnabled()
+    options.mode_combo.setCurrentIndex(options.mode_combo.findData(1))
+    assert options.percentile_spin.isEnabled() and options.topk_spin.isEnabled()
+    assert not options.output_combo.model().item(1).isEnabled()  # accepted by the schema, not implemented
+    window.set_device("regulus-ra")
+    assert "single" in options.device_card.text() and "all" not in options.device_card.text().split("Schemes")[1]
+    assert [options.scheme_combo.itemText(i) for i in range(options.scheme_combo.count())] == ["single"]
+    window.central.setCurrentWidget(window.tabs)
+    window.tabs.setCurrentIndex(2)
+    options.percentile_spin.setFocus()
+    QTest.mouseMove(options.percentile_spin)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    qtbot.wait(100)
+    assert window.grab().save(str(SCREENSHOTS / "user_path_compile_form.png"))
+    from PySide6.QtWidgets import QToolTip
+
+    QToolTip.showText(options.percentile_spin.mapToGlobal(QPoint(20, 20)), options.percentile_spin.toolTip(),
+                      options.percentile_spin)
+    qtbot.waitUntil(QToolTip.isVisible)
+    tip = next(widget for widget in QApplication.topLevelWidgets() if widget.inherits("QTipLabel"))
+    assert tip.grab().save(str(SCREENSHOTS / "user_path_compile_form_tooltip.png"))
+    assert "MaxPercentile" in tip.text()
+
+
+def test_tab_shortcuts_work_while_the_graph_has_focus_and_show_in_folder_failure_is_said(qtbot, make_window, answers,
+                                                                                         monkeypatch):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    window.tabs.setCurrentIndex(0)
+    target = window.graph.web_view.focusProxy() or window.graph.web_view
+    target.setFocus()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
+    QTest.keyClick(QApplication.focusWidget(), Qt.Key.Key_3, Qt.KeyboardModifier.ControlModifier)
+    assert window.tabs.currentIndex() == 2
+
+    fake_run(window)
+    monkeypatch.setattr(summary_module, "open_folder", lambda path: False)
+    assert not window.run_panel.summary.show_in_folder()
+    assert "Could not open a file manager" in window.run_panel.summary.header.text()
+    assert window.layers_dock.width() >= window.layers_dock.minimumWidth() >= 360
+
+
+# ---------------------------------------------------------------- 9. welcome page
+
+
+def test_welcome_page_when_nothing_is_open(qtbot, make_window, answers):
+    window = make_window()
+    assert window.central.currentWidget() is window.welcome
+    assert "Calibrate" in window.welcome.findChild(type(window.model_label), "pipelinePicture").text()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    qtbot.wait(50)
+    assert window.grab().save(str(SCREENSHOTS / "user_path_welcome.png"))
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT_MS):
+        qtbot.mouseClick(window.welcome.sample_button, Qt.MouseButton.LeftButton)
+    assert window.central.currentWidget() is window.tabs and window.project.template
+    assert window.act_docs.shortcut().toString() == "F1"
+
+
+# ---------------------------------------------------------------- the scripted session of the issue
+
+
+def dynamic_encoder(path: Path) -> Path:
+    """Two inputs sharing the symbolic ``sequence_length``; MatMul -> Softmax (a tail REGULUS-RA cannot run)."""
+    rng = np.random.default_rng(2)
+    dims = ["batch", "sequence_length", 16]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["tokens", "positions"], ["s"]), helper.make_node("MatMul", ["s", "w"], ["h"]),
+         helper.make_node("Softmax", ["h"], ["probs"], axis=-1)], "encoder",
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, dims),
+         helper.make_tensor_value_info("positions", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", "sequence_length", 16])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def photos(folder: Path, count: int = 24, side: int = 32) -> Path:
+    from PIL import Image
+
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(count):
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(folder / f"{index:02d}.png")
+    return folder
+
+
+def test_scripted_session_two_models_offload_and_reopen(qtbot, make_window, answers, monkeypatch, tmp_path):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+
+    # a 3-channel classifier replaces the sample's model; calibrate and compile it
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb.onnx")))
+    assert window.project.settings.config.image_channels == 0 and thumbnails(window) == 0
+    window.calibration.set_source(photos(tmp_path / "photos"))
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert answers.errors == [] and window.calibration.preview.total == 24
+    assert "24 sample(s)" in window.options.holdout_label.text()
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"], answers.errors
+    first_run = window.session.latest_run
+    first = tmp_path / "projects" / "classifier.qbproj"
+    assert window.save_project_as(first)
+
+    # a transformer-like model with a shared dynamic dim, in a new project: the dim is asked once
+    asked = []
+
+    def shapes_dialog(parent, shapes, model_name=""):
+        dialog = dialogs.InputShapesDialog(shapes, parent, model_name)
+        asked.append(sorted(dialog.spins))
+        result = dialog.shapes()
+        dialog.deleteLater()
+        return result
+
+    monkeypatch.setattr(dialogs, "ask_input_shapes", shapes_dialog)
+    answers.import_choice = dialogs.IMPORT_NEW
+    wait_model(qtbot, window, lambda: window.import_model(dynamic_encoder(tmp_path / "encoder.onnx")))
+    assert asked == [["batch", "sequence_length"]]
+    assert window.project.model.input_shapes == {"tokens": [1, 128, 16], "positions": [1, 128, 16]}
+    assert window.compare.table.rowCount() == 0 and window.run_panel.summary.run is None
+
+    # check on regulus-ra, offload the Softmax tail in one click, compile with random calibration data
+    window.set_device("regulus-ra")
+    assert not window.run_panel.compile_button.isEnabled() and not window.run_panel.offload_button.isHidden()
+    window.run_panel.offload_button.click()
+    window.calibration.random_check.setChecked(True)
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"], answers.errors
+    assert window.session.latest_run.device == "regulus-ra" and len(window.session.runs) == 1
+
+    # reopen the first project: its model, its run, its data; nothing of the encoder
+    wait_model(qtbot, window, lambda: window.open_path(first))
+    assert Path(window.project.model.path).name == "rgb.onnx" and window.project.settings.device == "aries-rb"
+    assert [run.run_id for run in window.session.runs.runs] == [first_run.run_id]
+    assert window.run_panel.summary.run.run_id == first_run.run_id and window.compare.table.rowCount() == 1
+    assert window.support.model.rowCount() == 5 and "rgb.onnx" in window.model_label.text()
+    qtbot.waitUntil(lambda: window.calibration.preview is not None, timeout=TIMEOUT_MS)
+    assert "24 sample(s)" in window.calibration.count_label.text()
+    window.graph.node_selected.emit("Conv_0")
+    assert "SQNR" in window.details.text()
+    assert answers.errors == []
