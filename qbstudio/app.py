@@ -28,7 +28,10 @@ _STARTED = time.perf_counter()
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line arguments."""
+    from compiler_core import __version__
+
     parser = argparse.ArgumentParser(prog="qbstudio", description="qb Studio: the qb Compiler workbench.")
+    parser.add_argument("--version", action="version", version=f"qbstudio {__version__}")
     parser.add_argument("path", nargs="?", help="a .qbproj project or a model file to open")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--smoke-exit-after-ready", action="store_true",
