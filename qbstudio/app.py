@@ -36,6 +36,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--smoke-exit-after-ready", action="store_true",
                         help="exit as soon as the window is shown (start-up timing, CI)")
+    parser.add_argument("--check-setup", action="store_true",
+                        help="print versions, components and folders, compile the sample as a test, and exit")
+    parser.add_argument("--check-setup-output", metavar="DIR", help="keep the --check-setup test compile in DIR")
     return parser.parse_args(argv)
 
 
@@ -92,6 +95,10 @@ def install_exception_hooks(window) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the workbench; returns the exit status."""
     args = parse_args(argv)
+    if args.check_setup:  # no window: works without a display
+        from qbstudio.widgets.setup_check import run_check
+
+        return run_check(AppDirs.default(), args.check_setup_output)
     if not has_display():
         sys.stderr.write(NO_DISPLAY_MESSAGE)
         return 2

@@ -44,6 +44,7 @@ from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
 from qbstudio.tasks import CompileOutcome, LoadedModel, open_mblt, parse_model
+from qbstudio.widgets import setup_check
 from qbstudio.widgets.calibration_panel import CalibrationPanel
 from qbstudio.widgets.compare_view import CompareView
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
@@ -201,6 +202,7 @@ class MainWindow(QMainWindow):
         view_menu.addActions([self.layers_dock.toggleViewAction(), self.log_dock.toggleViewAction()])
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_about, self.act_about_qt, self.act_logs])
+        help_menu.addAction(self._action("Check My &Setup…", lambda: setup_check.show_dialog(self, self.dirs)))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
