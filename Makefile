@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench clean
+.PHONY: setup run run-cli test lint bench clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
 	@sh scripts/system-packages.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev]"
+	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev,package]"
 	$(PIP) install -q --no-deps -r requirements-testdata.txt
 	@touch $(STAMP)
 
@@ -39,8 +39,25 @@ lint: setup
 test: setup lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15
 
+# Wheel and sdist into dist/ (no network: the build backend comes from the venv).
+wheel: setup
+	$(PY) -m build --no-isolation --outdir dist .
+
+# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); about 4 minutes on 2 cores.
+package: setup
+	$(PY) -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build/pyinstaller \
+		packaging/pyinstaller/qbstudio.spec
+
+# Build the bundle (timed) and check it: libraries, clean-environment start, frozen compiles, screenshot.
+package-test: setup
+	$(PY) scripts/package_test.py --build
+
+desktop-validate:
+	desktop-file-validate packaging/linux/io.github.qbstudio.qbstudio.desktop
+	appstreamcli validate --no-net packaging/linux/io.github.qbstudio.qbstudio.metainfo.xml
+
 bench: setup
 	$(PY) bench/parse.py
 
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build dist .pytest_cache .ruff_cache
