@@ -2,7 +2,7 @@
 
 The node tests are regenerated from the installed ``onnx`` wheel (offline, cached under
 ``build/testdata/onnx-node-tests/``). A case is *claimed* when every node is a default-domain op in
-``MBLT_OPS`` and every graph input and output is a tensor, whatever the model's opset (newer models
+the MBLT operator set (``compiler_core.mblt.opset.is_mblt_op``) and every graph input and output is a tensor, whatever the model's opset (newer models
 are converted down to 21). An MBLT has static shapes, so shape operands fed as graph inputs (axes,
 sizes, scales, pads, repeats: rank <= 1 inputs in a non-data position) are bound as constants with
 the test's values, as a user does with ``constant_inputs`` / ``--bind-input``; the report lists them.
@@ -83,9 +83,9 @@ def _generate_node_tests() -> None:
 
 def classify(model: onnx.ModelProto) -> str:
     """``claimed``, ``unclaimed_ops`` or ``non_tensor`` for one node-test model."""
-    from compiler_core.mblt.opset import MBLT_OPS
+    from compiler_core.mblt.opset import is_mblt_op
 
-    if not all(node.domain in ("", "ai.onnx") and node.op_type in MBLT_OPS for node in model.graph.node):
+    if not all(is_mblt_op(node.domain, node.op_type) for node in model.graph.node):
         return "unclaimed_ops"
     if not all(value.type.HasField("tensor_type") for value in [*model.graph.input, *model.graph.output]):
         return "non_tensor"
@@ -291,7 +291,7 @@ def node_cases() -> tuple[Path, dict[str, list[str]]]:
 def test_conformance_pass_rate(node_cases):
     node_dir, groups = node_cases
     claimed = groups.get("claimed", [])
-    assert len(claimed) > 300, f"only {len(claimed)} claimed cases: is MBLT_OPS or the generation broken?"
+    assert len(claimed) > 300, f"only {len(claimed)} claimed cases: is the MBLT op set or the generation broken?"
     records = run_cases([node_dir / name for name in claimed], workers=min(WORKERS, os.cpu_count() or 1))
     summary = summarize(records, groups)
     summary_path = write_report(records, summary)

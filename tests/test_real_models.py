@@ -114,10 +114,9 @@ def test_no_forbidden_ops(parsed: Parsed):
 
 
 def test_only_mblt_ops(parsed: Parsed):
-    from compiler_core.mblt.opset import MBLT_OPS
+    from compiler_core.mblt.opset import is_mblt_op
 
-    found = sorted({f"{n.domain}::{n.op_type}" for n in parsed.proto.graph.node
-                    if n.domain not in ("", "ai.onnx") or n.op_type not in MBLT_OPS})
+    found = sorted({f"{n.domain}::{n.op_type}" for n in parsed.proto.graph.node if not is_mblt_op(n.domain, n.op_type)})
     assert not found
 
 

@@ -90,7 +90,7 @@ def _link_group(group: Group, context: LoweringContext, sets: _UnionFind, fixed:
     outputs = [v for v in group.outputs if v.name in context.tensors]
     if not outputs:
         return
-    spec = kernels.OP_SPECS.get(group.main.op_type)
+    spec = kernels.spec_for(group.main.op_type)
     policy = spec.policy(group, context) if spec else kernels.OBSERVE
     if policy == kernels.SAME_AS_INPUT and group.main.inputs[0].name in context.tensors:
         for value in outputs:

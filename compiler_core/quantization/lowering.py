@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler_core.errors import UnsupportedOpsError
+from compiler_core.ops import get_op
 from compiler_core.quantization import kernels
 from compiler_core.quantization.graph import GraphView, Group
 from compiler_core.quantization.params import QuantParams, TensorQuant
@@ -53,17 +54,23 @@ class LoweringContext:
 
 
 def lower_groups(groups: list[Group], context: LoweringContext) -> list[IntOp]:
-    """Lower every group; unsupported op types are listed together in one error."""
+    """Lower every group; nodes without an integer kernel, or refused by one, are listed in one error.
+
+    A refusal (:class:`~compiler_core.quantization.kernels.KernelRefusal`) is a limit of a kernel,
+    not a bug: it becomes ``UNSUPPORTED_OPS`` naming the node and the reason. The support check
+    flags the same nodes first (``tests/test_ops_registry.py`` holds the two together).
+    """
     kernels.load_all()
-    missing: dict[str, list[str]] = {}
+    refused: dict[str, list[tuple[str, str]]] = {}
+    ops = []
     for group in groups:
-        if _is_exact(group, context) or group.main.op_type in kernels.OP_SPECS:
-            continue
-        if group.main.op_type not in kernels.OP_SPECS:
-            missing.setdefault(group.main.op_type, []).append(group.main.name)
-    if missing:
-        raise _missing_error(missing)
-    return [_lower_one(group, context) for group in groups]
+        try:
+            ops.append(_lower_one(group, context))
+        except kernels.KernelRefusal as refusal:
+            refused.setdefault(group.main.op_type, []).append((group.main.name, str(refusal)))
+    if refused:
+        raise _refused_error(refused)
+    return ops
 
 
 def _is_exact(group: Group, context: LoweringContext) -> bool:
@@ -72,22 +79,30 @@ def _is_exact(group: Group, context: LoweringContext) -> bool:
 
 
 def _lower_one(group: Group, context: LoweringContext) -> IntOp:
+    spec = kernels.spec_for(group.main.op_type)
+    if spec is None:
+        entry = get_op(group.main.op_type, group.main.domain)
+        note = f": {entry.note}" if entry is not None and entry.note else ""
+        raise kernels.KernelRefusal(f"no integer kernel for {group.main.op_type}{note}")
     if _is_exact(group, context):
         from compiler_core.quantization.kernels.movement import lower_exact
 
         op = lower_exact(group, context)
     else:
-        op = kernels.OP_SPECS[group.main.op_type].lower(group, context)
+        op = spec.lower(group, context)
     op.nodes = [node.name for node in group.nodes]
     return op
 
 
-def _missing_error(missing: dict[str, list[str]]) -> UnsupportedOpsError:
-    ops = [{"op": op, "count": len(names), "nodes": names[:3], "reason": "no integer kernel"}
-           for op, names in sorted(missing.items(), key=lambda item: -len(item[1]))]
-    listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])})" for o in ops)
-    return UnsupportedOpsError(f"The quantizer has no integer kernel for: {listing}.",
-                               hint="Use cpu_offload for a head/tail, or report the op so we add a kernel.",
+def _refused_error(refused: dict[str, list[tuple[str, str]]]) -> UnsupportedOpsError:
+    ops = []
+    for op_type, entries in sorted(refused.items(), key=lambda item: -len(item[1])):
+        reasons = list(dict.fromkeys(reason for _, reason in entries))
+        ops.append({"op": op_type, "count": len(entries), "nodes": [name for name, _ in entries[:3]],
+                    "reason": reasons[0] + (f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else "")})
+    listing = "; ".join(f"{o['op']} x{o['count']} ({', '.join(o['nodes'])}): {o['reason']}" for o in ops)
+    return UnsupportedOpsError(f"The quantizer cannot build integer kernels for: {listing}.",
+                               hint="Use cpu_offload for a head/tail, or change these layers in the source model.",
                                ops=ops, stage="quantize")
 
 
@@ -125,7 +140,7 @@ def clamp_codes(params: QuantParams, low: float, high: float) -> tuple[int, int]
 def scalar(params: QuantParams) -> tuple[float, int]:
     """``(scale, zero_point)`` of per-tensor parameters."""
     if params.axis is not None:
-        raise ValueError("per-channel activation parameters are not supported here")
+        raise kernels.KernelRefusal("per-channel (uint8 image) input parameters can only feed a convolution directly")
     return float(params.scale), int(params.zero_point)
 
 

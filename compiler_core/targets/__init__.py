@@ -1,4 +1,4 @@
-"""Target devices and op support: device profiles, the rule table, support reports, CPU offload."""
+"""Target devices and op support: device profiles, support reports (from the op registry), CPU offload."""
 
 from compiler_core.targets.devices import (
     DEVICES,
@@ -9,7 +9,6 @@ from compiler_core.targets.devices import (
     validate_inference_scheme,
 )
 from compiler_core.targets.offload import OffloadPlan, apply_offload, plan_cpu_offload
-from compiler_core.targets.rules import SUPPORT_RULES, OpRule, get_rule, supported_op_types
 from compiler_core.targets.support import (
     NodeSupport,
     SupportReport,
@@ -20,11 +19,9 @@ from compiler_core.targets.support import (
 
 __all__ = [
     "DEVICES",
-    "SUPPORT_RULES",
     "DeviceProfile",
     "NodeSupport",
     "OffloadPlan",
-    "OpRule",
     "SupportReport",
     "SupportStatus",
     "apply_offload",
@@ -32,9 +29,7 @@ __all__ = [
     "devices_for_chip",
     "format_report_table",
     "get_device",
-    "get_rule",
     "list_devices",
     "plan_cpu_offload",
-    "supported_op_types",
     "validate_inference_scheme",
 ]

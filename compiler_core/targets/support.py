@@ -15,8 +15,8 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core.errors import UnsupportedOpsError
+from compiler_core.ops import op_for
 from compiler_core.targets.devices import DEVICES, DeviceProfile, get_device
-from compiler_core.targets.rules import get_rule
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _mfu_reason(op_type: str, use: str, profile: DeviceProfile) -> str:
 
 
 def node_support(node: ir.Node, name: str, profile: DeviceProfile) -> NodeSupport:
-    """Judge one node against the rule table and the device.
+    """Judge one node against the op registry and the device.
 
     Args:
         node: The node to check.
@@ -211,12 +211,12 @@ def node_support(node: ir.Node, name: str, profile: DeviceProfile) -> NodeSuppor
     base = NodeSupport(
         name, label, SupportStatus.SUPPORTED, source_name=node.metadata_props.get(SOURCE_NAME_KEY, "")
     )
-    rule = get_rule(node)
+    rule = op_for(node)
     if rule is None:
         return replace(
             base, status=SupportStatus.UNSUPPORTED, reason=f"unsupported: no NPU implementation of {label}"
         )
-    base = replace(base, unit=rule.unit)
+    base = replace(base, unit=rule.unit or "")
     reason = rule.violation(node)
     if reason:
         return replace(base, status=SupportStatus.UNSUPPORTED, reason=reason)

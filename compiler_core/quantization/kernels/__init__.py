@@ -1,13 +1,15 @@
-"""Registry of integer operations: per ONNX op, how it is lowered and how its kernel runs.
+"""Integer lowerings and kernels, by name.
 
-Adding an op is one ``register`` call in one kernel module: its lowering (MBLT group -> IntOp with
-integer constants), its kernel (integer inputs -> integer outputs, per docs/numerics.md) and the
-policy for its output parameters.
+Which ONNX op uses which lowering is said once, in the op registry (:mod:`compiler_core.ops`,
+``OpDef.lowering``). Here each kernel module registers, under a name, its lowering (MBLT group ->
+IntOp with integer constants), its kernel (integer inputs -> integer outputs, per
+docs/numerics.md) and the policy for its output parameters; a lowering may emit IntOps of other
+kinds registered with :func:`register_kernel` (a Mul of two activations emits ``mul``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,16 +50,33 @@ class OpSpec:
         return self.output_policy(group, context) if callable(self.output_policy) else self.output_policy
 
 
-OP_SPECS: dict[str, OpSpec] = {}
+LOWERINGS: dict[str, OpSpec] = {}
 KERNELS: dict[str, Kernel] = {}
 
 
-def register(op_types: Iterable[str], kind: str, lower: Lowering, kernel: Kernel, *,
-             output_policy: str | Callable[[Group, LoweringContext], str] = OBSERVE, fixed_params: FixedParams | None = None) -> None:
-    """Register ``kernel`` under ``kind`` and map every op type in ``op_types`` to it."""
+class KernelRefusal(ValueError):
+    """A lowering cannot build an integer kernel for this node; the message says why (no bug)."""
+
+
+def register(kind: str, lower: Lowering, kernel: Kernel, *,
+             output_policy: str | Callable[[Group, LoweringContext], str] = OBSERVE,
+             fixed_params: FixedParams | None = None) -> None:
+    """Register the lowering ``kind`` (named by ``OpDef.lowering``) and the kernel of the same name."""
     KERNELS[kind] = kernel
-    for op_type in op_types:
-        OP_SPECS[op_type] = OpSpec(kind, lower, output_policy, fixed_params)
+    LOWERINGS[kind] = OpSpec(kind, lower, output_policy, fixed_params)
+
+
+def register_kernel(kind: str, kernel: Kernel) -> None:
+    """Register a kernel for IntOps that a lowering of another name emits."""
+    KERNELS[kind] = kernel
+
+
+def spec_for(op_type: str) -> OpSpec | None:
+    """The lowering the op registry names for ``op_type`` (None when it has no kernel)."""
+    from compiler_core.ops import get_op
+
+    entry = get_op(op_type)
+    return LOWERINGS.get(entry.lowering) if entry is not None and entry.lowering else None
 
 
 def load_all() -> None:

@@ -14,7 +14,7 @@ from compiler_core.quantization.fixedpoint import (
     rounding_shift,
 )
 from compiler_core.quantization.graph import Group, activation_bounds
-from compiler_core.quantization.kernels import OBSERVE, SAME_AS_INPUT, register
+from compiler_core.quantization.kernels import OBSERVE, SAME_AS_INPUT, register, register_kernel
 from compiler_core.quantization.lowering import LoweringContext, clamp_codes, describe_bits, scalar
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp
@@ -90,7 +90,7 @@ def lower_mul(group: Group, ctx: LoweringContext) -> IntOp:
                              "shift": shift.reshape(factor.shape).astype(np.int32)},
                      precision=describe_bits(ctx.params(value), out))
     if main.op_type == "Div":
-        raise ValueError(f"{main.name}: Div of two activations has no integer kernel")
+        return lower_divide(group, ctx)
     (s_a, zp_a), (s_b, zp_b) = scalar(ctx.params(a)), scalar(ctx.params(b))
     multiplier, shift = quantize_multiplier(s_a * s_b / s_y)
     return IntOp(main.name, "mul", "Mul", [a.name, b.name], [group.output.name],
@@ -185,14 +185,128 @@ def run_clamp(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.clip(inputs[0], *op.attrs["clamp"])]
 
 
-register(["Add", "Sub"], "add", lower_add, run_add)
-register(["Mul", "Div"], "scale", lower_mul, run_scale)
-register([], "mul", lower_mul, run_mul)
-register(["Where"], "select", lower_where, run_select)
+# -- division by an activation ------------------------------------------------------------------
+
+RECIPROCAL_BITS = 28
+"""``T[c] = round(2**28 / c)`` for a centred divisor code ``c``: products with int16 numerators stay below 2**46."""
+
+
+def lower_divide(group: Group, ctx: LoweringContext) -> IntOp:
+    """``a / b`` with ``b`` an activation: a reciprocal table over ``b``'s codes, a product, one requantization.
+
+    ``T[k] = round_half_away(2**R / (k - zp_b))`` for every code ``k`` of ``b`` (``2**R`` where
+    ``k == zp_b``: a zero divisor saturates), ``y = clamp(requantize((a - zp_a) * T[b], M, S) + zp_y)``
+    with ``M, S`` from ``s_a / (s_b * 2**R * s_y)``. A constant numerator is stored as int16 codes.
+    """
+    main = group.main
+    a, b = main.inputs[:2]
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    name_a, s_a, zp_a, const_a = _operand(ctx, a)
+    params_b = ctx.params(b)
+    s_b, zp_b = scalar(params_b)
+    codes = np.arange(params_b.qmin, params_b.qmax + 1, dtype=np.int64) - zp_b
+    table = round_half_away(float(1 << RECIPROCAL_BITS) / np.where(codes == 0, 1, codes))
+    multiplier, shift = quantize_multiplier(s_a / (s_b * float(1 << RECIPROCAL_BITS) * s_y))
+    low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
+    consts = {"reciprocal": table.astype(np.int32), "multiplier": multiplier.astype(np.int32),
+              "shift": shift.astype(np.int32)}
+    if const_a is not None:
+        consts["const_a"] = const_a.astype(np.int16)
+    return IntOp(main.name, "divide", "Div", [name_a, b.name], [group.output.name],
+                 attrs={"zp_a": zp_a, "offset_b": params_b.qmin, "zp_y": zp_y, "clamp": [low, high]}, consts=consts,
+                 precision=describe_bits(*(ctx.params(v) for v in (a, b) if ctx.is_quantized(v)), out))
+
+
+def run_divide(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``requantize((a - zp_a) * T[b - qmin_b], M, S) + zp_y``."""
+    attrs, consts = op.attrs, op.consts
+    a = consts["const_a"].astype(np.int64) if "const_a" in consts else inputs[0] - attrs["zp_a"]
+    reciprocal = consts["reciprocal"].astype(np.int64)[inputs[1] - attrs["offset_b"]]
+    y = requantize(a * reciprocal, consts["multiplier"].astype(np.int64), consts["shift"].astype(np.int64))
+    return [np.clip(y + attrs["zp_y"], *attrs["clamp"])]
+
+
+# -- n-ary Max / Min / Sum / Mean --------------------------------------------------------------
+
+
+def _rescaled_operands(group: Group, ctx: LoweringContext, factor: float) -> tuple[list[str], dict, dict]:
+    """Every operand rescaled to ``factor`` times the output scale in Q16 (as Add does)."""
+    out = ctx.params(group.output)
+    s_y, zp_y = scalar(out)
+    names, multipliers, shifts, zero_points, consts = [], [], [], [], {}
+    for index, value in enumerate(group.main.inputs):
+        name, scale, zero_point, codes = _operand(ctx, value)
+        multiplier, shift = quantize_multiplier(factor * scale / s_y * (1 << ADD_FRACTION_BITS))
+        names.append(name)
+        multipliers.append(multiplier[0])
+        shifts.append(shift[0])
+        zero_points.append(zero_point)
+        if codes is not None:
+            consts[f"const{index}"] = codes.astype(np.int16)
+    consts.update(multipliers=np.array(multipliers, dtype=np.int32), shifts=np.array(shifts, dtype=np.int32))
+    low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
+    return names, consts, {"zero_points": zero_points, "zp_y": zp_y, "clamp": [low, high]}
+
+
+def _rescale_all(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    terms = []
+    for index, codes in enumerate(inputs):
+        value = op.consts[f"const{index}"].astype(np.int64) if f"const{index}" in op.consts else codes
+        terms.append(requantize(value - op.attrs["zero_points"][index], int(op.consts["multipliers"][index]),
+                                int(op.consts["shifts"][index])))
+    return terms
+
+
+def lower_extremum(group: Group, ctx: LoweringContext) -> IntOp:
+    """Max/Min: operands rescaled to the output's codes (Q16), compared, rounded once."""
+    names, consts, attrs = _rescaled_operands(group, ctx, 1.0)
+    return IntOp(group.main.name, "extremum", group.main.op_type, names, [group.output.name],
+                 attrs={**attrs, "mode": "max" if group.main.op_type == "Max" else "min"}, consts=consts,
+                 precision=describe_bits(ctx.params(group.output)))
+
+
+def run_extremum(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Element-wise max/min of the rescaled operands (broadcast), then ``rounding_shift`` by 16."""
+    reduce = np.maximum if op.attrs["mode"] == "max" else np.minimum
+    terms = _rescale_all(op, inputs)
+    result = terms[0]
+    for term in terms[1:]:
+        result = reduce(result, term)
+    y = rounding_shift(result, ADD_FRACTION_BITS) + op.attrs["zp_y"]
+    return [np.clip(y, *op.attrs["clamp"])]
+
+
+def lower_sum(group: Group, ctx: LoweringContext) -> IntOp:
+    """Sum/Mean: operands rescaled to the output scale (times 1/n for Mean) in Q16, added, rounded once."""
+    count = len([v for v in group.main.inputs if v is not None])
+    factor = 1.0 / count if group.main.op_type == "Mean" else 1.0
+    names, consts, attrs = _rescaled_operands(group, ctx, factor)
+    return IntOp(group.main.name, "sum", group.main.op_type, names, [group.output.name], attrs=attrs,
+                 consts=consts, precision=describe_bits(ctx.params(group.output)))
+
+
+def run_sum(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Sum of the rescaled operands (broadcast), then ``rounding_shift`` by 16."""
+    terms = _rescale_all(op, inputs)
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    y = rounding_shift(total, ADD_FRACTION_BITS) + op.attrs["zp_y"]
+    return [np.clip(y, *op.attrs["clamp"])]
+
+
+register("add", lower_add, run_add)
+register("extremum", lower_extremum, run_extremum)
+register("sum", lower_sum, run_sum)
+register_kernel("divide", run_divide)
+register("scale", lower_mul, run_scale)
+register_kernel("mul", run_mul)
+register("select", lower_where, run_select)
 def cast_policy(group: Group, ctx: LoweringContext) -> str:
     """float->float Cast keeps its input's parameters; int/bool->float is calibrated."""
     return SAME_AS_INPUT if ctx.view.is_float(group.main.inputs[0]) else OBSERVE
 
 
-register(["Cast"], "quantize", lower_cast, run_quantize, output_policy=cast_policy)
-register(["Relu", "Clip"], "clamp", lower_clamp, run_clamp, output_policy=SAME_AS_INPUT)
+register("quantize", lower_cast, run_quantize, output_policy=cast_policy)
+register("clamp", lower_clamp, run_clamp, output_policy=SAME_AS_INPUT)

@@ -14,7 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize, round_half_away
 from compiler_core.quantization.graph import Group, activation_bounds
-from compiler_core.quantization.kernels import register
+from compiler_core.quantization.kernels import KernelRefusal, register, register_kernel
 from compiler_core.quantization.lowering import (
     LoweringContext,
     attr_float,
@@ -71,7 +71,7 @@ def _fold_input_channels(weight: np.ndarray, params, layout: str):
         scale, zero_point = scalar(params)
         return weight, scale, zero_point
     if layout != "conv" or params.axis != 1:
-        raise ValueError("per-channel (uint8) inputs must feed a convolution directly")
+        raise KernelRefusal("per-channel (uint8) inputs must feed a convolution directly")
     scales = np.asarray(params.scale, dtype=np.float64)
     groups_in = weight.shape[1]
     channel = np.arange(weight.shape[0])[:, None] // (weight.shape[0] // (scales.size // groups_in)) * groups_in
@@ -93,7 +93,7 @@ def _weights_and_bias(group: Group, ctx: LoweringContext) -> tuple[np.ndarray, n
         return weight, _bias_or_zero(bias, weight.shape[0]), "conv"
     if main.op_type == "Gemm":
         if attr_int(main, "transA", 0):
-            raise ValueError(f"{main.name}: Gemm with transA=1 has no NPU lowering")
+            raise KernelRefusal(f"{main.name}: Gemm with transA=1 has no NPU lowering")
         weight = weight if attr_int(main, "transB", 0) else weight.T
         weight = weight * attr_float(main, "alpha", 1.0)
         c = ctx.const(main.inputs[2]) if len(main.inputs) > 2 and main.inputs[2] is not None else None
@@ -295,7 +295,7 @@ def conv_accumulate(x: np.ndarray, weight: np.ndarray, attrs: dict) -> np.ndarra
                  "strides": [1, *attrs["strides"]], "dilations": [1, *attrs["dilations"]]}
         return _conv2d(x, weight, attrs)[:, :, 0, :]
     if rank != 2:
-        raise ValueError("only 1-D and 2-D convolutions have an integer kernel")
+        raise KernelRefusal("only 1-D and 2-D convolutions have an integer kernel")
     return _conv2d(x, weight, attrs)
 
 
@@ -327,5 +327,5 @@ def run_matmul(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.clip(y + attrs["zp_y"], *attrs["clamp"])]
 
 
-register(["Conv", "ConvTranspose", "Gemm", "MatMul"], "linear", lower_linear, run_linear)
-register([], "matmul", lower_linear, run_matmul)
+register("linear", lower_linear, run_linear)
+register_kernel("matmul", run_matmul)

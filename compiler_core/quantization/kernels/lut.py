@@ -14,13 +14,10 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from compiler_core.quantization.graph import Group
-from compiler_core.quantization.kernels import register
+from compiler_core.quantization.kernels import KernelRefusal, register
 from compiler_core.quantization.lowering import LoweringContext, describe_bits
 from compiler_core.quantization.program import IntOp
 
-LUT_OPS = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal",
-           "Softplus", "Softsign", "Mish", "Elu", "Selu", "Celu", "LeakyRelu", "ThresholdedRelu", "Neg",
-           "Abs", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Shrink", "Pow")
 _FINITE_LIMIT = 3.0e38
 
 
@@ -33,9 +30,9 @@ def evaluate_unary(node: ir.Node, x: np.ndarray, ctx: LoweringContext) -> np.nda
     for index, value in enumerate(node.inputs[1:], start=1):
         const = ctx.const(value)
         if const is None:
-            raise ValueError(f"{node.name}: input {index} must be a constant for a look-up table")
+            raise KernelRefusal(f"{node.name}: input {index} must be a constant for a look-up table")
         if const.size != 1:
-            raise ValueError(f"{node.name}: a look-up table needs a scalar input {index}, got shape {const.shape}")
+            raise KernelRefusal(f"{node.name}: a look-up table needs a scalar input {index}, got shape {const.shape}")
         names.append(f"c{index}")
         initializers.append(onnx.numpy_helper.from_array(const.reshape(()).astype(const.dtype), f"c{index}"))
     del proto.input[:]
@@ -69,4 +66,4 @@ def run_lut(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [op.consts["table"].astype(np.int64)[inputs[0] - op.attrs["offset"]]]
 
 
-register(LUT_OPS, "lut", lower_lut, run_lut)
+register("lut", lower_lut, run_lut)

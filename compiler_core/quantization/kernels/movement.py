@@ -18,13 +18,16 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize
 from compiler_core.quantization.graph import Group
-from compiler_core.quantization.kernels import EXACT, OBSERVE, SAME_AS_INPUT, register
+from compiler_core.quantization.kernels import (
+    EXACT,
+    OBSERVE,
+    SAME_AS_INPUT,
+    KernelRefusal,
+    register,
+)
 from compiler_core.quantization.lowering import LoweringContext, describe_bits, scalar
 from compiler_core.quantization.program import IntOp
 
-MOVEMENT_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Expand", "Tile",
-                "DepthToSpace", "SpaceToDepth", "Pad", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
-                "GatherElements", "GatherND", "Identity")  # nearest Resize moves too (kernels/resize.py)
 _FLOAT_EVALUATED = {"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "Resize"}
 
 
@@ -35,7 +38,7 @@ def _attributes(node: ir.Node) -> dict:
         if isinstance(value, (list, tuple)):
             value = list(value)
         elif isinstance(value, (ir.Graph, ir.TensorProtocol)):
-            raise ValueError(f"{node.name}: attribute {name} cannot be carried by an integer kernel")
+            raise KernelRefusal(f"{node.name}: attribute {name} cannot be carried by an integer kernel")
         result[name] = value
     return result
 
@@ -127,17 +130,24 @@ def lower_concat(group: Group, ctx: LoweringContext) -> IntOp:
     main = group.main
     out = ctx.params(group.output)
     s_y, zp_y = scalar(out)
-    multipliers, shifts, zero_points = [], [], []
-    for value in main.inputs:
-        s_x, zp_x = scalar(ctx.params(value))
+    multipliers, shifts, zero_points, names, constants = [], [], [], [], {}
+    for index, value in enumerate(main.inputs):
+        const = ctx.const(value)
+        if const is not None:  # a constant piece is stored in the output's codes: a plain copy
+            constants[f"const{index}"] = out.quantize(const).astype(np.int32)
+            s_x, zp_x, name = s_y, zp_y, ""
+        else:
+            (s_x, zp_x), name = scalar(ctx.params(value)), value.name
         multiplier, shift = quantize_multiplier(s_x / s_y)
         multipliers.append(multiplier[0])
         shifts.append(shift[0])
         zero_points.append(zp_x)
+        names.append(name)
     axis = int(main.attributes["axis"].as_int()) % len(ctx.view.shape(group.output))
-    return IntOp(main.name, "concat", "Concat", [v.name for v in main.inputs], [group.output.name],
+    return IntOp(main.name, "concat", "Concat", names, [group.output.name],
                  attrs={"axis": axis, "zp_inputs": zero_points, "zp_y": zp_y, "clamp": [out.qmin, out.qmax]},
-                 consts={"multiplier": np.array(multipliers, dtype=np.int32), "shift": np.array(shifts, dtype=np.int32)},
+                 consts={"multiplier": np.array(multipliers, dtype=np.int32), "shift": np.array(shifts, dtype=np.int32),
+                         **constants},
                  precision=describe_bits(out))
 
 
@@ -146,6 +156,8 @@ def run_concat(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     attrs = op.attrs
     parts = []
     for index, codes in enumerate(inputs):
+        if f"const{index}" in op.consts:
+            codes = op.consts[f"const{index}"].astype(np.int64)
         multiplier, shift = int(op.consts["multiplier"][index]), int(op.consts["shift"][index])
         if multiplier == 1 << 30 and shift == 30 and attrs["zp_inputs"][index] == attrs["zp_y"]:
             parts.append(codes)  # same parameters: a plain copy
@@ -185,7 +197,7 @@ def gather_policy(group: Group, ctx: LoweringContext) -> str:
     return OBSERVE if ctx.const(group.main.inputs[0]) is not None else SAME_AS_INPUT
 
 
-register(MOVEMENT_OPS, "move", lower_move, run_onnx, output_policy=SAME_AS_INPUT)
-register([], "exact", lower_exact, run_onnx, output_policy=EXACT)
-register(["Concat"], "concat", lower_concat, run_concat)
-register(["Gather"], "gather_table", lower_gather, run_gather_table, output_policy=gather_policy)
+register("move", lower_move, run_onnx, output_policy=SAME_AS_INPUT)
+register("exact", lower_exact, run_onnx, output_policy=EXACT)
+register("concat", lower_concat, run_concat)
+register("gather_table", lower_gather, run_gather_table, output_policy=gather_policy)

@@ -12,7 +12,7 @@ import numpy as np
 
 from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize
 from compiler_core.quantization.graph import Group
-from compiler_core.quantization.kernels import register
+from compiler_core.quantization.kernels import KernelRefusal, register
 from compiler_core.quantization.lowering import LoweringContext, describe_bits, scalar
 from compiler_core.quantization.program import IntOp
 
@@ -23,7 +23,7 @@ def lower_prelu(group: Group, ctx: LoweringContext) -> IntOp:
     x, y = main.inputs[0], group.output
     slope = ctx.const(main.inputs[1])
     if slope is None:
-        raise ValueError(f"{main.name}: PRelu needs a constant slope for its integer kernel")
+        raise KernelRefusal(f"{main.name}: PRelu needs a constant slope for its integer kernel")
     params_in, params_out = ctx.params(x), ctx.params(y)
     (s_x, zp_x), (s_y, zp_y) = scalar(params_in), scalar(params_out)
     positive, positive_shift = quantize_multiplier(s_x / s_y)
@@ -49,4 +49,4 @@ def run_prelu(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.clip(y, *attrs["clamp"])]
 
 
-register(["PRelu"], "prelu", lower_prelu, run_prelu)
+register("prelu", lower_prelu, run_prelu)

@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler_core.quantization.fixedpoint import round_half_away, rounding_shift
 from compiler_core.quantization.graph import Group
-from compiler_core.quantization.kernels import SAME_AS_INPUT, register
+from compiler_core.quantization.kernels import SAME_AS_INPUT, KernelRefusal, register
 from compiler_core.quantization.kernels.movement import lower_move
 from compiler_core.quantization.lowering import LoweringContext, attr_ints, attr_str, describe_bits, scalar
 from compiler_core.quantization.program import IntOp
@@ -50,7 +50,7 @@ def lower_resize(group: Group, ctx: LoweringContext) -> IntOp:
         axes.append(axis)
         growth *= float(np.abs(weights).sum(axis=1).max())
     if (params.qmax - params.qmin) * growth >= _EXACT_LIMIT:
-        raise ValueError(f"{main.name}: interpolating {len(axes)} axes would overflow the exact accumulator; "
+        raise KernelRefusal(f"{main.name}: interpolating {len(axes)} axes would overflow the exact accumulator; "
                          "at most two resized axes are supported")
     return IntOp(main.name, "interpolate", "Resize", [x.name], [y.name],
                  attrs={"axes": axes, "zp": zero_point, "clamp": [params.qmin, params.qmax]}, consts=consts,
@@ -59,9 +59,9 @@ def lower_resize(group: Group, ctx: LoweringContext) -> IntOp:
 
 def _check_supported(node) -> None:
     if attr_str(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
-        raise ValueError(f"{node.name}: Resize with tf_crop_and_resize has no integer kernel (extrapolated values)")
+        raise KernelRefusal(f"{node.name}: Resize with tf_crop_and_resize has no integer kernel (extrapolated values)")
     if attr_str(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ValueError(f"{node.name}: Resize with keep_aspect_ratio_policy has no integer kernel")
+        raise KernelRefusal(f"{node.name}: Resize with keep_aspect_ratio_policy has no integer kernel")
 
 
 def _full_scales(node, ctx: LoweringContext, in_shape: list[int]) -> np.ndarray | None:
@@ -75,7 +75,7 @@ def _full_scales(node, ctx: LoweringContext, in_shape: list[int]) -> np.ndarray 
         full[axes] = scales.astype(np.float32)
         return full
     if sizes is None or not sizes.size:
-        raise ValueError(f"{node.name}: Resize needs constant scales or sizes for its integer kernel")
+        raise KernelRefusal(f"{node.name}: Resize needs constant scales or sizes for its integer kernel")
     return None
 
 
@@ -96,7 +96,7 @@ def interpolation_matrix(node, in_len: int, out_len: int, scale: float | None) -
     if real.shape != (out_len, in_len):
         raise ValueError(f"{node.name}: per-axis evaluation gave {real.shape}, expected {(out_len, in_len)}")
     if not np.allclose(real.sum(axis=1), 1.0, atol=1e-6):
-        raise ValueError(f"{node.name}: interpolation weights do not sum to 1; no integer kernel")
+        raise KernelRefusal(f"{node.name}: interpolation weights do not sum to 1; no integer kernel")
     return _q15_rows(real)
 
 
@@ -133,4 +133,4 @@ def run_interpolate(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.clip(y + attrs["zp"], *attrs["clamp"])]
 
 
-register(["Resize"], "interpolate", lower_resize, run_interpolate, output_policy=SAME_AS_INPUT)
+register("interpolate", lower_resize, run_interpolate, output_policy=SAME_AS_INPUT)

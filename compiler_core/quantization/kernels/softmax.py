@@ -54,4 +54,4 @@ def run_softmax(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [rounding_divide(exp * op.attrs["qmax"], total)]
 
 
-register(["Softmax"], "softmax", lower_softmax, run_softmax, output_policy=FIXED, fixed_params=softmax_output_params)
+register("softmax", lower_softmax, run_softmax, output_policy=FIXED, fixed_params=softmax_output_params)

@@ -12,7 +12,7 @@ kernel             1..32 per spatial dimension: covers 31x31 large-kernel nets a
 stride             1..8, or any stride equal to the kernel (non-overlapping patchify,
                    ViT/Swin/ConvNeXt stems) up to the kernel limit.
 dilation           1..64 (DeepLab ASPP rates up to 36 fit).
-spatial rank       1-D, 2-D and 3-D convolution and pooling.
+spatial rank       1-D and 2-D convolution and average pooling; max pooling also 3-D.
 =================  =====================================================================
 """
 
@@ -32,6 +32,7 @@ MAX_KERNEL = 32
 MAX_STRIDE = 8
 MAX_DILATION = 64
 SPATIAL_RANKS = (1, 2, 3)
+CONV_SPATIAL_RANKS = (1, 2)  # the integer convolution kernel (and AveragePool, which uses it)
 RNN_ACTIVATIONS = ("Sigmoid", "Tanh", "Relu")
 _RNN_DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 _LUT_ACTIVATIONS = frozenset({"Sigmoid", "Tanh"})
@@ -136,13 +137,33 @@ def activation_dtypes(node: ir.Node, allowed: frozenset[ir.DataType]) -> str | N
     for value in node.inputs:
         if value is None or is_constant(value) or value.dtype is None or value.dtype in allowed:
             continue
-        if value.is_graph_input() and node.op_type in _INPUT_CONVERSIONS:
+        if value.is_graph_input() and node.op_type in _INPUT_CONVERSIONS and value.dtype in _INPUT_INDEX_TYPES:
             continue  # integer model inputs (token ids, masks) are converted as they arrive
         names = "/".join(sorted(dtype.name.lower() for dtype in allowed))
         return (
             f"input '{value.name}' is {value.dtype.name.lower()} computed at run time; the NPU takes "
             f"{names} activations (integer index/shape tensors must be constants)"
         )
+    return None
+
+
+_INPUT_INDEX_TYPES = frozenset({ir.DataType.BOOL, ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32,
+                                ir.DataType.INT64, ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32,
+                                ir.DataType.UINT64})
+
+
+def _is_float_type(dtype: ir.DataType | None) -> bool:
+    return dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16)
+
+
+def no_empty_tensors(node: ir.Node) -> str | None:
+    """Every input and output has at least one element (zero-size tensors have no NPU buffer)."""
+    for value in (*node.inputs, *node.outputs):
+        shape = dims(value)
+        if is_constant(value):
+            continue  # an empty constant operand (e.g. "no axes") is fine
+        if shape is not None and any(isinstance(d, int) and d == 0 for d in shape):
+            return f"tensor '{value.name}' has no elements (shape {_fmt(shape)}); zero-size tensors are not supported"
     return None
 
 
@@ -159,12 +180,13 @@ def _window_limits(kernel: Sequence[int], strides: Sequence[int], dilations: Seq
     return None
 
 
-def _window(node: ir.Node, kernel: Sequence[int] | None) -> str | None:
+def _window(node: ir.Node, kernel: Sequence[int] | None, ranks: Sequence[int] = SPATIAL_RANKS) -> str | None:
     if not kernel:
         return None
     spatial = len(kernel)
-    if spatial not in SPATIAL_RANKS:
-        return f"{spatial}-D {node.op_type} not supported (1-D, 2-D and 3-D only)"
+    if spatial not in ranks:
+        listed = ", ".join(f"{r}-D" for r in ranks)
+        return f"{spatial}-D {node.op_type} not supported ({listed} only)"
     strides = _ints(node, "strides", [1] * spatial)
     return _window_limits(kernel, strides, _ints(node, "dilations", [1] * spatial))
 
@@ -178,13 +200,18 @@ def _weight_kernel(node: ir.Node) -> list[int] | None:
 
 
 def conv_window(node: ir.Node) -> str | None:
-    """Conv / ConvTranspose: 1-3 spatial dims within the kernel, stride and dilation limits."""
-    return _window(node, _weight_kernel(node))
+    """Conv / ConvTranspose: 1-2 spatial dims within the kernel, stride and dilation limits."""
+    return _window(node, _weight_kernel(node), CONV_SPATIAL_RANKS)
 
 
 def pool_window(node: ir.Node) -> str | None:
-    """MaxPool / AveragePool / LpPool: 1-3 spatial dims within the window limits."""
+    """MaxPool / LpPool: 1-3 spatial dims within the window limits."""
     return _window(node, _ints(node, "kernel_shape", []))
+
+
+def average_window(node: ir.Node) -> str | None:
+    """AveragePool: 1-2 spatial dims (its window sums use the convolution kernel)."""
+    return _window(node, _ints(node, "kernel_shape", []), CONV_SPATIAL_RANKS)
 
 
 def global_pool_rank(node: ir.Node) -> str | None:
@@ -322,3 +349,76 @@ def exponent_needs_lut(node: ir.Node) -> bool:
 def lp_needs_root(node: ir.Node) -> bool:
     """LpPool: p=1 is a sum of absolute values; other p need power and root LUTs."""
     return node.attributes.get_int("p", 2) != 1
+
+
+# -- what the integer kernels need ------------------------------------------------------------
+
+
+def gemm_plain_a(node: ir.Node) -> str | None:
+    """Gemm: ``transA`` must be 0 (the activation is the left operand as is)."""
+    if node.attributes.get_int("transA", 0):
+        return "Gemm transA=1 not supported; transpose the activation before the Gemm (transA=0)"
+    return None
+
+
+def pool_floor_mode(node: ir.Node) -> str | None:
+    """AveragePool: ``ceil_mode`` must be 0 (partial windows at the end are not averaged)."""
+    if node.attributes.get_int("ceil_mode", 0):
+        return f"{node.op_type} ceil_mode=1 not supported; pad the input or use ceil_mode=0"
+    return None
+
+
+def scalar_constant_operands(node: ir.Node) -> str | None:
+    """Look-up-table ops: every input after the first must be a scalar constant (e.g. Pow's exponent)."""
+    for index, value in enumerate(node.inputs[1:], start=1):
+        if value is None:
+            continue
+        if not is_constant(value):
+            return (f"{node.op_type} input '{input_role(node, index)}' is computed at run time; a look-up table "
+                    "needs it to be a constant")
+        const = value.const_value
+        if const is not None and const.size != 1:
+            return (f"{node.op_type} input '{input_role(node, index)}' has {const.size} values; a look-up table "
+                    "needs a single constant")
+    return None
+
+
+def only_first_output_used(node: ir.Node) -> str | None:
+    """Ops whose extra outputs (LayerNorm's Mean/InvStdDev, ...) the integer kernel does not produce."""
+    extra = [value.name for value in node.outputs[1:] if is_used(value)]
+    if extra:
+        return f"{node.op_type} output '{extra[0]}' is used; the integer kernel computes only the first output"
+    return None
+
+
+def matrix_operands(node: ir.Node) -> str | None:
+    """MatMul: both operands have rank 2 or more (1-D vector products are not lowered)."""
+    for value in node.inputs[:2]:
+        shape = dims(value)
+        if shape is not None and len(shape) < 2:
+            return f"MatMul operand '{value.name}' is 1-D; reshape it to a matrix ([1, K] or [K, 1])"
+    return None
+
+
+def explicit_pool_pads(node: ir.Node) -> str | None:
+    """AveragePool: ``auto_pad`` SAME_* is not lowered (give explicit ``pads``)."""
+    auto_pad = _string(node, "auto_pad", "NOTSET")
+    if auto_pad in ("NOTSET", "VALID"):
+        return None
+    return f"{node.op_type} auto_pad={auto_pad} not supported; export with explicit pads"
+
+
+def outputs_not_float(node: ir.Node) -> str | None:
+    """Exact (compare/select/index) ops: their outputs must be bool or integer."""
+    for value in node.outputs:
+        if value.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16):
+            return f"{node.op_type} with a float output has no integer kernel"
+    return None
+
+
+def float_data_input(node: ir.Node) -> str | None:
+    """Elementwise min/max/sum: every input is a float tensor (activation or constant)."""
+    for value in node.inputs:
+        if value is not None and value.dtype not in (None, ir.DataType.FLOAT):
+            return f"{node.op_type} of {value.dtype.name.lower()} tensors has no integer kernel"
+    return None
