@@ -308,11 +308,15 @@ class SetupCheckDialog(QDialog):
         self.compile_button.setEnabled(False)
         self.status.setText("Compiling the sample…")
         worker = Worker("setup-check", compile_sample, self._scratch / "sample")
-        worker.progress.connect(lambda event: self.status.setText(f"Compiling the sample: {event.stage}…"))
+        worker.progress.connect(self._on_progress)
         worker.succeeded.connect(self._on_compiled)
         worker.failed.connect(self._on_failed)
         worker.finished.connect(lambda: self.compile_button.setEnabled(True))
         self.runner.start("setup-check", worker)
+
+    def _on_progress(self, event) -> None:
+        if not self.compile_button.isEnabled():  # a late event must not hide the outcome
+            self.status.setText(f"Compiling the sample: {event.stage}…")
 
     def _on_compiled(self, result: SampleCompile) -> None:
         self.status.setText(f"✓ Test compile: the sample compiled in a child process in {result.seconds:.1f} s.")

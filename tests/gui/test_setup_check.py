@@ -71,7 +71,7 @@ def test_test_compile_runs_in_a_child_process(qtbot, dirs):
     qtbot.addWidget(dialog)
     dialog.compile_button.click()
     assert not dialog.compile_button.isEnabled()
-    qtbot.waitUntil(lambda: dialog.compile_button.isEnabled(), timeout=120_000)
+    qtbot.waitUntil(lambda: dialog.compile_button.isEnabled(), timeout=300_000)
     assert dialog.status.text().startswith("✓ Test compile"), dialog.status.text()
     scratch = dialog._scratch
     dialog.done(0)
