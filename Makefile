@@ -43,7 +43,7 @@ test: setup lint
 wheel: setup
 	$(PY) -m build --no-isolation --outdir dist .
 
-# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); about 4 minutes on 2 cores.
+# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); 4-9 minutes on 2 cores.
 package: setup
 	$(PY) -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build/pyinstaller \
 		packaging/pyinstaller/qbstudio.spec
