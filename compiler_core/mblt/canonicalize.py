@@ -18,9 +18,9 @@ import onnx_ir as ir
 import onnxscript.optimizer
 import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
-from onnxscript import rewriter
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
 from onnxscript.rewriter.rules import common as common_rules
+from onnxscript.rewriter.rules.fusion._layer_norm import layer_normalization_rules
 from onnxscript.utils import metadata_merger
 
 from compiler_core.errors import ArgumentError, DynamicShapeError, InvalidModelError, UnsupportedOpsError
@@ -204,17 +204,37 @@ def _optimize(model: ir.Model) -> None:
     _remove_unused_initializers(model)
 
 
-# Conv -> Mul/Add by scalars, with the constant on either side (PP-OCR writes Mul(c, conv)).
-_CONV_AFFINE_RULES = RewriteRuleSet([common_rules.conv_affine_fusion_rule], commute=True).rules
+# Fusions onnxscript provides, applied after ours: Conv -> Mul/Add by scalars (PP-OCR writes Mul(c, conv)),
+# HardSwish written out (x * clip(x + 3, 0, 6) / 6, or x * HardSigmoid(x)), LayerNorm written out
+# (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add), Max/Min by constants -> Clip, successive clamps, and the
+# arithmetic no-ops (x * 1, x + 0, x - 0, x / 1).
+_LIBRARY_RULES = [
+    *RewriteRuleSet([common_rules.conv_affine_fusion_rule], commute=True).rules,
+    *common_rules.fuse_hardswish_rules().rules,
+    *layer_normalization_rules,
+    common_rules.min_max_rule, common_rules.max_min_rule, common_rules.min_min_rule, common_rules.max_max_rule,
+    common_rules.successive_clip_rule, common_rules.successive_relu_rule, common_rules.successive_clip_relu_rule,
+    common_rules.successive_relu_clip_rule,
+    common_rules.mul_by_1_rule, common_rules.add_0_rule, common_rules.sub_0_rule, common_rules.div_by_1_rule,
+]
+_MAX_REWRITE_ROUNDS = 8
 
 
 def _legalize(model: ir.Model) -> None:
-    """Apply our fusions and decompositions, then fold whatever they exposed."""
+    """Apply our fusions and decompositions, then fold whatever they exposed.
+
+    Rules are applied until none matches (a ``Conv -> Add -> Mul -> Add`` chain folds one op per
+    round), with constant folding between rounds so every rule sees folded constants.
+    """
     decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
-    rewriter.rewrite(model, pattern_rewrite_rules=[*MBLT_REWRITE_RULES, *_CONV_AFFINE_RULES])
-    onnxscript.optimizer.optimize_ir(
-        model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-        should_fold=_should_fold)
+    rules = RewriteRuleSet([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
+    for _ in range(_MAX_REWRITE_ROUNDS):
+        if not rules.apply_to_model(model):
+            break
+        common_passes.RemoveUnusedNodesPass()(model)
+        onnxscript.optimizer.optimize_ir(
+            model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+            should_fold=_should_fold)
     _remove_unused_initializers(model)
 
 

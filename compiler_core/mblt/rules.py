@@ -47,6 +47,7 @@ class BatchNormToAffine(RewriteRuleClassBase):
 
 
 def _is_scalar(value, expected: float, tolerance: float = 1e-4) -> bool:
+    """True if ``value`` is a one-element constant within ``tolerance`` of ``expected``."""
     const = value.const_value
     return const is not None and const.size == 1 and abs(float(const.numpy().reshape(())) - expected) <= tolerance
 
@@ -111,7 +112,211 @@ class WholeWindowAveragePool(RewriteRuleClassBase):
         return op.GlobalAveragePool(x)
 
 
+def _channel_constant(value: ir.Value, channels: int, rank: int) -> np.ndarray | None:
+    """``value`` as a per-output-channel vector of ``channels`` values (a scalar broadcast), or None.
+
+    Accepted: a scalar, a one-element tensor, or a constant broadcasting along axis 1 of a rank-``rank``
+    NCHW tensor only (shape ``[C, 1, ..]`` or ``[1, C, 1, ..]``).
+    """
+    const = value.const_value
+    if const is None:
+        return None
+    array = const.numpy().astype(np.float64)
+    if array.size == 1 and array.ndim <= rank:
+        return np.full(channels, float(array.reshape(())))
+    if array.ndim > rank or array.size != channels:
+        return None
+    shape = [1] * (rank - array.ndim) + list(array.shape)
+    if shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return array.reshape(-1)
+
+
+class _ConvChannelAffine(RewriteRuleClassBase):
+    """``Conv -> <op> constant`` (per output channel or scalar) folded into the convolution's weights and bias.
+
+    Exporters write BatchNorm leftovers, learnable scales and biases (PP-OCR's
+    ``Conv -> Add(bias) -> Mul(scale) -> Add(shift)`` chains) as separate element-wise ops; each would
+    be its own quantization point with its own rounding. Folding them is exact in float.
+    """
+
+    operator = ""
+
+    def pattern(self, op, x, w, c):
+        conv = op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["conv_out"])
+        return getattr(op, self.operator)(conv, c)
+
+    def check(self, context, x, w, c, conv_out) -> MatchResult:
+        result = MatchResult()
+        node = conv_out.producer()
+        if w.const_value is None or (len(node.inputs) > 2 and node.inputs[2] is not None
+                                     and node.inputs[2].const_value is None):
+            return result.fail(f"{node.name}: weights or bias are not constants.")
+        if len(conv_out.uses()) != 1 or conv_out.is_graph_output():
+            return result.fail(f"{node.name}: the convolution's output has other consumers.")
+        if conv_out.shape is None or _channel_constant(c, w.const_value.shape[0], len(conv_out.shape)) is None:
+            return result.fail(f"{node.name}: the {self.operator} operand is not a per-channel constant.")
+        if self.operator == "Div" and np.any(_channel_constant(c, w.const_value.shape[0], len(conv_out.shape)) == 0):
+            return result.fail(f"{node.name}: division by zero.")
+        return result
+
+    def rewrite(self, op, x, w, c, conv_out):
+        node = conv_out.producer()
+        weight = w.const_value.numpy().astype(np.float64)
+        channels = weight.shape[0]
+        bias_value = node.inputs[2] if len(node.inputs) > 2 else None
+        bias = bias_value.const_value.numpy().astype(np.float64) if bias_value is not None else np.zeros(channels)
+        factor = _channel_constant(c, channels, len(conv_out.shape))
+        scale, shift = {"Mul": (factor, 0.0), "Div": (1.0 / factor, 0.0),
+                        "Add": (1.0, factor), "Sub": (1.0, -factor)}[self.operator]
+        scale = np.broadcast_to(scale, (channels,))
+        new_weight = weight * scale.reshape([-1] + [1] * (weight.ndim - 1))
+        new_bias = bias * scale + shift
+        dtype = w.const_value.numpy().dtype
+        weight_init = op.initializer(ir.tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
+        bias_init = op.initializer(ir.tensor(new_bias.astype(dtype)), name=f"{node.name}_b_{self.operator.lower()}")
+        attributes = {name: attribute for name, attribute in node.attributes.items()}
+        return op.Conv(x, weight_init, bias_init, **attributes)
+
+
+class ConvMulChannel(_ConvChannelAffine):
+    """``Conv * c``."""
+
+    operator = "Mul"
+
+
+class ConvAddChannel(_ConvChannelAffine):
+    """``Conv + c``."""
+
+    operator = "Add"
+
+
+class ConvSubChannel(_ConvChannelAffine):
+    """``Conv - c``."""
+
+    operator = "Sub"
+
+
+class ConvDivChannel(_ConvChannelAffine):
+    """``Conv / c``."""
+
+    operator = "Div"
+
+
+def _last_axis(value: ir.Value, rank: int) -> bool:
+    const = value.const_value
+    return const is not None and const.size == 1 and int(const.numpy().reshape(())) % rank == rank - 1
+
+
+class _WrittenOutLayerNorm(RewriteRuleClassBase):
+    """``(x - mean(x)) / sqrt(mean((x - mean(x))**2) + eps)`` over the last axis -> ``LayerNormalization``.
+
+    Exporters (Paddle, older torch) write LayerNorm out; quantized step by step, its ``Div`` of two
+    activations and its tiny variance lose most of the signal. The fused node is the MFU's int16
+    normalisation routine; the scale and shift that follow fold into it (``LayerNormAffine``).
+    """
+
+    def check(self, context, x, axes, axes2, two, epsilon, **_) -> MatchResult:
+        result = MatchResult()
+        if x.shape is None:
+            return result.fail("the input rank is unknown")
+        rank = len(x.shape)
+        if not (_last_axis(axes, rank) and _last_axis(axes2, rank)):
+            return result.fail("the means are not over the last axis")
+        if not _is_scalar(two, 2.0, 0.0):
+            return result.fail("the exponent is not 2")
+        if epsilon.const_value is None or epsilon.const_value.size != 1:
+            return result.fail("epsilon is not a constant scalar")
+        return result
+
+    def rewrite(self, op, x, epsilon, **_):
+        width = int(x.shape[-1])
+        dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+        ones = op.initializer(ir.tensor(np.ones(width, dtype=dtype)), name=f"{x.name}_ln_scale")
+        zeros = op.initializer(ir.tensor(np.zeros(width, dtype=dtype)), name=f"{x.name}_ln_bias")
+        eps = float(epsilon.const_value.numpy().reshape(()))
+        return op.LayerNormalization(x, ones, zeros, axis=-1, epsilon=eps)
+
+
+class WrittenOutLayerNormDiv(_WrittenOutLayerNorm):
+    """Normalized by ``Div(d, std)``."""
+
+    def pattern(self, op, x, axes, axes2, two, epsilon):
+        deviation = op.Sub(x, op.ReduceMean(x, axes, _allow_other_attributes=True))
+        variance = op.ReduceMean(op.Pow(deviation, two), axes2, _allow_other_attributes=True)
+        return op.Div(deviation, op.Sqrt(op.Add(variance, epsilon)))
+
+
+class WrittenOutLayerNormReciprocal(_WrittenOutLayerNorm):
+    """Normalized by ``Mul(d, Reciprocal(std))``."""
+
+    def pattern(self, op, x, axes, axes2, two, epsilon):
+        deviation = op.Sub(x, op.ReduceMean(x, axes, _allow_other_attributes=True))
+        variance = op.ReduceMean(op.Pow(deviation, two), axes2, _allow_other_attributes=True)
+        return op.Mul(deviation, op.Reciprocal(op.Sqrt(op.Add(variance, epsilon))))
+
+
+class _LayerNormAffine(RewriteRuleClassBase):
+    """``LayerNormalization(x, s, b) * g`` or ``+ c`` (constants over the last axis) folded into ``s`` and ``b``."""
+
+    operator = ""
+
+    def pattern(self, op, x, scale, bias, c):
+        norm = op.LayerNormalization(x, scale, bias, _allow_other_attributes=True, _outputs=["norm"])
+        return getattr(op, self.operator)(norm, c)
+
+    def check(self, context, x, scale, bias, c, norm) -> MatchResult:
+        result = MatchResult()
+        node = norm.producer()
+        if len(norm.uses()) != 1 or norm.is_graph_output() or len(node.outputs) > 1:
+            return result.fail(f"{node.name}: the normalized output has other consumers")
+        if node.attributes.get_int("axis", -1) % len(norm.shape) != len(norm.shape) - 1:
+            return result.fail(f"{node.name}: not normalized over the last axis only")
+        if scale.const_value is None or bias.const_value is None or self._vector(c, norm) is None:
+            return result.fail(f"{node.name}: scale, bias or the {self.operator} operand is not constant")
+        return result
+
+    @staticmethod
+    def _vector(c: ir.Value, norm: ir.Value) -> np.ndarray | None:
+        const = c.const_value
+        width = int(norm.shape[-1])
+        if const is None:
+            return None
+        array = const.numpy().astype(np.float64)
+        if array.size == 1:
+            return np.full(width, float(array.reshape(())))
+        if array.size == width and array.shape[-1] == width and array.ndim <= len(norm.shape):
+            return array.reshape(-1)
+        return None
+
+    def rewrite(self, op, x, scale, bias, c, norm):
+        node = norm.producer()
+        vector = self._vector(c, norm)
+        width = vector.size
+        gamma = np.broadcast_to(scale.const_value.numpy().astype(np.float64).reshape(-1), (width,))
+        beta = np.broadcast_to(bias.const_value.numpy().astype(np.float64).reshape(-1), (width,))
+        gamma, beta = (gamma * vector, beta * vector) if self.operator == "Mul" else (gamma, beta + vector)
+        dtype = scale.const_value.numpy().dtype
+        new_scale = op.initializer(ir.tensor(gamma.astype(dtype)), name=f"{node.name}_scale_{self.operator.lower()}")
+        new_bias = op.initializer(ir.tensor(beta.astype(dtype)), name=f"{node.name}_bias_{self.operator.lower()}")
+        return op.LayerNormalization(x, new_scale, new_bias, **dict(node.attributes.items()))
+
+
+class LayerNormMul(_LayerNormAffine):
+    """``LayerNorm * g``."""
+
+    operator = "Mul"
+
+
+class LayerNormAdd(_LayerNormAffine):
+    """``LayerNorm + c``."""
+
+    operator = "Add"
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
-    [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule()],
-    commute=True).rules
+    [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
+     ConvMulChannel.rule(), ConvAddChannel.rule(), WrittenOutLayerNormDiv.rule(),
+     WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
+    commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule()]
 """Our rules, in application order (operand orders of commutative ops included)."""

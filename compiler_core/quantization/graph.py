@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from compiler_core.ops import get_op
+
 FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
 ACCUMULATING_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul"}
 ACTIVATION_OPS = {"Relu", "Clip"}
@@ -88,7 +90,8 @@ class GraphView:
 
 
 def build_groups(view: GraphView) -> list[Group]:
-    """Fuse bias Adds and Relu/Clip activations into the operation that feeds them."""
+    """Fuse bias Adds and Relu/Clip activations into the operation that feeds them, and element-wise
+    steps on one activation into the look-up table before them."""
     absorbed: set[int] = set()
     groups = []
     for node in view.nodes:
@@ -98,9 +101,44 @@ def build_groups(view: GraphView) -> list[Group]:
         if node.op_type in ACCUMULATING_OPS and view.is_float(node.outputs[0]):
             _absorb_bias(view, group)
             _absorb_activation(view, group)
+        elif _is_table(node) and view.is_float(node.outputs[0]):
+            absorb_unary_chain(view, group)
         absorbed.update(id(n) for n in group.fused)
         groups.append(group)
     return groups
+
+
+_SCALAR_STEPS = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _is_table(node: ir.Node) -> bool:
+    entry = get_op(node.op_type, node.domain)
+    return entry is not None and entry.lowering == "lut"
+
+
+def absorb_unary_chain(view: GraphView, group: Group) -> None:
+    """After a look-up-table op, fuse what is still a function of the same one input into the table.
+
+    Fused while the running value has a single consumer: another table op with scalar-constant
+    operands (``tanh(softplus(x))``), arithmetic with a scalar constant (learnable ``a * f(x) + b``
+    blocks), and a product with the table's own input (``x * sigmoid(x)``, SiLU/Swish/Mish gates).
+    One table then replaces several quantization points, each of which would round.
+    """
+    source = group.main.inputs[0]
+    while True:
+        nxt = view.single_consumer(group.output)
+        if nxt is None or not view.is_float(nxt.outputs[0]) or len(nxt.outputs) != 1:
+            return
+        others = [v for v in nxt.inputs if v is not group.output]
+        if _is_table(nxt) and nxt.inputs[0] is group.output and all(_scalar(view, v) for v in others) or nxt.op_type in _SCALAR_STEPS and len(others) == 1 and _scalar(view, others[0]) or nxt.op_type == "Mul" and len(others) == 1 and others[0] is source:
+            group.fused.append(nxt)
+        else:
+            return
+
+
+def _scalar(view: GraphView, value: ir.Value | None) -> bool:
+    const = view.const(value)
+    return const is not None and const.size == 1
 
 
 def _absorb_bias(view: GraphView, group: Group) -> None:
