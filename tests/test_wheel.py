@@ -10,6 +10,7 @@ path relative to the checkout would fail.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -30,12 +31,26 @@ def _run(args: list[str], *, env: dict[str, str], cwd: Path, timeout: float = 60
     return result
 
 
+def _source_copy(target: Path) -> Path:
+    """The checkout's files (tracked or not ignored), so parallel test workers never build in one tree."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: the wheel test copies the files git lists")
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> dict[str, Path]:
     """The sdist and the wheel, the wheel built from the sdist (as ``python -m build`` does)."""
     pytest.importorskip("build")
-    out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+    source, out = _source_copy(tmp_path_factory.mktemp("src")), tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
          env=dict(os.environ), cwd=out)
     return {"sdist": next(out.glob("*.tar.gz")), "wheel": next(out.glob("*.whl"))}
 
