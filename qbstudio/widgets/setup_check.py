@@ -326,6 +326,7 @@ class SetupCheckDialog(QDialog):
         dialogs.show_error(self, "Test compile failed", error)
 
     def done(self, result: int) -> None:  # noqa: D102 (QDialog override)
-        self.runner.shutdown()
+        if self.runner.is_busy("setup-check"):
+            self.runner.shutdown()
         shutil.rmtree(self._scratch, ignore_errors=True)
         super().done(result)

@@ -73,6 +73,9 @@ def test_test_compile_runs_in_a_child_process(qtbot, dirs):
     assert not dialog.compile_button.isEnabled()
     qtbot.waitUntil(lambda: dialog.compile_button.isEnabled(), timeout=300_000)
     assert dialog.status.text().startswith("✓ Test compile"), dialog.status.text()
+    # let the runner retire its worker and thread before the dialog closes (the button is re-enabled first)
+    qtbot.waitUntil(lambda: not dialog.runner.is_busy("setup-check"), timeout=60_000)
+    qtbot.wait(200)
     scratch = dialog._scratch
     dialog.done(0)
     assert not scratch.exists()
