@@ -226,12 +226,29 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
 
     reporter = as_reporter(callback, cancel_token)
     frontend_options = {key: kwargs.pop(key) for key in FRONTEND_OPTIONS if key in kwargs}
+    backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
                             constant_inputs=constant_inputs, callback=reporter, **frontend_options)
         kwargs.setdefault("model_path", [str(model)] if isinstance(model, (str, Path)) else None)
         return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
                                      save_path=save_path, callback=reporter, **kwargs)
+
+
+def _parse_options_from_config(kwargs: Mapping[str, Any], backend: str | None,
+                               input_shape_dict: Mapping[str, Sequence[int]] | None):
+    """``backend`` and ``input_shape_dict`` for the parse: explicit arguments win, then the compile config.
+
+    The config file (or dict, or preset) is the same one the compile resolves, so a shape given
+    there is honoured by the parse that precedes the compile, as ``qbcompiler parse`` honours it.
+    """
+    if (backend is not None and input_shape_dict is not None) or (
+            kwargs.get("compile_config") is None and kwargs.get("config_preset") is None):
+        return backend, input_shape_dict
+    from compiler_core.config import resolve_config
+
+    config = resolve_config(compile_config=kwargs.get("compile_config"), config_preset=kwargs.get("config_preset"))
+    return backend or config.backend, input_shape_dict or (dict(config.input_shape_dict) or None)
 
 
 def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None, calib_data_path: Any = None,

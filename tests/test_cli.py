@@ -128,3 +128,38 @@ def test_console_script_usage_error():
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.startswith("ERROR [ARGUMENT_ERROR]: No command given.")
+
+
+def _dynamic_conv(tmp_path: Path) -> Path:
+    """A small Conv model whose height and width are dynamic (``h``, ``w``)."""
+    import numpy as np
+
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.random.default_rng(0).standard_normal(108))
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"])], "dyn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("source", ["config", "flag"])
+def test_compile_takes_the_input_shape_from_the_config_file_or_the_flag(capsys, tmp_path, source):
+    model = _dynamic_conv(tmp_path)
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"inputShapeDict": {"x": [1, 3, 16, 24]}} if source == "config" else {}))
+    extra = ["--input-shape", "x=1,3,16,24"] if source == "flag" else []
+    code, out, err = _cli(capsys, "compile", "--model", str(model), "--target-device", "aries-rb",
+                          "--use-random-calib", "--compile-config", str(config), "--output", str(tmp_path / "m.mxq"),
+                          *extra)
+    assert code == 0, err
+    from compiler_core.runtime import Model
+
+    assert Model(str(tmp_path / "m.mxq")).program.inputs[0].shape == [1, 3, 16, 24]
+
+
+def test_compile_without_a_shape_names_the_dynamic_input(capsys, tmp_path):
+    code, _, err = _cli(capsys, "compile", "--model", str(_dynamic_conv(tmp_path)), "--target-device", "aries-rb",
+                        "--use-random-calib", "--output", str(tmp_path / "m.mxq"))
+    assert code == 1 and "DYNAMIC_SHAPE" in _error_line(err) and "'x'" in err

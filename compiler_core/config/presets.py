@@ -69,6 +69,11 @@ PRESETS: dict[str, Preset] = {
         "BERT/MiniLM-style encoders: a16w8 (int16 activations, int8 weights), WChAMulti, Max calibration.",
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
+    "ocr": Preset(
+        "Text detectors and recognizers (PP-OCR class): a16w8; their activations have per-channel outliers "
+        "that an 8-bit per-tensor scale cannot hold.",
+        {"calibration": {"method": 1, "mode": 0},
+         "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm": Preset(
         "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
         {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},
