@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench fuzz corpus clean
+.PHONY: setup run run-cli test lint bench fuzz corpus clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
 	@sh scripts/system-packages.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev]"
+	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev,package]"
 	$(PIP) install -q --no-deps -r requirements-testdata.txt
 	@touch $(STAMP)
 
@@ -46,6 +46,23 @@ fuzz: setup
 		tests/test_mxq_tamper.py > build/fuzz.log 2>&1; status=$$?; \
 	grep -E "^fuzz |tampered|passed|failed|Falsifying" build/fuzz.log; echo "full log: build/fuzz.log"; exit $$status
 
+# Wheel and sdist into dist/ (no network: the build backend comes from the venv).
+wheel: setup
+	$(PY) -m build --no-isolation --outdir dist .
+
+# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); 4-9 minutes on 2 cores.
+package: setup
+	$(PY) -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build/pyinstaller \
+		packaging/pyinstaller/qbstudio.spec
+
+# Build the bundle (timed) and check it: libraries, clean-environment start, frozen compiles, screenshot.
+package-test: setup
+	$(PY) scripts/package_test.py --build
+
+desktop-validate:
+	desktop-file-validate packaging/linux/io.github.qbstudio.qbstudio.desktop
+	appstreamcli validate --no-net packaging/linux/io.github.qbstudio.qbstudio.metainfo.xml
+
 bench: setup
 	$(PY) bench/parse.py
 
@@ -55,4 +72,4 @@ corpus: setup
 	$(PY) bench/corpus.py --markdown --write docs/models.md
 
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build dist .pytest_cache .ruff_cache

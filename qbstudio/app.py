@@ -28,12 +28,18 @@ _STARTED = time.perf_counter()
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line arguments."""
+    from compiler_core import __version__
+
     parser = argparse.ArgumentParser(prog="qbstudio", description="qb Studio: the qb Compiler workbench.")
+    parser.add_argument("--version", action="version", version=f"qbstudio {__version__}")
     parser.add_argument("path", nargs="?", help="a .qbproj project or a model file to open")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--smoke-exit-after-ready", action="store_true",
                         help="exit once the window is shown, or once PATH's model and graph are ready "
                              "(start-up timing, CI)")
+    parser.add_argument("--check-setup", action="store_true",
+                        help="print versions, components and folders, compile the sample as a test, and exit")
+    parser.add_argument("--check-setup-output", metavar="DIR", help="keep the --check-setup test compile in DIR")
     return parser.parse_args(argv)
 
 
@@ -90,6 +96,10 @@ def install_exception_hooks(window) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the workbench; returns the exit status."""
     args = parse_args(argv)
+    if args.check_setup:  # no window: works without a display
+        from qbstudio.widgets.setup_check import run_check
+
+        return run_check(AppDirs.default(), args.check_setup_output)
     if not has_display():
         sys.stderr.write(NO_DISPLAY_MESSAGE)
         return 2

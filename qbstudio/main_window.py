@@ -46,6 +46,7 @@ from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
+from qbstudio.widgets import setup_check
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
@@ -269,6 +270,7 @@ class MainWindow(QMainWindow):
         view_menu.addActions([self.layers_dock.toggleViewAction(), self.log_dock.toggleViewAction()])
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
+        help_menu.addAction(self._action("Check My &Setup…", lambda: setup_check.show_dialog(self, self.dirs)))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:

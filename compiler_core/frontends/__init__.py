@@ -13,6 +13,10 @@ from compiler_core.errors import ArgumentError, ModelLoadError
 BACKENDS = ("onnx", "torch", "torchscript", "tf", "tflite")
 
 Loader = Callable[..., ir.Model]
+OPTIONAL_PACKAGES = {"torch": ("torch", "transformers"), "torchscript": ("torch",), "tf": ("tensorflow", "keras"),
+                     "tflite": ("tflite",)}
+"""Backend -> third-party packages it imports that an installation may lack (optional extras)."""
+EXTRAS = {"torch": "torch", "torchscript": "torch", "tf": "tf", "tflite": "tflite"}
 
 
 def _load_onnx(model: Any, **_: Any) -> ir.Model:
@@ -90,10 +94,20 @@ def load_source(model: Any, backend: str, **options: Any) -> ir.Model:
 
     Raises:
         ArgumentError: the backend name is unknown or not available in this installation.
+        ModelLoadError: the frontend's optional package (torch, tensorflow ...) is not installed.
     """
     if backend not in BACKENDS:
         raise ArgumentError(f"Unknown backend '{backend}'.", hint=f"Use one of: {', '.join(BACKENDS)}.")
     if backend not in FRONTENDS:
         raise ArgumentError(f"The '{backend}' frontend is not available yet in this version.",
                             hint="Export the model to ONNX and use --backend onnx.")
-    return FRONTENDS[backend](model, **options)
+    try:
+        return FRONTENDS[backend](model, **options)
+    except ModuleNotFoundError as error:
+        package = (error.name or "").split(".")[0]
+        if package not in OPTIONAL_PACKAGES.get(backend, ()):
+            raise
+        raise ModelLoadError(f"The '{backend}' frontend needs the Python package '{package}', which is not installed.",
+                             hint=f"Install it (pip install 'qbstudio[{EXTRAS[backend]}]'); the standalone bundle "
+                                  "reads ONNX and TFLite only. Or export the model to ONNX.",
+                             file=str(model) if isinstance(model, (str, Path)) else None) from error

@@ -1,7 +1,8 @@
 """User scripts and CSS injected into the embedded Netron page.
 
-The scripts live in ``resources/netron/`` (``privacy.js``: consent cookie and a no-op ``sendBeacon``;
-``bridge.js``: events to Python, colouring and selection API, readiness). Each is wrapped here in a
+The scripts live in ``resources/netron/``, found with :func:`compiler_core.resources.resource_path`
+(``privacy.js``: consent cookie and a no-op ``sendBeacon``; ``bridge.js``: events to Python,
+colouring and selection API, readiness). Each is wrapped here in a
 ``try``/``catch`` with two helpers, because an uncaught error in an injected script makes Netron
 blank the graph:
 
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 from PySide6.QtWebEngineCore import QWebEngineScript, QWebEngineScriptCollection
 
+from compiler_core.resources import resource_path
 from qbstudio.netron.palette import (
     SELECTION_COLOUR,
     SUPPORT_PALETTE,
@@ -31,7 +32,6 @@ from qbstudio.netron.palette import (
 logger = logging.getLogger(__name__)
 
 BRIDGE_PREFIX = "qbnetron:"
-RESOURCE_DIR = Path(__file__).resolve().parents[2] / "resources" / "netron"
 
 _PROLOGUE = """(function () {
 'use strict';
@@ -115,10 +115,14 @@ def user_scripts() -> list[QWebEngineScript]:
     """The scripts to inject, in order (privacy first: it must precede Netron's own start-up)."""
     creation = QWebEngineScript.InjectionPoint.DocumentCreation
     return [
-        _script("privacy", (RESOURCE_DIR / "privacy.js").read_text(encoding="utf-8"), creation),
-        _script("bridge", (RESOURCE_DIR / "bridge.js").read_text(encoding="utf-8"), creation),
+        _script("privacy", _read_script("privacy.js"), creation),
+        _script("bridge", _read_script("bridge.js"), creation),
         _script("style", _style_body(), QWebEngineScript.InjectionPoint.DocumentReady),
     ]
+
+
+def _read_script(name: str) -> str:
+    return resource_path("netron", name).read_text(encoding="utf-8")
 
 
 def install_scripts(collection: QWebEngineScriptCollection) -> None:
