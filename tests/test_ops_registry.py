@@ -180,7 +180,6 @@ KNOWN_DISAGREEMENTS = {
     # Open bugs of the golden executor (its output differs from FP32 by many steps, not only from QDQ).
     "test_resize_downsample_scales_linear_align_corners": "align_corners downsampling weights",
     "test_resize_downsample_scales_cubic_align_corners": "align_corners downsampling weights",
-    "test_clip_default_min_expanded": "Where/Less clamp chain with a default bound",
 }
 """Cases that quantize and run but disagree; listed so a new one fails and a fixed one must be removed."""
 

@@ -186,7 +186,7 @@ SCHEMAS: dict[str, KindSchema] = {
     "scale": KindSchema(attrs={"zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,)),
     "mul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
                       rules=(_requantizer_shapes,)),
-    "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_x": INT},
+    "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_branch_x": INT, "zp_branch_y": INT},
                          optional_consts=("const_*", "multiplier_*", "shift_*"), inputs=(3, 3)),
     "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}),
     "clamp": KindSchema(attrs={"clamp": CLAMP}),

@@ -130,7 +130,7 @@ def lower_where(group: Group, ctx: LoweringContext) -> IntOp:
         s_v, zp_v = scalar(ctx.params(value))
         multiplier, shift = quantize_multiplier(s_v / s_y)
         consts[f"multiplier_{key}"], consts[f"shift_{key}"] = multiplier.astype(np.int32), shift.astype(np.int32)
-        attrs[f"zp_{key}"] = zp_v
+        attrs[f"zp_branch_{key}"] = zp_v  # not zp_{key}: branch "y" would overwrite the output's zp_y
         names.append(value.name)
     return IntOp(main.name, "select", "Where", names, [group.output.name], attrs=attrs, consts=consts,
                  precision=describe_bits(out))
@@ -143,7 +143,7 @@ def run_select(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if f"const_{key}" in op.consts:
             branches.append(op.consts[f"const_{key}"].astype(np.int64))
             continue
-        rescaled = requantize(inputs[index] - op.attrs[f"zp_{key}"], op.consts[f"multiplier_{key}"].astype(np.int64),
+        rescaled = requantize(inputs[index] - op.attrs[f"zp_branch_{key}"], op.consts[f"multiplier_{key}"].astype(np.int64),
                               op.consts[f"shift_{key}"].astype(np.int64)) + op.attrs["zp_y"]
         branches.append(rescaled)
     return [np.clip(np.where(inputs[0].astype(bool), branches[0], branches[1]), *op.attrs["clamp"])]

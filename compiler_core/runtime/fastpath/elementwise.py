@@ -178,8 +178,8 @@ def build_select(op: IntOp, context: PlanContext) -> Step | None:
         multiplier, shift = consts[f"multiplier_{key}"].astype(np.int64), consts[f"shift_{key}"].astype(np.int64)
         if multiplier.size != 1:
             return None
-        table = code_table(context, op.inputs[index], lambda codes, m=multiplier, s=shift, zp=attrs[f"zp_{key}"]:
-                           requantize(codes - zp, m.reshape(()), s.reshape(())) + attrs["zp_y"])
+        table = code_table(context, op.inputs[index], lambda codes, m=multiplier, s=shift, zp=attrs[f"zp_branch_{key}"],
+                           zp_y=attrs["zp_y"]: requantize(codes - zp, m.reshape(()), s.reshape(())) + zp_y)
         if table is None or np.abs(table[0]).max() >= 1 << 24:
             return None
         branches.append(("input", table[0].astype(np.float32), table[1]))
