@@ -338,3 +338,24 @@ def test_unsupported_lstm_is_left_alone(tmp_path):
     graph, _ = parse_model(_as_path(model, tmp_path), backend="onnx")
     assert [node.op_type for node in graph.graph] == ["LSTM"]
 
+
+
+@pytest.mark.parametrize("shape", [[1, 4, 9], [1, 4, 3, 5], [1, 2, 3, 4, 5]])
+def test_global_max_pool_reduces_every_spatial_axis(tmp_path, shape):
+    """onnx.reference's GlobalMaxPool is wrong unless 4-D; ours matches onnxruntime on 1-D, 2-D and 3-D."""
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalMaxPool", ["r"], ["y"])],
+                       {"x": shape}, {"y": None})
+    mblt, program = quantized(tmp_path, model)
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    assert executor.run_codes(program, feeds)["y"].shape == (*shape[:2], *[1] * (len(shape) - 2))
+    assert golden_vs_qdq(mblt, program, feeds) == 1.0
+
+
+def test_max_against_an_infinite_constant(tmp_path):
+    """Max(x, -inf) and Min(x, +inf) (exporters write them as masks) quantize: the constant clips to the range."""
+    model = make_model([helper.make_node("Max", ["x", "low"], ["m"]), helper.make_node("Min", ["m", "high"], ["y"])],
+                       {"x": [1, 3, 8]}, {"y": None},
+                       {"low": np.array([-np.inf, 0.0, -np.inf], np.float32).reshape(1, 3, 1),
+                        "high": np.array([np.inf], np.float32)})
+    mblt, program = quantized(tmp_path, model)
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= AGREEMENT

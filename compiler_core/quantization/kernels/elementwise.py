@@ -14,7 +14,13 @@ from compiler_core.quantization.fixedpoint import (
     rounding_shift,
 )
 from compiler_core.quantization.graph import Group, activation_bounds
-from compiler_core.quantization.kernels import OBSERVE, SAME_AS_INPUT, register, register_kernel
+from compiler_core.quantization.kernels import (
+    OBSERVE,
+    SAME_AS_INPUT,
+    KernelRefusal,
+    register,
+    register_kernel,
+)
 from compiler_core.quantization.lowering import LoweringContext, clamp_codes, describe_bits, scalar
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp
@@ -23,12 +29,21 @@ ADD_FRACTION_BITS = 16  # operands are rescaled to Q16 of the output scale befor
 CONST_BITS_QMAX = 32767  # constants added to activations are int16 codes
 
 
-def _operand(ctx: LoweringContext, value) -> tuple[str, float, int, np.ndarray | None]:
-    """(input name or "", scale, zero point, constant codes) of one Add/Sub/Where operand."""
+def _operand(ctx: LoweringContext, value, bounds: tuple[float, float] | None = None
+             ) -> tuple[str, float, int, np.ndarray | None]:
+    """(input name or "", scale, zero point, constant codes) of one Add/Sub/Where operand.
+
+    ``bounds`` clips a constant first (exact for Max/Min against an output of that range: ``max(x, -inf)``
+    is ``x``); a non-finite constant left after that has no integer form and is refused.
+    """
     const = ctx.const(value)
     if const is None:
         scale, zero_point = scalar(ctx.params(value))
         return value.name, scale, zero_point, None
+    if bounds is not None:
+        const = np.clip(const, *bounds)
+    if not np.isfinite(const).all():
+        raise KernelRefusal(f"constant '{value.name}' holds inf or NaN values, which have no integer code")
     absmax = float(np.abs(const).max()) if const.size else 0.0
     scale = absmax / CONST_BITS_QMAX if absmax > 0 else 1.0
     return "", scale, 0, np.clip(round_half_away(const / scale), -CONST_BITS_QMAX, CONST_BITS_QMAX)
@@ -230,13 +245,18 @@ def run_divide(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
 # -- n-ary Max / Min / Sum / Mean --------------------------------------------------------------
 
 
-def _rescaled_operands(group: Group, ctx: LoweringContext, factor: float) -> tuple[list[str], dict, dict]:
-    """Every operand rescaled to ``factor`` times the output scale in Q16 (as Add does)."""
+def _rescaled_operands(group: Group, ctx: LoweringContext, factor: float, *,
+                       clip_constants: bool = False) -> tuple[list[str], dict, dict]:
+    """Every operand rescaled to ``factor`` times the output scale in Q16 (as Add does).
+
+    ``clip_constants``: constants are clipped to the output's range first (exact for Max/Min).
+    """
     out = ctx.params(group.output)
     s_y, zp_y = scalar(out)
     names, multipliers, shifts, zero_points, consts = [], [], [], [], {}
+    bounds = tuple(float(v) for v in out.dequantize(np.array([out.qmin, out.qmax]))) if clip_constants else None
     for index, value in enumerate(group.main.inputs):
-        name, scale, zero_point, codes = _operand(ctx, value)
+        name, scale, zero_point, codes = _operand(ctx, value, bounds)
         multiplier, shift = quantize_multiplier(factor * scale / s_y * (1 << ADD_FRACTION_BITS))
         names.append(name)
         multipliers.append(multiplier[0])
@@ -260,7 +280,7 @@ def _rescale_all(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 def lower_extremum(group: Group, ctx: LoweringContext) -> IntOp:
     """Max/Min: operands rescaled to the output's codes (Q16), compared, rounded once."""
-    names, consts, attrs = _rescaled_operands(group, ctx, 1.0)
+    names, consts, attrs = _rescaled_operands(group, ctx, 1.0, clip_constants=True)
     return IntOp(group.main.name, "extremum", group.main.op_type, names, [group.output.name],
                  attrs={**attrs, "mode": "max" if group.main.op_type == "Max" else "min"}, consts=consts,
                  precision=describe_bits(ctx.params(group.output)))

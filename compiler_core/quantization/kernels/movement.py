@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize
 from compiler_core.quantization.graph import Group
@@ -114,6 +115,19 @@ def _frozen(attributes: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attributes.items()))
 
 
+class _GlobalMaxPool(OpRun):
+    """``onnx.reference``'s GlobalMaxPool reduces the wrong axes unless the input is 4-D (onnx 1.x
+    ``_global_max_pool`` takes ``ndim - 2`` as the first spatial axis); reduce every spatial axis."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+_GlobalMaxPool.__name__ = "GlobalMaxPool"  # ReferenceEvaluator matches new_ops by class name
+
+
 @lru_cache(maxsize=512)
 def _evaluator(op_type: str, names: tuple[str, ...], outputs: int, attributes: tuple) -> ReferenceEvaluator:
     output_names = [f"output{i}" for i in range(outputs)]
@@ -122,7 +136,7 @@ def _evaluator(op_type: str, names: tuple[str, ...], outputs: int, attributes: t
     graph = onnx.helper.make_graph([node], "op", [onnx.helper.make_tensor_value_info(n, 0, None) for n in names if n],
                                    [onnx.helper.make_tensor_value_info(n, 0, None) for n in output_names])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    return ReferenceEvaluator(model)
+    return ReferenceEvaluator(model, new_ops=[_GlobalMaxPool])
 
 
 def lower_concat(group: Group, ctx: LoweringContext) -> IntOp:
