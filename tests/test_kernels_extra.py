@@ -19,10 +19,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler_core.api import mblt_compile, parse_model, quantize
+from compiler_core.mxq.schema import validate_program
 from compiler_core.quantization import executor, kernels
 from compiler_core.quantization.kernels.linear import convolution_weight_as_transposed, transposed_conv_weight
 from compiler_core.quantization.kernels.resize import WEIGHT_FRACTION_BITS
 from compiler_core.quantization.qdq import export_qdq
+from compiler_core.quantization.serialize import to_document
 
 RNG = np.random.default_rng(0)
 AGREEMENT = 0.999
@@ -195,6 +197,7 @@ def test_conv_transpose_kernel_against_exact_reference(tmp_path, attributes, x_s
     mblt, program = quantized(tmp_path, model)
     op = only_op(program, "linear")
     assert op.attrs["layout"] == "conv_transpose"
+    validate_program(*to_document(program))  # what an MXQ load checks
     feeds = feeds_for(model)
     x_params, y_params = program.params(op.inputs[0]), program.params(op.outputs[0])
     codes_x = x_params.quantize(feeds["x"])

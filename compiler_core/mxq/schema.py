@@ -116,9 +116,11 @@ def _linear_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
                 or len(attrs["dilations"]) != rank or list(weight.shape[2:]) != attrs["kernel"]:
             return (f"weight shape {list(weight.shape)} does not match kernel {attrs['kernel']}, pads "
                     f"{attrs['pads']}, strides {attrs['strides']}, dilations {attrs['dilations']}")
-        if min(attrs["strides"] + attrs["dilations"]) < 1 or min(attrs["pads"]) < 0:
-            return "strides and dilations must be >= 1 and pads >= 0"
-        channels = weight.shape[0] if layout == "conv" else weight.shape[1] * attrs["group"]
+        if min(attrs["strides"] + attrs["dilations"]) < 1:
+            return "strides and dilations must be >= 1"
+        if layout == "conv" and min(attrs["pads"]) < 0:  # a transposed conv's equivalent conv crops: pads < 0
+            return "pads must be >= 0"
+        channels = weight.shape[0]  # conv_transpose weights are stored as the equivalent conv's [Cout, Cin/g, k...]
     for name in ("bias", "multiplier", "shift"):
         if consts[name].shape != (channels,):
             return f"constant '{name}' has shape {list(consts[name].shape)}, expected [{channels}] (output channels)"

@@ -37,9 +37,10 @@ def test_cold_start_to_a_shown_window(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("qbstudio ready"))
     assert "window shown=True" in line
-    in_process = float(line.rsplit("after ", 1)[1].split()[0])
+    shown = next(line for line in result.stdout.splitlines() if line.startswith("qbstudio window shown after"))
+    in_process = float(shown.rsplit("after ", 1)[1].split()[0])
     print(f"\ncold start: window shown {in_process:.2f} s after start-up (in-process), {wall:.2f} s wall "
-          f"including interpreter start and exit; load average {os.getloadavg()[0]:.1f}")
+          f"including interpreter start and exit; {line}; load average {os.getloadavg()[0]:.1f}")
     assert in_process < COLD_START_GOAL_S or os.getloadavg()[0] > 2, line  # the goal holds on an idle machine
     log = tmp_path / "home" / "log" / "qbstudio.log"
     assert "qb Studio starting" in log.read_text()
