@@ -23,7 +23,7 @@ from compiler_core.mxq import blobstore
 from compiler_core.mxq.blobstore import BlobEntry
 from compiler_core.mxq.layout import Encoding, SectionInfo, corrupt
 from compiler_core.mxq.reader import ContainerReader, FormatVersion, load_bytes
-from compiler_core.mxq.schema import PROGRAM_ENCODING, validate_program
+from compiler_core.mxq.schema import PROGRAM_ENCODING, validate_meta, validate_program
 from compiler_core.mxq.writer import SectionPayload, write_sections
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 
@@ -139,15 +139,17 @@ def _decode(reader: ContainerReader, sections: list[SectionInfo], path: Path) ->
         cpu = {name: array.tobytes() for name, array in _read_blobs(reader, by_name["cpu"], bytes_only=True)[1].items()}
     calib = _read_json(reader, by_name["calib"]) if "calib" in by_name else None
     program = _read_json(reader, by_name["program"])
+    meta = _read_json(reader, by_name["meta"])
     if program.get("encoding") == PROGRAM_ENCODING:
-        info = by_name["program"]
-        try:
-            validate_program(program, consts, path=reader.path)
-        except MxqFormatError as error:
-            error.fields.setdefault("offset", info.offset)
-            raise
+        for name, check in (("program", lambda: validate_program(program, consts, path=reader.path)),
+                            ("meta", lambda: validate_meta(meta, program, list(cpu), path=reader.path))):
+            try:
+                check()
+            except MxqFormatError as error:
+                error.fields.setdefault("offset", by_name[name].offset)
+                raise
     return MxqFile(path=path, version=reader.version, target_device=reader.device, file_size=reader.size,
-                   sections=sections, meta=_read_json(reader, by_name["meta"]),
+                   sections=sections, meta=meta,
                    program=program, consts=MappingProxyType(consts),
                    const_index=const_index, cpu=cpu, calib=calib)
 

@@ -10,7 +10,7 @@ naming the operation, so a tampered or mis-written file never reaches a kernel.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,15 @@ def _bool_like(value: Any) -> bool:
 INT, INTS, CLAMP, ZERO_POINT, NUMBER, NUMBERS = _is_int, _ints, _clamp, _int_or_ints, _is_number, _numbers
 STRING: Check = lambda value: isinstance(value, str)  # noqa: E731
 DICT: Check = lambda value: isinstance(value, dict)  # noqa: E731
+
+
+def _plain_attribute(value: Any) -> bool:
+    scalar = (int, float, str)
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(item, scalar) for item in value))
+
+
+ATTRIBUTES: Check = lambda value: isinstance(value, dict) and all(  # noqa: E731
+    isinstance(key, str) and _plain_attribute(item) for key, item in value.items())
 BOOL: Check = _bool_like
 _TYPE_NAMES = {INT: "an integer", INTS: "a list of integers", CLAMP: "[low, high] integers",
                ZERO_POINT: "an integer or a list of integers", NUMBER: "a finite number",
@@ -193,9 +202,9 @@ SCHEMAS: dict[str, KindSchema] = {
     "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}),
     "clamp": KindSchema(attrs={"clamp": CLAMP}),
     "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),)),
-    "move": KindSchema(attrs={"attributes": DICT}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
+    "move": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                        optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None)),
-    "exact": KindSchema(attrs={"attributes": DICT}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
+    "exact": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                         optional_consts=("input*",), integer_consts=False, inputs=(0, None), outputs=(1, None)),
     "concat": KindSchema(attrs={"axis": INT, "zp_inputs": INTS, **_QUANTIZED}, consts=_REQUANT,
                          optional_consts=("const*",), inputs=(1, None), rules=(_concat_counts,)),
@@ -247,6 +256,9 @@ def validate_program(document: Mapping[str, Any], consts: Mapping[str, np.ndarra
     """
     where = f"{path}: " if path else ""
     shapes = _mapping(document, "shapes", where)
+    bad = [name for name, shape in shapes.items() if not (_ints(shape) and all(dim >= 0 for dim in shape))]
+    if bad:
+        raise _error(f"{where}the program records shape {shapes[bad[0]]!r} for {bad[0]!r}: not a list of sizes >= 0.")
     tensors = _mapping(document, "tensors", where)
     known = _interface(document, "inputs", where)
     _interface(document, "outputs", where)
@@ -268,6 +280,34 @@ def validate_program(document: Mapping[str, Any], consts: Mapping[str, np.ndarra
     bad = [name for name, record in tensors.items() if not isinstance(record, dict) or not isinstance(record.get("params"), dict)]
     if bad:
         raise _error(f"{where}tensor {bad[0]!r} has no quantization parameters.")
+    for name, record in tensors.items():
+        problem = _params_problem(record["params"])
+        if problem:
+            raise _error(f"{where}tensor {name!r} has invalid quantization parameters: {problem}.")
+
+
+def _params_problem(params: Mapping[str, Any]) -> str | None:
+    """What is wrong with a tensor's ``QuantParams.to_dict()`` record, or ``None``."""
+    if params.get("bits") not in (8, 16) or not isinstance(params.get("signed"), bool):
+        return "'bits' must be 8 or 16 and 'signed' a boolean"
+    try:
+        scale = np.asarray(params.get("scale"), dtype=np.float64)
+        zero_point = np.asarray(params.get("zero_point"), dtype=np.float64)
+    except (TypeError, ValueError):
+        return "'scale' and 'zero_point' must be numbers or lists of numbers"
+    if scale.ndim > 1 or scale.shape != zero_point.shape or scale.size == 0:
+        return "'scale' and 'zero_point' must have one shape: a number or a list per channel"
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        return "'scale' must be finite and positive"
+    low, high = (0, (1 << params["bits"]) - 1) if not params["signed"] else (-(1 << params["bits"] - 1),
+                                                                             (1 << params["bits"] - 1) - 1)
+    if not (np.isfinite(zero_point).all() and (zero_point == np.round(zero_point)).all()
+            and zero_point.min() >= low and zero_point.max() <= high):
+        return f"'zero_point' must be integer codes in [{low}, {high}]"
+    axis = params.get("axis")
+    if axis is not None and not _is_int(axis) or (axis is None and scale.ndim != 0):
+        return "'axis' must be an integer for per-channel parameters, else null"
+    return None
 
 
 def _mapping(document: Mapping[str, Any], key: str, where: str) -> dict:
@@ -277,14 +317,63 @@ def _mapping(document: Mapping[str, Any], key: str, where: str) -> dict:
     return value
 
 
-def _interface(document: Mapping[str, Any], key: str, where: str) -> set[str]:
+def _interface(document: Mapping[str, Any], key: str, where: str, section: str = "program") -> set[str]:
     specs = document.get(key)
     valid = isinstance(specs, list) and all(
-        isinstance(spec, dict) and STRING(spec.get("name")) and _ints(spec.get("shape"))
-        and all(dim >= 0 for dim in spec["shape"]) and STRING(spec.get("dtype")) for spec in specs)
+        isinstance(spec, dict) and set(spec) == {"name", "shape", "dtype"} and STRING(spec.get("name"))
+        and _ints(spec.get("shape")) and all(dim >= 0 for dim in spec["shape"]) and _dtype(spec.get("dtype"))
+        for spec in specs)
     if not valid:
-        raise _error(f"{where}the program's '{key}' must list {{name, shape, dtype}} records with sizes >= 0.")
+        raise _error(f"{where}the {section}'s '{key}' must list {{name, shape, dtype}} records with sizes >= 0.",
+                     section=section)
     return {spec["name"] for spec in specs}
+
+
+def _dtype(value: Any) -> bool:
+    if not STRING(value):
+        return False
+    try:
+        np.dtype(value)
+    except TypeError:
+        return False
+    return True
+
+
+def validate_meta(meta: Mapping[str, Any], program: Mapping[str, Any], cpu_parts: Sequence[str], *,
+                  path: str = "") -> None:
+    """Check the ``meta`` section a runtime reads: the model's inputs and outputs, core modes and config.
+
+    Without a CPU head the program's inputs must be the model's; without a CPU tail the model's
+    outputs must be the program's.
+
+    Raises:
+        MxqFormatError: the first problem (``fields["section"] == "meta"``).
+    """
+    where = f"{path}: " if path else ""
+    if not isinstance(meta, Mapping):
+        raise _error(f"{where}the meta section is not an object.", section="meta")
+    inputs = _interface(meta, "inputs", where, "meta section")
+    outputs = _interface(meta, "outputs", where, "meta section")
+    modes = meta.get("core_modes")
+    if not (isinstance(modes, list) and modes and all(STRING(mode) for mode in modes)):
+        raise _error(f"{where}the meta section's 'core_modes' must be a non-empty list of names.", section="meta")
+    body_inputs = {spec["name"] for spec in program.get("inputs", [])}
+    body_outputs = {spec["name"] for spec in program.get("outputs", [])}
+    if "head" not in cpu_parts and not body_inputs <= inputs:
+        raise _error(f"{where}the program reads input {sorted(body_inputs - inputs)[0]!r} that the model does not "
+                     "declare.", section="meta")
+    if "tail" not in cpu_parts and not outputs <= body_outputs:
+        raise _error(f"{where}the model declares output {sorted(outputs - body_outputs)[0]!r} that nothing "
+                     "computes.", section="meta")
+    config = meta.get("config")
+    if config is not None:
+        from compiler_core.config import CompileConfig
+
+        try:
+            CompileConfig.model_validate(config)
+        except (ValueError, TypeError) as error:
+            raise _error(f"{where}the meta section's compile config is invalid: {str(error).splitlines()[0]}",
+                         section="meta") from error
 
 
 def _check_op_fields(entry: Any, index: int, where: str) -> dict:
@@ -428,5 +517,6 @@ def _first_line(error: Exception) -> str:
 
 
 def _error(message: str, **fields: Any) -> MxqFormatError:
+    fields.setdefault("section", "program")
     return MxqFormatError(message, hint="The file is corrupt or was written by an incompatible compiler; "
-                                        "compile the model again.", section="program", **fields)
+                                        "compile the model again.", **fields)
