@@ -42,6 +42,8 @@ from compiler_core.api import mblt_compile
 from compiler_core.calibration import InputSpec, open_calibration_data
 from compiler_core.config import CompileConfig
 from compiler_core.mblt.io import load_mblt
+from qbstudio.state.project import Project
+from qbstudio.state.runs import RunRecord
 
 TEXT = st.text(alphabet=string.printable + "\u00e9\u4e2d\u0000", max_size=12)  # a fixed alphabet: no charmap build
 JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False), TEXT)
@@ -500,6 +502,49 @@ def test_fuzz_config_files():
 
     case()
     _report("config")
+
+
+@functools.cache
+def _seed_projects() -> tuple[dict, dict]:
+    """The bundled sample project (a template), and a saved project with settings and one run."""
+    template = json.loads((SAMPLE_DIR.parent / "fashion_cnn.qbproj").read_text(encoding="utf-8"))
+    folder = scratch()
+    try:
+        project = Project.load(SAMPLE_DIR.parent / "fashion_cnn.qbproj", scratch_dir=folder / "work")
+        project.runs.add(RunRecord(run_id=1, created="2026-12-03T00:00:00Z", device="aries-rb", core_modes=["single"],
+                                   mxq_path=str(folder / "work" / "runs" / "run-001" / "model.mxq"), size_bytes=1000,
+                                   config=project.settings.to_dict()["config"], metrics={"verdict": "ok"},
+                                   layers=[{"layer": "Conv_0", "sqnr_db": 30.0}], precisions={"Conv_0": "a8w8"}))
+        saved = project.to_dict(folder)
+    finally:
+        shutil.rmtree(folder)
+    return template, saved
+
+
+@st.composite
+def projects(draw) -> str:
+    """A seed project with mutated values (any JSON value at any path), or with mutated bytes."""
+    base = copy.deepcopy(draw(st.sampled_from(_seed_projects())))
+    for _ in range(draw(st.integers(0, 3))):
+        path = draw(st.sampled_from([p for p, _ in _paths(base) if p]))
+        _set(base, path, draw(JSON_VALUES))
+    text = json.dumps(base)
+    return draw(byte_mutations(text.encode())).decode("utf-8", "replace") if draw(st.booleans()) else text
+
+
+def test_fuzz_projects():
+    @FUZZ
+    @given(projects())
+    def case(text: str) -> None:
+        folder = scratch()
+        try:
+            (folder / "p.qbproj").write_text(text, encoding="utf-8")
+            check_case("qbproj", lambda: Project.load(folder / "p.qbproj", scratch_dir=folder / "work"))
+        finally:
+            shutil.rmtree(folder)
+
+    case()
+    _report("qbproj")
 
 
 def test_the_seeds_are_valid():

@@ -11,13 +11,15 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import atomic_write_text, sha256_file
-from qbstudio.state.runs import RunHistory
+from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import CompileSettings
 
 logger = logging.getLogger(__name__)
@@ -187,6 +189,8 @@ class Project:
         """
         path = Path(path).absolute()
         data = _read_json(path)
+        for key, annotation in (("name", str | None), ("workDir", str | None), ("template", bool | None)):
+            _field_type(data, key, annotation, "the project")
         base = path.parent
         template = bool(data.get("template"))
         if template and scratch_dir is None:
@@ -198,19 +202,60 @@ class Project:
         return project
 
     def _load_parts(self, data: dict[str, Any], base: Path) -> None:
+        _field_type(data, "configFile", str | None, "the project")
         model = data.get("model")
         if model:
-            self.model = ModelRef(**{**_known(model, ModelRef), "path": _resolve(model["path"], base)})
-        calibration = data.get("calibration") or {}
-        self.calibration = CalibrationSource(**{**_known(calibration, CalibrationSource),
-                                                "path": _resolve(calibration.get("path"), base)})
+            model = _typed(model, ModelRef, "the model entry")
+            self.model = ModelRef(**{**model, "path": _resolve(model["path"], base)})
+        calibration = _typed(data.get("calibration") or {}, CalibrationSource, "the calibration entry")
+        self.calibration = CalibrationSource(**{**calibration, "path": _resolve(calibration.get("path"), base)})
         self.config_file = _resolve(data.get("configFile"), base)
         self.settings = _settings(data, self.config_file)
-        self.runs = RunHistory.from_list([{**run, "mxq_path": _resolve(run.get("mxq_path"), base)}
-                                          for run in data.get("runs", [])])
+        runs = data.get("runs", [])
+        if not isinstance(runs, list):
+            raise ProjectError("The project's 'runs' is not a list.", hint=_DAMAGED_HINT)
+        self.runs = RunHistory.from_list([
+            {**(checked := _typed(run, RunRecord, f"run {index + 1}")), "mxq_path": _resolve(checked["mxq_path"], base)}
+            for index, run in enumerate(runs)])
+
+
+_DAMAGED_HINT = "The project file is damaged or was edited by hand; restore it from a backup."
+
+
+def _typed(data: Any, kind: type, what: str) -> dict[str, Any]:
+    """The fields of dataclass ``kind`` in ``data``, each checked against its annotation (unknown keys dropped).
+
+    Raises:
+        ProjectError: ``data`` is not an object, a required field is missing or a field has the wrong type.
+    """
+    if not isinstance(data, dict):
+        raise ProjectError(f"In the project file, {what} is not an object.", hint=_DAMAGED_HINT)
+    hints = typing.get_type_hints(kind)
+    for name, spec in kind.__dataclass_fields__.items():
+        required = spec.default is MISSING and spec.default_factory is MISSING
+        if required and name not in data:
+            raise ProjectError(f"In the project file, {what} has no '{name}'.", hint=_DAMAGED_HINT)
+        _field_type(data, name, hints[name], what)
+    return {name: data[name] for name in kind.__dataclass_fields__ if name in data}
+
+
+def _field_type(data: dict[str, Any], name: str, annotation: Any, what: str) -> None:
+    if name not in data:
+        return
+    allowed = tuple(typing.get_origin(arg) or arg for arg in typing.get_args(annotation)) \
+        if isinstance(annotation, types.UnionType) else (typing.get_origin(annotation) or annotation,)
+    allowed = tuple(type(None) if arg is None else arg for arg in allowed)
+    if float in allowed:
+        allowed += (int,)
+    value = data[name]
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = " or ".join("null" if arg is type(None) else arg.__name__ for arg in allowed)
+        raise ProjectError(f"In the project file, {what} has '{name}' = {json.dumps(value)[:60]}; expected {names}.",
+                           hint=_DAMAGED_HINT)
 
 
 def _settings(data: dict[str, Any], config_file: str | None) -> CompileSettings:
+    _field_type(data, "settings", dict | None, "the project")
     try:
         if data.get("settings"):
             return CompileSettings.from_dict(data["settings"])
@@ -239,10 +284,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ProjectError(f"'{path.name}' has project version {data.get('version')}; this build reads "
                            f"{PROJECT_VERSION}.", hint="Open it with a matching qb Studio.", file=str(path))
     return data
-
-
-def _known(data: dict[str, Any], kind: type) -> dict[str, Any]:
-    return {key: value for key, value in data.items() if key in kind.__dataclass_fields__}
 
 
 def _store(value: str | None, base: Path) -> str | None:
