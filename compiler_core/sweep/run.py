@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from compiler_core.config import CompileConfig
-from compiler_core.errors import CancelledError, OutputWriteError
+from compiler_core.errors import ArgumentError, CancelledError, OutputWriteError
 from compiler_core.fileio import atomic_write_text
 from compiler_core.progress import CancelToken, ProgressCallback, ProgressEvent, Reporter, as_reporter
 from compiler_core.sweep.executor import PointTask, SweepExecutor, make_executor
-from compiler_core.sweep.grid import SweepGrid, SweepPoint, base_config, differing_settings, expand_grid, load_grid
+from compiler_core.sweep.grid import (
+    SweepGrid,
+    SweepPoint,
+    base_config,
+    differing_settings,
+    expand_grid,
+    load_grid,
+)
 from compiler_core.sweep.pareto import pareto_front
 
 logger = logging.getLogger(__name__)
@@ -142,8 +149,6 @@ def _make_folder(output: Path) -> None:
 
 
 def _mblt(model, mblt, output: Path, reporter: Reporter, seconds: dict[str, float], parse_options) -> Path:
-    from compiler_core.errors import ArgumentError
-
     if (model is None) == (mblt is None):
         raise ArgumentError("Give exactly one of a source model and an MBLT for the sweep.",
                             hint="Pass --model FILE or --mblt FILE.mblt.")
