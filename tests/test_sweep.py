@@ -185,3 +185,20 @@ def test_sweep_needs_exactly_one_model(tmp_path):
 
     with pytest.raises(ArgumentError, match="exactly one"):
         run_sweep({"axes": {"calibrationMode": [0]}}, tmp_path, calib_data_path=SAMPLE / "calib")
+
+
+def test_cli_sweep_streams_one_point_line_per_point_then_the_result(sample_sweep, tmp_path, capsys, monkeypatch):
+    from compiler_core.cli import run
+
+    result, _, _, _ = sample_sweep
+    monkeypatch.setenv("QBCOMPILER_JSONL", "1")
+    monkeypatch.setenv("QBCOMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    grid = tmp_path / "sweep.json"
+    grid.write_text(json.dumps({"baseConfig": BASE, "axes": {"biasCorrection": [True]}}))
+    code = run(["sweep", "--mblt", str(result.mblt), "--grid", str(grid), "--output-dir", str(tmp_path / "out"),
+                "--calib-data-path", str(SAMPLE / "calib"), "--executor", "inprocess"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [line["type"] for line in lines if line["type"] in ("point", "result")] == ["point", "result"]
+    point, final = lines[-2], lines[-1]
+    assert point["name"] == "point-00" and point["settings"] == {"layerBiasCorrection.apply": True}
+    assert final["command"] == "sweep" and final["calibrations"] == 1 and final["pareto_front"] == [0]
