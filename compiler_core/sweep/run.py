@@ -57,6 +57,7 @@ class SweepResult:
         seconds: stage wall times (``parse``, ``calibrate``, ``points``, ``total``).
         json_path / csv_path: the result files.
         mblt: the MBLT every point compiled.
+        base: the base config (resolved) that each record's ``settings`` are compared with.
     """
 
     records: list[dict[str, Any]]
