@@ -1,8 +1,9 @@
-"""The ``qbcompiler`` command line: parse, check, info, presets, dump-config.
+"""The ``qbcompiler`` command line: parse, check, compile, sweep, info, presets, dump-config ...
 
 Errors print as one ``ERROR [CODE]: message`` line on stderr with a non-zero exit code. With
 ``QBCOMPILER_JSONL=1`` every stdout line is one JSON object (``status``, ``progress``, ``log``,
-``result``, ``error``) and the stream ends with ``result`` or ``error``.
+``point`` (one per finished sweep point), ``result``, ``error``) and the stream ends with ``result``
+or ``error``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Output:
         if event.total and event.done >= event.total:
             print(file=sys.stderr)
 
+    def point(self, record: dict[str, Any]) -> None:
+        self.status(_point_text(record))
+
     def result(self, payload: dict[str, Any], text: str) -> None:
         print(text)
 
@@ -79,6 +83,9 @@ class JsonlOutput(Output):
 
     def progress(self, event: ProgressEvent) -> None:
         self._emit("progress", **event.to_dict())
+
+    def point(self, record: dict[str, Any]) -> None:
+        self._emit("point", **record)
 
     def result(self, payload: dict[str, Any], text: str) -> None:
         self._emit("result", **payload)
@@ -361,6 +368,46 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
     return payload
 
 
+def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.sweep import make_executor, run_sweep
+
+    options = {"input_shape_dict": _shape_pairs(args.input_shape) or None,
+               "constant_inputs": _bind_pairs(args.bind_input) or None, "backend": args.backend,
+               **_frontend_options(args)}
+    result = run_sweep(args.grid, args.output_dir, model=args.model, mblt=args.mblt,
+                       calib_data_path=args.calib_data_path, target_device=args.target_device,
+                       use_random_calib=args.use_random_calib or None,
+                       executor=make_executor(args.executor, args.workers), callback=out.progress, on_point=out.point,
+                       **({k: v for k, v in options.items() if v is not None} if args.model else {}))
+    payload = {"command": "sweep", **result.to_dict()}
+    out.result(payload, _sweep_text(payload))
+    return payload
+
+
+def _point_text(record: dict[str, Any]) -> str:
+    if record["status"] != "ok":
+        return f"{record['name']} {record['status']}: {(record.get('error') or {}).get('message', '')}"
+    sqnr = f"{record['worst_sqnr_db']:.1f} dB" if record.get("worst_sqnr_db") is not None else "no analysis"
+    latency = f"{record['latency_ms']:.3f} ms (estimate)" if record.get("latency_ms") is not None else ""
+    return f"{record['name']} ok in {record['compile_seconds']:.1f} s: worst SQNR {sqnr}, {latency} [{_axes_text(record)}]"
+
+
+def _axes_text(record: dict[str, Any]) -> str:
+    return ", ".join(f"{axis}={value}" for axis, value in record["axes"].items())
+
+
+def _sweep_text(payload: dict[str, Any]) -> str:
+    seconds = payload["seconds"]
+    lines = [f"Swept {payload['points']} points ({payload['ok']} ok) in {seconds['total']:.1f} s; "
+             f"{payload['calibrations']} calibration run(s) in {seconds.get('calibrate', 0):.1f} s"]
+    for record in payload["records"]:
+        marker = "*" if record.get("pareto") else " "
+        lines.append(f" {marker} {_point_text(record)}")
+    lines.append("  * on the Pareto front (worst output SQNR vs estimated latency)")
+    lines.append(f"Wrote {payload['json']} and {payload['csv']}")
+    return "\n".join(lines)
+
+
 def _compile_text(payload: dict[str, Any]) -> str:
     lines = [f"Wrote {payload['output']} ({payload['size_bytes'] / 1e6:.2f} MB) for {payload['device']} "
              f"[{', '.join(payload['core_modes'])}] in {payload['seconds']:.1f} s"]
@@ -524,6 +571,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(compile_)
     _add_compile_options(compile_)
     compile_.set_defaults(handler=cmd_compile)
+
+    sweep = sub.add_parser("sweep", help="compile a grid of settings (one calibration) and rank them (Pareto front)")
+    sweep_model = sweep.add_mutually_exclusive_group(required=True)
+    sweep_model.add_argument("--model", help="source model, parsed once into OUTPUT_DIR/model.mblt")
+    sweep_model.add_argument("--mblt", help="parsed MBLT file")
+    sweep.add_argument("--grid", required=True, metavar="FILE", help="sweep grid (YAML/JSON), see docs/sweeps.md")
+    sweep.add_argument("--output-dir", required=True, metavar="DIR", help="point configs, MXQs, sweep.json/.csv")
+    sweep.add_argument("--target-device", help="overrides the grid's base config")
+    sweep.add_argument("--calib-data-path", action="append", metavar="PATH",
+                       help="calibration data for every point (repeatable)")
+    sweep.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
+    sweep.add_argument("--workers", type=int, default=2, help="points compiled at once (default 2)")
+    sweep.add_argument("--executor", choices=["local", "inprocess"], default="local",
+                       help="local: a pool of worker processes (default); inprocess: one point at a time here")
+    _add_model_options(sweep)
+    sweep.set_defaults(handler=cmd_sweep)
 
     quantize = sub.add_parser("quantize", help="MBLT -> MXQ (with --output), or accuracy report only")
     quantize.add_argument("--mblt", required=True, help="parsed MBLT file")

@@ -23,7 +23,7 @@ from compiler_core.fileio import atomic_write_text
 from compiler_core.mblt.io import describe_inputs
 from compiler_core.mxq import write_mxq
 from compiler_core.progress import Reporter
-from compiler_core.quantization.run import QuantizeResult, quantize_mblt
+from compiler_core.quantization.run import QuantizeResult, calibration_statistics, quantize_mblt
 from compiler_core.quantization.serialize import to_document
 from compiler_core.runtime.cost import estimate
 from compiler_core.session import MbltSession
@@ -51,6 +51,7 @@ class CompileResult:
     config_path: Path | None
     support: dict[str, int]
     cpu_offload: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary (the CLI's ``result`` line)."""
@@ -60,7 +61,8 @@ class CompileResult:
                 "cpu_offload": self.cpu_offload, "samples": self.quantize.samples,
                 "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
                 "analysis": self.quantize.analysis.get("summary", {}),
-                "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary()}
+                "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary(),
+                "estimate": self.schedule}
 
 
 def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, reporter: Reporter,
@@ -89,7 +91,26 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     saved_config = Path(atomic_write_text(config_save_path, json.dumps(
         config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
     return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
-                         parts.to_dict() if parts else {})
+                         parts.to_dict() if parts else {}, schedule)
+
+
+def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Reporter, calib_data_path=None) -> bool:
+    """Fill the statistics cache for ``config`` as :func:`compile_mblt` would use it, without quantizing.
+
+    Runs the same support check (and CPU-offload split) as a compile, so the tensor selection, and
+    therefore the cache key, is the one the compile looks up.
+
+    Returns:
+        True when the statistics were already cached (no calibration inference ran).
+    """
+    if not config.target_device:
+        raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
+    device = get_device(config.target_device)
+    session = MbltSession.open(mblt_path)
+    parts, _ = _check_and_split(session.graph, device, config, reporter)
+    body = parts.body if parts is not None else None
+    return calibration_statistics(session, config, calib_data_path=calib_data_path, reporter=reporter,
+                                  body_path=body)[3]
 
 
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):

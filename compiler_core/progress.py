@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from compiler_core.errors import CancelledError
 
@@ -29,10 +30,16 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 
 class CancelToken:
-    """Thread-safe cancellation flag; stages call :meth:`raise_if_cancelled` between units of work."""
+    """Thread-safe cancellation flag; stages call :meth:`raise_if_cancelled` between units of work.
 
-    def __init__(self) -> None:
-        self._event = threading.Event()
+    Args:
+        event: The flag to hold, any object with ``set()`` and ``is_set()``; a new
+            ``threading.Event`` if ``None``. A ``multiprocessing`` event lets one token cancel work
+            in worker processes (the sweep's process pool does this).
+    """
+
+    def __init__(self, event: Any = None) -> None:
+        self._event = event if event is not None else threading.Event()
 
     def cancel(self) -> None:
         """Ask every stage holding this token to stop at its next check."""

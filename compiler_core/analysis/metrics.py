@@ -33,10 +33,11 @@ class TensorComparison:
         ref = np.asarray(reference, dtype=np.float64).ravel()
         test = np.asarray(quantized, dtype=np.float64).ravel()
         error = ref - test
-        self.signal += float(ref @ ref)
+        ref_energy = float(ref @ ref)
+        self.signal += ref_energy
         self.noise += float(error @ error)
-        self.max_abs_error = max(self.max_abs_error, float(np.abs(error).max()) if error.size else 0.0)
-        self.cosines.append(cosine(ref, test))
+        self.max_abs_error = max(self.max_abs_error, max(float(error.max()), -float(error.min())) if error.size else 0.0)
+        self.cosines.append(_cosine(ref, test, ref_energy))
         self.samples += 1
         if classifier:
             expected = int(np.argmax(ref))
@@ -67,6 +68,14 @@ def sqnr_db(signal: float, noise: float) -> float:
 def cosine(first: np.ndarray, second: np.ndarray) -> float:
     """Cosine similarity; 1.0 when both are all-zero."""
     norm = float(np.linalg.norm(first) * np.linalg.norm(second))
+    if norm == 0:
+        return 1.0 if not np.any(first) and not np.any(second) else 0.0
+    return float(first @ second) / norm
+
+
+def _cosine(first: np.ndarray, second: np.ndarray, first_energy: float) -> float:
+    """:func:`cosine` with ``first @ first`` already known (the same value: ``norm`` is ``sqrt(x @ x)``)."""
+    norm = float(np.sqrt(first_energy) * np.linalg.norm(second))
     if norm == 0:
         return 1.0 if not np.any(first) and not np.any(second) else 0.0
     return float(first @ second) / norm

@@ -61,16 +61,11 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     ``head`` the ONNX CPU head that turns samples into the body's inputs for the analysis.
     """
     timings: dict[str, float] = {}
-    started = time.perf_counter()
     session = mblt_path if isinstance(mblt_path, MbltSession) else MbltSession.open(mblt_path)
     graph = session.graph
-    dataset = _open_dataset(graph, config, calib_data_path, reporter)
-    calibration, holdout = _split(dataset, config)
-    timings["data"] = time.perf_counter() - started
-    started = time.perf_counter()
-    stats, hit = collect_statistics_cached(session, calibration, cache=cache, reporter=reporter,
-                                           tensors=_quantization_points(graph, body_path))
-    timings["statistics"] = time.perf_counter() - started
+    calibration, holdout, stats, hit = calibration_statistics(session, config, calib_data_path=calib_data_path,
+                                                              reporter=reporter, cache=cache, body_path=body_path,
+                                                              timings=timings)
     started = time.perf_counter()
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
     model = quantize_graph(target, _range_function(stats, config), config, channel_means=_channel_means(stats),
@@ -83,6 +78,31 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
         report = analyze(target, model, samples, num_samples=len(holdout), reporter=reporter)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
+
+
+def calibration_statistics(session: MbltSession, config: CompileConfig, *,
+                           calib_data_path: str | Sequence[str] | None = None, reporter: Reporter,
+                           cache: StatisticsCache | None = None, body_path: Any = None,
+                           timings: dict[str, float] | None = None):
+    """The calibration and held-out splits of the data and the activation statistics (from the cache if present).
+
+    This is the part of :func:`quantize_mblt` that depends on the data and on the collection settings
+    only, never on the quantization options (mode, percentile, bits, bias correction): a settings
+    sweep calls it once to fill the cache, then every point of the sweep hits that entry.
+
+    Returns:
+        ``(calibration, holdout, stats, hit)``; ``hit`` is True when no calibration inference ran.
+    """
+    timings = timings if timings is not None else {}
+    started = time.perf_counter()
+    dataset = _open_dataset(session.graph, config, calib_data_path, reporter)
+    calibration, holdout = _split(dataset, config)
+    timings["data"] = time.perf_counter() - started
+    started = time.perf_counter()
+    stats, hit = collect_statistics_cached(session, calibration, cache=cache, reporter=reporter,
+                                           tensors=_quantization_points(session.graph, body_path))
+    timings["statistics"] = time.perf_counter() - started
+    return calibration, holdout, stats, hit
 
 
 def _open_dataset(graph: ir.Model, config: CompileConfig, calib_data_path, reporter: Reporter) -> CalibrationDataset:
