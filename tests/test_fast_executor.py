@@ -163,8 +163,30 @@ def _conv_transpose():
                   {"w": _weights(4, 6, 3, 3), "b": _weights(6), "wg": _weights(6, 2, 2, 3)})
 
 
+def _reductions_and_norms():
+    """Div of two activations, n-ary Max/Min/Sum/Mean, Group/InstanceNormalization, ReduceL2, CumSum."""
+    nodes = [helper.make_node("Sigmoid", ["z"], ["s"]),
+             helper.make_node("Div", ["x", "s"], ["d"]),
+             helper.make_node("Max", ["d", "x"], ["m"]),
+             helper.make_node("Min", ["x", "z", "low"], ["mi"]),
+             helper.make_node("Sum", ["m", "mi", "x"], ["su"]),
+             helper.make_node("Mean", ["su", "z"], ["me"]),
+             helper.make_node("GroupNormalization", ["me", "gscale", "gbias"], ["gn"], num_groups=2),
+             helper.make_node("InstanceNormalization", ["me", "iscale", "ibias"], ["inn"]),
+             helper.make_node("ReduceL2", ["inn", "axes"], ["l2"], keepdims=1),
+             helper.make_node("CumSum", ["inn", "axis2"], ["cs"], reverse=1, exclusive=1),
+             helper.make_node("CumSum", ["cs", "axis3"], ["cs2"]),
+             helper.make_node("Div", ["l2", "cs2"], ["y"])]
+    init = {"low": _weights(1, 4, 1, 1), "gscale": 1 + _weights(4), "gbias": _weights(4),
+            "iscale": 1 + _weights(4), "ibias": _weights(4)}
+    model = _model(nodes, {"x": [1, 4, 6, 6], "z": [1, 4, 6, 6]}, {"y": None, "cs2": None, "gn": [1, 4, 6, 6]}, init)
+    for name, value in {"axes": [2, 3], "axis2": [2], "axis3": [3]}.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    return model
+
+
 FAMILIES = {"conv_transpose": _conv_transpose, "conv": _conv_block, "conv1d_pool_lut": _conv1d_and_pooling, "attention": _attention,
-            "movement": _movement}
+            "movement": _movement, "reductions_norms": _reductions_and_norms}
 
 
 @pytest.fixture(scope="module", params=[(family, bits) for family in FAMILIES for bits in (8, 16)],
@@ -192,6 +214,17 @@ def test_small_models_match_golden_codes_single_and_batched(family_program, ampl
         for name, codes in golden.items():
             assert np.array_equal(single[name], codes), (name, fast.methods())
             assert np.array_equal(batched[name][index:index + 1], codes), name
+
+
+ALWAYS_FAST = {"add", "mul", "scale", "lut", "softmax", "layernorm", "divide", "extremum", "sum", "groupnorm",
+               "reduce_l2", "cumsum", "reduce_sum", "average_pool", "concat", "clamp"}
+
+
+def test_arithmetic_kinds_do_not_fall_back_to_golden(family_program):
+    fast = FastExecutor(family_program)
+    fallbacks = [op.kind for op, step in zip(family_program.ops, fast.steps)
+                 if step.method == "golden" and op.kind in ALWAYS_FAST]
+    assert not fallbacks, fast.methods()
 
 
 def test_kept_tensors_match_the_golden_environment(family_program):
