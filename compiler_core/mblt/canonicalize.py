@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxscript.optimizer
 import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
@@ -33,6 +32,7 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
+from compiler_core.mblt.rule_index import indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -206,9 +206,8 @@ def _lift_constants(model: ir.Model) -> None:
 
 
 def _optimize(model: ir.Model) -> None:
-    onnxscript.optimizer.optimize_ir(
-        model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-        should_fold=_should_fold)
+    optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+             should_fold=_should_fold)
     _remove_unused_initializers(model)
 
 
@@ -235,14 +234,13 @@ def _legalize(model: ir.Model) -> None:
     round), with constant folding between rounds so every rule sees folded constants.
     """
     decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
-    rules = RewriteRuleSet([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
+    rules = RewriteRuleSet(indexed_rules([*MBLT_REWRITE_RULES, *_LIBRARY_RULES]))
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break
         common_passes.RemoveUnusedNodesPass()(model)
-        onnxscript.optimizer.optimize_ir(
-            model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-            should_fold=_should_fold)
+        optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+                 should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
 
