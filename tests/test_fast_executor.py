@@ -251,6 +251,23 @@ def test_a_kind_without_a_fast_step_runs_its_golden_kernel(family_program, monke
             assert np.array_equal(codes[name][index:index + 1], value)
 
 
+def test_wide_dense_layer_on_16_bit_codes_splits_them_into_bytes_exactly(tmp_path):
+    nodes = [helper.make_node("Add", ["x", "bias"], ["wide"]),  # model inputs stay 8-bit; this output is 16-bit
+             helper.make_node("MatMul", ["wide", "w"], ["y"])]
+    model = _model(nodes, {"x": [1, 4, 256]}, {"y": None}, {"bias": _weights(256), "w": RNG.standard_normal((256, 32))})
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    program = quantize(mblt, use_random_calib=True, analysis=False, compile_config=INT16).model
+    fast = FastExecutor(program)
+    assert any(method.startswith("linear/float32-split/") for method in fast.methods()), fast.methods()
+    feeds = {"x": (RNG.standard_normal([3, 4, 256]) * 30).astype(np.float32)}
+    batched = fast.run_codes(feeds)
+    for index in range(3):
+        golden = executor.run_codes(program, {"x": feeds["x"][index:index + 1]})
+        for name, codes in golden.items():
+            assert np.array_equal(batched[name][index:index + 1], codes), name
+
+
 # -- real models -------------------------------------------------------------------------------------
 
 

@@ -62,9 +62,26 @@ def build_add(op: IntOp, context: PlanContext) -> Step | None:
     low, high = attrs["clamp"]
     if all(kind == "input" for kind, _, _ in operands) and operands[0][1].size * operands[1][1].size <= PAIR_TABLE_LIMIT:
         return _pair_table_step(operands, attrs["zp_y"], low, high)
+    operands = _saturated(operands)
     if any(np.abs(values).max(initial=0) >= FLOAT64_EXACT // 4 for _, values, _ in operands):
         return None
     return _summed_step(operands, attrs["zp_y"], low, high)
+
+
+SATURATED_TERM = 1 << 37
+"""A Q16 term this large decides the clamped result alone when the other is at most half of it."""
+
+
+def _saturated(operands: list) -> list:
+    """Clip a huge operand (an attention mask times a huge scale) to ``SATURATED_TERM`` when the other is small.
+
+    With ``|a| <= 2**36`` and ``|b| >= 2**37``, ``|a + b| >= 2**36``: the rounded sum is beyond
+    ``2**20`` codes, past any clamp, on the side of ``b``'s sign; clipping ``b`` keeps that.
+    """
+    largest = [float(np.abs(values).max(initial=0)) for _, values, _ in operands]
+    if len(operands) != 2 or min(largest) > SATURATED_TERM // 2 or max(largest) <= SATURATED_TERM:
+        return operands
+    return [(kind, np.clip(values, -SATURATED_TERM, SATURATED_TERM), offset) for kind, values, offset in operands]
 
 
 def _final_codes(total: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray:
