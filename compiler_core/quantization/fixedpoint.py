@@ -17,8 +17,13 @@ _ROUND_LIMIT = float(1 << 62)  # rounding saturates here instead of overflowing 
 def round_half_away(values: np.ndarray) -> np.ndarray:
     """Round float values to the nearest integer, halves away from zero (as int64; NaN -> 0)."""
     values = np.asarray(values, dtype=np.float64)
-    shape = values.shape
-    values = values.reshape(-1)
+    rounded = round_half_away_float(values.reshape(-1)).astype(INT64).reshape(values.shape)
+    return rounded[()] if not values.shape else rounded  # a scalar for a scalar, as numpy's ufuncs give
+
+
+def round_half_away_float(values: np.ndarray) -> np.ndarray:
+    """:func:`round_half_away` as float64 integer values (saturated at ``2**62``), for callers that go on in float."""
+    values = np.asarray(values, dtype=np.float64)
     if np.isnan(values).any():
         values = np.where(np.isnan(values), 0.0, values)
     magnitude = np.abs(values)
@@ -26,9 +31,7 @@ def round_half_away(values: np.ndarray) -> np.ndarray:
     whole = np.floor(magnitude)
     magnitude -= whole  # the fraction, exact
     whole += magnitude >= 0.5  # exact: no 0.5 added before flooring
-    np.copysign(whole, values, out=whole)
-    rounded = whole.astype(INT64).reshape(shape)
-    return rounded[()] if not shape else rounded  # a scalar for a scalar, as numpy's ufuncs give
+    return np.copysign(whole, values, out=whole)
 
 
 def rounding_shift(values: np.ndarray, bits: int) -> np.ndarray:
