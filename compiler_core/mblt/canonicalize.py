@@ -284,7 +284,8 @@ def _tidy(model: ir.Model) -> None:
 
 def _verify(model: ir.Model) -> None:
     _check_mblt_ops(model)
-    _fill_same_shape_outputs(model)
+    if _fill_same_shape_outputs(model) and any(value.shape is None for node in model.graph for value in node.outputs):
+        _infer_shapes(model)  # ONNX infers no shape for GroupNormalization-21: give its consumers theirs
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
     try:
@@ -359,12 +360,16 @@ _SAME_SHAPE_OPS = frozenset({"GroupNormalization", "MeanVarianceNormalization", 
 """Ops whose first output has their first input's shape (ONNX shape inference misses some of them)."""
 
 
-def _fill_same_shape_outputs(model: ir.Model) -> None:
+def _fill_same_shape_outputs(model: ir.Model) -> int:
+    """Give outputs of shape-preserving ops their input's shape where inference left none; returns how many."""
+    filled = 0
     for node in model.graph:
         output, source = node.outputs[0], node.inputs[0]
         if node.op_type in _SAME_SHAPE_OPS and output.shape is None and source is not None and source.shape:
             output.shape = ir.Shape(list(source.shape))
             output.dtype = output.dtype or source.dtype
+            filled += 1
+    return filled
 
 
 def _check_static_shapes(model: ir.Model) -> None:
