@@ -163,8 +163,30 @@ def _conv_transpose():
                   {"w": _weights(4, 6, 3, 3), "b": _weights(6), "wg": _weights(6, 2, 2, 3)})
 
 
+def _reductions_and_norms():
+    """Div of two activations, n-ary Max/Min/Sum/Mean, Group/InstanceNormalization, ReduceL2, CumSum."""
+    nodes = [helper.make_node("Sigmoid", ["z"], ["s"]),
+             helper.make_node("Div", ["x", "s"], ["d"]),
+             helper.make_node("Max", ["d", "x"], ["m"]),
+             helper.make_node("Min", ["x", "z", "low"], ["mi"]),
+             helper.make_node("Sum", ["m", "mi", "x"], ["su"]),
+             helper.make_node("Mean", ["su", "z"], ["me"]),
+             helper.make_node("GroupNormalization", ["me", "gscale", "gbias"], ["gn"], num_groups=2),
+             helper.make_node("InstanceNormalization", ["me", "iscale", "ibias"], ["inn"]),
+             helper.make_node("ReduceL2", ["inn", "axes"], ["l2"], keepdims=1),
+             helper.make_node("CumSum", ["inn", "axis2"], ["cs"], reverse=1, exclusive=1),
+             helper.make_node("CumSum", ["cs", "axis3"], ["cs2"]),
+             helper.make_node("Div", ["l2", "cs2"], ["y"])]
+    init = {"low": _weights(1, 4, 1, 1), "gscale": 1 + _weights(4), "gbias": _weights(4),
+            "iscale": 1 + _weights(4), "ibias": _weights(4)}
+    model = _model(nodes, {"x": [1, 4, 6, 6], "z": [1, 4, 6, 6]}, {"y": None, "cs2": None, "gn": [1, 4, 6, 6]}, init)
+    for name, value in {"axes": [2, 3], "axis2": [2], "axis3": [3]}.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    return model
+
+
 FAMILIES = {"conv_transpose": _conv_transpose, "conv": _conv_block, "conv1d_pool_lut": _conv1d_and_pooling, "attention": _attention,
-            "movement": _movement}
+            "movement": _movement, "reductions_norms": _reductions_and_norms}
 
 
 @pytest.fixture(scope="module", params=[(family, bits) for family in FAMILIES for bits in (8, 16)],
@@ -194,6 +216,17 @@ def test_small_models_match_golden_codes_single_and_batched(family_program, ampl
             assert np.array_equal(batched[name][index:index + 1], codes), name
 
 
+ALWAYS_FAST = {"add", "mul", "scale", "lut", "softmax", "layernorm", "divide", "extremum", "sum", "groupnorm",
+               "reduce_l2", "cumsum", "reduce_sum", "average_pool", "concat", "clamp"}
+
+
+def test_arithmetic_kinds_do_not_fall_back_to_golden(family_program):
+    fast = FastExecutor(family_program)
+    fallbacks = [op.kind for op, step in zip(family_program.ops, fast.steps)
+                 if step.method == "golden" and op.kind in ALWAYS_FAST]
+    assert not fallbacks, fast.methods()
+
+
 def test_kept_tensors_match_the_golden_environment(family_program):
     feeds = {spec.name: RNG.standard_normal(spec.shape).astype(np.float32) for spec in family_program.inputs}
     golden = executor.execute(family_program, executor.quantize_inputs(family_program, feeds), keep=True)
@@ -216,6 +249,23 @@ def test_a_kind_without_a_fast_step_runs_its_golden_kernel(family_program, monke
         golden = executor.run_codes(family_program, {n: v[index:index + 1] for n, v in feeds.items()})
         for name, value in golden.items():
             assert np.array_equal(codes[name][index:index + 1], value)
+
+
+def test_wide_dense_layer_on_16_bit_codes_splits_them_into_bytes_exactly(tmp_path):
+    nodes = [helper.make_node("Add", ["x", "bias"], ["wide"]),  # model inputs stay 8-bit; this output is 16-bit
+             helper.make_node("MatMul", ["wide", "w"], ["y"])]
+    model = _model(nodes, {"x": [1, 4, 256]}, {"y": None}, {"bias": _weights(256), "w": RNG.standard_normal((256, 32))})
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    program = quantize(mblt, use_random_calib=True, analysis=False, compile_config=INT16).model
+    fast = FastExecutor(program)
+    assert any(method.startswith("linear/float32-split/") for method in fast.methods()), fast.methods()
+    feeds = {"x": (RNG.standard_normal([3, 4, 256]) * 30).astype(np.float32)}
+    batched = fast.run_codes(feeds)
+    for index in range(3):
+        golden = executor.run_codes(program, {"x": feeds["x"][index:index + 1]})
+        for name, codes in golden.items():
+            assert np.array_equal(batched[name][index:index + 1], codes), name
 
 
 # -- real models -------------------------------------------------------------------------------------

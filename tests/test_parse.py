@@ -271,3 +271,18 @@ def test_progress_events_cover_every_stage(conv_bn_path, tmp_path):
 def test_parse_model_in_memory(conv_bn_path):
     graph, provenance = parse_model(conv_bn_path)
     assert graph.graph.num_nodes() == 5 and provenance["backend"] == "onnx"
+
+
+def test_consumers_of_group_normalization_get_static_shapes(tmp_path):
+    """ONNX's shape inference gives GroupNormalization-21 no output shape; the ops after it still get theirs."""
+    nodes = [helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["g"], num_groups=2),
+             helper.make_node("ReduceL2", ["g", "axes"], ["y"], keepdims=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "scale"),
+                               numpy_helper.from_array(np.zeros(4, np.float32), "bias"),
+                               numpy_helper.from_array(np.array([2, 3], np.int64), "axes")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "group_norm.onnx")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
+    assert list(model.graph.outputs[0].shape) == [1, 4, 1, 1]

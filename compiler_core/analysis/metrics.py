@@ -33,11 +33,11 @@ class TensorComparison:
         ref = np.asarray(reference, dtype=np.float64).ravel()
         test = np.asarray(quantized, dtype=np.float64).ravel()
         error = ref - test
-        ref_energy = float(ref @ ref)
-        self.signal += ref_energy
+        signal = ref @ ref
+        self.signal += float(signal)
         self.noise += float(error @ error)
-        self.max_abs_error = max(self.max_abs_error, max(float(error.max()), -float(error.min())) if error.size else 0.0)
-        self.cosines.append(_cosine(ref, test, ref_energy))
+        self.max_abs_error = max(self.max_abs_error, float(max(error.max(), -error.min())) if error.size else 0.0)
+        self.cosines.append(cosine(ref, test, first_squared=signal))
         self.samples += 1
         if classifier:
             expected = int(np.argmax(ref))
@@ -65,17 +65,13 @@ def sqnr_db(signal: float, noise: float) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def cosine(first: np.ndarray, second: np.ndarray) -> float:
-    """Cosine similarity; 1.0 when both are all-zero."""
-    norm = float(np.linalg.norm(first) * np.linalg.norm(second))
-    if norm == 0:
-        return 1.0 if not np.any(first) and not np.any(second) else 0.0
-    return float(first @ second) / norm
+def cosine(first: np.ndarray, second: np.ndarray, first_squared: float | None = None) -> float:
+    """Cosine similarity of 1-D float64 arrays; 1.0 when both are all-zero.
 
-
-def _cosine(first: np.ndarray, second: np.ndarray, first_energy: float) -> float:
-    """:func:`cosine` with ``first @ first`` already known (the same value: ``norm`` is ``sqrt(x @ x)``)."""
-    norm = float(np.sqrt(first_energy) * np.linalg.norm(second))
+    ``first_squared``: ``first @ first`` when the caller has it already (saves one pass over ``first``).
+    """
+    first_squared = first @ first if first_squared is None else first_squared
+    norm = float(np.sqrt(first_squared) * np.sqrt(second @ second))  # = norm(first) * norm(second), bit for bit
     if norm == 0:
         return 1.0 if not np.any(first) and not np.any(second) else 0.0
     return float(first @ second) / norm

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxscript.optimizer
 import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
@@ -33,6 +32,7 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
+from compiler_core.mblt.rule_index import indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -206,9 +206,8 @@ def _lift_constants(model: ir.Model) -> None:
 
 
 def _optimize(model: ir.Model) -> None:
-    onnxscript.optimizer.optimize_ir(
-        model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-        should_fold=_should_fold)
+    optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+             should_fold=_should_fold)
     _remove_unused_initializers(model)
 
 
@@ -235,14 +234,13 @@ def _legalize(model: ir.Model) -> None:
     round), with constant folding between rounds so every rule sees folded constants.
     """
     decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
-    rules = RewriteRuleSet([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
+    rules = RewriteRuleSet(indexed_rules([*MBLT_REWRITE_RULES, *_LIBRARY_RULES]))
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break
         common_passes.RemoveUnusedNodesPass()(model)
-        onnxscript.optimizer.optimize_ir(
-            model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-            should_fold=_should_fold)
+        optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+                 should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
 
@@ -286,7 +284,8 @@ def _tidy(model: ir.Model) -> None:
 
 def _verify(model: ir.Model) -> None:
     _check_mblt_ops(model)
-    _fill_same_shape_outputs(model)
+    if _fill_same_shape_outputs(model) and any(value.shape is None for node in model.graph for value in node.outputs):
+        _infer_shapes(model)  # ONNX infers no shape for GroupNormalization-21: give its consumers theirs
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
     try:
@@ -361,12 +360,16 @@ _SAME_SHAPE_OPS = frozenset({"GroupNormalization", "MeanVarianceNormalization", 
 """Ops whose first output has their first input's shape (ONNX shape inference misses some of them)."""
 
 
-def _fill_same_shape_outputs(model: ir.Model) -> None:
+def _fill_same_shape_outputs(model: ir.Model) -> int:
+    """Give outputs of shape-preserving ops their input's shape where inference left none; returns how many."""
+    filled = 0
     for node in model.graph:
         output, source = node.outputs[0], node.inputs[0]
         if node.op_type in _SAME_SHAPE_OPS and output.shape is None and source is not None and source.shape:
             output.shape = ir.Shape(list(source.shape))
             output.dtype = output.dtype or source.dtype
+            filled += 1
+    return filled
 
 
 def _check_static_shapes(model: ir.Model) -> None:

@@ -16,11 +16,22 @@ _ROUND_LIMIT = float(1 << 62)  # rounding saturates here instead of overflowing 
 
 def round_half_away(values: np.ndarray) -> np.ndarray:
     """Round float values to the nearest integer, halves away from zero (as int64; NaN -> 0)."""
-    values = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0)
-    magnitude = np.minimum(np.abs(values), _ROUND_LIMIT)
+    values = np.asarray(values, dtype=np.float64)
+    rounded = round_half_away_float(values.reshape(-1)).astype(INT64).reshape(values.shape)
+    return rounded[()] if not values.shape else rounded  # a scalar for a scalar, as numpy's ufuncs give
+
+
+def round_half_away_float(values: np.ndarray) -> np.ndarray:
+    """:func:`round_half_away` as float64 integer values (saturated at ``2**62``), for callers that go on in float."""
+    values = np.asarray(values, dtype=np.float64)
+    if np.isnan(values).any():
+        values = np.where(np.isnan(values), 0.0, values)
+    magnitude = np.abs(values)
+    np.minimum(magnitude, _ROUND_LIMIT, out=magnitude)  # +-inf saturate too
     whole = np.floor(magnitude)
-    rounded = whole + (magnitude - whole >= 0.5)  # exact: no 0.5 added before flooring
-    return (np.sign(values) * rounded).astype(INT64)
+    magnitude -= whole  # the fraction, exact
+    whole += magnitude >= 0.5  # exact: no 0.5 added before flooring
+    return np.copysign(whole, values, out=whole)
 
 
 def rounding_shift(values: np.ndarray, bits: int) -> np.ndarray:

@@ -73,8 +73,14 @@ class QuantParams:
         return np.clip(codes, self.qmin, self.qmax)
 
     def dequantize(self, codes: np.ndarray) -> np.ndarray:
-        """int codes -> float64 real values."""
-        codes = np.asarray(codes, dtype=np.int64)
+        """int codes (or exact integer codes held as floats, as the fast simulator's) -> float64 real values."""
+        codes = np.asarray(codes)
+        if codes.dtype.kind == "f":  # same values as the int64 path: code - zp is exact in float64
+            values = codes.astype(np.float64)
+            values -= self._broadcast(self.zero_point, values)
+            values *= self._broadcast(self.scale, values)
+            return values
+        codes = codes.astype(np.int64, copy=False)
         return self._broadcast(self.scale, codes) * (codes - self._broadcast(self.zero_point, codes))
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from compiler_core.quantization.fixedpoint import quantize_multiplier, requantize, round_half_away
+from compiler_core.quantization.fixedpoint import (
+    quantize_multiplier,
+    requantize,
+    round_half_away,
+    round_half_away_float,
+)
 from compiler_core.quantization.graph import Group, activation_bounds
 from compiler_core.quantization.kernels import KernelRefusal, register, register_kernel
 from compiler_core.quantization.lowering import (
@@ -136,7 +141,10 @@ def _mse_clip(rows: np.ndarray, absmax: np.ndarray, qmax: int) -> np.ndarray:
     for ratio in WEIGHT_CLIP_CANDIDATES:
         clip = np.where(absmax > 0, absmax * ratio, 1.0)
         step = (clip / qmax)[:, None]
-        error = ((np.clip(round_half_away(rows / step), -qmax, qmax) * step - rows) ** 2).sum(axis=1)
+        difference = np.clip(round_half_away_float(rows / step), -qmax, qmax)  # codes, exact in float64
+        difference *= step
+        difference -= rows
+        error = np.square(difference, out=difference).sum(axis=1)
         better = error < best_error
         best, best_error = np.where(better, clip, best), np.where(better, error, best_error)
     return best

@@ -3,15 +3,19 @@
 A requantization of a single code (``scale`` with one multiplier, Concat and Where rescaling, the
 two operands of ``add``) is a function of at most 65,536 input codes: it is tabulated once with the
 golden primitives and applied as one gather. ``add`` of two 8-bit operands tabulates the whole
-``(a, b) -> y`` function (65,536 entries). Reductions sum exactly in float64 and requantize with
+``(a, b) -> y`` function (65,536 entries), as do ``mul`` and ``divide`` of two 8-bit operands.
+The n-ary ``sum`` and ``extremum`` rescale every operand by table and combine in exact float64.
+Reductions (and running sums) sum exactly in float64 and requantize with
 :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
 """
 
 from __future__ import annotations
 
+from functools import reduce
+
 import numpy as np
 
-from compiler_core.quantization.fixedpoint import requantize, rounding_shift
+from compiler_core.quantization.fixedpoint import integer_sqrt, requantize, rounding_shift
 from compiler_core.quantization.kernels.elementwise import ADD_FRACTION_BITS
 from compiler_core.quantization.kernels.linear import conv_accumulate
 from compiler_core.quantization.program import IntOp
@@ -58,9 +62,26 @@ def build_add(op: IntOp, context: PlanContext) -> Step | None:
     low, high = attrs["clamp"]
     if all(kind == "input" for kind, _, _ in operands) and operands[0][1].size * operands[1][1].size <= PAIR_TABLE_LIMIT:
         return _pair_table_step(operands, attrs["zp_y"], low, high)
+    operands = _saturated(operands)
     if any(np.abs(values).max(initial=0) >= FLOAT64_EXACT // 4 for _, values, _ in operands):
         return None
     return _summed_step(operands, attrs["zp_y"], low, high)
+
+
+SATURATED_TERM = 1 << 37
+"""A Q16 term this large decides the clamped result alone when the other is at most half of it."""
+
+
+def _saturated(operands: list) -> list:
+    """Clip a huge operand (an attention mask times a huge scale) to ``SATURATED_TERM`` when the other is small.
+
+    With ``|a| <= 2**36`` and ``|b| >= 2**37``, ``|a + b| >= 2**36``: the rounded sum is beyond
+    ``2**20`` codes, past any clamp, on the side of ``b``'s sign; clipping ``b`` keeps that.
+    """
+    largest = [float(np.abs(values).max(initial=0)) for _, values, _ in operands]
+    if len(operands) != 2 or min(largest) > SATURATED_TERM // 2 or max(largest) <= SATURATED_TERM:
+        return operands
+    return [(kind, np.clip(values, -SATURATED_TERM, SATURATED_TERM), offset) for kind, values, offset in operands]
 
 
 def _final_codes(total: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray:
@@ -71,30 +92,69 @@ def _pair_table_step(operands, zero_point: int, low: int, high: int) -> Step:
     (_, table_a, offset_a), (_, table_b, offset_b) = operands
     width = table_b.size
     table = _final_codes(table_a[:, None] + table_b[None, :], zero_point, low, high).astype(np.float32).reshape(-1)
-
-    def run(inputs: list) -> list:
-        index = np.subtract(inputs[0], offset_a, dtype=np.float32)
-        index *= width
-        index += inputs[1]
-        index -= offset_b
-        return [np.take(table, index.astype(np.intp))]
-
-    return Step(run, method="add/pair-table")
+    return _pair_lookup_step(table, width, offset_a, offset_b, "add/pair-table")
 
 
-def _summed_step(operands, zero_point: int, low: int, high: int) -> Step:
+def _summed_step(operands, zero_point: int, low: int, high: int, combine=np.add, method: str = "add/tables") -> Step:
+    """Operands (tables or constants of Q16 terms) combined pairwise in float64, rounded by ``2**16``.
+
+    The caller guarantees the combined magnitude stays below ``2**52``: every value is then an exact
+    integer, ``scaled`` is exact, and ``scaled + 0.5`` too, so ``trunc`` rounds halves away from zero.
+    """
     prepared = [(kind, values.astype(np.float64), offset) for kind, values, offset in operands]
     unit = np.ldexp(1.0, -ADD_FRACTION_BITS)
 
     def run(inputs: list) -> list:
         parts = [values if kind == "const" else lookup(values, offset, inputs[index])
                  for index, (kind, values, offset) in enumerate(prepared)]
-        scaled = np.add(parts[0], parts[1]) * unit  # exact: integers below 2**51, then a power of two
+        scaled = reduce(combine, parts) * unit
         rounded = np.trunc(scaled + np.copysign(0.5, scaled))
         rounded += zero_point
         return [np.clip(rounded, low, high).astype(np.float32)]
 
-    return Step(run, method="add/tables")
+    return Step(run, method=method)
+
+
+# -- n-ary Sum / Mean / Max / Min --------------------------------------------------------------------
+
+
+def _rescaled_terms(op: IntOp, context: PlanContext) -> list | None:
+    """Per operand ``("const", Q16 terms, 0)`` or ``("input", table of Q16 terms, qmin)``; ``None`` if not tabulable."""
+    operands = []
+    for index, name in enumerate(op.inputs):
+        multiplier, shift = int(op.consts["multipliers"][index]), int(op.consts["shifts"][index])
+        zero_point = op.attrs["zero_points"][index]
+        def scaled(codes, m=multiplier, s=shift, zp=zero_point):
+            return requantize(codes - zp, m, s)
+        if f"const{index}" in op.consts:
+            operands.append(("const", scaled(op.consts[f"const{index}"].astype(np.int64)), 0))
+            continue
+        table = code_table(context, name, scaled)
+        if table is None:
+            return None
+        operands.append(("input", *table))
+    largest = sum(float(np.abs(values).max(initial=0)) for _, values, _ in operands)
+    return operands if largest < FLOAT64_EXACT // 2 else None
+
+
+@register_fast("sum")
+def build_sum(op: IntOp, context: PlanContext) -> Step | None:
+    """Sum/Mean: every operand rescaled by table, added in float64, rounded by ``2**16``."""
+    operands = _rescaled_terms(op, context)
+    if operands is None:
+        return None
+    return _summed_step(operands, op.attrs["zp_y"], *op.attrs["clamp"], method="sum/tables")
+
+
+@register_fast("extremum")
+def build_extremum(op: IntOp, context: PlanContext) -> Step | None:
+    """Max/Min: every operand rescaled by table, compared, rounded by ``2**16``."""
+    operands = _rescaled_terms(op, context)
+    if operands is None:
+        return None
+    combine = np.maximum if op.attrs["mode"] == "max" else np.minimum
+    return _summed_step(operands, op.attrs["zp_y"], *op.attrs["clamp"], combine=combine,
+                        method=f"extremum/{op.attrs['mode']}/tables")
 
 
 # -- single-operand rescaling -------------------------------------------------------------------------
@@ -268,16 +328,7 @@ def build_mul(op: IntOp, context: PlanContext) -> Step | None:
     if codes_a.size * codes_b.size <= PAIR_TABLE_LIMIT:
         table = np.clip(requantize(codes_a[:, None] * codes_b[None, :], multiplier.reshape(()), shift.reshape(()))
                         + attrs["zp_y"], low, high).astype(np.float32).reshape(-1)
-        width, offset_a, offset_b = codes_b.size, params_a.qmin, params_b.qmin
-
-        def run_table(inputs: list) -> list:
-            index = np.subtract(inputs[0], offset_a, dtype=np.float32)
-            index *= width
-            index += inputs[1]
-            index -= offset_b
-            return [np.take(table, index.astype(np.intp))]
-
-        return Step(run_table, method="mul/pair-table")
+        return _pair_lookup_step(table, codes_b.size, params_a.qmin, params_b.qmin, "mul/pair-table")
     bound = int(np.abs(codes_a).max() * np.abs(codes_b).max())
     requant = Requantizer(multiplier.reshape(()), shift.reshape(()), None, attrs["zp_y"], (low, high), bound)
     zp_a, zp_b = np.float64(attrs["zp_a"]), np.float64(attrs["zp_b"])
@@ -317,3 +368,102 @@ def build_prelu(op: IntOp, context: PlanContext) -> Step | None:
         return [np.where(centred >= 0, positive(centred.copy()), negative(centred.copy()))]
 
     return Step(run, method=f"prelu/{positive.method}/{negative.method}")
+
+
+@register_fast("divide")
+def build_divide(op: IntOp, context: PlanContext) -> Step | None:
+    """Division by an activation: a pair table for 8-bit operands, else exact float64 products and a Requantizer."""
+    attrs, consts = op.attrs, op.consts
+    multiplier, shift = consts["multiplier"].astype(np.int64).reshape(()), consts["shift"].astype(np.int64).reshape(())
+    reciprocal, offset_b = consts["reciprocal"].astype(np.int64), attrs["offset_b"]
+    low, high = attrs["clamp"]
+    params_a = context.params(op.inputs[0]) if op.inputs[0] else None
+    if params_a is not None and params_a.axis is None and (params_a.qmax - params_a.qmin + 1) * reciprocal.size \
+            <= PAIR_TABLE_LIMIT:
+        codes_a = np.arange(params_a.qmin, params_a.qmax + 1, dtype=np.int64) - attrs["zp_a"]
+        table = np.clip(requantize(codes_a[:, None] * reciprocal[None, :], multiplier, shift) + attrs["zp_y"],
+                        low, high).astype(np.float32).reshape(-1)
+        return _pair_lookup_step(table, reciprocal.size, params_a.qmin, offset_b, "divide/pair-table")
+    if "const_a" in consts:
+        numerator, span = consts["const_a"].astype(np.float64), int(np.abs(consts["const_a"]).max(initial=0))
+    else:
+        numerator, span = None, context.span(op.inputs[0], attrs["zp_a"])
+    if span is None or span * int(np.abs(reciprocal).max(initial=0)) >= FLOAT64_EXACT:
+        return None
+    requant = Requantizer(multiplier, shift, None, attrs["zp_y"], (low, high),
+                          span * int(np.abs(reciprocal).max(initial=0)))
+    factors, zp_a = reciprocal.astype(np.float64), np.float64(attrs["zp_a"])
+
+    def run(inputs: list) -> list:
+        centred = numerator if numerator is not None else np.subtract(inputs[0], zp_a, dtype=np.float64)
+        return [requant(centred * lookup(factors, offset_b, inputs[1]))]
+
+    return Step(run, method=f"divide/{requant.method}")
+
+
+def _pair_lookup_step(table: np.ndarray, width: int, offset_a: int, offset_b: int, method: str) -> Step:
+    """``table[(a - offset_a) * width + (b - offset_b)]`` of two float32 code tensors (broadcast)."""
+    def run(inputs: list) -> list:
+        index = np.subtract(inputs[0], offset_a, dtype=np.float32)
+        index *= width
+        if index.shape == np.broadcast_shapes(index.shape, inputs[1].shape):
+            index += inputs[1]
+        else:  # the second operand broadcasts the first
+            index = index + inputs[1]
+        index -= offset_b
+        return [np.take(table, index.astype(np.intp))]
+
+    return Step(run, method=method)
+
+
+@register_fast("reduce_l2")
+def build_reduce_l2(op: IntOp, context: PlanContext) -> Step | None:
+    """Exact float64 sum of squares over the axes; the (reduced) root and requantization in golden int64."""
+    attrs = op.attrs
+    span, shape = context.span(op.inputs[0], attrs["zp_x"]), context.shape(op.inputs[0])
+    if span is None or shape is None:
+        return None
+    axes = tuple(attrs["axes"])
+    count = int(np.prod([shape[a] for a in axes])) if axes else 1
+    if count * span * span >= FLOAT64_EXACT:
+        return None
+    multiplier, shift = op.consts["multiplier"].astype(np.int64), op.consts["shift"].astype(np.int64)
+    zero_point, headroom = np.float64(attrs["zp_x"]), 2 * attrs["headroom"]
+
+    def run(inputs: list) -> list:
+        centred = np.subtract(inputs[0], zero_point, dtype=np.float64)
+        squares = np.square(centred, out=centred)
+        total = squares.sum(axis=axes, keepdims=attrs["keepdims"]) if axes else squares
+        root = integer_sqrt(total.astype(np.int64) << headroom)
+        y = requantize(root, multiplier, shift) + attrs["zp_y"]
+        return [np.clip(y, *attrs["clamp"]).astype(np.float32)]
+
+    return Step(run, batch_safe=0 not in axes, method="reduce_l2")
+
+
+@register_fast("cumsum")
+def build_cumsum(op: IntOp, context: PlanContext) -> Step | None:
+    """Exact float64 running sums of centred codes (exclusive / reverse as in ONNX), one Requantizer."""
+    attrs = op.attrs
+    span, shape = context.span(op.inputs[0], attrs["zp_x"]), context.shape(op.inputs[0])
+    if span is None or shape is None:
+        return None
+    axis = attrs["axis"]
+    bound = shape[axis] * span
+    if bound >= FLOAT64_EXACT:
+        return None
+    requant = Requantizer(op.consts["multiplier"], op.consts["shift"], None, attrs["zp_y"], attrs["clamp"], bound)
+    zero_point = np.float64(attrs["zp_x"])
+
+    def run(inputs: list) -> list:
+        centred = np.subtract(inputs[0], zero_point, dtype=np.float64)
+        if attrs["reverse"]:
+            centred = np.flip(centred, axis=axis)
+        acc = np.cumsum(centred, axis=axis)
+        if attrs["exclusive"]:
+            acc -= centred
+        if attrs["reverse"]:
+            acc = np.flip(acc, axis=axis)
+        return [requant(np.ascontiguousarray(acc))]
+
+    return Step(run, batch_safe=axis != 0, method=f"cumsum/{requant.method}")

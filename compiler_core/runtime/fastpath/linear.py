@@ -3,9 +3,9 @@
 Accumulation runs in float32 when the layer's worst-case ``|acc|`` (largest centred input code
 times the largest per-channel sum of ``|w|``) is below ``2**24``, else in float64 (below ``2**53``):
 every partial sum is then an exactly representable integer, so any summation order (BLAS,
-onnxruntime's convolution kernels) gives the exact integer sum. Convolutions run in a one-node
-onnxruntime ``Conv`` session built once per layer; dense layers and products of activations in
-numpy BLAS. Requantization: :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
+onnxruntime's convolution kernels) gives the exact integer sum. Convolutions and dense layers run in
+a one-node onnxruntime ``Conv`` / ``MatMul`` session built once per layer (dense layers on 16-bit
+inputs split the input into bytes to stay in float32); products of activations in numpy BLAS. Requantization: :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from compiler_core.runtime.fastpath.plan import PlanContext, Step, register_fast
 from compiler_core.runtime.fastpath.requant import FLOAT32_EXACT, FLOAT64_EXACT, Requantizer
 
 logger = logging.getLogger(__name__)
+
+SPLIT_BITS = 8
 
 
 def accumulator_dtype(bound: int) -> type | None:
@@ -44,19 +46,17 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     if layout not in ("conv", "dense", "conv_transpose") or span is None or shape is None:
         return None
     weight = op.consts["weight"].astype(np.int64)
-    bound = span * int(np.abs(weight.reshape(weight.shape[0], -1)).sum(axis=1).max())
+    weight_sum = int(np.abs(weight.reshape(weight.shape[0], -1)).sum(axis=1).max())
+    bound = span * weight_sum
     dtype = accumulator_dtype(bound)
     if dtype is None or (layout != "dense" and len(shape) not in (3, 4)) or (layout == "dense" and weight.ndim != 2):
         return None
     channel_shape = (-1,) if layout == "dense" else (-1,) + (1,) * (len(shape) - 2)
     requant = Requantizer(op.consts["multiplier"].reshape(channel_shape), op.consts["shift"].reshape(channel_shape),
                           op.consts["bias"].reshape(channel_shape), op.attrs["zp_y"], op.attrs["clamp"], bound)
-    zero_point = _input_zero_point(op, len(shape)).astype(dtype)
     if layout == "dense":
-        matrix = np.ascontiguousarray(weight.T.astype(dtype))
-        def run_dense(inputs: list) -> list:  # C order: BLAS takes it (a transposed view would not)
-            return [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"), matrix))]
-        return Step(run_dense, method=f"linear/{np.dtype(dtype).name}/{requant.method}")
+        return _dense_step(weight, span, weight_sum, requant, _input_zero_point(op, len(shape)))
+    zero_point = _input_zero_point(op, len(shape)).astype(dtype)
     attrs = op.attrs
     if layout == "conv_transpose":  # the equivalent convolution of the zero-inserted, padded input
         shape = list(_zero_insert_and_pad(np.zeros([1, *shape[1:]], dtype=np.float32), attrs).shape)
@@ -66,6 +66,57 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     def run_conv(inputs: list) -> list:
         return [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"))))]
     return Step(run_conv, method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
+
+
+def _dense_step(weight: np.ndarray, span: int, weight_sum: int, requant: Requantizer, zero_point: np.ndarray) -> Step:
+    """A dense layer on a float32 onnxruntime MatMul when exact, split into bytes when the input is wider.
+
+    Codes whose products overflow float32's exact range are split as ``x = 256 * high + low``
+    (``0 <= low < 256``): both halves go through the float32 MatMul in one call, stacked on the
+    leading axis, and ``256 * acc_high + acc_low`` is formed in float64 (exact). Beyond that, float64 BLAS.
+    """
+    high_span = -(-span // (1 << SPLIT_BITS))
+    if span * weight_sum < FLOAT32_EXACT:
+        dtype, split = np.float32, False
+    elif max(high_span, (1 << SPLIT_BITS) - 1) * weight_sum < FLOAT32_EXACT:
+        dtype, split = np.float32, True
+    else:
+        dtype, split = np.float64, False
+    zero_point = zero_point.astype(dtype)
+    if dtype == np.float64:
+        matrix = np.ascontiguousarray(weight.T.astype(dtype))
+        def run_blas(inputs: list) -> list:  # C order: BLAS takes it (a transposed view would not)
+            return [requant(np.matmul(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"), matrix))]
+        return Step(run_blas, method=f"linear/float64/{requant.method}")
+    accumulate = _matmul_session(weight.T)
+    if not split:
+        def run_dense(inputs: list) -> list:
+            return [requant(accumulate(np.subtract(inputs[0], zero_point, dtype=dtype, order="C")))]
+        return Step(run_dense, method=f"linear/float32/{requant.method}")
+
+    def run_split(inputs: list) -> list:
+        centred = np.subtract(inputs[0], zero_point, dtype=np.float32)
+        high = np.floor(centred * np.float32(1.0 / (1 << SPLIT_BITS)))  # exact: a power of two
+        low = centred - high * (1 << SPLIT_BITS)
+        halves = accumulate(np.stack([high, low]))
+        acc = halves[0].astype(np.float64)
+        acc *= 1 << SPLIT_BITS
+        acc += halves[1]
+        return [requant(acc)]
+
+    return Step(run_split, method=f"linear/float32-split/{requant.method}")
+
+
+def _matmul_session(matrix: np.ndarray):
+    """A float32 onnxruntime MatMul by a constant integer matrix ``[K, N]`` (exact under the layer's bound)."""
+    node = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    x_info = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)
+    y_info = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    weight = onnx.numpy_helper.from_array(np.ascontiguousarray(matrix.astype(np.float32)), "w")
+    graph = onnx.helper.make_graph([node], "dense", [x_info], [y_info], [weight])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"x": x})[0]
 
 
 def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:

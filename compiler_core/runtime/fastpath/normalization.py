@@ -1,4 +1,4 @@
-"""Fast steps for Softmax and LayerNormalization, exact to the golden integer routines.
+"""Fast steps for Softmax, Layer/Group/Instance normalization, exact to the golden integer routines.
 
 Integer divisions ``rdiv(n, d)`` become ``floor((2|n| + d) / (2d))`` in float64: for integers below
 ``2**53`` the correctly rounded quotient never crosses an integer the exact quotient does not reach
@@ -46,35 +46,83 @@ def build_softmax(op: IntOp, context: PlanContext) -> Step | None:
 @register_fast("layernorm")
 def build_layer_norm(op: IntOp, context: PlanContext) -> Step | None:
     """Row statistics in exact int64 (small), per-element division and requantization in float64."""
-    attrs, consts = op.attrs, op.consts
-    span, shape = context.span(op.inputs[0], attrs["zp_x"]), context.shape(op.inputs[0])
-    if span is None or shape is None or attrs["axis"] == 0:
+    attrs = op.attrs
+    shape = context.shape(op.inputs[0])
+    if shape is None or attrs["axis"] == 0:
         return None
-    count = int(np.prod(shape[attrs["axis"]:]))
-    centred_bound = 2 * span << MEAN_BITS
-    if (2 * centred_bound << FRACTION_BITS) + 1 >= FLOAT64_EXACT:
+    axis = attrs["axis"]
+    count = int(np.prod(shape[axis:]))
+    scaling = _ScaleAndOffset.build(op, context, op.consts["multiplier"], op.consts["offset"])
+    if scaling is None:
         return None
-    # the offset joins the requantized value before the clamp: requantize unclamped, then add and clamp
-    wide = (-(1 << 62), 1 << 62)
-    requant = Requantizer(consts["multiplier"], consts["shift"], None, 0, wide, centred_bound << FRACTION_BITS)
-    if requant.method == "exact" or np.abs(consts["offset"]).max(initial=0) + abs(attrs["zp_y"]) >= 1 << 22:
-        return None  # float32 requantized values are exact below 2**24 and saturate the clamp beyond it
-    offset = consts["offset"].astype(np.float64) + attrs["zp_y"]
-    low, high = attrs["clamp"]
-    axis, epsilon = attrs["axis"], attrs["epsilon_term"]
 
     def run(inputs: list) -> list:
         x = inputs[0]
         rows = np.subtract(x, attrs["zp_x"], dtype=np.float64).reshape(*x.shape[:axis], count).astype(np.int64)
-        mean = _int_rdiv(rows.sum(axis=-1, keepdims=True) << MEAN_BITS, count)
-        centred = (rows << MEAN_BITS) - mean
-        variance = _int_rdiv((centred * centred).sum(axis=-1, keepdims=True), count)
-        deviation = np.maximum(integer_sqrt(variance + epsilon), 1).astype(np.float64)
-        normalized = rounding_divide(centred.astype(np.float64) * (1 << FRACTION_BITS), deviation)
-        y = requant(normalized).astype(np.float64) + offset
-        return [np.clip(y, low, high).astype(np.float32).reshape(x.shape)]
+        return [scaling(_normalized(rows, attrs["epsilon_term"])).reshape(x.shape)]  # per-element over the rows
 
-    return Step(run, method=f"layernorm/{requant.method}")
+    return Step(run, method=f"layernorm/{scaling.requant.method}")
+
+
+@register_fast("groupnorm")
+def build_group_norm(op: IntOp, context: PlanContext) -> Step | None:
+    """Statistics per (sample, group) as LayerNormalization's, then a per-channel scale and offset."""
+    attrs, consts = op.attrs, op.consts
+    shape = context.shape(op.inputs[0])
+    if shape is None:
+        return None
+    channel = [1, -1] + [1] * (len(shape) - 2)
+    scaling = _ScaleAndOffset.build(op, context, consts["multiplier"].reshape(channel),
+                                    consts["offset"].reshape(channel), consts["shift"].reshape(channel))
+    if scaling is None:
+        return None
+
+    def run(inputs: list) -> list:
+        x = inputs[0]
+        rows = np.subtract(x, attrs["zp_x"], dtype=np.float64).reshape(x.shape[0], attrs["groups"], -1).astype(np.int64)
+        return [scaling(_normalized(rows, attrs["epsilon_term"]).reshape(x.shape))]
+
+    return Step(run, method=f"groupnorm/{scaling.requant.method}")
+
+
+class _ScaleAndOffset:
+    """``clamp(requantize(n, M, S) + offset + zp_y)`` of normalized Q.F values, exact in float64."""
+
+    def __init__(self, requant: Requantizer, offset: np.ndarray, clamp: tuple[int, int]) -> None:
+        self.requant, self.offset, (self.low, self.high) = requant, offset, clamp
+
+    @classmethod
+    def build(cls, op: IntOp, context: PlanContext, multiplier: np.ndarray, offset: np.ndarray,
+              shift: np.ndarray | None = None) -> _ScaleAndOffset | None:
+        """``None`` when the normalized values or the offsets leave the exact float ranges."""
+        attrs = op.attrs
+        span = context.span(op.inputs[0], attrs["zp_x"])
+        if span is None:
+            return None
+        centred_bound = 2 * span << MEAN_BITS
+        if (2 * centred_bound << FRACTION_BITS) + 1 >= FLOAT64_EXACT:
+            return None
+        # the offset joins the requantized value before the clamp: requantize unclamped, then add and clamp
+        wide = (-(1 << 62), 1 << 62)
+        shift = op.consts["shift"] if shift is None else shift
+        requant = Requantizer(multiplier, shift, None, 0, wide, centred_bound << FRACTION_BITS)
+        if requant.method == "exact" or np.abs(offset).max(initial=0) + abs(attrs["zp_y"]) >= 1 << 22:
+            return None  # float32 requantized values are exact below 2**24 and saturate the clamp beyond it
+        return cls(requant, offset.astype(np.float64) + attrs["zp_y"], attrs["clamp"])
+
+    def __call__(self, normalized: np.ndarray) -> np.ndarray:
+        y = self.requant(normalized).astype(np.float64) + self.offset
+        return np.clip(y, self.low, self.high).astype(np.float32)
+
+
+def _normalized(rows: np.ndarray, epsilon_term: int) -> np.ndarray:
+    """The golden normalization routine over the last axis of int64 centred codes, as exact float64 Q.F values."""
+    count = rows.shape[-1]
+    mean = _int_rdiv(rows.sum(axis=-1, keepdims=True) << MEAN_BITS, count)
+    centred = (rows << MEAN_BITS) - mean
+    variance = _int_rdiv((centred * centred).sum(axis=-1, keepdims=True), count)
+    deviation = np.maximum(integer_sqrt(variance + epsilon_term), 1).astype(np.float64)
+    return rounding_divide(centred.astype(np.float64) * (1 << FRACTION_BITS), deviation)
 
 
 def _int_rdiv(numerator: np.ndarray, denominator: int) -> np.ndarray:

@@ -1,0 +1,94 @@
+"""Rewrite rules tried only on nodes their pattern can start from, and the optimizer loop that uses them.
+
+onnxscript's ``RewriteRuleSet`` tries every rule on every node; a rule whose pattern ends in one
+node of a fixed op type fails on any other node at its first check, after setting up a match and
+formatting a failure message (PP-OCR cls: 57,000 tries, 2.7 s of a 4.4 s parse under cProfile).
+:func:`indexed_rules` gives copies of the rules that return ``None`` at once for a node of another op
+type, which is exactly what the full match would return, so the rewritten graph is the same. (A
+pattern with several output nodes, such as onnxscript's ``SlicesSplit``, also scans the whole graph
+per try: quadratic in the node count without the index.)
+:func:`optimize` is ``onnxscript.optimizer.optimize_ir`` (same passes, same order) with the default
+rewrite rules indexed that way.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+
+import onnx_ir as ir
+from onnx_ir.passes import common as common_passes
+from onnxscript import rewriter
+from onnxscript.optimizer import _constant_folding
+from onnxscript.rewriter import RewriteRuleSet
+from onnxscript.rewriter._matcher import SimplePatternMatcher
+from onnxscript.rewriter._pattern_ir import StringConstantPattern
+from onnxscript.rewriter._rewrite_rule import RewriteRule
+
+logger = logging.getLogger(__name__)
+
+
+def root_op_type(rule: RewriteRule) -> str | None:
+    """The op type every node the rule can match at must have, or ``None`` when any node may start a match."""
+    pattern = getattr(rule, "_target_pattern", None)
+    matcher = getattr(rule, "_matcher", None)
+    if pattern is None or type(matcher) is not SimplePatternMatcher or not pattern.output_nodes:
+        return None
+    op = pattern.output_nodes[0].op  # a multi-output pattern is matched with the node as its first output node
+    return op.value() if isinstance(op, StringConstantPattern) else None
+
+
+def indexed_rules(rules: Sequence[RewriteRule]) -> list[RewriteRule]:
+    """Shallow copies of ``rules`` that skip nodes of another op type than their pattern's root."""
+    return [_skip_other_op_types(rule) for rule in rules]
+
+
+def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
+    op_type = root_op_type(rule)
+    if op_type is None:
+        return rule
+    indexed = copy.copy(rule)
+    full_try = rule.try_rewrite
+
+    def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
+        if node.op_type != op_type and tracer is None:
+            return None
+        return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
+
+    indexed.try_rewrite = try_rewrite
+    return indexed
+
+
+_DEFAULT_RULES: RewriteRuleSet | None = None
+
+
+def _default_rules() -> RewriteRuleSet:
+    global _DEFAULT_RULES
+    if _DEFAULT_RULES is None:
+        _DEFAULT_RULES = RewriteRuleSet(indexed_rules(rewriter._DEFAULT_REWRITE_RULES))
+    return _DEFAULT_RULES
+
+
+def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, output_size_limit: int,
+             should_fold: Callable[[ir.Node], bool | None]) -> None:
+    """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules."""
+    loop = ir.passes.PassManager(
+        [_constant_folding.FoldConstantsPass(shape_inference=True, input_size_limit=input_size_limit,
+                                             output_size_limit=output_size_limit, should_fold=should_fold),
+         rewriter.RewritePass(_default_rules()),
+         common_passes.RemoveUnusedNodesPass(),
+         common_passes.RemoveUnusedFunctionsPass(),
+         common_passes.RemoveUnusedOpsetsPass()],
+        steps=num_iterations, early_stop=True)
+    ir.passes.Sequential(
+        common_passes.InlinePass(),
+        loop,
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    )(model)
