@@ -7,10 +7,13 @@ project lifecycle (new/open/import/save) into its own controller is the next ste
 
 from __future__ import annotations
 
+import contextlib
 import html
+import importlib
 import json
 import logging
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -46,7 +49,6 @@ from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
-from qbstudio.widgets import setup_check
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
@@ -69,6 +71,10 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
+PRELOAD_MODULES = ("qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
+                   "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
+                   "qbstudio.tasks")
+"""What the deferred build imports in a background thread (onnx, onnx-ir, the parser, the calibration readers)."""
 
 
 class MainWindow(QMainWindow):
@@ -89,6 +95,7 @@ class MainWindow(QMainWindow):
     compile_finished = Signal(str)
     project_loaded = Signal()
     workbench_built = Signal()
+    _modules_preloaded = Signal()
 
     def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None, *,
                  defer_workbench: bool = False) -> None:
@@ -108,6 +115,7 @@ class MainWindow(QMainWindow):
         self._autosave_timer = QTimer(self, singleShot=True, interval=AUTOSAVE_DELAY_MS)
         self._autosave_timer.timeout.connect(self.autosave)
         self.workbench_ready = False
+        self.graph: GraphView | None = None
         self._build_shell()
         self._build_actions()
         self._build_menus()
@@ -159,12 +167,39 @@ class MainWindow(QMainWindow):
 
     # ================================================================== building
 
+    def _build_deferred(self) -> None:
+        """The deferred build: the graph view first, the heavy imports in a thread, then the panels.
+
+        Netron's page is served by this (GUI) thread, so the imports run in a background thread:
+        the event loop keeps answering the page's requests, and Chromium starts its renderer and
+        reads Netron's scripts while onnx and the parser load. The panels are built when they are in.
+        """
+        self._build_graph()
+        self._modules_preloaded.connect(self.build_workbench, Qt.ConnectionType.QueuedConnection)
+        threading.Thread(target=self._preload_modules, name="qbstudio-preload", daemon=True).start()
+
+    def _preload_modules(self) -> None:
+        started = time.perf_counter()
+        for name in PRELOAD_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - build_workbench imports it again and reports the error
+                logger.exception("preloading %s failed", name)
+        logger.debug("preloaded the workbench modules in %.2f s", time.perf_counter() - started)
+        with contextlib.suppress(RuntimeError):  # the window was deleted meanwhile
+            self._modules_preloaded.emit()
+
+    def _build_graph(self) -> None:
+        if getattr(self, "graph", None) is None:
+            self.graph = GraphView()
+            self.graph.warm_up()  # Chromium starts its renderer while the other panels are built
+
     def _build_panels(self) -> None:
         from qbstudio.widgets.calibration_panel import CalibrationPanel
         from qbstudio.widgets.compare_view import CompareView
         from qbstudio.widgets.options_panel import OptionsPanel
 
-        self.graph = GraphView()
+        self._build_graph()
         self.calibration = CalibrationPanel(self.runner)
         self.options = OptionsPanel()
         self.run_panel = RunPanel()
@@ -270,7 +305,7 @@ class MainWindow(QMainWindow):
         view_menu.addActions([self.layers_dock.toggleViewAction(), self.log_dock.toggleViewAction()])
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
-        help_menu.addAction(self._action("Check My &Setup…", lambda: setup_check.show_dialog(self, self.dirs)))
+        help_menu.addAction(self._action("Check My &Setup…", self.show_setup_check))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
@@ -866,6 +901,12 @@ class MainWindow(QMainWindow):
         QMessageBox.about(self, "About qb Studio", dialogs.about_text({
             "compiler_core": core_version, "PySide6": pyside_version, "Log file": self.dirs.log_file}))
 
+    def show_setup_check(self) -> None:
+        """The Check My Setup dialog (imported on use: it pulls in the calibration stack)."""
+        from qbstudio.widgets import setup_check
+
+        setup_check.show_dialog(self, self.dirs)
+
     def _open_folder(self, path: Path) -> None:
         if not open_folder(path):
             dialogs.show_info(self, "Cannot open the folder", f"No file manager could be started. The folder is:\n"
@@ -882,7 +923,7 @@ class MainWindow(QMainWindow):
             self.shown_at = time.perf_counter()
         if self._defer_build:
             self._defer_build = False
-            QTimer.singleShot(0, self.build_workbench)
+            QTimer.singleShot(0, self._build_deferred)
         if self._default_docks:
             self._default_docks = False
             self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)
