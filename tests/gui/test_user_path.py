@@ -370,6 +370,8 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     label = window.recent_projects_menu.actions()[0].text()
     assert label == "Untitled — model.onnx (autosaved)"
     assert window.welcome.recent.item(0).text() == label
+    assert window.welcome.recent.isVisibleTo(window) and window.welcome.no_recent.isHidden()
+    assert window.welcome.recent.height() >= window.welcome.recent.sizeHintForRow(0)
 
     wait_model(qtbot, window, lambda: window.open_path(recent))
     assert window.project.work_dir == work_dir and len(window.project.runs) == 1
@@ -422,6 +424,9 @@ def test_compile_is_disabled_with_the_reason_and_offload_is_offered_only_when_it
     assert not panel.compile_button.isEnabled() and not window.act_compile.isEnabled()
     assert "Softmax" in panel.reason_label.text() and not panel.offload_button.isHidden()
     window.tabs.setCurrentIndex(2)
+    table = window.support.table
+    qtbot.waitUntil(lambda: table.horizontalHeader().sectionViewportPosition(3)
+                    + table.horizontalHeader().sectionSize(3) <= table.viewport().width())  # Reason stays in view
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(100)
     assert window.grab().save(str(SCREENSHOTS / "user_path_not_compilable_offload.png"))
@@ -494,6 +499,7 @@ def test_welcome_page_when_nothing_is_open(qtbot, make_window, answers):
     window = make_window()
     assert window.central.currentWidget() is window.welcome
     assert "Calibrate" in window.welcome.findChild(type(window.model_label), "pipelinePicture").text()
+    assert window.welcome.no_recent.isVisibleTo(window) and window.welcome.recent.isHidden()  # no empty box
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(50)
     assert window.grab().save(str(SCREENSHOTS / "user_path_welcome.png"))
