@@ -50,7 +50,8 @@ app.exec()
 def _env(home: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
     flags = env.get("QTWEBENGINE_CHROMIUM_FLAGS", "")
-    env.update(QBSTUDIO_HOME=str(home), QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT),
+    path = os.pathsep.join(part for part in (str(ROOT), env.get("PYTHONPATH", "")) if part)
+    env.update(QBSTUDIO_HOME=str(home), QT_QPA_PLATFORM="offscreen", PYTHONPATH=path,
                QTWEBENGINE_CHROMIUM_FLAGS=" ".join(dict.fromkeys([*flags.split(), "--no-sandbox", "--disable-gpu"])))
     return env
 
