@@ -9,6 +9,8 @@ Each measurement is a fresh ``python -m qbstudio`` process (offscreen Qt, an emp
 
 The peer, measured in the same run, is a bare PySide6 process that imports QtWebEngine and shows an
 empty QMainWindow: the part of start-up no workbench code can remove. Medians of ``--runs`` (5).
+The checkout's packages are byte-compiled first, as installing a wheel does (with
+``PYTHONDONTWRITEBYTECODE`` set, every run would otherwise compile the sources again).
 The machine's load average is printed before and after each measurement, and the CPU time (user +
 system, the process and the children it waited for) beside each wall time: on a shared machine
 the wall time follows the load, the CPU time much less.
@@ -19,6 +21,7 @@ Usage: ``python bench/startup.py [--runs 5] [--model resources/samples/fashion_c
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
 import statistics
@@ -91,6 +94,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=SAMPLE_MODEL)
     args = parser.parse_args()
     app = [sys.executable, "-m", "qbstudio", "--smoke-exit-after-ready"]
+    for package in ("compiler_core", "qbstudio"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     print(f"median of {args.runs} fresh processes; load average (1, 5, 15 min) before each measurement -> after")
     before = _load()
     peer_wall, peer_in, _, peer_cpu = _median([sys.executable, "-c", PEER], args.runs)
