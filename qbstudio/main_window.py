@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import importlib
 import json
 import logging
 import shutil
@@ -57,7 +56,7 @@ from qbstudio.widgets.summary import open_folder
 from qbstudio.widgets.support_panel import SupportPanel
 from qbstudio.widgets.welcome import DOCS_DIR, SAMPLE_PROJECT, WelcomePage
 from qbstudio.widgets.wheel_guard import guard_wheel
-from qbstudio.workers import JobRunner, Worker
+from qbstudio.workers import JobRunner, Worker, import_modules
 
 if TYPE_CHECKING:
     from qbstudio.tasks import CompileOutcome, LoadedModel
@@ -179,13 +178,7 @@ class MainWindow(QMainWindow):
         threading.Thread(target=self._preload_modules, name="qbstudio-preload", daemon=True).start()
 
     def _preload_modules(self) -> None:
-        started = time.perf_counter()
-        for name in PRELOAD_MODULES:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - build_workbench imports it again and reports the error
-                logger.exception("preloading %s failed", name)
-        logger.debug("preloaded the workbench modules in %.2f s", time.perf_counter() - started)
+        import_modules(PRELOAD_MODULES)
         with contextlib.suppress(RuntimeError):  # the window was deleted meanwhile
             self._modules_preloaded.emit()
 
