@@ -1,6 +1,6 @@
 """The workbench window: menus, toolbar, docks and tabs, wired to the project and the background jobs.
 
-Over 800 lines (918) because it is the one place where every panel meets the project: each method is
+Over 800 lines (955) because it is the one place where every panel meets the project: each method is
 one user action or one job outcome; the panels and the Qt-free state hold the logic. Splitting the
 project lifecycle (new/open/import/save) into its own controller is the next step.
 """
@@ -183,7 +183,7 @@ class MainWindow(QMainWindow):
             self._modules_preloaded.emit()
 
     def _build_graph(self) -> None:
-        if getattr(self, "graph", None) is None:
+        if self.graph is None:
             self.graph = GraphView()
             self.graph.warm_up()  # Chromium starts its renderer while the other panels are built
 
