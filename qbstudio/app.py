@@ -112,17 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args, dirs)
 
 
-PARSER_MODULES = ("onnx_ir", "onnxscript")
-"""Imported in a background thread from the start when a model or project is given: about half of the
-time to its graph, overlapped with the window's own start-up (the window appears a little later)."""
-
-
 def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
-    if args.path:
-        from qbstudio.workers import import_modules
-
-        threading.Thread(target=import_modules, args=(PARSER_MODULES,), name="qbstudio-early-imports",
-                         daemon=True).start()
     from qbstudio._compat import guard_none_refcount
 
     guard_none_refcount()

@@ -7,12 +7,10 @@ project lifecycle (new/open/import/save) into its own controller is the next ste
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import logging
 import shutil
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -70,10 +68,11 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
-PRELOAD_MODULES = ("qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
+PRELOAD_MODULES = ("numpy", "onnx", "sympy", "onnx_ir", "onnxscript", "compiler_core.calibration",
+                   "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
                    "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
                    "qbstudio.tasks")
-"""What the deferred build imports in a background thread (onnx, onnx-ir, the parser, the calibration readers)."""
+"""What the deferred build imports, one per event-loop turn, before building the panels (heaviest first)."""
 
 
 class MainWindow(QMainWindow):
@@ -94,7 +93,6 @@ class MainWindow(QMainWindow):
     compile_finished = Signal(str)
     project_loaded = Signal()
     workbench_built = Signal()
-    _modules_preloaded = Signal()
 
     def __init__(self, dirs: AppDirs | None = None, preferences: Preferences | None = None, *,
                  defer_workbench: bool = False) -> None:
@@ -115,6 +113,7 @@ class MainWindow(QMainWindow):
         self._autosave_timer.timeout.connect(self.autosave)
         self.workbench_ready = False
         self.graph: GraphView | None = None
+        self._imports_left: list[str] = []
         self._build_shell()
         self._build_actions()
         self._build_menus()
@@ -167,20 +166,23 @@ class MainWindow(QMainWindow):
     # ================================================================== building
 
     def _build_deferred(self) -> None:
-        """The deferred build: the graph view first, the heavy imports in a thread, then the panels.
+        """The deferred build: the graph view first, then the heavy imports, then the panels.
 
-        Netron's page is served by this (GUI) thread, so the imports run in a background thread:
-        the event loop keeps answering the page's requests, and Chromium starts its renderer and
-        reads Netron's scripts while onnx and the parser load. The panels are built when they are in.
+        Netron's page is served by this (GUI) thread, so the imports run one module per event-loop
+        turn: between them the page's requests are answered, and Chromium starts its renderer and
+        reads Netron's scripts while onnx and the parser load. (Not in a thread: PySide6's import
+        hook is not safe against imports in two threads at once.)
         """
         self._build_graph()
-        self._modules_preloaded.connect(self.build_workbench, Qt.ConnectionType.QueuedConnection)
-        threading.Thread(target=self._preload_modules, name="qbstudio-preload", daemon=True).start()
+        self._imports_left = list(PRELOAD_MODULES)
+        QTimer.singleShot(0, self._import_next)
 
-    def _preload_modules(self) -> None:
-        import_modules(PRELOAD_MODULES)
-        with contextlib.suppress(RuntimeError):  # the window was deleted meanwhile
-            self._modules_preloaded.emit()
+    def _import_next(self) -> None:
+        if self._imports_left:
+            import_modules((self._imports_left.pop(0),))
+            QTimer.singleShot(0, self._import_next)
+        else:
+            self.build_workbench()
 
     def _build_graph(self) -> None:
         if self.graph is None:

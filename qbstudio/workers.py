@@ -163,7 +163,7 @@ class JobRunner(QObject):
 
 
 def import_modules(names: tuple[str, ...]) -> None:
-    """Import ``names``, for a background thread that warms up imports while the GUI thread stays responsive.
+    """Import ``names`` ahead of their use (a warm-up step of the deferred start-up).
 
     A failure is logged here; the code that needs the module imports it again and reports the error.
     """

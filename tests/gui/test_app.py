@@ -110,7 +110,7 @@ def test_deferred_build_shows_the_window_first_then_builds_the_panels(qtbot, tmp
     assert not window.workbench_ready and not window.menuBar().isEnabled()
     with qtbot.waitSignal(window.workbench_built, timeout=120_000):
         window.show()
-        qtbot.waitUntil(lambda: window.graph is not None, timeout=120_000)  # built before the imports finish
+        qtbot.waitUntil(lambda: window.graph is not None, timeout=120_000)  # built before the imports
         assert window.graph.web_view.url().scheme() == "qbnetron"  # Netron loads while onnx imports
     assert window.workbench_ready and window.menuBar().isEnabled()
     assert window.central.currentWidget() is window.welcome
