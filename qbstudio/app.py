@@ -7,6 +7,7 @@ QtWebEngine import and the ``qbnetron`` scheme registration all happen before th
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -137,7 +138,11 @@ def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
             window, lambda: QTimer.singleShot(0, lambda: _smoke_exit(window, app))))
     elif args.smoke_exit_after_ready:
         window.workbench_built.connect(lambda: _smoke_exit(window, app))
-    return app.exec()
+    status = app.exec()
+    # The project is saved and the web engine released: let the interpreter's final garbage
+    # collections skip the start-up heap (onnx, sympy, pydantic ...), about 1 s of CPU on exit.
+    gc.freeze()
+    return status
 
 
 def _when_graph_ready(window, action) -> None:

@@ -1,6 +1,6 @@
 """The workbench window: menus, toolbar, docks and tabs, wired to the project and the background jobs.
 
-Over 800 lines (918) because it is the one place where every panel meets the project: each method is
+Over 800 lines (955) because it is the one place where every panel meets the project: each method is
 one user action or one job outcome; the panels and the Qt-free state hold the logic. Splitting the
 project lifecycle (new/open/import/save) into its own controller is the next step.
 """
@@ -46,7 +46,6 @@ from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
 from qbstudio.state.settings import devices
-from qbstudio.widgets import setup_check
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
@@ -55,7 +54,7 @@ from qbstudio.widgets.summary import open_folder
 from qbstudio.widgets.support_panel import SupportPanel
 from qbstudio.widgets.welcome import DOCS_DIR, SAMPLE_PROJECT, WelcomePage
 from qbstudio.widgets.wheel_guard import guard_wheel
-from qbstudio.workers import JobRunner, Worker
+from qbstudio.workers import JobRunner, Worker, import_modules
 
 if TYPE_CHECKING:
     from qbstudio.tasks import CompileOutcome, LoadedModel
@@ -69,6 +68,11 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
+PRELOAD_MODULES = ("numpy", "onnx", "sympy", "onnx_ir", "onnxscript", "compiler_core.calibration",
+                   "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
+                   "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
+                   "qbstudio.tasks")
+"""What the deferred build imports, one per event-loop turn, before building the panels (heaviest first)."""
 
 
 class MainWindow(QMainWindow):
@@ -108,6 +112,8 @@ class MainWindow(QMainWindow):
         self._autosave_timer = QTimer(self, singleShot=True, interval=AUTOSAVE_DELAY_MS)
         self._autosave_timer.timeout.connect(self.autosave)
         self.workbench_ready = False
+        self.graph: GraphView | None = None
+        self._imports_left: list[str] = []
         self._build_shell()
         self._build_actions()
         self._build_menus()
@@ -159,12 +165,36 @@ class MainWindow(QMainWindow):
 
     # ================================================================== building
 
+    def _build_deferred(self) -> None:
+        """The deferred build: the graph view first, then the heavy imports, then the panels.
+
+        Netron's page is served by this (GUI) thread, so the imports run one module per event-loop
+        turn: between them the page's requests are answered, and Chromium starts its renderer and
+        reads Netron's scripts while onnx and the parser load. (Not in a thread: PySide6's import
+        hook is not safe against imports in two threads at once.)
+        """
+        self._build_graph()
+        self._imports_left = list(PRELOAD_MODULES)
+        QTimer.singleShot(0, self._import_next)
+
+    def _import_next(self) -> None:
+        if self._imports_left:
+            import_modules((self._imports_left.pop(0),))
+            QTimer.singleShot(0, self._import_next)
+        else:
+            self.build_workbench()
+
+    def _build_graph(self) -> None:
+        if self.graph is None:
+            self.graph = GraphView()
+            self.graph.warm_up()  # Chromium starts its renderer while the other panels are built
+
     def _build_panels(self) -> None:
         from qbstudio.widgets.calibration_panel import CalibrationPanel
         from qbstudio.widgets.compare_view import CompareView
         from qbstudio.widgets.options_panel import OptionsPanel
 
-        self.graph = GraphView()
+        self._build_graph()
         self.calibration = CalibrationPanel(self.runner)
         self.options = OptionsPanel()
         self.run_panel = RunPanel()
@@ -270,7 +300,7 @@ class MainWindow(QMainWindow):
         view_menu.addActions([self.layers_dock.toggleViewAction(), self.log_dock.toggleViewAction()])
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
-        help_menu.addAction(self._action("Check My &Setup…", lambda: setup_check.show_dialog(self, self.dirs)))
+        help_menu.addAction(self._action("Check My &Setup…", self.show_setup_check))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
@@ -866,6 +896,12 @@ class MainWindow(QMainWindow):
         QMessageBox.about(self, "About qb Studio", dialogs.about_text({
             "compiler_core": core_version, "PySide6": pyside_version, "Log file": self.dirs.log_file}))
 
+    def show_setup_check(self) -> None:
+        """The Check My Setup dialog (imported on use: it pulls in the calibration stack)."""
+        from qbstudio.widgets import setup_check
+
+        setup_check.show_dialog(self, self.dirs)
+
     def _open_folder(self, path: Path) -> None:
         if not open_folder(path):
             dialogs.show_info(self, "Cannot open the folder", f"No file manager could be started. The folder is:\n"
@@ -882,7 +918,7 @@ class MainWindow(QMainWindow):
             self.shown_at = time.perf_counter()
         if self._defer_build:
             self._defer_build = False
-            QTimer.singleShot(0, self.build_workbench)
+            QTimer.singleShot(0, self._build_deferred)
         if self._default_docks:
             self._default_docks = False
             self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)

@@ -11,6 +11,7 @@ the GUI thread with queued signals.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -159,3 +160,17 @@ class JobRunner(QObject):
                 del self._jobs[slot]
                 job_worker.deleteLater()
                 self.busy_changed.emit(slot, False)
+
+
+def import_modules(names: tuple[str, ...]) -> None:
+    """Import ``names`` ahead of their use (a warm-up step of the deferred start-up).
+
+    A failure is logged here; the code that needs the module imports it again and reports the error.
+    """
+    started = time.perf_counter()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported where the module is needed
+            logger.exception("preloading %s failed", name)
+    logger.debug("preloaded %s in %.2f s", ", ".join(names), time.perf_counter() - started)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -44,6 +45,45 @@ def _number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+@dataclass
+class _PlotItems:
+    """The pyqtgraph plot of two runs' per-layer SQNR, its legend and its two curves."""
+
+    plot: Any
+    legend: Any
+    curve_a: Any
+    curve_b: Any
+
+    @classmethod
+    def build(cls) -> _PlotItems:
+        import pyqtgraph as pg  # about 0.4 s: imported when the Runs tab is first shown, not at start-up
+
+        plot = pg.PlotWidget(background="w")
+        plot.setLabel("left", "SQNR", units="dB", color="#222")
+        plot.setLabel("bottom", "layer (ordered by run A, worst first)", color="#222")
+        plot.showGrid(x=True, y=True, alpha=0.3)
+        for axis in ("left", "bottom"):
+            plot.getAxis(axis).setTextPen("#222")
+            plot.getAxis(axis).setPen("#888")
+        legend = plot.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
+        curve_a = plot.plot([], [], pen=pg.mkPen(COLOURS[0], width=2), symbol="o", symbolSize=5,
+                            symbolBrush=COLOURS[0], name="A", connect="finite")
+        curve_b = plot.plot([], [], pen=pg.mkPen(COLOURS[1], width=2), symbol="t", symbolSize=6,
+                            symbolBrush=COLOURS[1], name="B", connect="finite")
+        return cls(plot, legend, curve_a, curve_b)
+
+    def show(self, names: list[str], sqnr_a: list, sqnr_b: list, label_a: str, label_b: str) -> None:
+        """Draw the two curves over ``names`` (empty: clear the plot)."""
+        x = np.arange(len(names), dtype=float)
+        self.curve_a.setData(x, np.asarray(sqnr_a, dtype=float))
+        self.curve_b.setData(x, np.asarray(sqnr_b, dtype=float))
+        self.legend.items[0][1].setText(label_a)
+        self.legend.items[1][1].setText(label_b)
+        step = max(1, len(names) // MAX_TICKS)
+        ticks = [(i, name[:14]) for i, name in enumerate(names) if i % step == 0]
+        self.plot.getAxis("bottom").setTicks([ticks] if names else None)
+
+
 class CompareView(QWidget):
     """Past runs and the SQNR comparison of two of them.
 
@@ -60,18 +100,9 @@ class CompareView(QWidget):
         self.combo_a, self.combo_b = QComboBox(objectName="runA"), QComboBox(objectName="runB")
         for combo in (self.combo_a, self.combo_b):
             combo.currentIndexChanged.connect(self.update_plot)
-        self.plot = pg.PlotWidget(background="w")
-        self.plot.setLabel("left", "SQNR", units="dB", color="#222")
-        self.plot.setLabel("bottom", "layer (ordered by run A, worst first)", color="#222")
-        self.plot.showGrid(x=True, y=True, alpha=0.3)
-        for axis in ("left", "bottom"):
-            self.plot.getAxis(axis).setTextPen("#222")
-            self.plot.getAxis(axis).setPen("#888")
-        self.legend = self.plot.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
-        self.curve_a = self.plot.plot([], [], pen=pg.mkPen(COLOURS[0], width=2), symbol="o", symbolSize=5,
-                                      symbolBrush=COLOURS[0], name="A", connect="finite")
-        self.curve_b = self.plot.plot([], [], pen=pg.mkPen(COLOURS[1], width=2), symbol="t", symbolSize=6,
-                                      symbolBrush=COLOURS[1], name="B", connect="finite")
+        self._plot_holder = QVBoxLayout()
+        self._plot_holder.setContentsMargins(0, 0, 0, 0)
+        self._plot_items: _PlotItems | None = None  # built on first show: pyqtgraph loads only then
         self.layer_names: list[str] = []
         self._build()
 
@@ -98,7 +129,7 @@ class CompareView(QWidget):
         lower_layout = QVBoxLayout(lower)
         lower_layout.setContentsMargins(0, 0, 0, 0)
         lower_layout.addLayout(picker)
-        lower_layout.addWidget(self.plot, 1)
+        lower_layout.addLayout(self._plot_holder, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(self.table)
         splitter.addWidget(lower)
@@ -129,40 +160,50 @@ class CompareView(QWidget):
         self.combo_b.setCurrentIndex(count - 1)
         self.update_plot()
 
+    @property
+    def plot(self):
+        """The SQNR plot (a pyqtgraph ``PlotWidget``), built on first use."""
+        return self._items().plot
+
+    def _items(self) -> _PlotItems:
+        if self._plot_items is None:
+            self._plot_items = _PlotItems.build()
+            self._plot_holder.addWidget(self._plot_items.plot)
+            self.update_plot()
+        return self._plot_items
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """Build the plot the first time the view is shown."""
+        self._items()
+        super().showEvent(event)
+
     def update_plot(self) -> None:
-        """Redraw both curves with setData (the plot items are created once)."""
+        """Redraw both curves with setData (the plot items are created once); waits for the plot to exist."""
+        items = self._plot_items
+        if items is None:
+            return
         run_a = self.history.get(self.combo_a.currentData()) if self.combo_a.count() else None
         run_b = self.history.get(self.combo_b.currentData()) if self.combo_b.count() else None
         if run_a is None or run_b is None:
             self.layer_names = []
-            self.curve_a.setData([], [])
-            self.curve_b.setData([], [])
-            self.legend.items[0][1].setText("A")
-            self.legend.items[1][1].setText("B")
-            self.plot.getAxis("bottom").setTicks(None)
+            items.show([], [], [], "A", "B")
             return
         self.layer_names, sqnr_a, sqnr_b = compare_layers(run_a, run_b)
-        x = np.arange(len(self.layer_names), dtype=float)
-        self.curve_a.setData(x, np.asarray(sqnr_a, dtype=float))
-        self.curve_b.setData(x, np.asarray(sqnr_b, dtype=float))
-        self.legend.items[0][1].setText(f"A: {run_a.label}")
-        self.legend.items[1][1].setText(f"B: {run_b.label}")
-        step = max(1, len(self.layer_names) // MAX_TICKS)
-        ticks = [(i, name[:14]) for i, name in enumerate(self.layer_names) if i % step == 0]
-        self.plot.getAxis("bottom").setTicks([ticks])
+        items.show(self.layer_names, sqnr_a, sqnr_b, f"A: {run_a.label}", f"B: {run_b.label}")
 
     def tick_labels(self) -> list[str]:
         """The layer names on the x axis (for tests)."""
-        ticks = self.plot.getAxis("bottom")._tickLevels
+        ticks = self._items().plot.getAxis("bottom")._tickLevels
         return [label for level in ticks or [] for _, label in level]
 
     def legend_texts(self) -> list[str]:
         """The legend's entries (for tests)."""
-        return [label.text for _, label in self.legend.items]
+        return [label.text for _, label in self._items().legend.items]
 
     def curve_data(self) -> tuple[np.ndarray, np.ndarray]:
         """The y values of curves A and B (for tests)."""
-        return self.curve_a.getData()[1], self.curve_b.getData()[1]
+        items = self._items()
+        return items.curve_a.getData()[1], items.curve_b.getData()[1]
 
     def _on_selection(self) -> None:
         items = self.table.selectedItems()

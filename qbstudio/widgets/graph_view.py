@@ -222,12 +222,28 @@ class GraphView(QWidget):
         logger.info("Graph view: opening %s", path)
         self._web.setUrl(INDEX_URL)
 
+    def warm_up(self) -> None:
+        """Load Netron's page with no model, so the web engine's renderer starts before the first model.
+
+        The first :meth:`load_mblt` then reuses a running renderer: the graph appears sooner. Does
+        nothing once a model is shown.
+        """
+        if self._model_path is None and self._web.url() != INDEX_URL:
+            logger.debug("Graph view: loading Netron's page ahead of the first model")
+            self._web.setUrl(INDEX_URL)
+
     def clear(self) -> None:
-        """Show no model (and stop serving the last one)."""
+        """Show no model (and stop serving the last one).
+
+        The page goes back to Netron without a model (behind the placeholder), which keeps the
+        renderer running for the next model.
+        """
+        shown = self._handler.model_name is not None
         self._reset_state()
         self._handler.clear_model()
         self._stack.setCurrentWidget(self._placeholder)
-        self._web.setUrl(QUrl("about:blank"))
+        if shown or self._web.url() not in (INDEX_URL, QUrl()):
+            self._web.setUrl(INDEX_URL)
 
     def set_support(self, statuses: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> None:
         """Colour nodes by support status, without reloading the page.
@@ -294,7 +310,7 @@ class GraphView(QWidget):
         self._page.runJavaScript(js_call("qbSetStatuses", self._statuses, self._tooltips), 0)
 
     def _on_model_opened(self, file: str, nodes: int) -> None:
-        if file != self._served_file or nodes <= self._large_graph_threshold:
+        if not self._served_file or file != self._served_file or nodes <= self._large_graph_threshold:
             return
         logger.info("Graph view: large graph (%d nodes), layout will take a while", nodes)
         self._show_notice(f"Large graph: {nodes:,} nodes. Netron is laying it out in the background, which "
@@ -305,7 +321,7 @@ class GraphView(QWidget):
         self._banner.show()
 
     def _on_graph_ready(self, file: str, nodes: int) -> None:
-        if file != self._served_file:
+        if not self._served_file or file != self._served_file:
             return
         self._ready = True
         self._node_count = nodes
@@ -318,7 +334,7 @@ class GraphView(QWidget):
         self.ready.emit()
 
     def _on_message_shown(self, file: str, text: str, kind: str, button: str) -> None:
-        if file != self._served_file:
+        if not self._served_file or file != self._served_file:
             return
         if kind == "notification" and button == _LAYOUT_CANCEL_BUTTON:
             # Netron's "layout might take a very long time" notice: the layout goes on in its worker.

@@ -31,6 +31,9 @@ from qbstudio.netron.palette import SUPPORT_PALETTE
 
 logger = logging.getLogger(__name__)
 
+NO_REPORT = "Each layer's support on the device shows here once a model is loaded."
+
+MIN_REASON_WIDTH = 160
 COLUMNS = ("Status", "Node", "Op", "Reason", "Source name")
 ALL_FLAGGED = "flagged"
 ALL_NODES = "all"
@@ -144,7 +147,7 @@ class SupportPanel(QWidget):
         self._build()
 
     def _build(self) -> None:
-        self.summary = QLabel("No model.", wordWrap=True)
+        self.summary = QLabel(NO_REPORT, wordWrap=True)
         self.status_combo = QComboBox()
         self.status_combo.addItem("Flagged (not supported)", ALL_FLAGGED)
         for status, style in SUPPORT_PALETTE.items():
@@ -173,6 +176,7 @@ class SupportPanel(QWidget):
         table.sortByColumn(-1, Qt.SortOrder.AscendingOrder)
         table.verticalHeader().hide()
         table.setWordWrap(False)
+        table.setTextElideMode(Qt.TextElideMode.ElideRight)
         header = table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         for column in (0, 1, 2):
@@ -186,11 +190,27 @@ class SupportPanel(QWidget):
         self.model.set_rows(report["nodes"] if report else [])
         self.summary.setText(self._summary_text(report))
         self.table.resizeColumnsToContents()
+        self._fit_reason_column()
+
+    def _fit_reason_column(self) -> None:
+        """Keep the Reason column inside the visible width (long reasons end in "…"; the tooltip has them all)."""
+        header = self.table.horizontalHeader()
+        beside = sum(header.sectionSize(column) for column in range(3))
+        room = max(MIN_REASON_WIDTH, self.table.viewport().width() - beside)
+        if header.sectionSize(3) > room:
+            header.resizeSection(3, room)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """Refit the Reason column to the new width."""
+        super().resizeEvent(event)
+        if self.model.rowCount():
+            self.table.resizeColumnToContents(3)
+            self._fit_reason_column()
 
     @staticmethod
     def _summary_text(report: dict[str, Any] | None) -> str:
         if not report:
-            return "No model."
+            return NO_REPORT
         counts = report["counts"]
         flagged = sum(count for status, count in counts.items() if status != "supported")
         parts = ", ".join(f"{count} {SUPPORT_PALETTE[s].label.lower()}" for s, count in counts.items() if count)

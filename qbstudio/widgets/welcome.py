@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_PROJECT = ROOT / "resources" / "samples" / "fashion_cnn.qbproj"
 DOCS_DIR = ROOT / "docs"
+MAX_RECENT_ROWS = 10
+"""The recent list grows to this many rows, then scrolls."""
 PIPELINE = (("Model", "ONNX, TFLite"), ("Parse", "to MBLT"), ("Check", "per device"),
             ("Calibrate", "your data"), ("Quantize", "int8 / int16"), ("Compile", "to an MXQ"))
 
@@ -66,6 +68,8 @@ class WelcomePage(QWidget):
         self.open_button = QPushButton("Open a project…", objectName="welcomeOpen")
         self.open_button.clicked.connect(self.open_requested)
         self.recent = QListWidget(objectName="welcomeRecent")
+        self.no_recent = QLabel("No recent projects yet: they are listed here once you open or save one.",
+                                objectName="welcomeNoRecent", styleSheet="color: #666;")
         self.recent.itemActivated.connect(lambda item: self.recent_requested.emit(item.data(Qt.ItemDataRole.UserRole)))
         self.recent.itemDoubleClicked.connect(
             lambda item: self.recent_requested.emit(item.data(Qt.ItemDataRole.UserRole)))
@@ -87,8 +91,11 @@ class WelcomePage(QWidget):
         column.addLayout(buttons)
         column.addSpacing(12)
         column.addWidget(QLabel("<b>Recent projects</b> (untitled ones are autosaved)"))
-        column.addWidget(self.recent, 1)
+        column.addWidget(self.recent)
+        column.addWidget(self.no_recent)
+        column.addSpacing(12)
         column.addWidget(docs)
+        column.addStretch(1)
         holder = QWidget()
         holder.setLayout(column)
         holder.setMaximumWidth(900)
@@ -96,14 +103,15 @@ class WelcomePage(QWidget):
         outer.addWidget(holder, 1)
 
     def set_recent(self, entries: list[tuple[str, str]]) -> None:
-        """Show ``(label, path)`` recent projects, newest first."""
+        """Show ``(label, path)`` recent projects, newest first (the list is as tall as its entries)."""
         self.recent.clear()
         for label, path in entries:
             item = QListWidgetItem(label)
             item.setData(Qt.ItemDataRole.UserRole, path)
             item.setToolTip(path)
             self.recent.addItem(item)
-        if not entries:
-            placeholder = QListWidgetItem("No recent projects yet.")
-            placeholder.setFlags(Qt.ItemFlag.NoItemFlags)
-            self.recent.addItem(placeholder)
+        rows = min(len(entries), MAX_RECENT_ROWS)
+        self.recent.setFixedHeight(self.recent.sizeHintForRow(0) * rows + 2 * self.recent.frameWidth() + 4
+                                   if rows else 0)
+        self.recent.setVisible(bool(entries))
+        self.no_recent.setVisible(not entries)

@@ -102,6 +102,26 @@ def test_window_layout_and_recent_files_persist(qtbot, tmp_path, monkeypatch):
     again.close()
 
 
+def test_deferred_build_shows_the_window_first_then_builds_the_panels(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
+    window = MainWindow(AppDirs.default(), defer_workbench=True)
+    qtbot.addWidget(window)
+    assert not window.workbench_ready and not window.menuBar().isEnabled()
+    with qtbot.waitSignal(window.workbench_built, timeout=120_000):
+        window.show()
+        qtbot.waitUntil(lambda: window.graph is not None, timeout=120_000)  # built before the imports
+        assert window.graph.web_view.url().scheme() == "qbnetron"  # Netron loads while onnx imports
+    assert window.workbench_ready and window.menuBar().isEnabled()
+    assert window.central.currentWidget() is window.welcome
+    assert window.compare._plot_items is None  # pyqtgraph waits for the Runs tab
+    window.central.setCurrentWidget(window.tabs)
+    window.tabs.setCurrentWidget(window.compare)
+    qtbot.waitUntil(lambda: window.compare._plot_items is not None)
+    assert window.compare.legend_texts() == ["A", "B"]
+    window.close()
+
+
 @pytest.mark.skipif(not needs_none_guard(), reason="None is immortal on this interpreter")
 def test_none_refcount_guard():
     """PySide6 6.12.0 drops a reference to None per void call on CPython 3.11; drop the guard when this fails."""

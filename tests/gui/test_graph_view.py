@@ -329,12 +329,28 @@ def test_layout_notice_is_progress_but_other_dialogs_fail(qtbot, make_view, samp
     assert blocker.args == ["Please update to the newest version."]
 
 
+def test_warm_up_loads_netron_without_a_model_and_the_first_model_then_opens(qtbot, make_view, sample_mblt):
+    view = make_view()
+    with qtbot.assertNotEmitted(view.ready), qtbot.assertNotEmitted(view.load_failed):
+        with qtbot.waitSignal(view.web_view.page().loadFinished, timeout=RENDER_TIMEOUT_MS):
+            view.warm_up()
+        qtbot.waitUntil(lambda: run_js(qtbot, view, "typeof window.__view__") == "object", timeout=RENDER_TIMEOUT_MS)
+    assert not view.is_ready and view.model_path is None
+    assert run_js(qtbot, view, "document.querySelectorAll('g[id^=\"node-\"]').length") == 0
+    open_model(qtbot, view, sample_mblt)
+    assert view.node_count == SAMPLE_NODES
+    view.warm_up()  # a no-op once a model is shown
+    assert view.is_ready and view.model_path == sample_mblt
+
+
 def test_clear_then_reload(qtbot, make_view, sample_mblt):
     view = open_model(qtbot, make_view(), sample_mblt)
     with qtbot.waitSignal(view.web_view.page().loadFinished, timeout=5000):
         view.clear()
     assert not view.is_ready and view.node_count is None and view.model_path is None
-    assert run_js(qtbot, view, "document.querySelectorAll('g').length") == 0
+    # Netron without a model stays loaded behind the placeholder (a warm renderer): no node of the old graph
+    assert run_js(qtbot, view, "document.querySelectorAll('g[id^=\"node-\"]').length") == 0
+    assert run_js(qtbot, view, "document.querySelector('meta[name=\"file\"]') === null") is True
     open_model(qtbot, view, sample_mblt)
     assert view.node_count == SAMPLE_NODES
 

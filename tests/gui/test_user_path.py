@@ -7,6 +7,7 @@ here with ``onnx.helper`` so each test says what it needs.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -370,6 +371,8 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     label = window.recent_projects_menu.actions()[0].text()
     assert label == "Untitled — model.onnx (autosaved)"
     assert window.welcome.recent.item(0).text() == label
+    assert window.welcome.recent.isVisibleTo(window) and window.welcome.no_recent.isHidden()
+    assert window.welcome.recent.height() >= window.welcome.recent.sizeHintForRow(0)
 
     wait_model(qtbot, window, lambda: window.open_path(recent))
     assert window.project.work_dir == work_dir and len(window.project.runs) == 1
@@ -422,6 +425,9 @@ def test_compile_is_disabled_with_the_reason_and_offload_is_offered_only_when_it
     assert not panel.compile_button.isEnabled() and not window.act_compile.isEnabled()
     assert "Softmax" in panel.reason_label.text() and not panel.offload_button.isHidden()
     window.tabs.setCurrentIndex(2)
+    table = window.support.table
+    qtbot.waitUntil(lambda: table.horizontalHeader().sectionViewportPosition(3)
+                    + table.horizontalHeader().sectionSize(3) <= table.viewport().width())  # Reason stays in view
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(100)
     assert window.grab().save(str(SCREENSHOTS / "user_path_not_compilable_offload.png"))
@@ -487,6 +493,47 @@ def test_tab_shortcuts_work_while_the_graph_has_focus_and_show_in_folder_failure
     assert window.layers_dock.width() >= window.layers_dock.minimumWidth() >= 360
 
 
+def page_value(qtbot, window: MainWindow, expression: str):
+    """``expression`` evaluated in the graph's page (JSON round trip)."""
+    results: list = []
+    window.graph.web_view.page().runJavaScript(f"JSON.stringify({expression})", 0, results.append)
+    qtbot.waitUntil(lambda: len(results) > 0, timeout=10_000)
+    return json.loads(results[0]) if results[0] else None
+
+
+def test_a_node_found_with_netrons_search_shows_its_details(qtbot, make_window, answers):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    window.tabs.setCurrentIndex(0)
+    window.support.status_combo.setCurrentIndex(window.support.status_combo.findData("all"))
+    page_value(qtbot, window, "(() => { window.__view__.find(); const query = document.getElementById('search');"
+                              " query.value = 'MaxPool_0'; query.dispatchEvent(new Event('input')); return 1; })()")
+    qtbot.waitUntil(lambda: page_value(qtbot, window, "document.querySelectorAll('.sidebar-find-content li').length")
+                    > 0, timeout=10_000)
+    item_box = ("(() => { const item = Array.from(document.querySelectorAll('.sidebar-find-content li'))"
+                ".find(li => li.textContent.includes('MaxPool_0')); const r = item.getBoundingClientRect();"
+                " return [Math.round(r.left + 24), Math.round(r.top + r.height / 2)]; })()")
+    boxes = [page_value(qtbot, window, item_box)]
+
+    def settled() -> bool:  # the sidebar slides in: click once the item has stopped moving for 300 ms
+        qtbot.wait(300)
+        boxes.append(page_value(qtbot, window, item_box))
+        return boxes[-1] == boxes[-2]
+
+    qtbot.waitUntil(settled, timeout=20_000)
+    box = boxes[-1]
+    zoom = window.graph.web_view.page().zoomFactor()
+    target = window.graph.web_view.focusProxy() or window.graph.web_view
+    point = QPoint(round(box[0] * zoom), round(box[1] * zoom))
+    QTest.mouseMove(target, point)  # the pointer arrives first, as with a real mouse
+    qtbot.wait(200)
+    with qtbot.waitSignal(window.graph.node_selected, timeout=10_000) as blocker:
+        QTest.mouseClick(target, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, point)
+    assert blocker.args == ["MaxPool_0"]
+    assert window.details.node == "MaxPool_0" and "kernel_shape" in window.details.text()
+    assert window.support.selected_node() == "MaxPool_0"
+
+
 # ---------------------------------------------------------------- 9. welcome page
 
 
@@ -494,6 +541,7 @@ def test_welcome_page_when_nothing_is_open(qtbot, make_window, answers):
     window = make_window()
     assert window.central.currentWidget() is window.welcome
     assert "Calibrate" in window.welcome.findChild(type(window.model_label), "pipelinePicture").text()
+    assert window.welcome.no_recent.isVisibleTo(window) and window.welcome.recent.isHidden()  # no empty box
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(50)
     assert window.grab().save(str(SCREENSHOTS / "user_path_welcome.png"))
