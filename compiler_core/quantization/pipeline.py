@@ -34,7 +34,8 @@ def decision_options(config: CompileConfig, view: GraphView | None = None) -> De
     patterns = list(config.bit.layer_overrides.activation16_bits)
     return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
                            int16_layer=lambda name, source: bool(patterns) and layer_matches(patterns, name, source),
-                           input_params=uint8_inputs(config, view) if view is not None else {})
+                           input_params=uint8_inputs(config, view) if view is not None else {},
+                           output_headroom=config.calibration.output_headroom, output_bits=config.bit.output_bits)
 
 
 def uint8_inputs(config: CompileConfig, view: GraphView) -> dict:
