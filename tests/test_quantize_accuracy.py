@@ -151,3 +151,20 @@ def test_equalization_lifts_the_quantized_depthwise_pair(tmp_path):
         results[apply] = np.mean([_sqnr(_fp32(mblt, f), executor.run(program, f)["y"]) for f in feeds])
     assert results[True] > results[False] + 10
     assert results[True] > 25
+
+
+# -- int16 layers widen the model input they read --------------------------------------------------
+
+
+def test_int16_first_layer_reads_an_int16_model_input(tmp_path):
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], {"x": [1, 2, 4, 4]},
+                   {"y": [1, 2, 4, 4]}, {"w": np.eye(2).reshape(2, 2, 1, 1)})
+    mblt = _mblt(tmp_path, model)
+    graph = load_mblt(mblt)
+    name = graph.graph.inputs[0].name
+    int8 = _quantized_with_range(mblt, 2.0)
+    int16 = _quantized_with_range(mblt, 2.0, bit_config={"layer_overrides": {"activation16_bits": ["*"]}})
+    assert int8.params(name).bits == 8 and int16.params(name).bits == 16
+    feeds = {name: np.linspace(-1.9, 1.9, 32, dtype=np.float32).reshape(1, 2, 4, 4)}
+    error = np.abs(executor.run(int16, feeds)["y"] - _fp32(mblt, feeds)).max()
+    assert error < 2 * 2.0 / 32767

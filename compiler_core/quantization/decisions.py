@@ -224,10 +224,14 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
     """8 or 16 bits per quantized tensor.
 
     A layer (an NPU operation, named after its main MBLT node; its source name counts too) that
-    matches an int16 pattern gets int16 outputs; matched Softmax/LayerNorm layers widen their input.
+    matches an int16 pattern gets int16 outputs; matched Softmax/LayerNorm layers widen their input,
+    and so does any matched layer that reads a float model input directly (an 8-bit per-tensor input
+    is coarser than the pixel step of a per-channel normalized image: PP-OCR det 0.978 -> 0.988).
+    A uint8 input (``uint8Input``) keeps its fixed 8-bit parameters.
     The output head (:func:`output_head`) gets ``options.output_bits``.
     """
     bits = {name: 8 for name in quantized_tensors(view, groups)}
+    inputs = {value.name for value in view.graph.inputs}
     if options.output_bits > 8:
         for name in output_head(view, groups) & set(bits):
             bits[name] = options.output_bits
@@ -236,6 +240,8 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
         if not options.int16_layer(main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
             continue
         widened = list(group.outputs) + (list(main.inputs[:1]) if main.op_type in WIDENED_INPUT_OPS else [])
+        widened += [value for value in main.inputs
+                    if value is not None and value.name in inputs and value.name not in options.input_params]
         for value in widened:
             if value.name in bits:
                 bits[value.name] = 16
