@@ -1,0 +1,100 @@
+"""Corpus models in the workbench: they open, and what the graph colours as supported is what compiles.
+
+Two small models of the real-model corpus (``tests/corpus.py``) whose support check flags nodes:
+CREPE tiny (six convolutions with 512-tap kernels the NPU cannot run: a compile is refused) and
+Magika (integer byte input: the head must run on the CPU). The graph's colours come from the same
+report the compiler uses, and the compiler's answer is checked against them node by node.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+import corpus  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+from realmodels import RealModelUnavailable  # noqa: E402
+
+from compiler_core.api import mxq_compile  # noqa: E402
+from compiler_core.errors import UnsupportedOpsError  # noqa: E402
+from qbstudio import dialogs  # noqa: E402
+from qbstudio.main_window import MainWindow  # noqa: E402
+from qbstudio.state.preferences import AppDirs  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MODEL_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def errors(monkeypatch) -> list:
+    calls: list = []
+    monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
+    return calls
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch, errors):
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    main = MainWindow(AppDirs.default())
+    main.resize(1400, 900)
+    main.show()
+    qtbot.waitExposed(main)
+    yield main
+    main.close()
+    main.deleteLater()
+    QApplication.processEvents()
+
+
+def _open_entry(qtbot, window: MainWindow, monkeypatch, name: str) -> dict[str, str]:
+    """Import the corpus model ``name``; returns the statuses last pushed to the graph."""
+    entry = corpus.corpus_by_name()[name]
+    try:
+        source = entry.source()
+    except RealModelUnavailable as error:
+        pytest.skip(str(error))
+    pushed: list[dict] = []
+    original = window.graph.set_support
+    monkeypatch.setattr(window.graph, "set_support", lambda statuses, reasons=None: (
+        pushed.append(dict(statuses)), original(statuses, reasons)))
+    with qtbot.waitSignal(window.model_ready, timeout=MODEL_TIMEOUT_MS):
+        assert window.import_model(source, entry.input_shape_dict or None)
+    qtbot.waitUntil(lambda: window.graph.is_ready, timeout=MODEL_TIMEOUT_MS)
+    assert window.graph.node_count == len(window.loaded.model.graph)
+    assert window.project.settings.device == "aries-rb"
+    return pushed[-1]
+
+
+def test_nodes_the_npu_cannot_run_are_flagged_and_are_the_ones_the_compiler_refuses(qtbot, window, errors,
+                                                                                     monkeypatch, tmp_path):
+    statuses = _open_entry(qtbot, window, monkeypatch, "crepe_tiny")
+    flagged = {name for name, status in statuses.items() if status != "supported"}
+    assert len(flagged) == 6 and {window.report.entries[name].op_type for name in flagged} == {"Conv"}
+    assert not window.act_compile.isEnabled() and "cannot run" in window.act_compile.toolTip()
+    assert window.run_panel.offload_button.isHidden()  # most of the convolutions sit inside the body
+
+    with pytest.raises(UnsupportedOpsError) as refused:
+        mxq_compile(window.loaded.mblt_path, target_device="aries-rb", use_random_calib=True,
+                    save_path=tmp_path / "crepe.mxq", analysis_holdout=0)
+    ops = refused.value.fields["ops"]
+    assert sum(op["count"] for op in ops) == len(flagged)
+    assert {node for op in ops for node in op["nodes"]} <= flagged
+    assert errors == []
+
+
+def test_an_integer_input_head_is_flagged_and_compiles_once_offloaded(qtbot, window, errors, monkeypatch, tmp_path):
+    statuses = _open_entry(qtbot, window, monkeypatch, "magika")
+    flagged = {name for name, status in statuses.items() if status != "supported"}
+    assert {window.report.entries[name].op_type for name in flagged} == {"Equal", "Reshape"}
+    assert not window.act_compile.isEnabled()
+    assert not window.run_panel.offload_button.isHidden()
+
+    window.run_panel.offload_button.click()
+    assert window.project.settings.config.cpu_offload
+    assert window.act_compile.isEnabled()
+    result = mxq_compile(window.loaded.mblt_path, target_device="aries-rb", use_random_calib=True, cpu_offload=True,
+                         save_path=tmp_path / "magika.mxq", analysis_holdout=0)
+    assert result.mxq_path.is_file()
+    assert errors == []
