@@ -266,8 +266,8 @@ class BitConfig(ConfigSection):
     layer_overrides: BitLayerOverrides = Field(
         default_factory=BitLayerOverrides, description="Per-layer precision overrides.")
     output_bits: Literal[8, 16] = Field(
-        16, description="Activation width of the model's outputs (and of the tensors that reach them only through "
-                        "data movement or Concat); 16 keeps the output range's headroom from costing resolution.")
+        8, description="Activation width of the model's outputs (and of the tensors that reach them only through "
+                       "data movement or Concat); 16 keeps the output range's headroom from costing resolution.")
 
 
 # ---------------------------------------------------------------- other sections
