@@ -19,6 +19,7 @@ from compiler_core.quantization.decisions import output_head
 from compiler_core.quantization.equalize import equalize, find_pairs
 from compiler_core.quantization.graph import GraphView, build_groups
 from compiler_core.quantization.pipeline import quantize_graph
+from compiler_core.quantization.qdq import export_qdq
 
 RNG = np.random.default_rng(7)
 
@@ -152,6 +153,11 @@ def test_equalization_lifts_the_quantized_depthwise_pair(tmp_path):
         results[apply] = np.mean([_sqnr(_fp32(mblt, f), executor.run(program, f)["y"]) for f in feeds])
     assert results[True] > results[False] + 10
     assert results[True] > 25
+    qdq = ir.to_proto(export_qdq(mblt, program)).SerializeToString()  # the equalized weights' codes
+    name = program.outputs[0].name
+    for sample in feeds:
+        reference = program.params(name).quantize(_fp32(qdq, sample))
+        assert np.abs(reference - executor.run_codes(program, sample)[name]).max() <= 1
 
 
 # -- int16 layers widen the model input they read --------------------------------------------------
