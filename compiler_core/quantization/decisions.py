@@ -37,6 +37,8 @@ class DecisionOptions:
         input_params: fixed parameters for model inputs (uint8 input).
         output_headroom: factor on the calibrated range of the model's output tensors (see :func:`output_head`).
         output_bits: activation width of the output tensors (at least their layer's own width).
+        model_outputs: the whole model's output names when the graph is a CPU-offload body (its other
+            outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
     """
 
     symmetric: bool = True
@@ -45,6 +47,7 @@ class DecisionOptions:
     input_params: dict[str, QuantParams] = field(default_factory=dict)
     output_headroom: float = 1.0
     output_bits: int = 8
+    model_outputs: frozenset[str] | None = None
 
 
 class _UnionFind:
@@ -83,7 +86,7 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     for group in groups:
         _link_group(group, context, sets, fixed, options)
         _link_masked(group, context, sets, ranges, masked)
-    head = output_head(view, groups) if options.output_headroom != 1.0 else set()
+    head = output_head(view, groups, options.model_outputs) if options.output_headroom != 1.0 else set()
     for name, record in records.items():
         if name in ranges and name not in masked:
             low, high = ranges[name]
@@ -183,7 +186,7 @@ OUTPUT_HEAD_OPS = {"Concat"}
 """Besides data movement (ops that keep their input's parameters), ops an output's range reaches back through."""
 
 
-def output_head(view: GraphView, groups: list[Group]) -> set[str]:
+def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[str] | None = None) -> set[str]:
     """The model's float output tensors and the tensors that reach them only through data movement or Concat.
 
     Nothing inside the model reads a clipped output value again, so an output range can trade
@@ -195,7 +198,8 @@ def output_head(view: GraphView, groups: list[Group]) -> set[str]:
     kernels.load_all()
     context = LoweringContext(view, {})
     producer = {value.name: group for group in groups for value in group.outputs}
-    head = {value.name for value in view.graph.outputs if view.is_float(value)}
+    head = {value.name for value in view.graph.outputs
+            if view.is_float(value) and (model_outputs is None or value.name in model_outputs)}
     pending = list(head)
     while pending:
         group = producer.get(pending.pop())
@@ -233,7 +237,7 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
     bits = {name: 8 for name in quantized_tensors(view, groups)}
     inputs = {value.name for value in view.graph.inputs}
     if options.output_bits > 8:
-        for name in output_head(view, groups) & set(bits):
+        for name in output_head(view, groups, options.model_outputs) & set(bits):
             bits[name] = options.output_bits
     for group in groups:
         main = group.main

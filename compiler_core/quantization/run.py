@@ -76,8 +76,9 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     started = time.perf_counter()
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
     quantized, stats, equalized = _equalized(target, stats, config)
+    model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config, channel_means=_channel_means(stats),
-                           mblt_sha256=session.sha256, reporter=reporter)
+                           mblt_sha256=session.sha256, reporter=reporter, model_outputs=model_outputs)
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
