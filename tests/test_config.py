@@ -301,6 +301,7 @@ EXPECTED_PRESET_CHANGES = {
     "vision_transformer": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "transformer_encoder": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "ocr": {"calibration.method", "bit.layerOverrides.activation16Bits"},
+    "a16w8": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "llm": {"llm.apply", "equivalentTransformation.apply", "calibration.method", "calibration.mode",
             "bit.layerOverrides.activation16Bits"},
     "llm_fast": {"llm.apply", "calibration.method", "calibration.numSamples", "bit.transformer.ffnBits"},

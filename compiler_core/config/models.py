@@ -215,6 +215,12 @@ class CalibrationConfig(ConfigSection):
     max_percentile: MaxPercentileConfig = Field(
         default_factory=MaxPercentileConfig, description="Parameters of mode 1.")
     num_samples: PositiveInt = Field(128, description="Calibration samples used for statistics.")
+    output_headroom: float = Field(
+        2.0, ge=1, le=16,
+        description="Factor on the calibrated range of the model's outputs (and of the tensors that reach them "
+                    "only through data movement or Concat): inputs unlike the calibration set push final logits "
+                    "and regressions past the calibrated maximum, and nothing reads an output again, so resolution "
+                    "is traded for headroom there. 1 keeps the calibrated range.")
     layer_overrides: dict[str, LayerCalibrationOverride] = Field(
         default_factory=dict, description="Glob pattern of layer names -> settings for those layers.")
 
@@ -259,6 +265,9 @@ class BitConfig(ConfigSection):
         default_factory=TransformerBitConfig, description="Weight bits per transformer projection.")
     layer_overrides: BitLayerOverrides = Field(
         default_factory=BitLayerOverrides, description="Per-layer precision overrides.")
+    output_bits: Literal[8, 16] = Field(
+        8, description="Activation width of the model's outputs (and of the tensors that reach them only through "
+                       "data movement or Concat); 16 keeps the output range's headroom from costing resolution.")
 
 
 # ---------------------------------------------------------------- other sections
@@ -284,6 +293,14 @@ class EquivalentTransformationConfig(ConfigSection):
     """Scale migration between adjacent layers, SmoothQuant style (``equivalentTransformation``)."""
 
     apply: bool = Field(False, description="Balance activation and weight ranges before quantizing.")
+
+
+class CrossLayerEqualizationConfig(ConfigSection):
+    """Cross-layer equalization of depthwise -> convolution pairs (``crossLayerEqualization``)."""
+
+    apply: bool = Field(
+        True, description="Balance the channel ranges of a depthwise convolution's output that feeds another "
+                          "convolution directly, from the calibrated per-channel ranges (exact in float).")
 
 
 class LlmConfig(ConfigSection):
@@ -340,6 +357,8 @@ class CompileConfig(ConfigSection):
         default_factory=LayerBiasCorrectionConfig, description="Layer bias correction.")
     equivalent_transformation: EquivalentTransformationConfig = Field(
         default_factory=EquivalentTransformationConfig, description="Equivalent transformation.")
+    cross_layer_equalization: CrossLayerEqualizationConfig = Field(
+        default_factory=CrossLayerEqualizationConfig, description="Cross-layer equalization.")
     llm: LlmConfig = Field(default_factory=LlmConfig, description="LLM handling.")
     save_sample: SaveSampleConfig = Field(default_factory=SaveSampleConfig, description="Sample saving.")
     quantization: QuantizationGroup | None = Field(

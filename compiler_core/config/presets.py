@@ -74,6 +74,11 @@ PRESETS: dict[str, Preset] = {
         "that an 8-bit per-tensor scale cannot hold.",
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
+    "a16w8": Preset(
+        "Any model that 8-bit activations cannot hold (recurrent state over many steps, dense regression "
+        "heads, image-to-image): int16 activations everywhere, int8 weights, WChAMulti, Max calibration.",
+        {"calibration": {"method": 1, "mode": 0},
+         "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm": Preset(
         "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
         {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},

@@ -46,6 +46,7 @@ SUB_CONFIGS: dict[str, str] = {
     "bit_config": "bit",
     "layer_bias_correction_config": "layer_bias_correction",
     "equivalent_transformation_config": "equivalent_transformation",
+    "cross_layer_equalization_config": "cross_layer_equalization",
     "llm_config": "llm",
     "save_sample_config": "save_sample",
 }

@@ -35,12 +35,19 @@ class DecisionOptions:
         multi_layer: methods 1/3: share ranges across Concat inputs and output.
         int16_layer: predicate on (node name, source name) for int16 activations.
         input_params: fixed parameters for model inputs (uint8 input).
+        output_headroom: factor on the calibrated range of the model's output tensors (see :func:`output_head`).
+        output_bits: activation width of the output tensors (at least their layer's own width).
+        model_outputs: the whole model's output names when the graph is a CPU-offload body (its other
+            outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
     """
 
     symmetric: bool = True
     multi_layer: bool = False
     int16_layer: Callable[[str, str], bool] = lambda name, source: False
     input_params: dict[str, QuantParams] = field(default_factory=dict)
+    output_headroom: float = 1.0
+    output_bits: int = 8
+    model_outputs: frozenset[str] | None = None
 
 
 class _UnionFind:
@@ -79,9 +86,12 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     for group in groups:
         _link_group(group, context, sets, fixed, options)
         _link_masked(group, context, sets, ranges, masked)
+    head = output_head(view, groups, options.model_outputs) if options.output_headroom != 1.0 else set()
     for name, record in records.items():
         if name in ranges and name not in masked:
-            record.calibrate(*ranges[name], source="observer")
+            low, high = ranges[name]
+            factor = options.output_headroom if name in head else 1.0
+            record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records
 
@@ -170,6 +180,46 @@ def quantized_tensors(view: GraphView, groups: list[Group]) -> list[str]:
     return names
 
 
+BOUNDED_OUTPUT_OPS = {"Sigmoid", "Tanh", "Softmax", "HardSigmoid"}
+"""Ops whose output range is bounded by the function itself: no headroom (their output leaves the head)."""
+OUTPUT_HEAD_OPS = {"Concat"}
+"""Besides data movement (ops that keep their input's parameters), ops an output's range reaches back through."""
+
+
+def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[str] | None = None) -> set[str]:
+    """The model's float output tensors and the tensors that reach them only through data movement or Concat.
+
+    Nothing inside the model reads a clipped output value again, so an output range can trade
+    resolution for headroom: inputs unlike the calibration set (a larger face, a box further off
+    centre) push final logits and regressions past the calibrated maximum, and clipping there costs
+    far more than a coarser step. Tensors that share an output's parameters (a Reshape's input) or
+    feed its Concat get the same treatment, so the widened range is not clipped one op earlier.
+    """
+    kernels.load_all()
+    context = LoweringContext(view, {})
+    producer = {value.name: group for group in groups for value in group.outputs}
+    head = {value.name for value in view.graph.outputs
+            if view.is_float(value) and (model_outputs is None or value.name in model_outputs)}
+    pending = list(head)
+    while pending:
+        group = producer.get(pending.pop())
+        if group is None:
+            continue
+        if group.main.op_type in BOUNDED_OUTPUT_OPS:
+            head.discard(group.output.name)
+            continue
+        spec = kernels.spec_for(group.main.op_type)
+        passes = group.main.op_type in OUTPUT_HEAD_OPS or (
+            spec is not None and not group.fused and spec.policy(group, context) == kernels.SAME_AS_INPUT)
+        if not passes:
+            continue
+        for value in group.main.inputs:
+            if view.is_float(value) and not view.is_const(value) and value.name not in head:
+                head.add(value.name)
+                pending.append(value.name)
+    return head
+
+
 WIDENED_INPUT_OPS = {"Softmax", "LayerNormalization"}
 """int16 Softmax/LayerNorm also get int16 inputs: their input ranges are the ones int8 cannot hold."""
 
@@ -178,14 +228,24 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
     """8 or 16 bits per quantized tensor.
 
     A layer (an NPU operation, named after its main MBLT node; its source name counts too) that
-    matches an int16 pattern gets int16 outputs; matched Softmax/LayerNorm layers widen their input.
+    matches an int16 pattern gets int16 outputs; matched Softmax/LayerNorm layers widen their input,
+    and so does any matched layer that reads a float model input directly (an 8-bit per-tensor input
+    is coarser than the pixel step of a per-channel normalized image: PP-OCR det 0.978 -> 0.988).
+    A uint8 input (``uint8Input``) keeps its fixed 8-bit parameters.
+    The output head (:func:`output_head`) gets ``options.output_bits``.
     """
     bits = {name: 8 for name in quantized_tensors(view, groups)}
+    inputs = {value.name for value in view.graph.inputs}
+    if options.output_bits > 8:
+        for name in output_head(view, groups, options.model_outputs) & set(bits):
+            bits[name] = options.output_bits
     for group in groups:
         main = group.main
         if not options.int16_layer(main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
             continue
         widened = list(group.outputs) + (list(main.inputs[:1]) if main.op_type in WIDENED_INPUT_OPS else [])
+        widened += [value for value in main.inputs
+                    if value is not None and value.name in inputs and value.name not in options.input_params]
         for value in widened:
             if value.name in bits:
                 bits[value.name] = 16

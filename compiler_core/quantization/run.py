@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from compiler_core.config import CompileConfig, layer_matches
 from compiler_core.errors import CalibrationError
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter
+from compiler_core.quantization.equalize import equalize, equalized_stats, find_pairs
 from compiler_core.quantization.pipeline import MODE_NAMES, quantize_graph
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.session import MbltSession
@@ -68,14 +70,16 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                                                               timings=timings)
     started = time.perf_counter()
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
-    model = quantize_graph(target, _range_function(stats, config), config, channel_means=_channel_means(stats),
-                           mblt_sha256=session.sha256, reporter=reporter)
+    quantized, stats, equalized = _equalized(target, stats, config)
+    model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
+    model = quantize_graph(quantized, _range_function(stats, config, equalized), config, channel_means=_channel_means(stats),
+                           mblt_sha256=session.sha256, reporter=reporter, model_outputs=model_outputs)
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
         started = time.perf_counter()
         samples = holdout if head is None else _through_head(head, holdout)
-        report = analyze(target, model, samples, num_samples=len(holdout), reporter=reporter)
+        report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
 
@@ -105,6 +109,24 @@ def calibration_statistics(session: MbltSession, config: CompileConfig, *,
     return calibration, holdout, stats, hit
 
 
+def _equalized(target: ir.Model, stats: StatisticsSet, config: CompileConfig):
+    """With ``crossLayerEqualization``: a copy of ``target`` with equalized pairs, the statistics, the equalized tensors.
+
+    ``target`` itself stays as it is: it is the FP32 reference of the analysis (and may be the compile
+    session's graph); equalization leaves the float function unchanged.
+    """
+    if not config.cross_layer_equalization.apply or not find_pairs(target):
+        return target, stats, set()
+    copy = ir.serde.deserialize_model(ir.serde.serialize_model(target))
+    pairs = equalize(copy, stats)
+    if not pairs:
+        return target, stats, set()
+    tensors = dict(stats.tensors)
+    for pair in pairs:
+        tensors[pair.tensor] = equalized_stats(tensors[pair.tensor], pair.scales)
+    return copy, dataclasses.replace(stats, tensors=tensors), {pair.tensor for pair in pairs}
+
+
 def _open_dataset(graph: ir.Model, config: CompileConfig, calib_data_path, reporter: Reporter) -> CalibrationDataset:
     paths = calib_data_path if calib_data_path is not None else (config.calib_data_paths or None)
     preprocessing = config.preprocessing if config.preprocessing.apply else None
@@ -127,8 +149,12 @@ def _split(dataset: CalibrationDataset, config: CompileConfig) -> tuple[Calibrat
     return calibration, held_out
 
 
-def _range_function(stats: StatisticsSet, config: CompileConfig):
-    """``(names, bits) -> {name: (lo, hi)}`` with the config's mode, percentile and layer overrides."""
+def _range_function(stats: StatisticsSet, config: CompileConfig, equalized: set[str] = frozenset()):
+    """``(names, bits) -> {name: (lo, hi)}`` with the config's mode, percentile and layer overrides.
+
+    Equalized tensors (:mod:`~compiler_core.quantization.equalize`) take their exact extremes: their
+    histogram describes the tensor before equalization.
+    """
     calibration = config.calibration
     symmetric = int(calibration.method) in (0, 1)
 
@@ -139,6 +165,8 @@ def _range_function(stats: StatisticsSet, config: CompileConfig):
             if tensor is None:
                 continue
             mode, percentile = _mode_for(name, calibration)
+            if name in equalized:
+                mode = 0
             result[name] = observe(tensor, MODE_NAMES[mode], symmetric=symmetric and tensor.min < 0,
                                    bits=bits.get(name, 8), percentile=percentile.percentile,
                                    topk_ratio=percentile.topk_ratio)
