@@ -235,7 +235,7 @@ class GraphView(QWidget):
     def clear(self) -> None:
         """Show no model (and stop serving the last one).
 
-        The page goes back to Netron without a model (behind the placeholder), which keeps the
+        The page goes back to Netron without a model (behind the "no model" page), which keeps the
         renderer running for the next model.
         """
         shown = self._handler.model_name is not None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 
 def pytest_configure(config) -> None:
     if importlib.util.find_spec("PySide6") is None:
@@ -22,3 +24,33 @@ def pytest_configure(config) -> None:
 
     guard_none_refcount()  # PySide6 6.12.0 reference leaks on CPython 3.11 (see qbstudio/_compat.py)
     register_scheme()
+
+
+@pytest.fixture
+def dialog_calls(monkeypatch) -> list:
+    """Error dialogs shown (title, message) instead of blocking; "save changes?" answers Discard."""
+    from qbstudio import dialogs
+
+    calls: list = []
+    monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
+    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
+    return calls
+
+
+@pytest.fixture
+def shown_window(qtbot, tmp_path, monkeypatch, dialog_calls):
+    """A shown 1400x900 main window with its own QBSTUDIO_HOME; closed at teardown."""
+    from PySide6.QtWidgets import QApplication
+
+    from qbstudio.main_window import MainWindow
+    from qbstudio.state.preferences import AppDirs
+
+    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
+    main = MainWindow(AppDirs.default())
+    main.resize(1400, 900)
+    main.show()
+    qtbot.waitExposed(main)
+    yield main
+    main.close()
+    main.deleteLater()
+    QApplication.processEvents()

@@ -13,14 +13,11 @@ import pytest
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
 import corpus  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
 from realmodels import RealModelUnavailable  # noqa: E402
 
 from compiler_core.api import mxq_compile  # noqa: E402
 from compiler_core.errors import UnsupportedOpsError  # noqa: E402
-from qbstudio import dialogs  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
-from qbstudio.state.preferences import AppDirs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -28,24 +25,13 @@ MODEL_TIMEOUT_MS = 120_000
 
 
 @pytest.fixture
-def errors(monkeypatch) -> list:
-    calls: list = []
-    monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
-    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
-    return calls
+def errors(dialog_calls) -> list:
+    return dialog_calls
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch, errors):
-    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
-    main = MainWindow(AppDirs.default())
-    main.resize(1400, 900)
-    main.show()
-    qtbot.waitExposed(main)
-    yield main
-    main.close()
-    main.deleteLater()
-    QApplication.processEvents()
+def window(shown_window):
+    return shown_window
 
 
 def _open_entry(qtbot, window: MainWindow, monkeypatch, name: str) -> dict[str, str]:

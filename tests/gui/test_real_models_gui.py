@@ -15,12 +15,9 @@ import pytest
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
 from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
 from realmodels import RealModelUnavailable, minilm_onnx, mobilenet_v2_onnx  # noqa: E402
 
-from qbstudio import dialogs  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
-from qbstudio.state.preferences import AppDirs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -67,24 +64,13 @@ class GapMeter:
 
 
 @pytest.fixture
-def errors(monkeypatch) -> list:
-    calls: list = []
-    monkeypatch.setattr(dialogs, "show_error", lambda parent, title, error: calls.append((title, str(error))))
-    monkeypatch.setattr(dialogs, "ask_save_changes", lambda *args: dialogs.DISCARD)
-    return calls
+def errors(dialog_calls) -> list:
+    return dialog_calls
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch, errors):
-    monkeypatch.setenv("QBSTUDIO_HOME", str(tmp_path / "home"))
-    main = MainWindow(AppDirs.default())
-    main.resize(1400, 900)
-    main.show()
-    qtbot.waitExposed(main)
-    yield main
-    main.close()
-    main.deleteLater()
-    QApplication.processEvents()
+def window(shown_window):
+    return shown_window
 
 
 def _open(qtbot, window: MainWindow, path: Path) -> None:
