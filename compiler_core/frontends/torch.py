@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
 import io
+import json
 import logging
 import pickle
 import re
