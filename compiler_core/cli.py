@@ -377,7 +377,7 @@ def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     result = run_sweep(args.grid, args.output_dir, model=args.model, mblt=args.mblt,
                        calib_data_path=args.calib_data_path, target_device=args.target_device,
                        use_random_calib=args.use_random_calib or None,
-                       executor=make_executor(args.executor, args.workers), callback=out.progress, on_point=out.point,
+                       executor=make_executor(args.executor, args.workers, args.ray_address), callback=out.progress, on_point=out.point,
                        **({k: v for k, v in options.items() if v is not None} if args.model else {}))
     payload = {"command": "sweep", **result.to_dict()}
     out.result(payload, _sweep_text(payload))
@@ -583,8 +583,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibration data for every point (repeatable)")
     sweep.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
     sweep.add_argument("--workers", type=int, default=2, help="points compiled at once (default 2)")
-    sweep.add_argument("--executor", choices=["local", "inprocess"], default="local",
-                       help="local: a pool of worker processes (default); inprocess: one point at a time here")
+    sweep.add_argument("--executor", choices=["local", "inprocess", "ray"], default="local",
+                       help="local: a pool of worker processes (default); inprocess: one point at a time here; "
+                            "ray: Ray tasks (optional extra 'ray'), on a local Ray instance or --ray-address")
+    sweep.add_argument("--ray-address", metavar="ADDRESS",
+                       help="Ray cluster for --executor ray (e.g. auto, ray://host:10001); default: start a local one")
     _add_model_options(sweep)
     sweep.set_defaults(handler=cmd_sweep)
 

@@ -48,8 +48,9 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     ``sample_names`` (e.g. the held-out files) name the samples in warnings.
 
     Returns:
-        ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", ...metrics}]
-        (worst SQNR first), "summary": {...}}``.
+        ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", "position",
+        ...metrics}] (worst SQNR first; ``position`` is the layer's index in graph order, -1 for an
+        input), "summary": {...}, "warnings": [...]}``.
     """
     reporter = as_reporter(reporter)
     session, names = _reference_session(mblt_path, model, per_layer)
@@ -139,13 +140,13 @@ def _add(comparison: TensorComparison, model: QuantizedModel, name: str, referen
 
 
 def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> dict[str, Any]:
-    producer = {out: op for op in model.ops for out in op.outputs}
+    producer = {out: (position, op) for position, op in enumerate(model.ops) for out in op.outputs}
     layer_rows = []
     for name, comparison in layers.items():
-        op = producer.get(name)
+        position, op = producer.get(name, (-1, None))
         layer_rows.append({"tensor": name, "layer": op.name if op else name, "op": op.op_type if op else "input",
                            "precision": op.precision if op else f"a{model.tensors[name].bits}",
-                           **comparison.to_dict()})
+                           "position": position, **comparison.to_dict()})
     layer_rows.sort(key=lambda row: row["sqnr_db"] if row["sqnr_db"] is not None else 1e9)
     output_rows = {name: comparison.to_dict(classifier[name]) for name, comparison in outputs.items()}
     return {"samples": count, "outputs": output_rows, "layers": layer_rows,
