@@ -10,7 +10,10 @@ inputs split the input into bytes to stay in float32); products of activations i
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -24,6 +27,9 @@ from compiler_core.runtime.fastpath.requant import FLOAT32_EXACT, FLOAT64_EXACT,
 logger = logging.getLogger(__name__)
 
 SPLIT_BITS = 8
+SESSION_MEMO_BYTES = 256 << 20  # serialized size of the remembered one-node models (their weights)
+_sessions: OrderedDict[bytes, tuple[ort.InferenceSession, int]] = OrderedDict()
+_sessions_lock = threading.Lock()
 
 
 def accumulator_dtype(bound: int) -> type | None:
@@ -115,8 +121,26 @@ def _matmul_session(matrix: np.ndarray):
     weight = onnx.numpy_helper.from_array(np.ascontiguousarray(matrix.astype(np.float32)), "w")
     graph = onnx.helper.make_graph([node], "dense", [x_info], [y_info], [weight])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    session = _one_node_session(model)
     return lambda x: session.run(None, {"x": x})[0]
+
+
+def _one_node_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session of a one-node model, shared with earlier plans that built the same model."""
+    data = model.SerializeToString()
+    key = hashlib.blake2b(data, digest_size=20).digest()
+    with _sessions_lock:
+        known = _sessions.get(key)
+        if known is not None:
+            _sessions.move_to_end(key)
+            return known[0]
+    session = ort.InferenceSession(data, _session_options(), providers=["CPUExecutionProvider"])
+    with _sessions_lock:
+        _sessions[key] = (session, len(data))
+        total = sum(size for _, size in _sessions.values())
+        while total > SESSION_MEMO_BYTES and len(_sessions) > 1:
+            total -= _sessions.popitem(last=False)[1][1]
+    return session
 
 
 def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
@@ -146,7 +170,7 @@ def _conv_session(op: IntOp, attrs: dict, shape: list[int]):
     weight = onnx.numpy_helper.from_array(op.consts["weight"].astype(np.float32), "w")
     graph = onnx.helper.make_graph([node], "conv", [x_info], [y_info], [weight])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    session = _one_node_session(model)
     return lambda x: session.run(None, {"x": x})[0]
 
 
