@@ -380,6 +380,10 @@ def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                        executor=make_executor(args.executor, args.workers, args.ray_address), callback=out.progress, on_point=out.point,
                        **({k: v for k, v in options.items() if v is not None} if args.model else {}))
     payload = {"command": "sweep", **result.to_dict()}
+    if args.report:
+        from compiler_core.sweep.report import write_report
+
+        payload["report"] = str(write_report(result.to_dict(), args.report))
     out.result(payload, _sweep_text(payload))
     return payload
 
@@ -404,7 +408,8 @@ def _sweep_text(payload: dict[str, Any]) -> str:
         marker = "*" if record.get("pareto") else " "
         lines.append(f" {marker} {_point_text(record)}")
     lines.append("  * on the Pareto front (worst output SQNR vs estimated latency)")
-    lines.append(f"Wrote {payload['json']} and {payload['csv']}")
+    lines.append(f"Wrote {payload['json']} and {payload['csv']}"
+                 + (f" and the report {payload['report']}" if payload.get("report") else ""))
     return "\n".join(lines)
 
 
@@ -586,6 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--executor", choices=["local", "inprocess", "ray"], default="local",
                        help="local: a pool of worker processes (default); inprocess: one point at a time here; "
                             "ray: Ray tasks (optional extra 'ray'), on a local Ray instance or --ray-address")
+    sweep.add_argument("--report", metavar="HTML",
+                       help="also write a self-contained HTML report (settings diff, metrics, plots, Pareto chart)")
     sweep.add_argument("--ray-address", metavar="ADDRESS",
                        help="Ray cluster for --executor ray (e.g. auto, ray://host:10001); default: start a local one")
     _add_model_options(sweep)

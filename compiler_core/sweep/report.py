@@ -200,7 +200,7 @@ def _pareto(sweep: Mapping[str, Any], records: Sequence[Mapping[str, Any]], colo
                      f'{record["worst_sqnr_db"]:.2f} dB, {record["latency_ms"]:.4f} ms</title></circle>'
                      f'<text x="{cx + 8:.1f}" y="{cy - 6:.1f}">{_e(record["name"])}</text>')
     axes = sweep.get("pareto_axes", {})
-    note = (f"<p class=\"note\">{len(placed)} points; the {len(front)} on the front (red ring, dashed line) are "
+    note = (f"<p class=\"note\">{len(placed)} points; points on the front ({len(front)}: red ring, dashed line) are "
             f"not beaten on both axes by any other point. {_e(axes.get('latency', ''))}.</p>")
     return _section("pareto", "Pareto chart", note + _svg("pareto-chart", parts))
 
