@@ -435,8 +435,11 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
     for name, metrics in outputs.items():
         topk = (f", top-1 {metrics['top1_agreement']:.1%}, top-5 {metrics['top5_agreement']:.1%}"
                 if "top1_agreement" in metrics else "")
-        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {metrics['cosine_mean']:.4f}{topk} "
-                     f"[{metrics['verdict']}]")
+        cosine = (f"{metrics['cosine_mean']:.4f}" if metrics.get("cosine_mean") is not None
+                  else "n/a (FP32 output near zero on every held-out sample)")
+        quiet = len(metrics.get("near_zero_samples", []))
+        note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]")
     return lines
 
 

@@ -86,3 +86,15 @@ def test_a_normal_set_of_samples_has_no_near_zero_entry():
         values = rng.standard_normal(64).astype(np.float32)
         comparison.add_codes(values, np.round(values / 0.02).astype(np.float32), 0.02, 0.0)
     assert "near_zero_samples" not in comparison.to_dict()
+
+
+def test_the_cli_summary_says_when_an_output_has_no_cosine_or_left_samples_out():
+    from compiler_core.analysis.compare import _summary
+    from compiler_core.cli import _metric_lines
+
+    outputs = {"mask": {"sqnr_db": 31.0, "cosine_mean": None, "verdict": "ok", "near_zero_samples": [0, 1]},
+               "boxes": {"sqnr_db": 40.0, "cosine_mean": 0.999, "verdict": "ok", "near_zero_samples": [1]}}
+    lines = _metric_lines(outputs)
+    assert "cosine n/a (FP32 output near zero on every held-out sample)" in lines[0]
+    assert "cosine 0.9990, 1 near-zero sample(s) left out of the cosine" in lines[1]
+    assert _summary(outputs, [])["mean_output_cosine"] == pytest.approx(0.999)

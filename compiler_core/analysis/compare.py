@@ -158,7 +158,13 @@ def _summary(outputs: dict[str, dict], layers: list[dict]) -> dict[str, Any]:
     worst = "flag" if "flag" in verdicts else "warn" if "warn" in verdicts else "ok"
     return {"verdict": worst,
             "min_output_sqnr_db": min((row["sqnr_db"] for row in outputs.values()), default=None),
-            "mean_output_cosine": float(np.mean([row["cosine_mean"] for row in outputs.values()])) if outputs else None,
+            "mean_output_cosine": _mean([row["cosine_mean"] for row in outputs.values()]),
             "layers_warned": sum(1 for row in layers if row["verdict"] == "warn"),
             "layers_flagged": sum(1 for row in layers if row["verdict"] == "flag"),
             "worst_layers": [row["layer"] for row in layers[:5]]}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of the values that exist (an output whose every sample is near zero has no cosine)."""
+    present = [value for value in values if value is not None]
+    return float(np.mean(present)) if present else None
