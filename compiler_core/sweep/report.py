@@ -34,7 +34,7 @@ body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; font-size: 0.9em; } th, td { border: 1px solid #ddd; padding: 3px 8px; }
 th { background: #f3f3f3; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.diff { background: #fff3c4; } tr.front td:first-child { font-weight: bold; }
+td.diff { background: #fff3c4; } tr.front td:first-child { font-weight: bold; } td:first-child { white-space: nowrap; }
 .failed { color: #b00020; } code { font-size: 0.85em; word-break: break-all; } .note { color: #666; }
 svg text { font-family: system-ui, sans-serif; font-size: 11px; }
 """
