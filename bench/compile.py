@@ -14,8 +14,8 @@ default (``--analysis-holdout``), since the peer has none; its share shows in ou
 **Runtime.** In this process: the wall time of our ``Model.infer`` (the bit-exact simulator in numpy)
 beside onnxruntime on the FP32 source and on the int8 QDQ model, median over ``--infer-runs`` calls
 (onnxruntime gets ten times as many, it is fast), on held-out inputs, with the ratios ours / peer.
-The calls alternate in rounds (ours once, then each onnxruntime session ten times), so a change of
-machine load during the measurement weighs on both sides alike.
+The calls alternate in blocks over three rounds (ours, then each onnxruntime session), so a change
+of machine load during the measurement weighs on both sides alike.
 Beside them the cosine of each output to FP32 (mean-pooled sentence embeddings for MiniLM), and our
 cost-model estimate of the virtual NPU per core mode (ARIES modes, and REGULUS single).
 
@@ -239,18 +239,24 @@ def _median_seconds(call: Callable[[dict], object], feeds: list[dict], runs: int
     return statistics.median(times)
 
 
-def _interleaved_medians(runners: dict[str, Callable[[dict], object]], feeds: list[dict], runs: int) -> dict[str, float]:
-    """Median seconds per call of every runner, timed in alternating rounds so that all see the same machine load.
+ROUNDS = 3
 
-    Each of ``runs`` rounds calls ``ours`` once and every onnxruntime runner ``ORT_RUNS_FACTOR`` times.
+
+def _interleaved_medians(runners: dict[str, Callable[[dict], object]], feeds: list[dict], runs: int) -> dict[str, float]:
+    """Median seconds per call of every runner, timed in alternating blocks so that all see similar machine load.
+
+    Each of :data:`ROUNDS` rounds times a block of calls per runner in turn (``ours`` ``runs / ROUNDS``
+    calls, each onnxruntime session ``ORT_RUNS_FACTOR`` times as many). Blocks rather than single calls:
+    onnxruntime's worker threads spin for a while after a run and would slow the call right after it.
     """
     for run in runners.values():
         run(feeds[0])  # warm-up: sessions, kernel registry, page cache
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for index in range(runs):
+    per_round = max(1, runs // ROUNDS)
+    for _ in range(ROUNDS):
         for name, run in runners.items():
-            for repeat in range(1 if name == "ours" else ORT_RUNS_FACTOR):
-                feed = feeds[(index + repeat) % len(feeds)]
+            for index in range(per_round if name == "ours" else per_round * ORT_RUNS_FACTOR):
+                feed = feeds[index % len(feeds)]
                 started = time.perf_counter()
                 run(feed)
                 times[name].append(time.perf_counter() - started)
