@@ -129,11 +129,13 @@ class CompareController(QObject):
         calibration = {"path": window.project.calibration.path, "use_random": window.project.calibration.use_random}
         base = window.project.settings.config.to_dict()
         self._context = (window.session.model_sha256, calibration)
-        try:
-            from compiler_core.sweep import expand_grid, load_grid
+        from compiler_core.errors import QBCompilerError
+        from compiler_core.sweep import expand_grid, load_grid
 
-            points = expand_grid(*load_grid({**grid, "baseConfig": base}))
-        except Exception as error:  # noqa: BLE001 - a bad grid is shown, never raised
+        try:
+            spec, folder = load_grid({**grid, "baseConfig": base})
+            points = expand_grid(spec, folder=folder)
+        except (QBCompilerError, ValueError) as error:
             dialogs.show_error(window, "Invalid sweep grid", error)
             return False
         worker = Worker(SWEEP_SLOT, run_sweep_job, grid, output, mblt=window.project.mblt_path,

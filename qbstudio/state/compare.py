@@ -31,7 +31,7 @@ SQNR_SCALE = (10.0, 40.0)
 DELTA_SCALE = 10.0
 """dB of the delta heat colours' ends: +this is full blue (better than the baseline), -this full red."""
 
-_SQNR_STOPS = ((0.0, (198, 40, 40)), (0.5, (255, 179, 0)), (1.0, (46, 125, 50)))
+_SQNR_STOPS = ((0.0, (198, 40, 40)), (0.4, (255, 179, 0)), (0.75, (67, 160, 71)), (1.0, (27, 94, 32)))
 _DELTA_STOPS = ((0.0, (198, 40, 40)), (0.5, (245, 245, 245)), (1.0, (21, 101, 192)))
 
 
@@ -216,15 +216,22 @@ def heat_colours(values: Mapping[str, float], scale: HeatScale, *, unit: str = "
 
 
 def node_values(run: RunRecord, metric: str = "sqnr_db") -> dict[str, float]:
-    """Node name -> ``metric`` of the run's layer (rows name a layer; fused nodes share their layer's value)."""
-    values = {}
+    """Node name -> ``metric`` of the run's layer.
+
+    A row names its layer (the first node) and the tensor it outputs; when that tensor carries the
+    name of the node producing it (a fused Relu, say), that node gets the layer's value too.
+    """
+    values: dict[str, float] = {}
     for row in run.layers:
         value = _finite(row, metric)
         if row.get("layer") and math.isfinite(value):
             values[row["layer"]] = value
-    for name, _precision in run.precisions.items():  # nodes fused into a layer (precisions cover every node)
-        values.setdefault(name, math.nan)
-    return {name: value for name, value in values.items() if math.isfinite(value)}
+    layers = set(values)
+    for row in run.layers:
+        tensor = row.get("tensor")
+        if tensor and tensor not in layers and row.get("layer") in values:
+            values.setdefault(tensor, values[row["layer"]])
+    return values
 
 
 def delta_values(run: RunRecord, baseline: RunRecord, metric: str = "sqnr_db") -> dict[str, float]:

@@ -197,7 +197,8 @@ class HistogramView(QWidget):
                 if math.isfinite(position):
                     line = pg.InfiniteLine(pos=position, angle=90, pen=pen,
                                            label=f"#{run.run_id}" if side == "high" else None,
-                                           labelOpts={"color": colour, "position": 0.93 - 0.07 * index})
+                                           labelOpts={"color": colour, "position": 0.1 + 0.08 * index,
+                                                      "fill": (255, 255, 255, 200)})
                     plot.addItem(line)
             plot.plot([], [], pen=pen, name=f"{run.label}: [{clip.low:.3g}, {clip.high:.3g}] scale {clip.scale:.3g}")
 

@@ -216,6 +216,9 @@ class ParetoChart(QWidget):
                  for i in range(len(data.run_ids))]
         items["scatter"].setData(spots)
         items["front"].setData([data.latency[i] for i in data.front], [data.accuracy[i] for i in data.front])
+        low, high = min(data.latency), max(data.latency)
+        pad = max((high - low) * 0.08, abs(high) * 0.02, 1e-6)  # equal estimates: a readable axis around them
+        items["plot"].setXRange(low - pad, high + pad, padding=0)
         for i, run_id in enumerate(data.run_ids):
             text = pg.TextItem(f"#{run_id}", color="#222", anchor=(-0.2, 1.1))
             text.setPos(data.latency[i], data.accuracy[i])
