@@ -201,6 +201,7 @@ class GraphView(QWidget):
         self.heat_legend.hide()
         self.colour_combo = QComboBox(self, objectName="graphColouring")
         self.colour_combo.setToolTip("Colour the nodes by support status, or by a compared run's per-layer error")
+        self.colour_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.colour_combo.addItem("Colours: support status", "support")
         self.colour_combo.currentIndexChanged.connect(
             lambda _i: self.colouring_changed.emit(self.colour_combo.currentData() or "support"))

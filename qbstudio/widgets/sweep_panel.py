@@ -168,6 +168,8 @@ class ParetoChart(QWidget):
             _style_axes(plot)
             plot.setLabel("bottom", "latency (ms) — estimated by the cost model, not measured", color="#222")
             plot.setLabel("left", "worst output SQNR (dB)", color="#222")
+            for axis in ("bottom", "left"):
+                plot.getAxis(axis).enableAutoSIPrefix(False)  # "ms" and "dB" stay as labelled
             legend = plot.addLegend(offset=(10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
             front_line = plot.plot([], [], pen=pg.mkPen(FRONT_COLOUR, width=2, style=Qt.PenStyle.DashLine),
                                    name="Pareto front")
