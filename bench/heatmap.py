@@ -7,7 +7,9 @@ from the Python call to the page's answer:
 - **heat**: colouring every node by a run's SQNR (:meth:`GraphView.set_heatmap`), first time;
 - **switch**: switching to another run's colours (what picking another heatmap run does), median of ``--runs``;
 - **support** (the peer): colouring the same nodes by support status (:meth:`GraphView.set_support`,
-  the colouring the workbench already had), median of ``--runs``.
+  the colouring the workbench already had), median of ``--runs``;
+- **compare switch**: switching the compared runs in Runs & Compare (4 runs of N layers each: settings
+  diff, metrics table and the per-layer plots redrawn), median of ``--runs``.
 
 Targets from issue 11: a switch <= 100 ms on 300 nodes, colouring 1,000 nodes <= 1 s.
 
@@ -114,6 +116,46 @@ def measure(nodes: int, runs: int, folder: Path) -> dict[str, float]:
             "switch_ms": statistics.median(switches), "support_ms": statistics.median(support)}
 
 
+def compare_switch(layers: int, runs: int) -> tuple[float, float]:
+    """Median wall and CPU ms to switch Runs & Compare between two sets of 4 picked runs of ``layers`` layers."""
+    import numpy as np
+    from PySide6.QtWidgets import QApplication
+
+    from qbstudio.state.runs import RunHistory, RunRecord
+    from qbstudio.widgets.compare_view import CompareView
+
+    app = QApplication.instance()
+    rng = np.random.default_rng(layers)
+    names = [f"n{i}" for i in range(layers)]
+    records = []
+    for run_id in range(1, 9):
+        rows = [{"layer": name, "tensor": f"t{i}", "op": "Conv", "precision": "a8w8",
+                 "sqnr_db": float(rng.uniform(10, 45)), "cosine_mean": float(rng.uniform(0.99, 1.0)), "verdict": "ok"}
+                for i, name in enumerate(names)]
+        records.append(RunRecord(run_id, "2026-12-03T00:00:00+00:00", "aries-rb", ["single"], f"/nonexistent/{run_id}.mxq",
+                                 1000 + run_id, {"targetDevice": "aries-rb", "calibration": {"mode": run_id % 4}},
+                                 f"run {run_id}", {"min_output_sqnr_db": 30.0 + run_id}, {"out": {"sqnr_db": 30.0}},
+                                 rows, estimate={"single": {"latency_ms": 1.0 + run_id, "throughput_fps": 100.0}}))
+    view = CompareView()
+    view.resize(1300, 860)
+    view.set_history(RunHistory(records))
+    view.set_layer_order(names)
+    view.show()
+    view.tabs.setCurrentWidget(view.layers)
+    app.processEvents()
+    wall, cpu = [], []
+    for index in range(runs):
+        picks = [1, 2, 3, 4] if index % 2 else [5, 6, 7, 8]
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        view.set_picks(picks)
+        app.processEvents()  # the repaint
+        wall.append((time.perf_counter() - started) * 1000.0)
+        cpu.append((time.thread_time() - started_cpu) * 1000.0)
+    view.close()
+    view.deleteLater()
+    return statistics.median(wall), statistics.median(cpu)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the timings per graph size."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -123,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6 import QtWebEngineWidgets  # noqa: F401  (before the QApplication)
     from PySide6.QtWidgets import QApplication
 
+    from qbstudio._compat import guard_none_refcount
     from qbstudio.netron.scheme import register_scheme
 
+    guard_none_refcount()  # PySide6 6.12.0 reference leaks on CPython 3.11 (see qbstudio/_compat.py)
     register_scheme()
     app = QApplication(sys.argv[:1])  # noqa: F841 (kept alive for the measurements)
     print(f"load average {os.getloadavg()[0]:.2f}")
@@ -134,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['nodes']:5d} nodes: layout {row['render_s']:.1f} s | heat colours first {row['heat_first_ms']:.1f} ms"
                   f" | switch run (median of {args.runs}) {row['switch_ms']:.1f} ms | support colours (peer) "
                   f"{row['support_ms']:.1f} ms | switch/peer {row['switch_ms'] / max(row['support_ms'], 1e-9):.2f}x")
+    for nodes in args.nodes:
+        wall, cpu = compare_switch(nodes, args.runs)
+        print(f"{nodes:5d} layers: switching 4 compared runs and repainting (median of {args.runs}) {wall:.1f} ms "
+              f"wall, {cpu:.1f} ms CPU of the GUI thread")
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -135,7 +135,10 @@ def layer_series(runs: Sequence[RunRecord], order: Sequence[str], *, metric: str
     known = set(present)
     layers = [name for name in order if name in known]
     layers += [name for name in dict.fromkeys(present) if name not in set(layers)]
-    values = [np.array([_finite(run.layer_row(name), metric) for name in layers], dtype=float) for run in runs]
+    values = []
+    for run in runs:
+        rows = {row.get("layer"): row for row in run.layers}
+        values.append(np.array([_finite(rows.get(name), metric) for name in layers], dtype=float))
     base = values[baseline] if values else np.array([])
     return LayerSeries(layers, values, [v - base for v in values], baseline)
 

@@ -23,6 +23,8 @@ RUN_COLOURS = ("#1565c0", "#ef6c00", "#2e7d32", "#8e24aa")
 
 SYMBOLS = ("o", "t", "s", "d")
 MAX_TICKS = 24
+MAX_SYMBOLS = 80
+"""Above this many layers the curves are drawn without point symbols (they would hide each other, and cost)."""
 METRICS = {"sqnr_db": ("SQNR", "dB"), "cosine_mean": ("cosine", "")}
 
 
@@ -104,6 +106,20 @@ class LayerPlot(QWidget):
         """``sqnr_db`` or ``cosine_mean``."""
         return self.metric_combo.currentData()
 
+    def _pool(self) -> tuple[list[Any], list[Any]]:
+        """One curve and one delta bar item per possible run, created once and updated with setData/setOpts."""
+        import pyqtgraph as pg
+
+        plots = self._plots
+        if not plots["curves"]:
+            for colour in RUN_COLOURS:
+                curve = pg.PlotDataItem([], [], connect="finite")
+                bars = pg.BarGraphItem(x=[], height=[], width=0.2, brush=colour, pen=None)
+                plots["values"].addItem(curve)
+                plots["delta"].addItem(bars)
+                plots["curves"].append((curve, bars))
+        return [c for c, _ in plots["curves"]], [b for _, b in plots["curves"]]
+
     def _redraw(self) -> None:
         runs = self._runs
         self.series = layer_series(runs, self._order, metric=self.metric, baseline=self._baseline) if runs else None
@@ -112,30 +128,33 @@ class LayerPlot(QWidget):
         import pyqtgraph as pg
 
         plots = self._plots
-        for plot, curve in plots["curves"]:
-            plot.removeItem(curve)
-        plots["curves"] = []
+        curves, bars = self._pool()
         plots["legend"].clear()
         name, unit = METRICS[self.metric]
         plots["values"].setLabel("left", name, units=unit or None, color="#222")
         series = self.series
-        if series is None or not series.layers:
-            self._set_ticks([])
-            return
-        x = np.arange(len(series.layers), dtype=float)
-        for index, run in enumerate(runs):
-            colour = RUN_COLOURS[index % len(RUN_COLOURS)]
-            label = f"{run.label}{' (baseline)' if index == series.baseline else ''}"
+        count = len(runs) if series is not None and series.layers else 0
+        x = np.arange(len(series.layers), dtype=float) if count else np.array([])
+        symbols = count and len(series.layers) <= MAX_SYMBOLS
+        for index, (curve, bar) in enumerate(zip(curves, bars)):
+            if index >= count:
+                curve.setData([], [])
+                curve.hide()
+                bar.hide()
+                continue
+            colour = RUN_COLOURS[index]
             pen = pg.mkPen(colour, width=3 if index == series.baseline else 2)
-            curve = plots["values"].plot(x, series.values[index], pen=pen, symbol=SYMBOLS[index % 4], symbolSize=6,
-                                         symbolBrush=colour, symbolPen=colour, name=label, connect="finite")
-            plots["curves"].append((plots["values"], curve))
-            if index != series.baseline:
-                bars = pg.BarGraphItem(x=x + (index - 1.5) * 0.2, height=np.nan_to_num(series.deltas[index]),
-                                       width=0.2, brush=colour, pen=None)
-                plots["delta"].addItem(bars)
-                plots["curves"].append((plots["delta"], bars))
-        self._set_ticks(series.layers)
+            curve.setPen(pen)
+            curve.setSymbol(SYMBOLS[index] if symbols else None)
+            curve.setSymbolBrush(colour)
+            curve.setSymbolPen(colour)
+            curve.setSymbolSize(6)
+            curve.setData(x, series.values[index])
+            curve.show()
+            plots["legend"].addItem(curve, f"{runs[index].label}{' (baseline)' if index == series.baseline else ''}")
+            bar.setOpts(x=x + (index - 1.5) * 0.2, height=np.nan_to_num(series.deltas[index]), width=0.2)
+            bar.setVisible(index != series.baseline)
+        self._set_ticks(series.layers if count else [])
 
     def _set_ticks(self, layers: list[str]) -> None:
         step = max(1, math.ceil(len(layers) / MAX_TICKS))

@@ -253,6 +253,10 @@ def test_heatmap_colours_nodes_by_sqnr_and_delta_and_back(qtbot, sweep):
     run, base = sweep["runs"][2], sweep["runs"][0]
     scale = HeatScale.sqnr()
     colours, tips = heat_colours(node_values(run), scale, label=f"SQNR of {run.label}")
+    graph.set_colourings([(f"sqnr:{run.run_id}", f"Colours: SQNR of {run.label}")])
+    with qtbot.waitSignal(graph.colouring_changed, timeout=1000) as chosen:
+        graph.colour_combo.setCurrentIndex(1)
+    assert chosen.args == [f"sqnr:{run.run_id}"] and graph.colouring == f"sqnr:{run.run_id}"
     with qtbot.waitSignal(graph.heat_painted, timeout=5000) as painted:
         graph.set_heatmap(colours, tips, title="SQNR (dB)", stops=scale.stops(), low=scale.low, high=scale.high,
                           ticks=scale.ticks)
@@ -260,6 +264,8 @@ def test_heatmap_colours_nodes_by_sqnr_and_delta_and_back(qtbot, sweep):
     logger.warning("heatmap repaint on the %d-node sample: %.1f ms", graph.node_count, graph.last_heat_ms)
     fill, tip = _node_fill(qtbot, graph, "Conv_1").split("|", 1)
     assert fill == _rgb(colours["Conv_1"][0]) and f"{run.layer_row('Conv_1')['sqnr_db']:.2f} dB" in tip
+    fused = run.layer_row("Conv_1")["tensor"]  # the Relu fused into Conv_1 shows the layer's value
+    assert fused != "Conv_1" and _node_fill(qtbot, graph, fused).split("|")[0] == fill
     assert graph.heat_legend.isVisible() and not graph.legend.isVisible()
     assert graph.heat_legend.tick_labels() == ["10", "20", "30", "40"]
     qtbot.wait(300)
