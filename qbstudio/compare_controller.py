@@ -58,6 +58,7 @@ class CompareController(QObject):
         self.compare.picks_changed.connect(self.update_colourings)
         self.compare.layer_activated.connect(self._on_layer)
         self.compare.delete_confirmed.connect(self._on_delete)
+        self.compare.import_requested.connect(self._ask_import)
         self.compare.sweep.sweep_requested.connect(self.start_sweep)
         self.compare.sweep.cancel_requested.connect(lambda: window.runner.cancel(SWEEP_SLOT))
         self.graph.colouring_changed.connect(self.apply_colouring)
@@ -112,6 +113,46 @@ class CompareController(QObject):
         if self.window.session.remove_run(run_id):
             self.window.statusBar().showMessage(f"Run #{run_id} deleted from the project", 5000)
             self.window.mark_dirty()
+
+    def _ask_import(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getOpenFileName(self.window, "Import sweep results", str(self.window.project.work_dir),
+                                              "Sweep results (sweep.json);;JSON (*.json)")
+        if path:
+            self.import_sweep(path)
+
+    def import_sweep(self, path: str | Path) -> int:
+        """Add the finished points of a ``qbcompiler sweep`` of the open model as runs; returns how many."""
+        from compiler_core.errors import QBCompilerError
+        from qbstudio.state.compare import read_sweep_results
+
+        window = self.window
+        if window.loaded is None:
+            dialogs.show_error(window, "Nothing to import into", "Open the model the sweep compiled first.")
+            return 0
+        try:
+            records, skipped = read_sweep_results(path, window.session.model_sha256)
+        except QBCompilerError as error:
+            dialogs.show_error(window, "Cannot import the sweep", error)
+            return 0
+        known = {run.mxq_path for run in window.project.runs.runs}
+        calibration = {"path": window.project.calibration.path, "use_random": window.project.calibration.use_random}
+        added = 0
+        for record in records:
+            if str(Path(record["mxq"])) in known:
+                continue
+            run = RunRecord.from_sweep_record(window.project.runs.next_id(), record,
+                                              model_sha256=window.session.model_sha256,
+                                              origin=f"{Path(path).parent.name} · {record['name']}",
+                                              calibration=calibration)
+            window.project.runs.add(run)
+            added += 1
+        window.session.runs_changed.emit()
+        window.mark_dirty()
+        window.statusBar().showMessage(f"Imported {added} run(s) from {Path(path).name}"
+                                       f"{f'; {skipped} point(s) had not compiled' if skipped else ''}", 8000)
+        return added
 
     # -- sweeps -----------------------------------------------------------------------------------
 

@@ -346,6 +346,39 @@ class StatisticsSource:
         return self._sets[key]
 
 
+# ---------------------------------------------------------------------------------------------- sweep files
+
+
+def read_sweep_results(path: str | Path, model_sha256: str) -> tuple[list[dict[str, Any]], int]:
+    """The finished points of a ``sweep.json`` written by ``qbcompiler sweep`` for the MBLT hashing to ``model_sha256``.
+
+    Returns:
+        ``(records of the points that compiled, points that did not)``.
+
+    Raises:
+        ArgumentError: the file is not a readable sweep result, or its MBLT is another model (or gone).
+    """
+    from compiler_core.errors import ArgumentError
+    from compiler_core.fileio import sha256_file
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ArgumentError(f"Cannot read the sweep results '{path}': {error}.",
+                            hint="Pick the sweep.json that qbcompiler sweep wrote.") from error
+    if not isinstance(data, dict) or data.get("format") != "qbcompiler-sweep" or not isinstance(data.get("records"), list):
+        raise ArgumentError(f"'{path.name}' is not a qbcompiler sweep result.",
+                            hint="Pick the sweep.json that qbcompiler sweep wrote.")
+    mblt = Path(str(data.get("mblt", "")))
+    if not mblt.is_file() or sha256_file(mblt) != model_sha256:
+        raise ArgumentError(f"The sweep in '{path.parent}' compiled another model ({mblt.name}), not the open one.",
+                            hint="Open the model the sweep compiled, or run the sweep on this project's model.")
+    done = [r for r in data["records"] if isinstance(r, dict) and r.get("status") == "ok" and r.get("mxq")
+            and Path(r["mxq"]).is_file()]
+    return done, len(data["records"]) - len(done)
+
+
 # ---------------------------------------------------------------------------------------------- Pareto
 
 

@@ -185,12 +185,14 @@ class CompareView(QWidget):
         picks_changed(): the compared runs or the baseline changed.
         layer_activated(str): the user clicked a layer in the per-layer plot.
         delete_confirmed(int): the user confirmed deleting this run.
+        import_requested(): the user wants to add the points of a command-line sweep (``sweep.json``).
     """
 
     run_selected = Signal(int)
     picks_changed = Signal()
     layer_activated = Signal(str)
     delete_confirmed = Signal(int)
+    import_requested = Signal()
 
     def __init__(self, runner: JobRunner | None = None, presets: dict[str, str] | None = None,
                  parent: QWidget | None = None) -> None:
@@ -204,6 +206,9 @@ class CompareView(QWidget):
         self.baseline_combo.currentIndexChanged.connect(self._on_baseline)
         self.delete_button = QPushButton("Delete run…", objectName="deleteRun", enabled=False)
         self.delete_button.clicked.connect(self.ask_delete)
+        self.import_button = QPushButton("Import sweep results…", objectName="importSweep")
+        self.import_button.setToolTip("Add the points of a `qbcompiler sweep` of this model (its sweep.json) as runs")
+        self.import_button.clicked.connect(self.import_requested)
         self.picks_label = QLabel(objectName="picksLabel")
         self.side = SideBySide()
         self.layers = LayerPlot()
@@ -237,6 +242,7 @@ class CompareView(QWidget):
         controls.addWidget(QLabel("Baseline"))
         controls.addWidget(self.baseline_combo)
         controls.addWidget(self.delete_button)
+        controls.addWidget(self.import_button)
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)

@@ -47,6 +47,23 @@ def test_sweep_heatmap_delete_and_reopen_in_the_window(qtbot, shown_window, dial
     assert all(Path(run.mxq_path).is_file() and run.estimate and run.calibration["path"] for run in runs)
     assert len(panel.chart.data.run_ids) == 2
 
+    # 1b. the points of a command-line sweep of this model are imported as runs (once); another model's are refused
+    from compiler_core.sweep import InProcessExecutor, run_sweep
+
+    project = window.project
+    cli = run_sweep({"baseConfig": project.settings.config.to_dict(), "axes": {"calibrationMode": [3]}},
+                    tmp_path / "cli-sweep", mblt=project.mblt_path, calib_data_path=project.calibration.path,
+                    executor=InProcessExecutor())
+    assert window.compare_controller.import_sweep(cli.json_path) == 1
+    assert window.compare_controller.import_sweep(cli.json_path) == 0
+    assert window.session.runs.get(3).origin == "cli-sweep · point-00" and compare.table.rowCount() == 3
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "qbcompiler-sweep", "mblt": "%s", "records": []}' % (tmp_path / "fashion" / "fashion.qbproj"))
+    assert window.compare_controller.import_sweep(other) == 0
+    assert dialog_calls and dialog_calls[-1][0] == "Cannot import the sweep" and "another model" in dialog_calls[-1][1]
+    dialog_calls.clear()
+    assert window.session.remove_run(3)
+
     # 2. heatmap: the graph offers each picked run's SQNR and the delta to the baseline
     compare.set_picks([1, 2], baseline=1)
     combo = window.graph.colour_combo
