@@ -98,8 +98,14 @@ class HistogramView(QWidget):
     def set_runs(self, runs: list[RunRecord]) -> None:
         """The compared runs (their MXQs give the ranges)."""
         self._runs = list(runs)
-        if self.layer:
+        if self.layer and self._runs:
             self.show_layer(self.layer)
+        elif not self._runs:
+            self.layer = self.tensor = None
+            self.ranges, self.counts, self.edges = {}, None, None
+            self.title.setText("Select a layer (in the graph, the layer table or the per-layer plot).")
+            self._fill_table()
+            self._draw()
 
     def show_layer(self, layer: str) -> None:
         """Show layer ``layer``: ranges from the MXQs now, the histogram when the statistics are loaded."""
