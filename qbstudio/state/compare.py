@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from compiler_core.sweep.pareto import pareto_front
 from qbstudio.state.runs import RunRecord
 
 logger = logging.getLogger(__name__)
@@ -401,6 +400,9 @@ class ParetoData:
 
 def pareto_data(runs: Sequence[RunRecord]) -> ParetoData:
     """The Pareto chart's points and front (higher SQNR and lower latency are better)."""
+    # Imported here, not at module import: the sweep package loads the config models (start-up cost).
+    from compiler_core.sweep.pareto import pareto_front
+
     usable = [run for run in runs if run.accuracy() is not None and run.latency_ms() is not None]
     accuracy = [float(run.accuracy()) for run in usable]
     latency = [float(run.latency_ms()) for run in usable]

@@ -113,6 +113,7 @@ class SideBySide(QWidget):
             settings_title = f"Settings that differ ({len(diff)})" if len(runs) > 1 else "Settings (pick 2+ runs)"
         metrics = metric_rows(runs) if runs else []
         self.table.clear()
+        self.table.clearSpans()
         self.table.setColumnCount(len(runs))
         self.table.setHorizontalHeaderLabels([f"{run.label}{'  ★ baseline' if i == self._baseline else ''}"
                                               for i, run in enumerate(runs)])
