@@ -52,6 +52,7 @@ class HistogramView(QWidget):
         self.source = StatisticsSource()
         self.title = QLabel("Select a layer (in the graph, the layer table or the per-layer plot).",
                             objectName="histogramTitle", wordWrap=True)
+        self.legend_label = QLabel(objectName="histogramLegend", wordWrap=True)
         self.table = QTableWidget(0, len(COLUMNS), objectName="clipTable")
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -63,8 +64,11 @@ class HistogramView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)
+        layout.addWidget(self.legend_label)
         layout.addWidget(self._splitter, 1)
         self._plot: Any = None
+        self._curve: Any = None
+        self._lines: list[list[Any]] = []
         self._runs: list[RunRecord] = []
         self.layer: str | None = None
         self.tensor: str | None = None
@@ -77,6 +81,7 @@ class HistogramView(QWidget):
         """The MBLT the runs compiled (the project's): statistics are looked up for it."""
 
     def _build_plot(self) -> Any:
+        """The plot and its items, created once (redraws only update them: no pyqtgraph garbage per layer)."""
         if self._plot is None:
             import pyqtgraph as pg
 
@@ -84,7 +89,19 @@ class HistogramView(QWidget):
             _style_axes(self._plot)
             self._plot.setLabel("left", "count (log10)", color="#222")
             self._plot.setLabel("bottom", "activation value", color="#222")
-            self._plot.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
+            self._curve = self._plot.plot([], [], stepMode="center", fillLevel=0, brush=(120, 120, 120, 110),
+                                          pen=pg.mkPen("#555"))
+            self._lines = []
+            for index, colour in enumerate(RUN_COLOURS):
+                pen = pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine)
+                pair = [pg.InfiniteLine(angle=90, pen=pen, label=label,
+                                        labelOpts={"color": colour, "position": 0.1 + 0.08 * index,
+                                                   "fill": (255, 255, 255, 200)})
+                        for label in (None, "")]  # the run's number labels the high end only
+                for line in pair:
+                    line.hide()
+                    self._plot.addItem(line)
+                self._lines.append(pair)
             self._splitter.insertWidget(0, self._plot)
             self._splitter.setSizes([400, 140])
         return self._plot
@@ -185,28 +202,25 @@ class HistogramView(QWidget):
     def _draw(self) -> None:
         if self._plot is None:
             return
-        import pyqtgraph as pg
-
-        plot = self._plot
-        plot.clear()
-        plot.addLegend().clear()
         if self.counts is not None and self.counts.size:
-            plot.plot(self.edges, np.log10(self.counts.astype(float) + 1.0), stepMode="center", fillLevel=0,
-                      brush=(120, 120, 120, 110), pen=pg.mkPen("#555"), name="calibration histogram")
-        for index, run in enumerate(self._runs):
-            clip = self.ranges.get(run.run_id)
-            if clip is None:
-                continue
-            colour = RUN_COLOURS[index % len(RUN_COLOURS)]
-            pen = pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine)
-            for position, side in ((clip.low, "low"), (clip.high, "high")):
+            self._curve.setData(self.edges, np.log10(self.counts.astype(float) + 1.0))
+        else:
+            self._curve.setData([0.0, 0.0], [0.0])
+        legend = []
+        for index, pair in enumerate(self._lines):
+            run = self._runs[index] if index < len(self._runs) else None
+            clip = self.ranges.get(run.run_id) if run is not None else None
+            for line, position in zip(pair, (clip.low, clip.high) if clip else (math.nan, math.nan)):
+                line.setVisible(math.isfinite(position))
                 if math.isfinite(position):
-                    line = pg.InfiniteLine(pos=position, angle=90, pen=pen,
-                                           label=f"#{run.run_id}" if side == "high" else None,
-                                           labelOpts={"color": colour, "position": 0.1 + 0.08 * index,
-                                                      "fill": (255, 255, 255, 200)})
-                    plot.addItem(line)
-            plot.plot([], [], pen=pen, name=f"{run.label}: [{clip.low:.3g}, {clip.high:.3g}] scale {clip.scale:.3g}")
+                    line.setPos(position)
+                    if line is pair[1]:
+                        line.label.setFormat(f"#{run.run_id}")
+            if clip is not None:
+                legend.append(f"<span style='color:{RUN_COLOURS[index]}'>┅ {run.label}: [{clip.low:.3g}, "
+                              f"{clip.high:.3g}] scale {clip.scale:.3g}</span>")
+        self.legend_label.setText("&nbsp;&nbsp;".join(["<span style='color:#555'>▇ calibration histogram</span>",
+                                                        *legend]))
 
     def line_positions(self) -> dict[int, tuple[float, float]]:
         """Run id -> the clip range drawn (for tests)."""

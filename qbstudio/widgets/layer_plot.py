@@ -60,6 +60,8 @@ class LayerPlot(QWidget):
         self.series: LayerSeries | None = None
         self.selected: str | None = None
         self._plots: dict[str, Any] | None = None
+        self._legend: list[str] = []
+        self.legend_label = QLabel(objectName="layerLegend")
         top = QHBoxLayout()
         top.addWidget(QLabel("Per layer, in graph order:"))
         top.addWidget(self.metric_combo)
@@ -67,6 +69,7 @@ class LayerPlot(QWidget):
         self._holder = QVBoxLayout(self)
         self._holder.setContentsMargins(0, 0, 0, 0)
         self._holder.addLayout(top)
+        self._holder.addWidget(self.legend_label)
 
     def _build(self) -> dict[str, Any]:
         if self._plots is None:
@@ -80,13 +83,12 @@ class LayerPlot(QWidget):
                 plot.scene().sigMouseClicked.connect(lambda event, p=plot: self._on_click(p, event))
             delta.setLabel("left", "Δ to baseline", color="#222")
             delta.addItem(pg.InfiniteLine(pos=0, angle=0, pen=pg.mkPen("#888", width=1)))
-            legend = values.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
             marker = pg.InfiniteLine(angle=90, pen=pg.mkPen("#7b1fa2", width=1, style=Qt.PenStyle.DashLine))
             marker.hide()
             values.addItem(marker)
             self._holder.addWidget(values, 3)
             self._holder.addWidget(delta, 2)
-            self._plots = {"values": values, "delta": delta, "legend": legend, "marker": marker, "curves": []}
+            self._plots = {"values": values, "delta": delta, "marker": marker, "curves": []}
         return self._plots
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
@@ -129,7 +131,7 @@ class LayerPlot(QWidget):
 
         plots = self._plots
         curves, bars = self._pool()
-        plots["legend"].clear()
+        self._legend = []
         name, unit = METRICS[self.metric]
         plots["values"].setLabel("left", name, units=unit or None, color="#222")
         series = self.series
@@ -151,10 +153,12 @@ class LayerPlot(QWidget):
             curve.setSymbolSize(6)
             curve.setData(x, series.values[index])
             curve.show()
-            plots["legend"].addItem(curve, f"{runs[index].label}{' (baseline)' if index == series.baseline else ''}")
+            self._legend.append(f"{runs[index].label}{' (baseline)' if index == series.baseline else ''}")
             bar.setOpts(x=x + (index - 1.5) * 0.2, height=np.nan_to_num(series.deltas[index]), width=0.2)
             bar.setVisible(index != series.baseline)
         self._set_ticks(series.layers if count else [])
+        self.legend_label.setText("&nbsp;&nbsp;".join(
+            f"<span style='color:{RUN_COLOURS[i]}'>━━ {text}</span>" for i, text in enumerate(self._legend)))
 
     def _set_ticks(self, layers: list[str]) -> None:
         step = max(1, math.ceil(len(layers) / MAX_TICKS))
@@ -169,7 +173,8 @@ class LayerPlot(QWidget):
 
     def legend_texts(self) -> list[str]:
         """The legend's entries (for tests)."""
-        return [label.text for _, label in self._build()["legend"].items]
+        self._build()
+        return list(self._legend)
 
     def select_layer(self, name: str) -> None:
         """Mark layer ``name`` with a vertical line (no signal)."""

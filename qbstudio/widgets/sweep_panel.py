@@ -203,8 +203,7 @@ class ParetoChart(QWidget):
 
         items, data = self._items, self.data
         for label in items["labels"]:
-            items["plot"].removeItem(label)
-        items["labels"].clear()
+            label.hide()
         if not data.run_ids:
             items["scatter"].setData([])
             items["front"].setData([], [])
@@ -221,11 +220,15 @@ class ParetoChart(QWidget):
         low, high = min(data.latency), max(data.latency)
         pad = max((high - low) * 0.08, abs(high) * 0.02, 1e-6)  # equal estimates: a readable axis around them
         items["plot"].setXRange(low - pad, high + pad, padding=0)
-        for i, run_id in enumerate(data.run_ids):
-            text = pg.TextItem(f"#{run_id}", color="#222", anchor=(-0.2, 1.1))
-            text.setPos(data.latency[i], data.accuracy[i])
+        while len(items["labels"]) < len(data.run_ids):  # labels are kept and reused (no items dropped per redraw)
+            text = pg.TextItem("", color="#222", anchor=(-0.2, 1.1))
             items["plot"].addItem(text)
             items["labels"].append(text)
+        for i, run_id in enumerate(data.run_ids):
+            text = items["labels"][i]
+            text.setText(f"#{run_id}")
+            text.setPos(data.latency[i], data.accuracy[i])
+            text.show()
 
     def _on_clicked(self, _item: Any, points: Any, *_args: Any) -> None:
         if len(points):

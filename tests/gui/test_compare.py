@@ -32,7 +32,6 @@ from qbstudio.state.compare import (  # noqa: E402
 from qbstudio.state.runs import RunHistory, RunRecord  # noqa: E402
 from qbstudio.widgets.compare_view import CompareView  # noqa: E402
 from qbstudio.widgets.graph_view import GraphView  # noqa: E402
-from qbstudio.workers import JobRunner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DIR = ROOT / "resources" / "samples" / "fashion_cnn"
@@ -60,8 +59,8 @@ def sweep(tmp_path_factory):
 
 @pytest.fixture
 def view(qtbot, sweep):
-    runner = JobRunner()
-    widget = CompareView(runner, {"classification": "", "detection": ""})
+    widget = CompareView(None, {"classification": "", "detection": ""})
+    runner = widget.histogram.runner  # the view's own (a child: deleted with it, in this thread)
     widget.resize(1300, 860)
     widget.set_history(RunHistory(sweep["runs"]))
     widget.set_layer_order(sweep["order"])
@@ -71,6 +70,16 @@ def view(qtbot, sweep):
     yield widget
     runner.shutdown()
     widget.close()
+    delete_now(qtbot, widget)
+
+
+def delete_now(qtbot, widget) -> None:
+    """Delete the C++ widget now, in the GUI thread: never leave Qt objects to a garbage collection that may
+    run in a worker thread (which crashes)."""
+    deleted: list[bool] = []
+    widget.destroyed.connect(lambda: deleted.append(True))
+    widget.deleteLater()
+    qtbot.waitUntil(lambda: bool(deleted), timeout=5000)
 
 
 def shoot(widget, name: str) -> Path:
@@ -283,4 +292,4 @@ def test_heatmap_colours_nodes_by_sqnr_and_delta_and_back(qtbot, sweep):
     assert _node_fill(qtbot, graph, "Conv_1").split("|")[0] == _rgb("#2e7d32")  # the support colour again
     assert graph.legend.isVisible()
     graph._release_web_engine()
-    graph.deleteLater()
+    delete_now(qtbot, graph)
