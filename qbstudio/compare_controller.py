@@ -49,7 +49,6 @@ class CompareController(QObject):
 
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
-        self.window = window
         self.compare = window.compare
         self.graph = window.graph
         self._relay = _PointRelay(self)
@@ -60,11 +59,21 @@ class CompareController(QObject):
         self.compare.delete_confirmed.connect(self._on_delete)
         self.compare.import_requested.connect(self._ask_import)
         self.compare.sweep.sweep_requested.connect(self.start_sweep)
-        self.compare.sweep.cancel_requested.connect(lambda: window.runner.cancel(SWEEP_SLOT))
+        self.compare.sweep.cancel_requested.connect(self.cancel_sweep)
         self.graph.colouring_changed.connect(self.apply_colouring)
         self.graph.node_selected.connect(self.compare.show_layer)
         window.support.node_activated.connect(self.compare.show_layer)
         window.session.model_changed.connect(self._on_model)
+
+    @property
+    def window(self) -> MainWindow:
+        """The window (its Qt parent: no Python reference is kept, so no cycle that only a garbage
+        collection in some worker thread could break, deleting Qt objects there)."""
+        return self.parent()
+
+    def cancel_sweep(self) -> None:
+        """Stop the running sweep (the finished points stay)."""
+        self.window.runner.cancel(SWEEP_SLOT)
 
     # -- graph colours ----------------------------------------------------------------------------
 
