@@ -96,11 +96,19 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
     session_inputs = {item.name for item in session.get_inputs()}
     reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
     for name, comparison in outputs.items():
-        codes = quantized[name][index:index + 1]
+        codes = _sample_rows(model, quantized, name, index)
         comparison.add(reference[name], model.params(name).dequantize(codes).astype(np.float32), classifier[name])
     for name, comparison in layers.items():
         if name in quantized and name in reference:
-            comparison.add(reference[name], model.params(name).dequantize(quantized[name][index:index + 1]))
+            comparison.add(reference[name], model.params(name).dequantize(_sample_rows(model, quantized, name, index)))
+
+
+def _sample_rows(model: QuantizedModel, quantized: dict, name: str, index: int) -> np.ndarray:
+    """Sample ``index``'s block of a chunk's codes: a tensor whose one-sample shape leads with d > 1 (ViT's
+    heads folded into the first axis) comes back from a sample-by-sample run as d rows per sample."""
+    shape = model.shapes.get(name)
+    rows = int(shape[0]) if shape and int(shape[0]) > 0 else 1
+    return quantized[name][index * rows:(index + 1) * rows]
 
 
 def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> dict[str, Any]:

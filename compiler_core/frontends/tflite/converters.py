@@ -440,3 +440,17 @@ def _pack(b: GraphBuilder, op: Operator) -> None:
     axes = b.int64_initializer(f"{_source(b, op)}/axes", [axis % rank])
     pieces = [b.add_node("Unsqueeze", [b.input(op, i), axes], source=_source(b, op))[0] for i in range(len(op.inputs))]
     _elementwise(b, op, "Concat", pieces, axis=axis % rank)
+
+
+@converts("GATHER")
+def _gather(b: GraphBuilder, op: Operator) -> None:
+    if _option(op, "BatchDims"):
+        raise NotConvertible("batch_dims > 0 has no ONNX Gather equivalent")
+    axis = int(_option(op, "Axis"))
+    data, indices = b.constant(op.inputs[0]), b.constant(op.inputs[1])
+    if data is not None and indices is not None:  # e.g. Keras Tensordot picking dims of a static shape
+        b.set_constant(op.outputs[0], np.take(data, indices.astype(np.int64), axis=axis))
+        return
+    indices_value = b.input(op, 1) if indices is None else \
+        b.add_initializer(f"{_source(b, op)}/indices", indices.astype(np.int64))
+    _elementwise(b, op, "Gather", [b.input(op, 0), indices_value], axis=axis)
