@@ -432,7 +432,8 @@ class SensitivityReport:
 
 
 def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: Sequence[Mapping[str, np.ndarray]], *,
-                        split: bool = False, reporter: Reporter | None = None) -> SensitivityReport:
+                        split: bool = False, kept16: bool = True,
+                        reporter: Reporter | None = None) -> SensitivityReport:
     """Measure every layer of ``model`` alone and kept in 16 bits (see the module docstring).
 
     Args:
@@ -441,6 +442,8 @@ def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: S
         samples: input dicts; every variant runs on all of them.
         split: also measure a linear layer's activation and weights alone, each without the other
             (one more variant per linear layer).
+        kept16: also measure each layer kept in 16 bits with the rest quantized (``False``: rank only;
+            with ``split``, a linear layer's ``alone`` is then the power sum of its two parts).
         reporter: progress (stage ``sensitivity``, one unit per proxy run) and cancel.
     """
     reporter = as_reporter(reporter)
@@ -450,7 +453,7 @@ def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: S
     proxy = build_proxy(float_model, model)
     runner = ProxyRunner(proxy, samples)
     seconds["proxy"] = time.perf_counter() - started
-    plans = _plans(proxy, split)
+    plans = _plans(proxy, split, kept16)
     total = (len(plans) + 1) * len(samples)
     step = time.perf_counter()
     with reporter.stage("sensitivity", total=total, message=f"{len(plans)} variants on {len(samples)} samples"):
@@ -469,23 +472,38 @@ def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: S
     return SensitivityReport(rows, baseline, len(samples), total, seconds)
 
 
-def _plans(proxy: ProxyModel, split: bool) -> dict[tuple[str, str], np.ndarray]:
+def _plans(proxy: ProxyModel, split: bool, kept16: bool) -> dict[tuple[str, str], np.ndarray]:
     plans = {}
     for layer in proxy.layers:
         tensors = [t for t in layer.tensors if t in proxy.tensor_slots]
         weights = [layer.weight_node] if layer.weight_node else []
         if not tensors and not weights:
             continue
-        plans[(layer.name, "alone")] = proxy.mask(low=tensors, weights_low=weights)
         if split and tensors and weights:
             plans[(layer.name, "activation")] = proxy.mask(low=tensors)
             plans[(layer.name, "weights")] = proxy.mask(weights_low=weights)
-        plans[(layer.name, "kept16")] = proxy.all_low(except_layer=layer)
+            if kept16:  # without kept16 (a search that only ranks), "alone" is the sum of the two noises
+                plans[(layer.name, "alone")] = proxy.mask(low=tensors, weights_low=weights)
+        else:
+            plans[(layer.name, "alone")] = proxy.mask(low=tensors, weights_low=weights)
+        if kept16:
+            plans[(layer.name, "kept16")] = proxy.all_low(except_layer=layer)
     return plans
 
 
+def _combined(first: Mapping | None, second: Mapping | None) -> dict[str, float | None]:
+    """Two independent noises add in power: the SQNR of both from each one's (cosine: the worse one's)."""
+    present = [s for s in (first, second) if s and s["sqnr_db"] is not None]
+    if not present:
+        return {"sqnr_db": None, "cosine": None}
+    noise = sum(10 ** (-s["sqnr_db"] / 10) for s in present)
+    return {"sqnr_db": -10 * math.log10(noise) if noise > 0 else 999.0,
+            "cosine": min((s["cosine"] for s in present if s["cosine"] is not None), default=None)}
+
+
 def _row(layer: Layer, scores: Mapping, baseline: Mapping, points: Mapping) -> dict[str, Any]:
-    alone = scores.get((layer.name, "alone"), {"sqnr_db": None, "cosine": None})
+    alone = scores.get((layer.name, "alone")) or _combined(scores.get((layer.name, "activation")),
+                                                           scores.get((layer.name, "weights")))
     kept = scores.get((layer.name, "kept16"))
     gain = (kept["sqnr_db"] - baseline["sqnr_db"]) if kept and kept["sqnr_db"] is not None and \
         baseline["sqnr_db"] is not None else None

@@ -4,7 +4,8 @@
    measure the target on the held-out samples with the bit-exact simulator. If it holds, stop.
 2. Rank the layers by the sensitivity analysis (:mod:`compiler_core.analysis.sensitivity`) on a few
    *calibration* samples (the held-out ones only judge): the output noise a layer injects when it
-   alone is quantized, its activation and its weights measured apart. A layer gets int16
+   alone is quantized, its activation and its weights measured apart (the int16 variants of the
+   analysis are not run: the ranking needs only these). A layer gets int16
    activations when its activation noise is at least :data:`PART_SHARE` of its noise, int16 weights
    likewise. Layers whose outputs share quantization parameters (a data-movement op and its input,
    Concat inputs with the multi-layer methods, masked Adds) form one unit: the quantizer gives a
@@ -193,7 +194,7 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         samples = [sample for _, sample in zip(range(settings.sensitivity_samples), calibration)]
         from compiler_core.analysis.sensitivity import analyze_sensitivity
 
-        report = analyze_sensitivity(float_graph, base_model, samples, split=True, reporter=reporter)
+        report = analyze_sensitivity(float_graph, base_model, samples, split=True, kept16=False, reporter=reporter)
         sensitivity = report.to_dict()
         seconds["sensitivity"] = time.perf_counter() - step
         step = time.perf_counter()
