@@ -231,8 +231,13 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     mblt = mblt_compile(source, folder / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
                         constant_inputs=entry.constant_inputs or None)
     specs = corpus._mblt_inputs(mblt)
-    calib = [entry.feed(specs, "calib", i) for i in range(corpus.N_CALIB + args.amp_holdout)]
     evaluation = [entry.feed(specs, "eval", i) for i in range(corpus.N_EVAL)]
+    n_calib = corpus.N_CALIB
+    corpus.N_CALIB = n_calib + args.amp_holdout  # the feeds size their calibration pools from it
+    try:
+        calib = [entry.feed(specs, "calib", i) for i in range(corpus.N_CALIB)]
+    finally:
+        corpus.N_CALIB = n_calib
     manifest = corpus.write_manifest(folder / f"{name}_calib", calib)
     reference = ort_outputs(mblt, evaluation)
     common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": args.amp_holdout,
