@@ -321,8 +321,7 @@ class ProxyRunner:
 
     Args:
         proxy: the model.
-        samples: input dicts (model input name -> array).
-        keep_tensors: also record the FP32 value of every quantized tensor (for clipping statistics).
+        samples: input dicts (model input name -> array); the FP32 reference runs once per sample here.
     """
 
     def __init__(self, proxy: ProxyModel, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
