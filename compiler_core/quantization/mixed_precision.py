@@ -16,7 +16,8 @@
    prefix), each one quantized and measured bit-exactly on the held-out samples, with its
    estimated latency on the target device. A prefix stops growing once a point exceeds
    ``maxInt16Fraction`` (counted on the program: layers with any int16 input, output or weights,
-   so the readers of a widened tensor count too) or the latency budget.
+   so the readers of a widened tensor count too) or the latency budget; a bisection then looks for
+   the longest prefix within the limits.
 4. The chosen point is the smallest passing prefix (or, if none passes, the most accurate point
    tried); its layers become exact-name entries of ``bit.layerOverrides.activation16Bits`` /
    ``weight16Bits`` in the resolved config, with ``mixedPrecision.apply`` off, so compiling that
@@ -229,7 +230,7 @@ class _Search:
         allowed = _prefix_within(units, limit)
         if allowed == 0:
             return
-        failing, passing = 0, None
+        failing, passing, over = 0, None, None
         size = 1
         while size <= allowed:
             point = self._try(units, size)
@@ -237,11 +238,14 @@ class _Search:
                 passing = size
                 break
             if not point["within_limits"]:
-                break  # a longer prefix only costs more
+                over = size  # a longer prefix only costs more
+                break
             failing = size
             if size == allowed:
                 break
             size = min(size * 2, allowed)
+        if passing is None and over is not None:
+            passing = self._largest_within(units, failing, over)
         if passing is None:
             return
         for _ in range(MAX_BISECTION_STEPS):
@@ -252,6 +256,21 @@ class _Search:
                 passing = middle
             else:
                 failing = middle
+
+    def _largest_within(self, units: Sequence[Unit], within: int, over: int) -> int | None:
+        """Bisect between a prefix within the limits and one past them; a passing size if one is met."""
+        for _ in range(MAX_BISECTION_STEPS):
+            if over - within <= 1:
+                return None
+            middle = (within + over) // 2
+            point = self._try(units, middle)
+            if point["meets_target"]:
+                return middle
+            if point["within_limits"]:
+                within = middle
+            else:
+                over = middle
+        return None
 
     def _try(self, units: Sequence[Unit], size: int) -> dict[str, Any]:
         chosen = units[:size]
