@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 MASK_INPUT = "qb_sensitivity_mask"
 DEFAULT_SAMPLES = 2
+STATISTICS_GROUP = 8
+"""Tensors fetched per onnxruntime run for the clipping statistics (all at once held PP-OCR det's 640x640
+activations of every layer, and onnxruntime's buffers for them, in memory at the same time)."""
 WEIGHT_KINDS = {"linear"}
 
 
@@ -366,11 +369,16 @@ def tensor_statistics(float_model: ir.Model, model: QuantizedModel, names: Seque
     inputs = [item.name for item in session.get_inputs()]
     totals: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in names}
     for sample in samples:
-        values = dict(zip(exposed, session.run(exposed, {name: np.asarray(sample[name]) for name in inputs})))
-        values.update({spec.name: np.asarray(sample[spec.name]) for spec in model.inputs if spec.name in sample})
-        for name in names:
-            if name in values:
-                _accumulate(totals[name], np.asarray(values[name], dtype=np.float64), model.params(name))
+        feeds = {name: np.asarray(sample[name]) for name in inputs}
+        for spec in model.inputs:
+            if spec.name in totals and spec.name in sample:
+                _accumulate(totals[spec.name], np.asarray(sample[spec.name], dtype=np.float64),
+                            model.params(spec.name))
+        for start in range(0, len(exposed), STATISTICS_GROUP):  # bounded memory: a few tensors per run
+            group = exposed[start:start + STATISTICS_GROUP]
+            for name, value in zip(group, session.run(group, feeds)):
+                if name in totals:
+                    _accumulate(totals[name], np.asarray(value, dtype=np.float64), model.params(name))
     return {name: _point_row(model.params(name), total) for name, total in totals.items()}
 
 
@@ -431,7 +439,7 @@ class SensitivityReport:
 
 
 def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: Sequence[Mapping[str, np.ndarray]], *,
-                        split: bool = False, kept16: bool = True,
+                        split: bool = False, kept16: bool = True, statistics: bool = True,
                         reporter: Reporter | None = None) -> SensitivityReport:
     """Measure every layer of ``model`` alone and kept in 16 bits (see the module docstring).
 
@@ -443,6 +451,8 @@ def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: S
             (one more variant per linear layer).
         kept16: also measure each layer kept in 16 bits with the rest quantized (``False``: rank only;
             with ``split``, a linear layer's ``alone`` is then the power sum of its two parts).
+        statistics: also measure each quantization point's clipping ratio and rmse/scale (``point``;
+            ``None`` without).
         reporter: progress (stage ``sensitivity``, one unit per proxy run) and cancel.
     """
     reporter = as_reporter(reporter)
@@ -460,7 +470,7 @@ def analyze_sensitivity(float_model: ir.Model, model: QuantizedModel, samples: S
         scores = {key: runner.score(mask, reporter) for key, mask in plans.items()}
     seconds["variants"] = time.perf_counter() - step
     step = time.perf_counter()
-    points = tensor_statistics(float_model, model, list(proxy.tensor_slots), samples)
+    points = tensor_statistics(float_model, model, list(proxy.tensor_slots), samples) if statistics else {}
     seconds["statistics"] = time.perf_counter() - step
     rows = [_row(layer, scores, baseline, points) for layer in proxy.layers]
     rows.sort(key=lambda row: row["alone"]["sqnr_db"] if row["alone"]["sqnr_db"] is not None else 1e9)

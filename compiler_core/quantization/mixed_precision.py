@@ -196,7 +196,8 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         samples = [sample for _, sample in zip(range(settings.sensitivity_samples), calibration)]
         from compiler_core.analysis.sensitivity import analyze_sensitivity
 
-        report = analyze_sensitivity(float_graph, base_model, samples, split=True, kept16=False, reporter=reporter)
+        report = analyze_sensitivity(float_graph, base_model, samples, split=True, kept16=False,
+                                     statistics=False, reporter=reporter)
         sensitivity = report.to_dict()
         seconds["sensitivity"] = time.perf_counter() - step
         step = time.perf_counter()
