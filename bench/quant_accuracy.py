@@ -27,6 +27,21 @@ us); a cached mode switch is shown as a percentage of our first run.
 
 Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40] [--runs 1] [--executor golden|qdq]
 [--json out.json]``.
+
+**Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, the
+corpus entry's real calibration data (``tests/corpus.py``: ``N_CALIB`` samples, plus ``--amp-holdout``
+more calibration-split samples on which the search checks its target) and the corpus's own held-out
+samples (other scenes / pages / the scikit-image text photo), which judge every row:
+
+- ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
+- ours AMP: the same with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
+  ``maxInt16Fraction`` 0.25, latency budget +15 %): int16 layers, their share, estimated latency
+  change on aries-rb, points tried, search time;
+- onnxruntime ``quantize_static`` (QDQ, per-channel int8) with MinMax, Percentile and Entropy
+  calibration on the same calibration samples (single-input float models only).
+
+Cosine: per held-out sample, of each output to FP32 (onnxruntime on the MBLT); the table shows the
+worst output's mean over samples.
 """
 
 from __future__ import annotations
@@ -154,6 +169,146 @@ def ratios(ours: dict, peer: dict) -> dict[str, float]:
             "top1_difference": first["top1"] - peer["top1"], "cosine_difference": first["cosine"] - peer["cosine"]}
 
 
+# -- automatic mixed precision on corpus models -----------------------------------------------------------
+
+
+def worst_cosine(reference: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> float:
+    """Worst output's mean (over samples) cosine."""
+    values = []
+    for position in range(len(reference[0])):
+        cosines = [float(realdata.cosine(np.asarray(r[position], np.float64).reshape(1, -1),
+                                         np.asarray(t[position], np.float64).reshape(1, -1))[0])
+                   for r, t in zip(reference, test)]
+        values.append(float(np.mean(cosines)))
+    return min(values)
+
+
+def mxq_outputs(mxq: Path, samples: list[dict]) -> list[list[np.ndarray]]:
+    from compiler_core.runtime import Accelerator, Model
+
+    model = Model(mxq, input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    return [[np.asarray(v) for v in model.infer(sample)] for sample in samples]
+
+
+def ort_outputs(path: Path | bytes, samples: list[dict]) -> list[list[np.ndarray]]:
+    session = realdata.ort_session(path)
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    return [[np.asarray(v) for v in session.run(names, {k: v for k, v in s.items() if k in inputs})]
+            for s in samples]
+
+
+class ArrayReader:
+    """onnxruntime ``CalibrationDataReader`` over in-memory samples."""
+
+    def __init__(self, samples: list[dict]) -> None:
+        self.samples = iter(samples)
+
+    def get_next(self):
+        return next(self.samples, None)
+
+
+def ort_static(source: Path, samples: list[dict], output: Path, method: str) -> Path:
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ort.set_default_logger_severity(3)
+    pre = realdata.ort_preprocess(source, output.with_suffix(".pre.onnx"))
+    quantize_static(str(pre), str(output), ArrayReader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=getattr(CalibrationMethod, method))
+    return output
+
+
+def run_amp_model(name: str, args, folder: Path) -> dict:
+    import corpus
+
+    from compiler_core.api import mblt_compile, mxq_compile
+
+    entry = corpus.corpus_by_name()[name]
+    source = entry.source()
+    mblt = mblt_compile(source, folder / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
+                        constant_inputs=entry.constant_inputs or None)
+    specs = corpus._mblt_inputs(mblt)
+    evaluation = [entry.feed(specs, "eval", i) for i in range(corpus.N_EVAL)]
+    n_calib = corpus.N_CALIB
+    corpus.N_CALIB = n_calib + args.amp_holdout  # the feeds size their calibration pools from it
+    try:
+        calib = [entry.feed(specs, "calib", i) for i in range(corpus.N_CALIB)]
+    finally:
+        corpus.N_CALIB = n_calib
+    manifest = corpus.write_manifest(folder / f"{name}_calib", calib)
+    reference = ort_outputs(mblt, evaluation)
+    common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": args.amp_holdout,
+              "calibration_config": {"numSamples": corpus.N_CALIB}}
+    rows = {}
+    started = time.perf_counter()
+    int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **common)
+    rows["ours int8"] = {"cosine": worst_cosine(reference, mxq_outputs(int8.mxq_path, evaluation)),
+                         "seconds": time.perf_counter() - started,
+                         "latency_ms": next(iter(int8.schedule.values()))["latency_ms"]}
+    kind, _, value = args.amp_target.partition("=")
+    started = time.perf_counter()
+    amp = mxq_compile(mblt, save_path=folder / f"{name}_amp.mxq", mixed_precision_config={
+        "apply": True, "target": {"kind": kind, "value": float(value)}, "maxInt16Fraction": args.amp_fraction,
+        "latencyBudget": args.amp_budget}, **common)
+    mixed = amp.mixed_precision
+    chosen = mixed["points"][mixed["chosen"]]
+    rows["ours AMP"] = {"cosine": worst_cosine(reference, mxq_outputs(amp.mxq_path, evaluation)),
+                        "seconds": time.perf_counter() - started, "target_met": mixed["target_met"],
+                        "holdout_metric": chosen["metric"], "int16_layers": chosen["int16_layers"],
+                        "int16_fraction": chosen["int16_fraction"], "latency_increase": chosen["latency_increase"],
+                        "latency_ms": chosen["latency_ms"], "points": len(mixed["points"]),
+                        "search_seconds": mixed["seconds"],
+                        "tried": [{k: p[k] for k in ("units", "int16_layers", "int16_fraction", "metric",
+                                                      "latency_increase", "pareto", "chosen")}
+                                  for p in mixed["points"]]}
+    if len(specs) == 1 and source.suffix == ".onnx":
+        ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib[:corpus.N_CALIB]]
+        ort_eval = [{_source_input(source): s[specs[0].name]} for s in evaluation]
+        for method in ("MinMax", "Percentile", "Entropy"):
+            started = time.perf_counter()
+            try:
+                path = ort_static(source, ort_calib, folder / f"{name}_ort_{method}.onnx", method)
+                rows[f"onnxruntime {method}"] = {"cosine": worst_cosine(reference, ort_outputs(path, ort_eval)),
+                                                 "seconds": time.perf_counter() - started}
+            except Exception as error:  # a peer failure is a table cell, not the end of the bench
+                rows[f"onnxruntime {method}"] = {"error": f"{type(error).__name__}: {error}"[:200]}
+    return rows
+
+
+def _source_input(source: Path) -> str:
+    return realdata.ort_session(source).get_inputs()[0].name
+
+
+def print_amp(report: dict) -> None:
+    print(f"\nAutomatic mixed precision, target {report['target']} on {report['holdout']} calibration-split samples, "
+          f"judged on the corpus's held-out samples (aries-rb)")
+    print(f"{'model':18s} {'tool':24s} {'cosine':>8s} {'int16':>9s} {'est. lat.':>9s} {'points':>6s} {'seconds':>8s}")
+    for model, rows in report["models"].items():
+        for tool, row in rows.items():
+            if "error" in row:
+                print(f"{model:18s} {tool:24s} {row['error']}")
+                continue
+            share = f"{row['int16_layers']} {row['int16_fraction']:4.0%}" if "int16_layers" in row else ""
+            latency = f"{row['latency_increase']:+.1%}" if "latency_increase" in row else ""
+            print(f"{model:18s} {tool:24s} {row['cosine']:8.4f} {share:>9s} {latency:>9s} "
+                  f"{row.get('points', ''):>6} {row['seconds']:8.1f}")
+
+
+def main_amp(args) -> None:
+    report = {"target": args.amp_target, "holdout": args.amp_holdout, "models": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-amp-") as scratch:
+        for name in args.amp.split(","):
+            os.environ.setdefault("QBCOMPILER_CACHE_DIR", str(Path(scratch) / "cache"))
+            report["models"][name] = run_amp_model(name, args, Path(scratch))
+            print(name, json.dumps(report["models"][name], default=str)[:2000], flush=True)
+    print_amp(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=64, help="calibration photos (default 64)")
@@ -162,11 +317,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--executor", choices=("golden", "qdq"), default="golden",
                         help="run our quantized model with the golden executor or as QDQ in onnxruntime")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--amp", metavar="NAMES", help="automatic mixed precision on these corpus models instead")
+    parser.add_argument("--amp-target", default="cosine=0.99", help="AMP target KIND=VALUE (default cosine=0.99)")
+    parser.add_argument("--amp-holdout", type=int, default=4, help="calibration-split samples the search judges on")
+    parser.add_argument("--amp-fraction", type=float, default=0.25, help="maxInt16Fraction (default 0.25)")
+    parser.add_argument("--amp-budget", type=float, default=0.15, help="latency budget (default 0.15)")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
+    if args.amp:
+        main_amp(args)
+        return
     import onnxruntime  # noqa: F401  (imported before any timing, for both tools)
 
     from compiler_core.api import mblt_compile

@@ -202,6 +202,49 @@ def quantize(
     return quantize_mblt(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter, analysis=analysis)
 
 
+def sensitivity(
+    mblt_path: str | Path,
+    calib_data_path: str | Path | Sequence[str | Path] | None = None,
+    *,
+    compile_config: Any = None,
+    config_preset: str | None = None,
+    use_random_calib: bool | None = None,
+    samples: int = 2,
+    split: bool = False,
+    callback: ProgressCallback | None = None,
+    cancel_token: CancelToken | None = None,
+    **config_args: Any,
+):
+    """Per-layer sensitivity of an MBLT: each layer quantized alone, and kept in int16 with the rest quantized.
+
+    Runs on the statistics cache (calibrating once when the data is new) and a fake-quantization
+    proxy in onnxruntime; see :mod:`compiler_core.analysis.sensitivity`.
+
+    Args:
+        mblt_path: The parsed model.
+        calib_data_path: Calibration data (as for :func:`quantize`).
+        compile_config: CompileConfig, dict, or path to a JSON/YAML file.
+        config_preset: Preset name.
+        use_random_calib: Random calibration data (smoke tests only).
+        samples: Held-out samples every variant runs on (more: steadier ranking, longer run).
+        split: Also measure a linear layer's activation and weights apart.
+        callback: Progress events (stage ``sensitivity``: one unit per proxy run).
+        cancel_token: Cancels between proxy runs.
+        **config_args: Explicit CompileConfig arguments.
+
+    Returns:
+        A :class:`~compiler_core.analysis.sensitivity.SensitivityReport` (``.layers`` most sensitive first).
+    """
+    from compiler_core.analysis.sensitivity import mblt_sensitivity
+    from compiler_core.config import resolve_config
+
+    reporter = as_reporter(callback, cancel_token)
+    config = resolve_config(compile_config=compile_config, config_preset=config_preset,
+                            use_random_calib=use_random_calib, **config_args)
+    return mblt_sensitivity(mblt_path, config, calib_data_path=calib_data_path, reporter=reporter, samples=samples,
+                            split=split)
+
+
 def _is_mblt(model: Any) -> bool:
     if not isinstance(model, (str, Path)) or not Path(model).is_file():
         return False

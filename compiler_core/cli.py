@@ -362,10 +362,69 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
                          save_path=args.output, compile_config=args.compile_config, config_preset=args.config_preset,
                          use_random_calib=args.use_random_calib or None, cpu_offload=args.cpu_offload,
                          inference_scheme=args.inference_scheme, config_save_path=args.config_save_path,
+                         mixed_precision_config=_mixed_precision_option(args),
                          callback=out.progress, **{k: v for k, v in options.items() if v is not None})
     payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict()}
     out.result(payload, _compile_text(payload))
     return payload
+
+
+def _mixed_precision_option(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--mixed-precision KIND=VALUE`` (and its limits) as a mixedPrecision sub-config, or None."""
+    section: dict[str, Any] = {}
+    if getattr(args, "mixed_precision", None):
+        kind, _, value = args.mixed_precision.partition("=")
+        if kind not in ("cosine", "sqnrDb", "top1") or not value:
+            raise ArgumentError(f"--mixed-precision '{args.mixed_precision}' is not KIND=VALUE.",
+                                hint="Use cosine=0.99, sqnrDb=30 or top1=0.95.")
+        try:
+            section = {"apply": True, "target": {"kind": kind, "value": float(value)}}
+        except ValueError as error:
+            raise ArgumentError(f"--mixed-precision value '{value}' is not a number.",
+                                hint="Use cosine=0.99, sqnrDb=30 or top1=0.95.") from error
+    for key, name in (("maxInt16Fraction", "max_int16_fraction"), ("latencyBudget", "latency_budget")):
+        if getattr(args, name, None) is not None:
+            section[key] = getattr(args, name)
+    return section or None
+
+
+def cmd_analyze(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.api import sensitivity
+    from compiler_core.fileio import atomic_write_text
+
+    started = time.perf_counter()
+    report = sensitivity(args.mblt, args.calib_data_path, compile_config=args.compile_config,
+                         config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
+                         target_device=args.target_device, samples=args.samples, split=args.split,
+                         callback=out.progress)
+    document = report.to_dict()
+    written = [str(atomic_write_text(args.output, json.dumps(document, indent=2)))] if args.output else []
+    payload = {"command": "analyze", "seconds": round(time.perf_counter() - started, 3), "samples": report.samples,
+               "variants": report.variants, "baseline": report.baseline, "layers": report.layers[:args.top],
+               "written": written}
+    out.result(payload, _analyze_text(payload))
+    return payload
+
+
+def _analyze_text(payload: dict[str, Any]) -> str:
+    base = payload["baseline"]
+    lines = [f"Sensitivity of {len(payload['layers'])} most sensitive layer(s) ({payload['variants']} proxy runs, "
+             f"{payload['seconds']:.1f} s); everything quantized: SQNR {_number(base['sqnr_db'])} dB, "
+             f"cosine {_number(base['cosine'], 5)}",
+             f"{'rank':>4}  {'layer':32s} {'op':14s} {'alone dB':>9s} {'int16 +dB':>9s} {'clip %':>7s} {'rmse/s':>7s}"]
+    for row in payload["layers"]:
+        point = row.get("point") or {}
+        clip = point.get("clip_ratio")
+        lines.append(f"{row['rank']:>4}  {row['layer'][:32]:32s} {row['op'][:14]:14s} "
+                     f"{_number(row['alone']['sqnr_db']):>9s} {_number(row['gain_db']):>9s} "
+                     f"{_number(None if clip is None else 100 * clip, 3):>7s} "
+                     f"{_number(point.get('rmse_over_scale'), 2):>7s}")
+    lines.extend(f"Wrote {path}" for path in payload["written"])
+    return "\n".join(lines)
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
@@ -422,6 +481,13 @@ def _compile_text(payload: dict[str, Any]) -> str:
                  f"{' (cached statistics)' if payload['statistics_from_cache'] else ''}")
     if payload["cpu_offload"]:
         lines.append(f"  CPU offload: head={payload['cpu_offload']['head']} tail={payload['cpu_offload']['tail']}")
+    mixed = payload.get("mixed_precision")
+    if mixed:
+        target = mixed["target"]
+        lines.append(f"  mixed precision: {target['kind']} >= {target['value']} "
+                     f"{'met' if mixed['target_met'] else 'NOT met'} ({mixed['metric']:.5f}) with "
+                     f"{mixed['int16_layers']} int16 layer(s) ({mixed['int16_fraction']:.0%}), estimated latency "
+                     f"{mixed['latency_increase']:+.1%}; {mixed['points_tried']} points tried")
     lines.extend(_metric_lines(payload["outputs"]))
     if payload["analysis_file"]:
         lines.append(f"  analysis ({samples['holdout']} held-out samples): {payload['analysis_file']}")
@@ -542,6 +608,13 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
                         help="core modes to compile (REGULUS: single)")
     parser.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=None,
                         help="run unsupported head/tail layers on the CPU")
+    parser.add_argument("--mixed-precision", metavar="KIND=VALUE",
+                        help="automatic mixed precision: promote layers to int16 until the held-out target holds "
+                             "(cosine=0.99, sqnrDb=30, top1=0.95)")
+    parser.add_argument("--max-int16-fraction", type=float, metavar="F",
+                        help="mixed precision: largest share of int16 layers (default 0.25)")
+    parser.add_argument("--latency-budget", type=float, metavar="F",
+                        help="mixed precision: largest estimated latency increase (0.15 = +15 %%)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -607,6 +680,20 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("--qdq-output", metavar="FILE.onnx", help="also write the QDQ ONNX model")
     quantize.add_argument("--analysis-output", metavar="FILE.json", help="write the full accuracy analysis")
     quantize.set_defaults(handler=cmd_quantize)
+
+    analyze = sub.add_parser("analyze", help="per-layer sensitivity: each layer quantized alone, and kept in int16")
+    analyze.add_argument("--mblt", required=True, help="parsed MBLT file")
+    analyze.add_argument("--target-device", help="aries-rb, regulus-ra, regulus-rb or regulus-rb-usb")
+    analyze.add_argument("--calib-data-path", action="append", metavar="PATH",
+                         help="images folder, .npy folder, .txt list or JSON manifest (repeatable)")
+    analyze.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
+    analyze.add_argument("--config-preset", help="preset name (see `qbcompiler presets`)")
+    analyze.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig")
+    analyze.add_argument("--samples", type=int, default=2, help="held-out samples per variant (default 2)")
+    analyze.add_argument("--split", action="store_true", help="also measure activations and weights apart")
+    analyze.add_argument("--top", type=int, default=15, help="layers shown (default 15; the JSON has all)")
+    analyze.add_argument("--output", "-o", metavar="FILE.json", help="write the full report")
+    analyze.set_defaults(handler=cmd_analyze)
 
     info = sub.add_parser("info", help="show an MBLT's provenance and summary")
     info.add_argument("--mblt", help="MBLT file")

@@ -18,7 +18,7 @@ import onnx_ir as ir
 from compiler_core import __version__
 from compiler_core.backend.partition import Partition, partition
 from compiler_core.config import CompileConfig
-from compiler_core.errors import ArgumentError, UnsupportedOpsError
+from compiler_core.errors import ArgumentError, ConfigError, UnsupportedOpsError
 from compiler_core.fileio import atomic_write_text
 from compiler_core.mblt.io import describe_inputs
 from compiler_core.mxq import write_mxq
@@ -52,6 +52,7 @@ class CompileResult:
     support: dict[str, int]
     cpu_offload: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mixed_precision: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary (the CLI's ``result`` line)."""
@@ -62,7 +63,7 @@ class CompileResult:
                 "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
                 "analysis": self.quantize.analysis.get("summary", {}),
                 "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary(),
-                "estimate": self.schedule}
+                "estimate": self.schedule, "mixed_precision": _mixed_summary(self.mixed_precision)}
 
 
 def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, reporter: Reporter,
@@ -75,12 +76,16 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     session = MbltSession.open(mblt_path)  # the only read and hash of the MBLT in this compile
     graph = session.graph
     parts, support = _check_and_split(graph, device, config, reporter)
+    mixed = _mixed_precision(session, config, parts, reporter, calib_data_path)
+    config = mixed.config if mixed is not None else config
     result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
                            body_path=parts.body if parts is not None else None,
                            head=parts.head if parts is not None else None)
     with reporter.stage("schedule", total=len(core_modes), message="estimating each core mode"):
         schedule = {mode: estimate(result.model, device, mode).to_dict() for mode in core_modes}
         reporter.advance(len(core_modes))
+    if mixed is not None:
+        result.analysis["mixed_precision"] = mixed.to_dict()
     document, consts = to_document(result.model)
     document["schedule"] = schedule
     meta = _meta(session, device, core_modes, config, result, parts)
@@ -91,7 +96,30 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     saved_config = Path(atomic_write_text(config_save_path, json.dumps(
         config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
     return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
-                         parts.to_dict() if parts else {}, schedule)
+                         parts.to_dict() if parts else {}, schedule, mixed.to_dict() if mixed is not None else {})
+
+
+def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partition | None, reporter: Reporter,
+                     calib_data_path):
+    """With ``mixedPrecision.apply``: the chosen int16 layers (the config the compile then uses), else ``None``."""
+    if not config.mixed_precision.apply:
+        return None
+    if parts is not None:
+        raise ConfigError("mixedPrecision does not work together with cpu_offload yet.",
+                          hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
+    from compiler_core.quantization.mixed_precision import choose_mixed_precision
+
+    return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter)
+
+
+def _mixed_summary(mixed: dict[str, Any]) -> dict[str, Any]:
+    """The mixed-precision outcome without the per-point and sensitivity detail (in the analysis JSON)."""
+    if not mixed:
+        return {}
+    chosen = mixed["points"][mixed["chosen"]]
+    return {"target": mixed["target"], "target_met": mixed["target_met"], "overrides": mixed["overrides"],
+            "points_tried": len(mixed["points"]), "metric": chosen["metric"], "int16_layers": chosen["int16_layers"],
+            "int16_fraction": chosen["int16_fraction"], "latency_increase": chosen["latency_increase"]}
 
 
 def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Reporter, calib_data_path=None) -> bool:

@@ -105,6 +105,7 @@ class MainWindow(QMainWindow):
         self.runner = JobRunner(self)
         self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
+        self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
@@ -273,6 +274,8 @@ class MainWindow(QMainWindow):
         self.act_quit = self._action("&Quit", self.close, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
+        self.act_sensitivity = self._action("Analyze Layer &Sensitivity…", self.start_sensitivity, None,
+                                            "Rank the layers by the accuracy each one loses (cached statistics)")
         self.act_cancel.setEnabled(False)
         self.act_about = self._action("&About qb Studio", self.show_about)
         self.act_about_qt = self._action("About &Qt", lambda: QMessageBox.aboutQt(self))
@@ -292,7 +295,7 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(self.act_quit)
         compile_menu = bar.addMenu("&Compile")
-        compile_menu.addActions([self.act_compile, self.act_cancel])
+        compile_menu.addActions([self.act_compile, self.act_sensitivity, self.act_cancel])
         view_menu = bar.addMenu("&View")
         for index, title in enumerate(TABS):
             action = self._action(title.replace("&&", "&"), lambda _=False, i=index: self.tabs.setCurrentIndex(i),
@@ -690,6 +693,45 @@ class MainWindow(QMainWindow):
         self.run_panel.finished("Cancelled")
         self.statusBar().showMessage("Compile cancelled; nothing was written.", 6000)
         self._outcomes["compile"] = "cancelled"
+
+    def start_sensitivity(self) -> bool:
+        """Run the layer sensitivity analysis with the current settings in the background; show its table."""
+        from qbstudio.tasks import sensitivity_report
+
+        if self.loaded is None or not self.project.has_mblt:
+            dialogs.show_error(self, "Nothing to analyze", "Import a model first.")
+            return False
+        if not self._idle("analyze sensitivity"):
+            return False
+        readiness = self.readiness()
+        if not readiness.ok:
+            dialogs.show_error(self, "Cannot analyze", readiness.reason)
+            return False
+        calibration = self.project.calibration
+        worker = Worker("sensitivity", sensitivity_report, self.project.mblt_path, self.project.settings.config,
+                        calibration.path, calibration.use_random)
+        worker.progress.connect(self.run_panel.show_progress)
+        worker.succeeded.connect(self._on_sensitivity)
+        worker.failed.connect(self._on_sensitivity_failed)
+        worker.cancelled.connect(lambda: self.run_panel.finished("Sensitivity analysis cancelled"))
+        self.tabs.setCurrentIndex(2)
+        self.runner.start("compile", worker)  # one heavy job at a time: it shares the compile slot
+        return True
+
+    def _on_sensitivity(self, report: dict) -> None:
+        from qbstudio.widgets.sensitivity_view import SensitivityDialog
+
+        self.run_panel.finished("Sensitivity analysis done")
+        if self.sensitivity_dialog is None:
+            self.sensitivity_dialog = SensitivityDialog(self)
+            self.sensitivity_dialog.view.use_int16.connect(self.use_int16_for)
+        self.sensitivity_dialog.view.set_report(report)
+        self.sensitivity_dialog.show()
+        self.sensitivity_dialog.raise_()
+
+    def _on_sensitivity_failed(self, error: Exception) -> None:
+        self.run_panel.finished(f"Failed: {getattr(error, 'code', type(error).__name__)}")
+        dialogs.show_error(self, "Sensitivity analysis failed", error)
 
     def cancel_jobs(self) -> None:
         """Cancel the running compile or model job."""

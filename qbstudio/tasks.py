@@ -92,3 +92,13 @@ def compile_run(mblt_path: Path, save_path: Path, config: CompileConfig, calib_d
                   for name in (row["name"], *row.get("nodes", []))}
     return CompileOutcome(result.to_dict(), read_analysis(result.analysis_path), precisions,
                           time.perf_counter() - started)
+
+
+def sensitivity_report(mblt_path: Path, config: CompileConfig, calib_data_path: str | None, use_random: bool, *,
+                       samples: int = 2, callback=None, cancel_token=None) -> dict[str, Any]:
+    """The per-layer sensitivity of the project's MBLT under ``config`` (``SensitivityReport.to_dict()``)."""
+    from compiler_core.api import sensitivity
+
+    report = sensitivity(mblt_path, calib_data_path, compile_config=config, use_random_calib=use_random or None,
+                         samples=samples, callback=callback, cancel_token=cancel_token)
+    return report.to_dict()

@@ -1,7 +1,7 @@
 """Quantization of real trained models on real data: accuracy, exactness against QDQ, a peer, the cache.
 
 - Fashion-MNIST CNN (the bundled sample, trained on the real train split): int8 accuracy on all
-  10,000 test images within 1.0 point of FP32.
+  10,000 test images within 0.1 point of FP32.
 - Exactness: the golden executor and the exported QDQ model in onnxruntime agree within one step on
   at least 99.9 % of output elements (Fashion CNN and MobileNetV2).
 - MobileNetV2 calibrated on real photos keeps the FP32 top-1 class at least as often as
@@ -110,7 +110,7 @@ def test_fashion_batched_golden_runs_equal_run_codes(fashion, fashion_per_sample
     assert np.array_equal(per_sample, fashion.codes[:200])
 
 
-def test_fashion_int8_accuracy_within_one_point_of_fp32(fashion, fashion_per_sample):
+def test_fashion_int8_accuracy_within_a_tenth_of_a_point_of_fp32(fashion, fashion_per_sample):
     assert np.array_equal(fashion_per_sample[1], fashion.codes[:200]), "batched golden runs drifted from run_codes"
     fp32 = run_float(fashion.mblt, fashion.feeds, "logits")
     fp32_accuracy = 100 * np.mean(fp32.argmax(1) == fashion.labels)
@@ -120,7 +120,7 @@ def test_fashion_int8_accuracy_within_one_point_of_fp32(fashion, fashion_per_sam
           f"images): FP32 {fp32_accuracy:.2f} %  int8 {int8_accuracy:.2f} %  "
           f"(delta {int8_accuracy - fp32_accuracy:+.2f}; same class as FP32 on {agreement:.2f} %)")
     assert fp32_accuracy > 90.0  # the README's 91.42 %: the data and the model are the real ones
-    assert int8_accuracy >= fp32_accuracy - 1.0
+    assert int8_accuracy >= fp32_accuracy - 0.1  # issue 12; measured 91.35 % vs 91.42 % (-0.07)
 
 
 def test_fashion_golden_matches_qdq_within_one_step(fashion, fashion_per_sample):

@@ -303,6 +303,29 @@ class CrossLayerEqualizationConfig(ConfigSection):
                           "convolution directly, from the calibrated per-channel ranges (exact in float).")
 
 
+class MixedPrecisionTarget(ConfigSection):
+    """The accuracy automatic mixed precision must reach on the held-out samples (``mixedPrecision.target``)."""
+
+    kind: Literal["cosine", "sqnrDb", "top1"] = Field(
+        "cosine", description="cosine: worst output's mean cosine to FP32; sqnrDb: worst output SQNR (dB); "
+                              "top1: worst classifier output's top-1 agreement with FP32 (0..1).")
+    value: float = Field(0.99, description="The value to reach (at least).")
+
+
+class MixedPrecisionConfig(ConfigSection):
+    """Automatic mixed precision: promote the most sensitive layers to int16 until a target holds (``mixedPrecision``)."""
+
+    apply: bool = Field(False, description="Choose int16 layers automatically before quantizing.")
+    target: MixedPrecisionTarget = Field(default_factory=MixedPrecisionTarget, description="Accuracy target.")
+    max_int16_fraction: float = Field(
+        0.25, ge=0, le=1, description="Largest share of the layers that may become int16 (activations or weights).")
+    latency_budget: float | None = Field(
+        None, ge=0, description="Largest estimated latency increase over the int8 program, as a fraction "
+                                "(0.15 = +15 %, first core mode, cost model estimate); none: unbounded.")
+    sensitivity_samples: PositiveInt = Field(
+        2, description="Calibration samples the sensitivity analysis that ranks the layers runs on.")
+
+
 class LlmConfig(ConfigSection):
     """Large-language-model handling (``llm``)."""
 
@@ -359,6 +382,8 @@ class CompileConfig(ConfigSection):
         default_factory=EquivalentTransformationConfig, description="Equivalent transformation.")
     cross_layer_equalization: CrossLayerEqualizationConfig = Field(
         default_factory=CrossLayerEqualizationConfig, description="Cross-layer equalization.")
+    mixed_precision: MixedPrecisionConfig = Field(
+        default_factory=MixedPrecisionConfig, description="Automatic mixed precision.")
     llm: LlmConfig = Field(default_factory=LlmConfig, description="LLM handling.")
     save_sample: SaveSampleConfig = Field(default_factory=SaveSampleConfig, description="Sample saving.")
     quantization: QuantizationGroup | None = Field(

@@ -47,6 +47,7 @@ SUB_CONFIGS: dict[str, str] = {
     "layer_bias_correction_config": "layer_bias_correction",
     "equivalent_transformation_config": "equivalent_transformation",
     "cross_layer_equalization_config": "cross_layer_equalization",
+    "mixed_precision_config": "mixed_precision",
     "llm_config": "llm",
     "save_sample_config": "save_sample",
 }

@@ -70,10 +70,9 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                                                               timings=timings)
     started = time.perf_counter()
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
-    quantized, stats, equalized = _equalized(target, stats, config)
     model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
-    model = quantize_graph(quantized, _range_function(stats, config, equalized), config, channel_means=_channel_means(stats),
-                           mblt_sha256=session.sha256, reporter=reporter, model_outputs=model_outputs)
+    quantized, model = quantize_from_statistics(target, stats, config, mblt_sha256=session.sha256, reporter=reporter,
+                                                model_outputs=model_outputs)
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
@@ -83,6 +82,22 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                          sample_names=holdout.sources)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
+
+
+def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: CompileConfig, *, mblt_sha256: str = "",
+                             reporter: Reporter | None = None,
+                             model_outputs: frozenset[str] | None = None) -> tuple[ir.Model, QuantizedModel]:
+    """Equalize (if configured) and quantize ``target`` with already collected statistics.
+
+    Returns:
+        ``(float graph, program)``: the float graph the program was quantized from (``target`` itself,
+        or an equalized copy; the FP32 reference of any comparison) and the integer program.
+    """
+    quantized, stats, equalized = _equalized(target, stats, config)
+    model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
+                           channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
+                           model_outputs=model_outputs)
+    return quantized, model
 
 
 def calibration_statistics(session: MbltSession, config: CompileConfig, *,

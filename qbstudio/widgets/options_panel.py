@@ -55,6 +55,11 @@ NOT_IMPLEMENTED_OUTPUTS = (1, 2)
 CONFIG_FILTER = "Compile config (*.yaml *.yml *.json)"
 
 
+MIXED_KIND_LABELS = {"cosine": "Output cosine to FP32", "sqnrDb": "Output SQNR (dB)",
+                     "top1": "Top-1 agreement with FP32"}
+MIXED_KIND_DEFAULTS = {"cosine": 0.99, "sqnrDb": 30.0, "top1": 0.95}
+
+
 def card_html(name: str) -> str:
     """Rich text of the device card."""
     card = device_card(name)
@@ -87,6 +92,7 @@ class OptionsPanel(QWidget):
         layout.addWidget(self._target_group())
         layout.addWidget(self._calibration_group())
         layout.addWidget(self._precision_group())
+        layout.addWidget(self._mixed_group())
         layout.addWidget(self._options_group())
         layout.addLayout(self._file_buttons())
         layout.addStretch(1)
@@ -180,6 +186,42 @@ class OptionsPanel(QWidget):
         layout.addLayout(row)
         return group
 
+    def _mixed_group(self) -> QGroupBox:
+        group = QGroupBox("Automatic mixed precision")
+        form = QFormLayout(group)
+        self.mixed_check = self._check("Promote sensitive layers to int16 until the target holds",
+                                       "mixedPrecision.apply")
+        self.mixed_check.setObjectName("mixedPrecisionCheck")
+        self.mixed_kind = QComboBox(objectName="mixedPrecisionKind")
+        for kind, label in MIXED_KIND_LABELS.items():
+            self.mixed_kind.addItem(label, kind)
+        self.mixed_kind.currentIndexChanged.connect(self._on_mixed_kind)
+        self.mixed_value = QDoubleSpinBox(decimals=4, minimum=0.0, maximum=200.0, singleStep=0.001,
+                                          objectName="mixedPrecisionValue")
+        self.mixed_value.valueChanged.connect(lambda value: self._edit("mixedPrecision.target.value", value))
+        self.mixed_fraction = self._double_spin("mixedPrecision.maxInt16Fraction", 0.0, 1.0, 2, 0.05)
+        self.mixed_fraction.setObjectName("mixedPrecisionFraction")
+        self.mixed_budget = QDoubleSpinBox(decimals=2, minimum=-0.01, maximum=10.0, singleStep=0.05,
+                                           specialValueText="unbounded", objectName="mixedPrecisionBudget")
+        self.mixed_budget.valueChanged.connect(
+            lambda value: self._edit("mixedPrecision.latencyBudget", None if value < 0 else value))
+        form.addRow(self.mixed_check)
+        for label, widget, path in (("Target", self.mixed_kind, "mixedPrecision.target.kind"),
+                                    ("Target value (at least)", self.mixed_value, "mixedPrecision.target.value"),
+                                    ("Max. int16 share of layers", self.mixed_fraction, "mixedPrecision.maxInt16Fraction"),
+                                    ("Latency budget (+fraction)", self.mixed_budget, "mixedPrecision.latencyBudget")):
+            self._add_row(form, label, widget, path)
+        self.mixed_check.setToolTip(field_description("mixedPrecision.apply") + " The chosen layers are written "
+                                    "into the saved config (bit.layerOverrides), so the compile is reproducible.")
+        return group
+
+    def _on_mixed_kind(self) -> None:
+        kind = self.mixed_kind.currentData()
+        if self._refreshing or kind == self.settings.get("mixedPrecision.target.kind"):
+            return
+        self._apply(lambda: self.settings.set("mixedPrecision.target",
+                                              {"kind": kind, "value": MIXED_KIND_DEFAULTS[kind]}))
+
     def _options_group(self) -> QGroupBox:
         group = QGroupBox("Options")
         layout = QVBoxLayout(group)
@@ -254,11 +296,24 @@ class OptionsPanel(QWidget):
             self._refresh_applicable()
             self.int16_list.clear()
             self.int16_list.addItems(self.settings.int16_layers)
+            self._refresh_mixed(config)
             self.bias_check.setChecked(config.layer_bias_correction.apply)
             self.offload_check.setChecked(config.cpu_offload)
             self.uint8_check.setChecked(config.uint8_input.apply)
         finally:
             self._refreshing = False
+
+    def _refresh_mixed(self, config) -> None:
+        mixed = config.mixed_precision
+        self.mixed_check.setChecked(mixed.apply)
+        self._select_data(self.mixed_kind, mixed.target.kind)
+        self.mixed_value.setDecimals(1 if mixed.target.kind == "sqnrDb" else 4)
+        self.mixed_value.setMaximum(200.0 if mixed.target.kind == "sqnrDb" else 1.0)
+        self.mixed_value.setValue(mixed.target.value)
+        self.mixed_fraction.setValue(mixed.max_int16_fraction)
+        self.mixed_budget.setValue(-0.01 if mixed.latency_budget is None else mixed.latency_budget)
+        for widget in (self.mixed_kind, self.mixed_value, self.mixed_fraction, self.mixed_budget):
+            widget.setEnabled(mixed.apply)
 
     def _refresh_target(self) -> None:
         device = self.settings.device
