@@ -7,10 +7,11 @@ in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own p
   ``logits[1, N, V]`` and, per layer ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after
   RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
   keeps the padding out of the real positions).
-- :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], past_key_i[1, KVH, L, D], ...,
-  past_value_i[...])`` returns ``logits[1, 1, V]`` and the new token's ``key_i``/``value_i``
-  (``[1, KVH, 1, D]``). Cache slots ``>= position`` are masked, so the runtime writes each new entry
-  into slot ``position`` (the cache is an explicit input; the graph never copies it).
+- :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], cache_mask[1, L+1], past_key_i[1, KVH,
+  L, D], ..., past_value_i[...])`` returns ``logits[1, 1, V]`` and the new token's ``key_i``/``value_i``
+  (``[1, KVH, 1, D]``). ``cache_mask`` (bool, :func:`decode_mask`) marks the written cache slots and,
+  last, the new token; the runtime writes each new entry into slot ``position`` (the cache is an
+  explicit input; the graph never copies it).
 
 RoPE is a constant cos/sin table over the L positions (computed by the model's own rotary embedding,
 so RoPE scaling is honoured) gathered by ``position_ids``; GQA groups the query heads of one KV head
@@ -220,20 +221,17 @@ def _modules():
             return (self.lm_head(self.norm(hidden)), *present)
 
     class DecodeGraph(LlmGraph):
-        """``input_ids[1, 1], position_ids[1, 1], past_key_i, past_value_i [1, KVH, L, D]`` -> logits, new k/v."""
+        """``input_ids[1, 1], position_ids[1, 1], cache_mask[1, L+1], past_key_i, past_value_i [1, KVH, L, D]``.
 
-        def __init__(self, model: Any, shape: LlmShape) -> None:
-            super().__init__(model, shape)
-            slots = list(range(shape.max_len)) + [-1]  # the new token (last column) is always visible
-            self.register_buffer("slot_index", torch.tensor(slots, dtype=torch.int64), persistent=False)
+        ``cache_mask`` (bool) marks the cache slots already written and, last, the new token itself.
+        """
 
-        def forward(self, input_ids, position_ids, *cache):
+        def forward(self, input_ids, position_ids, cache_mask, *cache):
             hidden = self.embed_tokens(input_ids)
             cos, sin = self.rope(position_ids)
-            mask = self.slot_index < position_ids  # [1, L+1]: slots already written, and the new token
             present = []
             for index, block in enumerate(self.layers):
-                hidden, k, v = block(hidden, cos, sin, cache[2 * index], cache[2 * index + 1], mask)
+                hidden, k, v = block(hidden, cos, sin, cache[2 * index], cache[2 * index + 1], cache_mask)
                 present += [k, v]
             return (self.lm_head(self.norm(hidden)), *present)
 
@@ -277,6 +275,14 @@ def kv_geometry(config: Any) -> tuple[int, int, int]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
+
+
+def decode_mask(position: int, shape: LlmShape) -> np.ndarray:
+    """``cache_mask`` for a token at ``position``: slots ``< position`` and the new token (last) visible."""
+    mask = np.zeros((1, shape.max_len + 1), bool)
+    mask[0, :position] = True
+    mask[0, -1] = True
+    return mask
 
 
 def prefill_feed(token_ids: np.ndarray, shape: LlmShape, start: int = 0) -> dict[str, np.ndarray]:
