@@ -7,7 +7,7 @@ in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own p
   ``logits[1, N, V]`` and, per layer ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after
   RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
   keeps the padding out of the real positions).
-- :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], cache_mask[1, L+1], past_key_i[1, KVH,
+- :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], cache_mask[1, 1, 1, L+1], past_key_i[1, KVH,
   L, D], ..., past_value_i[...])`` returns ``logits[1, 1, V]`` and the new token's ``key_i``/``value_i``
   (``[1, KVH, 1, D]``). ``cache_mask`` (bool, :func:`decode_mask`) marks the written cache slots and,
   last, the new token; the runtime writes each new entry into slot ``position`` (the cache is an
@@ -200,7 +200,7 @@ def _modules():
 
         def group_rows(self, mask):
             """A ``[T, S]`` mask repeated for the G query heads that share a KV head: ``[G*T, S]``."""
-            return mask.repeat(self.group, 1)
+            return mask.repeat(self.group, 1)[None, None]  # rank 4, as the scores
 
     class PrefillGraph(LlmGraph):
         """``input_ids[1, N], position_ids[1, N] -> logits[1, N, V], key_i, value_i [1, KVH, N, D]``."""
@@ -221,7 +221,7 @@ def _modules():
             return (self.lm_head(self.norm(hidden)), *present)
 
     class DecodeGraph(LlmGraph):
-        """``input_ids[1, 1], position_ids[1, 1], cache_mask[1, L+1], past_key_i, past_value_i [1, KVH, L, D]``.
+        """``input_ids[1, 1], position_ids[1, 1], cache_mask[1, 1, 1, L+1], past_key_i, past_value_i [1, KVH, L, D]``.
 
         ``cache_mask`` (bool) marks the cache slots already written and, last, the new token itself.
         """
@@ -278,10 +278,13 @@ def kv_geometry(config: Any) -> tuple[int, int, int]:
 
 
 def decode_mask(position: int, shape: LlmShape) -> np.ndarray:
-    """``cache_mask`` for a token at ``position``: slots ``< position`` and the new token (last) visible."""
-    mask = np.zeros((1, shape.max_len + 1), bool)
-    mask[0, :position] = True
-    mask[0, -1] = True
+    """``cache_mask[1, 1, 1, L+1]`` for a token at ``position``: slots ``< position`` and the new token (last).
+
+    Rank 4 like the attention scores it selects in, so a batch of samples stacks on the leading axis.
+    """
+    mask = np.zeros((1, 1, 1, shape.max_len + 1), bool)
+    mask[..., :position] = True
+    mask[..., -1] = True
     return mask
 
 
