@@ -97,7 +97,7 @@ def load_causal_lm(source: Any) -> tuple[Any, Any]:
         kwargs = {"gguf_file": gguf} if gguf else {}
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
-                                                                  torch_dtype=torch.float32, **kwargs)
+                                                                  dtype=torch.float32, **kwargs)
     except Exception as error:  # transformers/gguf raise assorted types for unreadable files
         from compiler_core.frontends.torch import exporter_reason
 

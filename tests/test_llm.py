@@ -1,0 +1,156 @@
+"""Decoder LLMs: prefill/decode graphs, compile to MXQs + manifest, generation with a runtime KV cache.
+
+A randomly initialised Llama (4 layers, hidden 256, 8 heads / 2 KV heads, linear RoPE scaling) stands
+in for the real model (SmolLM2-135M runs in ``bench/llm.py``, too heavy for the suite).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from compiler_core.errors import ArgumentError  # noqa: E402
+from compiler_core.frontends import llm as graphs  # noqa: E402
+
+SHAPE = graphs.LlmShape(prefill_len=16, max_len=48)
+
+
+def small_llama():
+    """A random Llama of a shape unlike SmolLM2's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=256, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_llama()
+
+
+@pytest.fixture(scope="module")
+def compiled(model, tmp_path_factory):
+    from compiler_core.llm import compile_llm
+
+    folder = tmp_path_factory.mktemp("llm")
+    tokens = np.random.default_rng(1).integers(0, 512, 16 * 12)
+    manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
+                           calib_token_ids=tokens, num_samples=12)
+    return folder / "small.llm.json", manifest
+
+
+def test_graphs_match_the_transformers_model(model):
+    ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(2))
+    prefill, decode = graphs.prefill_graph(model, SHAPE), graphs.decode_graph(model, SHAPE)
+    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    with torch.no_grad():
+        reference = model(ids).logits[0]
+        out = prefill(ids[:, :16], torch.arange(16)[None])
+        torch.testing.assert_close(out[0][0], reference[:16], atol=1e-4, rtol=1e-4)
+        cache = [torch.zeros(1, kv_heads, SHAPE.max_len, head_dim) for _ in range(2 * layers)]
+        for slot, present in zip(cache, out[1:]):
+            slot[:, :, :16] = present
+        for position in range(16, 20):
+            mask = torch.from_numpy(graphs.decode_mask(position, SHAPE))
+            step = decode(ids[:, position:position + 1], torch.tensor([[position]]), mask, *cache)
+            torch.testing.assert_close(step[0][0, 0], reference[position], atol=1e-4, rtol=1e-4)
+            for slot, present in zip(cache, step[1:]):
+                slot[:, :, position] = present[:, :, 0]
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ArgumentError, match="prefill_len"):
+        graphs.LlmShape(prefill_len=32, max_len=16)
+
+
+def test_not_a_llama_is_refused():
+    with pytest.raises(ArgumentError, match="not a Llama-family"):
+        graphs.load_causal_lm(torch.nn.Linear(2, 2))
+
+
+def test_compiled_logits_match_fp32(model, compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    path, manifest = compiled
+    assert manifest["layers"] == 4 and manifest["kv_heads"] == 2 and manifest["head_dim"] == 32
+    assert manifest["results"]["prefill"].support["unsupported"] == 0
+    assert manifest["results"]["decode"].support["unsupported"] == 0
+    lm = LlmModel(path)
+    ids = np.random.default_rng(3).integers(0, 512, 24)
+    with torch.no_grad():
+        reference = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    lm.reset()
+    prefill = lm.prefill(ids[:16])
+    assert min(cosine(prefill[i], reference[i]) for i in range(16)) >= 0.99
+    last = lm.prompt_logits(ids)  # 16 tokens of prefill, then 8 decode steps
+    assert cosine(last, reference[-1]) >= 0.99
+
+
+def test_generate_streams_and_keeps_the_cache(compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    lm = LlmModel(compiled[0])
+    prompt = [5, 17, 99, 3, 250]
+    seen = []
+    result = lm.generate(prompt, 6, stop_at_eos=False, on_token=seen.append)
+    assert seen == result.tokens and len(seen) == 6
+    assert len(result.decode_seconds) == 5
+    assert list(lm.stream(prompt, 6, stop_at_eos=False)) == result.tokens  # deterministic, cache reset
+    # the cache holds the prompt and the generated tokens fed back (all but the last one)
+    filled = np.abs(lm.cache[0][0, 0]).sum(axis=-1) > 0
+    assert filled[: len(prompt) + 5].all() and not filled[len(prompt) + 5:].any()
+
+
+def test_prompt_longer_than_the_cache_is_refused(compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    lm = LlmModel(compiled[0])
+    with pytest.raises(ArgumentError, match="KV cache"):
+        lm.prompt_logits(list(range(SHAPE.max_len)))
+    with pytest.raises(ArgumentError, match="empty"):
+        lm.prompt_logits([])
+
+
+def test_manifest_is_checked(tmp_path, compiled):
+    from compiler_core.llm import read_manifest
+
+    other = tmp_path / "x.llm.json"
+    other.write_text(json.dumps({"format": "something"}))
+    with pytest.raises(ArgumentError, match="not a qb-llm manifest"):
+        read_manifest(other)
+    data = json.loads(compiled[0].read_text())
+    data["decode"] = "missing.mxq"
+    moved = compiled[0].parent / "broken.llm.json"
+    moved.write_text(json.dumps(data))
+    with pytest.raises(ArgumentError, match="missing"):
+        read_manifest(moved)
+
+
+def test_masked_softmax_treats_the_saturated_mask_code_as_minus_infinity():
+    from compiler_core.quantization.kernels.softmax import run_softmax
+    from compiler_core.quantization.program import IntOp
+
+    scale = 0.01
+    table = np.round((1 << 20) * np.exp(-np.arange(20000) * scale)).astype(np.int32)
+    table = table[: int(np.nonzero(table)[0].max()) + 1]
+    x = np.array([[30, -20, -40, -40], [5, -40, -40, -40]], np.int64)  # -40: the smallest code, masked
+    op = IntOp("sm", "softmax", "Softmax", ["x"], ["y"], attrs={"axis": 1, "qmax": 32767, "masked_code": -40},
+               consts={"exp_table": table})
+    y = run_softmax(op, [x])[0] / 32767
+    expected = np.exp(np.array([0.3, -0.2])) / np.exp(np.array([0.3, -0.2])).sum()
+    np.testing.assert_allclose(y[0, :2], expected, atol=2e-4)
+    assert (y[0, 2:] == 0).all() and y[1, 0] == 1 and (y[1, 1:] == 0).all()
+    del op.attrs["masked_code"]  # unmasked, the same codes are just small values with real weight
+    assert run_softmax(op, [x])[0][1, 0] < 0.5 * 32767
