@@ -31,6 +31,12 @@ from compiler_core.frontends import llm as graphs
 
 logger = logging.getLogger(__name__)
 
+DEVICE_MEMORY_BYTES = {"aries-rb": 16 * 1024**3}
+"""Device DRAM for LLM weights and KV cache: ARIES MLA100 has 16 GB (docs/reference: qb-compiler-api.md,
+"Devices"). REGULUS's memory is not documented, so it is not checked; its cache length is."""
+MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
+"""Longest sequence/KV cache a device's LLM runtime supports (REGULUS: 1024)."""
+
 MANIFEST_FORMAT = "qb-llm"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".llm.json"
@@ -154,6 +160,84 @@ def _large(model: Any) -> bool:
     return sum(p.numel() for p in model.parameters()) * 4 > 1_500_000_000  # protobuf's 2 GB limit, with room
 
 
+# -- memory and cost -------------------------------------------------------------------------------
+
+
+def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 8,
+               shared_weights: bool = False) -> dict[str, Any]:
+    """Device memory the LLM needs: weights (both graphs) + KV cache, against the device's memory.
+
+    Args:
+        config: a Llama config (``num_hidden_layers``, ``hidden_size`` ... ``vocab_size``).
+        device: the target device.
+        max_len: KV-cache positions.
+        weight_bits: bits per weight (8; 4 for ``llm_fast`` FFN weights is not modelled per layer).
+        kv_bits: bits per cached key/value element.
+        shared_weights: one copy of the weights for prefill and decode (today's MXQs hold one each).
+
+    Returns:
+        ``{"weights_bytes", "kv_cache_bytes", "total_bytes", "device_bytes" (None if unknown), "fits",
+        "max_len", "max_cache_len", "reason"}``.
+    """
+    layers, kv_heads, head_dim = graphs.kv_geometry(config)
+    parameters = llama_parameters(config)
+    copies = 1 if shared_weights else 2
+    weights = parameters * weight_bits // 8 * copies
+    kv_cache = 2 * layers * kv_heads * head_dim * max_len * kv_bits // 8
+    total = weights + kv_cache
+    capacity = DEVICE_MEMORY_BYTES.get(device)
+    limit = MAX_CACHE_LEN.get(device)
+    reasons = []
+    if capacity is not None and total > capacity:
+        reasons.append(f"weights {weights / 1e9:.2f} GB + KV cache {kv_cache / 1e9:.2f} GB = {total / 1e9:.2f} GB "
+                       f"exceed the {capacity / 1e9:.2f} GB of {device}")
+    if limit is not None and max_len > limit:
+        reasons.append(f"a KV cache of {max_len} positions exceeds {device}'s limit of {limit}")
+    return {"weights_bytes": weights, "kv_cache_bytes": kv_cache, "total_bytes": total, "device_bytes": capacity,
+            "fits": not reasons, "max_len": max_len, "max_cache_len": limit, "reason": "; ".join(reasons)}
+
+
+def check_memory_fit(config: Any, device: str, max_len: int, **kwargs: Any) -> dict[str, Any]:
+    """:func:`memory_fit`, raising :class:`ArgumentError` with the numbers when the model does not fit."""
+    fit = memory_fit(config, device, max_len, **kwargs)
+    if not fit["fits"]:
+        raise ArgumentError(f"The LLM does not fit {device}: {fit['reason']}.",
+                            hint="Use a smaller max_len, 4-bit weights (llm_fast), or a device with more memory.")
+    return fit
+
+
+def llama_parameters(config: Any) -> int:
+    """Parameter count of a Llama config (embeddings counted once when tied)."""
+    layers, kv_heads, head_dim = graphs.kv_geometry(config)
+    hidden, heads, ffn = config.hidden_size, config.num_attention_heads, config.intermediate_size
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    per_layer = attention + 3 * hidden * ffn + 2 * hidden
+    embeddings = config.vocab_size * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return layers * per_layer + embeddings + hidden
+
+
+def generation_estimate(prefill_ms: float, decode_ms: float, prefill_len: int, prompt_tokens: int) -> dict:
+    """TTFT and tokens/s from the cost-model latencies of one prefill and one decode call.
+
+    A prompt up to N tokens takes one prefill call; the runtime feeds tokens past N through decode
+    steps, so they add one decode latency each.
+    """
+    extra = max(0, prompt_tokens - prefill_len)
+    return {"prompt_tokens": prompt_tokens, "ttft_ms": prefill_ms + extra * decode_ms,
+            "tokens_per_s": 1e3 / decode_ms if decode_ms > 0 else None}
+
+
+def manifest_estimate(manifest: dict[str, Any], folder: Path, prompt_tokens: int | None = None) -> dict[str, Any]:
+    """Per core mode: TTFT for ``prompt_tokens`` (default N) and tokens/s, from the two MXQs' schedules."""
+    from compiler_core.runtime.artifact import load_artifact
+
+    schedules = {kind: load_artifact(folder / manifest[kind]).schedule for kind in ("prefill", "decode")}
+    prompt = prompt_tokens or manifest["prefill_len"]
+    return {mode: generation_estimate(schedules["prefill"][mode]["latency_ms"], schedules["decode"][mode]["latency_ms"],
+                                      manifest["prefill_len"], prompt)
+            for mode in schedules["prefill"] if mode in schedules["decode"]}
+
+
 # -- compile ---------------------------------------------------------------------------------------
 
 
@@ -191,6 +275,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
     shape = graphs.LlmShape(prefill_len, max_len)
+    fit = check_memory_fit(model.config, target_device, max_len)
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
     prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib")
@@ -202,6 +287,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                                     save_path=folder / f"{stem}.{kind}.mxq", config_preset=config_preset,
                                     **compile_kwargs)
     manifest = _manifest(model, shape, stem, results, target_device, config_preset)
+    manifest["memory"] = fit
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / f"{stem}.tokenizer"))
         manifest["tokenizer"] = f"{stem}.tokenizer"

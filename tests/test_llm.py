@@ -40,14 +40,25 @@ def model():
     return small_llama()
 
 
+def word_tokenizer():
+    """A word-level tokenizer over the 512 ids: ``w0 .. w510`` and ``[UNK]``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(511)} | {"[UNK]": 511}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+
+
 @pytest.fixture(scope="module")
 def compiled(model, tmp_path_factory):
     from compiler_core.llm import compile_llm
 
     folder = tmp_path_factory.mktemp("llm")
-    tokens = np.random.default_rng(1).integers(0, 512, 16 * 12)
+    tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)
     manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
-                           calib_token_ids=tokens, num_samples=12)
+                           calib_token_ids=tokens, num_samples=12, tokenizer=word_tokenizer(),
+                           inference_scheme="all")
     return folder / "small.llm.json", manifest
 
 
@@ -154,3 +165,36 @@ def test_masked_softmax_treats_the_saturated_mask_code_as_minus_infinity():
     assert (y[0, 2:] == 0).all() and y[1, 0] == 1 and (y[1, 1:] == 0).all()
     del op.attrs["masked_code"]  # unmasked, the same codes are just small values with real weight
     assert run_softmax(op, [x])[0][1, 0] < 0.5 * 32767
+
+
+def test_cli_run_prompt_streams_the_generation(compiled, capsys):
+    from compiler_core.cli import run
+    from compiler_core.runtime.llm import LlmModel
+
+    assert run(["run", "--mxq", str(compiled[0]), "--prompt", "w1 w2 w3 w4", "--max-new-tokens", "5"]) == 0
+    printed = capsys.readouterr().out
+    expected = LlmModel(compiled[0]).generate([1, 2, 3, 4], 5).tokens
+    assert printed.split("\n")[0].split() == [f"w{t}" for t in expected]
+
+
+def test_estimate_gives_ttft_and_tokens_per_second(compiled):
+    from compiler_core.llm import manifest_estimate
+
+    path, manifest = compiled
+    estimate = manifest_estimate(json.loads(path.read_text()), path.parent, prompt_tokens=20)
+    assert set(estimate) == {"single", "multi", "global4", "global8"}
+    for mode in estimate.values():  # 20 tokens: one prefill call of 16, then 4 decode steps
+        assert mode["ttft_ms"] > 0 and mode["tokens_per_s"] > 0
+    assert estimate["global8"]["ttft_ms"] < estimate["single"]["ttft_ms"]
+    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len
+
+
+def test_check_refuses_what_does_not_fit_with_the_numbers(model, tmp_path, capsys):
+    from compiler_core.cli import run
+
+    folder = tmp_path / "small"
+    model.save_pretrained(folder)
+    assert run(["check", "--model", str(folder), "--target-device", "aries-rb", "--max-len", "1024"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert run(["check", "--model", str(folder), "--target-device", "regulus-rb", "--max-len", "2048"]) != 0
+    assert "exceeds regulus-rb's limit of 1024" in capsys.readouterr().err

@@ -72,7 +72,7 @@ def smollm2_gguf_path() -> Path | None:
 
 
 def load_causal_lm(source: Any) -> tuple[Any, Any]:
-    """A float32 causal LM in eval mode and its tokenizer (``None`` for a live module).
+    """A float32 causal LM in eval mode and its tokenizer (``None`` for a live module or when none is saved).
 
     Args:
         source: A transformers ``*ForCausalLM`` module, a transformers folder, or a ``.gguf`` file.
@@ -95,7 +95,6 @@ def load_causal_lm(source: Any) -> tuple[Any, Any]:
         import transformers
 
         kwargs = {"gguf_file": gguf} if gguf else {}
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
                                                                   dtype=torch.float32, **kwargs)
     except Exception as error:  # transformers/gguf raise assorted types for unreadable files
@@ -104,6 +103,11 @@ def load_causal_lm(source: Any) -> tuple[Any, Any]:
         raise ModelLoadError(f"transformers cannot load the causal LM '{path}': {exporter_reason(error)}",
                              hint="GGUF files need `pip install gguf accelerate`; folders need config.json and "
                                   "the weights.", file=str(path)) from error
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
+    except Exception as error:  # no tokenizer files: the model still compiles from token ids
+        logger.info("No tokenizer for %s (%s): calibrate with token ids", path.name, error)
+        tokenizer = None
     check_llama(model)
     return model.eval(), tokenizer
 
