@@ -198,3 +198,14 @@ def test_check_refuses_what_does_not_fit_with_the_numbers(model, tmp_path, capsy
     assert "fits" in capsys.readouterr().out
     assert run(["check", "--model", str(folder), "--target-device", "regulus-rb", "--max-len", "2048"]) != 0
     assert "exceeds regulus-rb's limit of 1024" in capsys.readouterr().err
+
+
+def test_reference_runs_the_fp32_exports(model, compiled):
+    from compiler_core.runtime.llm import LlmModel, first_divergence
+
+    reference = LlmModel(compiled[0], reference=True)
+    ids = np.random.default_rng(4).integers(0, 511, 20)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids)[None]).logits[0, -1].numpy()
+    np.testing.assert_allclose(reference.prompt_logits(ids), expected, atol=1e-4)
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2

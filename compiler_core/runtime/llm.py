@@ -4,6 +4,9 @@
 the prompt's first N tokens go through the prefill graph at once (a shorter prompt is padded on the
 right; the causal mask keeps padding out), later prompt tokens and every generated token through the
 decode graph, one at a time, each new key/value written into the cache slot of its position.
+
+``LlmModel(path, reference=True)`` runs the same loop on the FP32 ONNX exports in onnxruntime: the
+float reference that the MXQ generation is compared with (the workbench's "Try it" shows both).
 """
 
 from __future__ import annotations
@@ -52,17 +55,15 @@ class LlmModel:
     Args:
         manifest_path: the ``.llm.json`` written by :func:`compiler_core.llm.compile_llm`.
         device: the simulated device (default: the one compiled for).
+        reference: run the FP32 ONNX exports in onnxruntime instead of the MXQs.
     """
 
-    def __init__(self, manifest_path: str | Path, device: str | None = None) -> None:
+    def __init__(self, manifest_path: str | Path, device: str | None = None, *, reference: bool = False) -> None:
         self.path = Path(manifest_path)
         self.manifest = read_manifest(self.path)
         self.shape = LlmShape(self.manifest["prefill_len"], self.manifest["max_len"])
-        accelerator = Accelerator(device or self.manifest["device"])
-        self.prefill_model = Model(self.path.parent / self.manifest["prefill"], input_layout="NCHW")
-        self.decode_model = Model(self.path.parent / self.manifest["decode"], input_layout="NCHW")
-        for model in (self.prefill_model, self.decode_model):
-            model.launch(accelerator)
+        self.reference = reference
+        self._runners = self._reference_runners() if reference else self._npu_runners(device)
         self.layers = int(self.manifest["layers"])
         self._names = cache_names(self.layers)
         self._past = cache_names(self.layers, "past_")
@@ -95,7 +96,7 @@ class LlmModel:
         count = len(token_ids)
         if not 1 <= count <= self.shape.prefill_len:
             raise ArgumentError(f"prefill takes 1 to {self.shape.prefill_len} tokens, got {count}.")
-        outputs = self._run(self.prefill_model, prefill_feed(np.asarray(token_ids), self.shape))
+        outputs = self._run("prefill", prefill_feed(np.asarray(token_ids), self.shape))
         for slot, value in zip(self.cache, (outputs[name] for name in self._names)):
             slot[:, :, :count] = value[:, :, :count]
         return outputs["logits"][0, :count]
@@ -108,14 +109,37 @@ class LlmModel:
         feed = {"input_ids": np.array([[token_id]], np.int64), "position_ids": np.array([[position]], np.int64),
                 "cache_mask": decode_mask(position, self.shape)}
         feed.update(zip(self._past, self.cache))
-        outputs = self._run(self.decode_model, feed)
+        outputs = self._run("decode", feed)
         for slot, name in zip(self.cache, self._names):
             slot[:, :, position] = outputs[name][:, :, 0]
         return outputs["logits"][0, 0]
 
-    def _run(self, model: Model, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = model.infer(feed)
-        return {spec.name: value for spec, value in zip(model.artifact.output_specs, values)}
+    def _npu_runners(self, device: str | None) -> dict[str, Callable]:
+        accelerator = Accelerator(device or self.manifest["device"])
+        runners = {}
+        for kind in ("prefill", "decode"):
+            model = Model(self.path.parent / self.manifest[kind], input_layout="NCHW")
+            model.launch(accelerator)
+            names = [spec.name for spec in model.artifact.output_specs]
+            runners[kind] = lambda feed, model=model, names=names: dict(zip(names, model.infer(feed)))
+        return runners
+
+    def _reference_runners(self) -> dict[str, Callable]:
+        import onnxruntime
+
+        runners = {}
+        for kind in ("prefill", "decode"):
+            path = self.path.parent / f"{self.path.name[: -len('.llm.json')]}.{kind}.onnx"
+            if not path.is_file():
+                raise ArgumentError(f"The FP32 export {path.name} is missing, so there is no reference to run.",
+                                    hint="Keep the .onnx files compile_llm writes beside the manifest.")
+            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            names = [output.name for output in session.get_outputs()]
+            runners[kind] = lambda feed, session=session, names=names: dict(zip(names, session.run(None, feed)))
+        return runners
+
+    def _run(self, kind: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._runners[kind](feed)
 
     # -- generation ----------------------------------------------------------------------------------
 
@@ -163,3 +187,8 @@ class LlmModel:
             if on_token is not None:
                 on_token(token)
         return result
+
+
+def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int:
+    """Index of the first token that differs from ``reference`` (the shorter length when none does)."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
