@@ -209,3 +209,24 @@ def test_reference_runs_the_fp32_exports(model, compiled):
         expected = model(torch.from_numpy(ids)[None]).logits[0, -1].numpy()
     np.testing.assert_allclose(reference.prompt_logits(ids), expected, atol=1e-4)
     assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_cli_compiles_a_transformers_folder_to_a_manifest(tmp_path, capsys):
+    from compiler_core.cli import run
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    folder = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(f"w{i}" for i in np.random.default_rng(5).integers(0, 511, 80)))
+    output = tmp_path / "out" / "tiny.llm.json"
+    assert run(["compile", "--model", str(folder), "--output", str(output), "--calib-data-path", str(text),
+                "--prefill-len", "8", "--max-len", "16", "--calib-samples", "8"]) == 0, capsys.readouterr().err
+    manifest = json.loads(output.read_text())
+    assert manifest["prefill_len"] == 8 and manifest["max_len"] == 16 and manifest["tokenizer"] == "tiny.tokenizer"
+    assert (output.parent / "tiny.prefill.mxq").is_file() and (output.parent / "tiny.decode.mxq").is_file()
+    assert run(["compile", "--model", str(folder), "--output", str(output)]) != 0  # no calibration text
+    assert "calibration text" in capsys.readouterr().err
