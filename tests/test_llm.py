@@ -230,3 +230,27 @@ def test_cli_compiles_a_transformers_folder_to_a_manifest(tmp_path, capsys):
     assert (output.parent / "tiny.prefill.mxq").is_file() and (output.parent / "tiny.decode.mxq").is_file()
     assert run(["compile", "--model", str(folder), "--output", str(output)]) != 0  # no calibration text
     assert "calibration text" in capsys.readouterr().err
+
+
+def test_fast_simulator_matches_the_golden_kernels(compiled):
+    from compiler_core.frontends.llm import decode_mask
+    from compiler_core.runtime.artifact import load_artifact
+
+    folder = compiled[0].parent
+    for kind in ("prefill", "decode"):
+        artifact = load_artifact(folder / f"small.{kind}.mxq")
+        rng = np.random.default_rng(6)
+        feeds = {}
+        for spec in artifact.input_specs:
+            if spec.name == "input_ids":
+                feeds[spec.name] = rng.integers(0, 511, spec.shape).astype(np.int64)
+            elif spec.name == "position_ids":
+                feeds[spec.name] = (np.arange(spec.shape[1]) if kind == "prefill" else np.array([9]))[None]
+            elif spec.name == "cache_mask":
+                feeds[spec.name] = decode_mask(9, SHAPE)
+            else:
+                feeds[spec.name] = (rng.standard_normal(spec.shape) * 0.5).astype(np.float32)
+        fast = artifact.run(feeds, raw=True)
+        golden = artifact.run(feeds, raw=True, golden=True)
+        for a, b in zip(fast, golden):
+            np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
