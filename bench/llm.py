@@ -144,6 +144,36 @@ def decode_speed(lm, model, steps: int) -> dict:
     return {"simulator_ms": ours_ms, "torch_fp32_ms": peer_ms, "ratio": ours_ms / peer_ms}
 
 
+class PrefillOnly:
+    """The prefill MXQ alone (while the decode graph is still compiling, or on a slow machine).
+
+    Greedy generation re-runs the prefill graph on the growing window (no KV cache), valid while
+    prompt + new tokens fit in N; the perplexity is the same measurement as with :class:`LlmModel`.
+    """
+
+    def __init__(self, mxq: Path, prefill_len: int, max_len: int) -> None:
+        from compiler_core.frontends.llm import LlmShape
+        from compiler_core.runtime.model import Accelerator, Model
+
+        self.shape = LlmShape(prefill_len, max_len)
+        self.model = Model(mxq, input_layout="NCHW")
+        self.model.launch(Accelerator(self.model.artifact.device))
+
+    def reset(self) -> None:
+        """No state."""
+
+    def prefill(self, token_ids) -> np.ndarray:
+        from compiler_core.frontends.llm import prefill_feed
+
+        return self.model.infer(prefill_feed(np.asarray(token_ids), self.shape))[0][0, :len(token_ids)]
+
+    def generate(self, ids, new_tokens: int, stop_at_eos: bool = False):
+        tokens = list(ids)
+        for _ in range(min(new_tokens, self.shape.prefill_len - len(ids))):
+            tokens.append(int(np.argmax(self.prefill(tokens)[-1])))
+        return argparse.Namespace(tokens=tokens[len(ids):])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefill-len", type=int, default=64)
@@ -156,26 +186,39 @@ def main() -> None:
     parser.add_argument("--folder", default=str(REPO_ROOT / "build" / "llm" / "smollm2"))
     parser.add_argument("--recompile", action="store_true")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--prefill-only", metavar="MXQ", help="evaluate this prefill MXQ alone (no compile, no "
+                        "decode): generation re-runs prefill on the growing window; needs --prefill-len/--max-len "
+                        "as compiled")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the 10 prompts")
     args = parser.parse_args()
+    del PROMPTS[args.prompts:]
 
     from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
     from compiler_core.llm import kjv_text
     from compiler_core.runtime.llm import LlmModel
 
-    manifest = compile_model(args, Path(args.folder))
+    if args.prefill_only:
+        lm = PrefillOnly(Path(args.prefill_only), args.prefill_len, args.max_len)
+        results = {"prefill_only": args.prefill_only}
+    else:
+        manifest = compile_model(args, Path(args.folder))
+        lm = LlmModel(manifest)
+        results = {"manifest": str(manifest), "preset": lm.manifest.get("preset")}
     model, tokenizer = load_causal_lm(smollm2_gguf_path())
-    lm = LlmModel(manifest)
-    results = {"manifest": str(manifest), "preset": lm.manifest.get("preset"),
-               "prefill_len": lm.shape.prefill_len, "max_len": lm.shape.max_len}
-    print("greedy generation vs FP32:")
-    results["generation"] = generation(lm, model, tokenizer, args.new_tokens)
-    print(f"  mean first divergence {results['generation']['mean_first_divergence']:.1f} / {args.new_tokens}, "
-          f"tokens matched before it {results['generation']['matched_share']:.1%}")
+    results.update(prefill_len=lm.shape.prefill_len, max_len=lm.shape.max_len)
     heldout = tokenizer(kjv_text(HELDOUT_PASSAGE))["input_ids"]
     results["perplexity"] = perplexity(lm, model, heldout, args.ppl_windows)
     ppl = results["perplexity"]
     print(f"perplexity over {ppl['tokens']} held-out tokens: FP32 {ppl['fp32']:.3f}, MXQ {ppl['mxq']:.3f} "
           f"({ppl['rise']:+.1%})")
+    print("greedy generation vs FP32:")
+    results["generation"] = generation(lm, model, tokenizer, args.new_tokens)
+    print(f"  mean first divergence {results['generation']['mean_first_divergence']:.1f} / {args.new_tokens}, "
+          f"tokens matched before it {results['generation']['matched_share']:.1%}")
+    if args.json and args.prefill_only:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.prefill_only:
+        return
     results["decode"] = decode_speed(lm, model, args.steps)
     speed = results["decode"]
     print(f"decode step: simulator {speed['simulator_ms']:.1f} ms, torch FP32 {speed['torch_fp32_ms']:.1f} ms "
