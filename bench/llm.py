@@ -11,7 +11,8 @@ the same model in torch FP32:
   windows of N tokens (the prefill length) through the prefill graph, next-token cross-entropy over
   each window, beside FP32 on the same windows.
 - **Decode speed**: wall time of one decode step on the simulator (``LlmModel.decode``) beside the
-  same decode graph in torch FP32 (one token against a cache of L positions), median of ``--steps``.
+  same decode graph in torch FP32 on one thread (one token against a cache of L positions), median of
+  ``--steps``.
 
 Usage: ``python bench/llm.py [--preset a16w8] [--prefill-len 64] [--max-len 192] [--samples 24] [--json out.json]``.
 """
@@ -133,6 +134,8 @@ def decode_speed(lm, model, steps: int) -> dict:
         lm.decode(1 + step, position + step)
         ours.append(time.perf_counter() - start)
     cache = [torch.from_numpy(c) for c in lm.cache]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core machine torch's worker threads mostly wait for each other
     with torch.no_grad():
         for step in range(steps):
             args = (torch.tensor([[1 + step]]), torch.tensor([[position + step]]),
@@ -140,6 +143,7 @@ def decode_speed(lm, model, steps: int) -> dict:
             start = time.perf_counter()
             graph(*args)
             peer.append(time.perf_counter() - start)
+    torch.set_num_threads(threads)
     ours_ms, peer_ms = statistics.median(ours) * 1e3, statistics.median(peer) * 1e3
     return {"simulator_ms": ours_ms, "torch_fp32_ms": peer_ms, "ratio": ours_ms / peer_ms}
 
