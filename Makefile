@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench fuzz corpus clean wheel package package-test desktop-validate
+.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -38,6 +38,12 @@ lint: setup
 
 test: setup lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --durations=15
+
+# SmolLM2-135M compiled for ARIES (cached in build/llm/): generation and perplexity vs FP32, decode speed;
+# then the cost-model estimate for Llama-3.2-1B's shapes beside the published ARIES figures.
+bench-llm: setup
+	$(PY) bench/llm.py --json build/llm/smollm2_results.json
+	$(PY) bench/llm_estimate.py --json build/llm/llama1b_estimate.json
 
 # Reader fuzzing, long profile: 10,000 cases per reader (the fast profile, 300 per reader, is in `make test`).
 fuzz: setup

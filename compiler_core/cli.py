@@ -168,6 +168,8 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
 
     if bool(args.model) == bool(args.mblt):
         raise ArgumentError("Give exactly one of --model or --mblt.", hint="Example: qbcompiler check --mblt m.mblt --target-device aries-rb.")
+    if args.model and (args.max_len is not None or str(args.model).lower().endswith(".gguf")):
+        return _check_llm(args, out)
     if args.mblt:
         report = _support_report(args.mblt, args.target_device)
     else:
@@ -175,6 +177,22 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     payload = {"command": "check", **report.to_dict()}
     text = payload if args.json else format_report_table(report, only_flagged=not args.all)
     out.result(payload, json.dumps(text, indent=2) if args.json else text)
+    return payload
+
+
+def _check_llm(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    """Memory fit of a decoder LLM (weights + KV cache vs the device); refused with the numbers."""
+    from compiler_core.frontends.llm import DEFAULT_MAX_LEN, load_causal_lm
+    from compiler_core.llm import check_memory_fit
+
+    model, _ = load_causal_lm(args.model)
+    fit = check_memory_fit(model.config, args.target_device, args.max_len or DEFAULT_MAX_LEN)
+    payload = {"command": "check", "device": args.target_device, "llm_memory": fit}
+    device = f"{fit['device_bytes'] / 1e9:.2f} GB" if fit["device_bytes"] else "not documented"
+    text = (f"{args.target_device}: weights {fit['weights_bytes'] / 1e6:.1f} MB (prefill + decode copies) + KV cache "
+            f"{fit['kv_cache_bytes'] / 1e6:.1f} MB ({fit['max_len']} positions) = {fit['total_bytes'] / 1e6:.1f} MB; "
+            f"device memory {device}: fits")
+    out.result(payload, json.dumps(payload, indent=2) if args.json else text)
     return payload
 
 
@@ -241,6 +259,10 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     from compiler_core.runtime import Accelerator, Model, ModelConfig
     from compiler_core.runtime.inputs import load_run_inputs
 
+    if args.prompt is not None:
+        return _run_prompt(args, out)
+    if not args.input:
+        raise ArgumentError("No input given.", hint="Pass --input FILE (or --prompt TEXT with an .llm.json model).")
     config = ModelConfig()
     if args.core_mode and args.core_mode != "auto":
         getattr(config, f"set_{args.core_mode}_core_mode")()
@@ -266,6 +288,41 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                "estimate": model.estimate(), "results": results, "written": written}
     model.dispose()
     out.result(payload, _run_text(payload))
+    return payload
+
+
+def _run_prompt(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    """Greedy generation from a text prompt with a compiled LLM (``.llm.json``), tokens streamed to stdout."""
+    from compiler_core.llm import manifest_estimate
+    from compiler_core.runtime.llm import LlmModel
+
+    lm = LlmModel(args.mxq)
+    tokenizer = lm.tokenizer()
+    if tokenizer is None:
+        raise ArgumentError(f"{Path(args.mxq).name} has no tokenizer, so a text prompt cannot be encoded.",
+                            hint="Compile from a GGUF file or a transformers folder with a tokenizer.")
+    ids = tokenizer(args.prompt)["input_ids"]
+    streamed: list[int] = []
+    printed = ""
+
+    def show(token: int) -> None:
+        nonlocal printed
+        streamed.append(token)
+        text = tokenizer.decode(streamed, skip_special_tokens=True)
+        if not out.quiet and not out.jsonl:
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+        printed = text
+
+    generation = lm.generate(ids, args.max_new_tokens, on_token=show)
+    if not out.quiet and not out.jsonl:
+        sys.stdout.write("\n")
+    payload = {"command": "run", "prompt": args.prompt, "prompt_tokens": len(ids), "text": printed,
+               **generation.to_dict(), "estimate": manifest_estimate(lm.manifest, Path(args.mxq).parent, len(ids))}
+    timing = generation.to_dict()
+    per_token = timing["decode_seconds_per_token"]
+    out.result(payload, f"{len(generation.tokens)} tokens; simulator prefill {timing['prefill_seconds']:.2f} s"
+                        + (f", {per_token * 1e3:.0f} ms per decode step" if per_token else ""))
     return payload
 
 
@@ -354,6 +411,8 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
 
     if not args.output:
         raise ArgumentError("No output file given.", hint="Pass --output model.mxq.")
+    if str(args.output).endswith(".llm.json"):
+        return _compile_llm(args, out, model=model)
     started = time.perf_counter()
     options = {"input_shape_dict": _shape_pairs(getattr(args, "input_shape", None)) or None,
                "constant_inputs": _bind_pairs(getattr(args, "bind_input", None)) or None,
@@ -425,6 +484,26 @@ def _analyze_text(payload: dict[str, Any]) -> str:
 
 def _number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _compile_llm(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, Any]:
+    """A decoder LLM -> prefill and decode MXQs + the ``.llm.json`` manifest (calibration: text files)."""
+    from compiler_core.frontends.llm import DEFAULT_MAX_LEN, DEFAULT_PREFILL_LEN
+    from compiler_core.llm import compile_llm
+
+    if not args.calib_data_path:
+        raise ArgumentError("An LLM needs calibration text.", hint="Pass --calib-data-path FILE.txt (plain text).")
+    text = "\n".join(Path(path).read_text(encoding="utf-8", errors="replace") for path in args.calib_data_path)
+    started = time.perf_counter()
+    manifest = compile_llm(model, args.output, target_device=args.target_device or "aries-rb",
+                           prefill_len=args.prefill_len or DEFAULT_PREFILL_LEN, max_len=args.max_len or DEFAULT_MAX_LEN,
+                           calib_text=text, num_samples=args.calib_samples, config_preset=args.config_preset or "llm",
+                           inference_scheme=args.inference_scheme, callback=out.progress)
+    results = manifest.pop("results")
+    payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), "output": args.output,
+               **manifest, "compiles": {kind: result.to_dict() for kind, result in results.items()}}
+    out.result(payload, f"Wrote {args.output} ({manifest['prefill']}, {manifest['decode']}) in {payload['seconds']:.0f} s")
+    return payload
 
 
 def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
@@ -644,6 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--target-device", required=True, help="aries-rb, regulus-ra, regulus-rb or regulus-rb-usb")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--all", action="store_true", help="list every node, not only flagged ones")
+    check.add_argument("--max-len", type=int, help="decoder LLM (.gguf or folder): KV-cache positions for the memory check")
     _add_model_options(check)
     check.set_defaults(handler=cmd_check)
 
@@ -651,6 +731,10 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--model", required=True, help="source model (.onnx ...) or .mblt")
     _add_model_options(compile_)
     _add_compile_options(compile_)
+    llm = compile_.add_argument_group("decoder LLMs (--output X.llm.json)")
+    llm.add_argument("--prefill-len", type=int, help="tokens per prefill call (default 32)")
+    llm.add_argument("--max-len", type=int, help="KV-cache positions (default 1024)")
+    llm.add_argument("--calib-samples", type=int, default=32, help="calibration windows of prefill-len tokens")
     compile_.set_defaults(handler=cmd_compile)
 
     sweep = sub.add_parser("sweep", help="compile a grid of settings (one calibration) and rank them (Pareto front)")
@@ -706,12 +790,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run an MXQ on the simulator (inputs: .npy files or images)")
     run.add_argument("--mxq", required=True, help="compiled model")
-    run.add_argument("--input", action="append", required=True, metavar="PATH",
+    run.add_argument("--input", action="append", metavar="PATH",
                      help=".npy (NCHW/model layout), image file, or a folder of them (repeatable)")
     run.add_argument("--output-dir", help="save each output as .npy here")
     run.add_argument("--top-k", type=int, default=5, help="top-k for classifier outputs (default 5)")
     run.add_argument("--labels", help="text file with one class name per line")
     run.add_argument("--core-mode", choices=["auto", "single", "multi", "global4", "global8"], default="auto")
+    run.add_argument("--prompt", help="text prompt for a compiled LLM (--mxq X.llm.json); tokens are streamed")
+    run.add_argument("--max-new-tokens", type=int, default=32, help="with --prompt: tokens to generate (default 32)")
     run.set_defaults(handler=cmd_run)
 
     presets = sub.add_parser("presets", help="list configuration presets")

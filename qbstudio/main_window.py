@@ -308,6 +308,7 @@ class MainWindow(QMainWindow):
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
         help_menu.addAction(self._action("Check My &Setup…", self.show_setup_check))
+        compile_menu.addAction(self._action("&Try a Compiled LLM…", self.show_llm_try))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
@@ -958,6 +959,12 @@ class MainWindow(QMainWindow):
         from qbstudio.widgets import setup_check
 
         setup_check.show_dialog(self, self.dirs)
+
+    def show_llm_try(self) -> None:
+        """The "Try it" window of a compiled LLM (imported on use)."""
+        from qbstudio.widgets import llm_try
+
+        self._llm_try = llm_try.show_dialog(self)
 
     def _open_folder(self, path: Path) -> None:
         if not open_folder(path):

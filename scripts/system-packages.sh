@@ -10,6 +10,7 @@ missing=""
 [ -d /usr/share/pocketsphinx/test/data/librivox ] || missing="$missing pocketsphinx-testdata"  # speech for the corpus
 [ -d /usr/share/fonts/truetype/dejavu ] || missing="$missing fonts-dejavu-core"  # rendered text for OCR models
 [ -d /usr/share/fonts/truetype/wqy ] || missing="$missing fonts-wqy-microhei"  # a glyph for Netron's shape brackets
+command -v bible >/dev/null 2>&1 || missing="$missing bible-kjv"  # public-domain English text for the LLM bench
 command -v desktop-file-validate >/dev/null 2>&1 || missing="$missing desktop-file-utils"
 command -v appstreamcli >/dev/null 2>&1 || missing="$missing appstream"
 command -v xdg-mime >/dev/null 2>&1 || missing="$missing xdg-utils"

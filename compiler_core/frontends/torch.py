@@ -453,6 +453,20 @@ def export_module(module: Any, feed_dict: Mapping[str, Any], *, dynamic_axes: Ma
                                  name=type(module).__name__)
 
 
+def export_graph(module: Any, args: tuple, input_names: list[str], output_names: list[str], *, name: str
+                 ) -> ir.Model:
+    """Export ``module(*args)`` with fixed shapes and the given input/output names (dynamo, legacy fallback).
+
+    For modules whose ``forward`` takes positional tensors (the LLM graphs); nodes get their module paths.
+
+    Raises:
+        ModelLoadError: neither exporter can convert the module.
+    """
+    model = _export_with_fallback(module, args, input_names, output_names, None, name=name)
+    record_module_paths(model)
+    return model
+
+
 def _export_program(program: Any, feed_dict: Mapping[str, Any] | None, dynamic_axes: Any) -> ir.Model:
     """Export an ``ExportedProgram``; the legacy fallback traces ``program.module()`` on its example inputs."""
     try:

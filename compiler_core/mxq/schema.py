@@ -207,7 +207,7 @@ SCHEMAS: dict[str, KindSchema] = {
     "mul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
                       rules=(_requantizer_shapes,)),
     "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_branch_x": INT, "zp_branch_y": INT},
-                         optional_consts=("const_*", "multiplier_*", "shift_*"), inputs=(3, 3)),
+                         optional_consts=("const_*", "multiplier_*", "shift_*", "condition"), inputs=(3, 3)),
     "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}),
     "clamp": KindSchema(attrs={"clamp": CLAMP}),
     "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),)),
@@ -244,8 +244,8 @@ SCHEMAS: dict[str, KindSchema] = {
                                _same_shape("negative_multiplier", "negative_shift"))),
     "interpolate": KindSchema(attrs={"axes": INTS, "zp": INT, "clamp": CLAMP}, optional_consts=("weight*",),
                               rules=(_resize_weights,)),
-    "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, optional_attrs={"shift": INT}, consts=("exp_table",),
-                          rules=(_table_1d("exp_table"), _softmax_shift)),
+    "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, optional_attrs={"shift": INT, "masked_code": INT},
+                          consts=("exp_table",), rules=(_table_1d("exp_table"), _softmax_shift)),
 }
 """Kernel kind -> what its kernel reads. Every kind in the executor's registry must have an entry."""
 

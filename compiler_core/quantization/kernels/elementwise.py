@@ -136,6 +136,9 @@ def lower_where(group: Group, ctx: LoweringContext) -> IntOp:
     out = ctx.params(group.output)
     s_y, zp_y = scalar(out)
     consts, names, attrs = {}, [main.inputs[0].name], {"zp_y": zp_y, "clamp": [out.qmin, out.qmax]}
+    condition = ctx.const(main.inputs[0])
+    if condition is not None:  # a constant mask (causal attention): stored with the op
+        consts["condition"], names[0] = np.asarray(condition).astype(bool), ""
     for key, value in (("x", main.inputs[1]), ("y", main.inputs[2])):
         const = ctx.const(value)
         if const is not None:
@@ -161,7 +164,8 @@ def run_select(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
         rescaled = requantize(inputs[index] - op.attrs[f"zp_branch_{key}"], op.consts[f"multiplier_{key}"].astype(np.int64),
                               op.consts[f"shift_{key}"].astype(np.int64)) + op.attrs["zp_y"]
         branches.append(rescaled)
-    return [np.clip(np.where(inputs[0].astype(bool), branches[0], branches[1]), *op.attrs["clamp"])]
+    condition = op.consts["condition"] if "condition" in op.consts else inputs[0].astype(bool)
+    return [np.clip(np.where(condition, branches[0], branches[1]), *op.attrs["clamp"])]
 
 
 def lower_cast(group: Group, ctx: LoweringContext) -> IntOp:

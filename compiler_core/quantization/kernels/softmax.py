@@ -6,12 +6,17 @@
 power of two (up to :data:`MAX_SHIFT`) by which the calibrated maximum probability can be scaled
 and stay at most 1, so a 1,000-class output whose probabilities stay near 0.001 keeps its
 resolution instead of rounding to 0 with a fixed ``1/qmax`` step.
+
+A masked input (``Where(mask, x, -3.4e38)`` or ``x + mask`` with a -inf-like constant) keeps the data's
+scale and saturates the masked entries to the smallest code ``masked_code``; those entries count as
+``-inf`` (``e = 0``), not as the smallest data value. A row with every entry masked gives all zeros.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from compiler_core.quantization.decisions import INFINITE_LIKE
 from compiler_core.quantization.fixedpoint import round_half_away, rounding_divide
 from compiler_core.quantization.graph import Group
 from compiler_core.quantization.kernels import FIXED, register
@@ -52,10 +57,25 @@ def lower_softmax(group: Group, ctx: LoweringContext) -> IntOp:
     rank = len(ctx.view.shape(x))
     axis = attr_int(main, "axis", -1) % rank
     shift = int(round(np.log2(1.0 / (float(scalar(out)[0]) * out.qmax))))
+    attrs = {"axis": axis, "qmax": out.qmax, "shift": shift}
+    if _is_masked(x, ctx):
+        attrs["masked_code"] = int(params_in.qmin)
     return IntOp(main.name, "softmax", "Softmax", [x.name], [group.output.name],
-                 attrs={"axis": axis, "qmax": out.qmax, "shift": shift},
-                 consts={"exp_table": table[:last].astype(np.int32)},
+                 attrs=attrs, consts={"exp_table": table[:last].astype(np.int32)},
                  precision=describe_bits(params_in, out))
+
+
+def _is_masked(value, ctx: LoweringContext) -> bool:
+    """``value`` comes from a Where or Add/Sub whose other operand is a -inf-like constant (an attention mask)."""
+    producer = value.producer()
+    if producer is None or producer.op_type not in ("Where", "Add", "Sub"):
+        return False
+    operands = producer.inputs[1:3] if producer.op_type == "Where" else producer.inputs[:2]
+    for operand in operands:
+        const = ctx.const(operand)
+        if const is not None and const.size and float(np.abs(const).max()) >= INFINITE_LIKE:
+            return True
+    return False
 
 
 def run_softmax(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -64,7 +84,9 @@ def run_softmax(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     table = op.consts["exp_table"].astype(np.int64)
     distance = np.minimum(x.max(axis=axis, keepdims=True) - x, len(table))
     exp = np.where(distance < len(table), table[np.minimum(distance, len(table) - 1)], 0)
-    total = exp.sum(axis=axis, keepdims=True)
+    if "masked_code" in op.attrs:
+        exp = np.where(x == op.attrs["masked_code"], 0, exp)
+    total = np.maximum(exp.sum(axis=axis, keepdims=True), 1)
     qmax = op.attrs["qmax"]
     return [np.minimum(rounding_divide(exp * (qmax << op.attrs.get("shift", 0)), total), qmax)]
 

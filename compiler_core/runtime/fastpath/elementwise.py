@@ -255,11 +255,13 @@ def build_select(op: IntOp, context: PlanContext) -> Step | None:
             return None
         branches.append(("input", table[0].astype(np.float32), table[1]))
     low, high = attrs["clamp"]
+    constant = consts["condition"].astype(bool) if "condition" in consts else None
 
     def run(inputs: list) -> list:
         values = [table if kind == "const" else lookup(table, offset, inputs[index])
                   for index, (kind, table, offset) in zip((1, 2), branches)]
-        return [np.clip(np.where(inputs[0].astype(bool), values[0], values[1]), low, high).astype(np.float32)]
+        condition = constant if constant is not None else inputs[0].astype(bool)
+        return [np.clip(np.where(condition, values[0], values[1]), low, high).astype(np.float32)]
 
     return Step(run, method="select")
 

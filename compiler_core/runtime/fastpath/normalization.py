@@ -33,12 +33,15 @@ def build_softmax(op: IntOp, context: PlanContext) -> Step | None:
         return None
     extended = np.append(table, 0.0)  # distances past the table read 0
     last = float(table.size)
+    masked = op.attrs.get("masked_code")
 
     def run(inputs: list) -> list:
         x = inputs[0]
         distance = np.minimum(x.max(axis=axis, keepdims=True) - x, last)
+        if masked is not None:  # masked entries read the 0 past the table
+            distance = np.where(x == masked, last, distance)
         exp = np.take(extended, distance.astype(np.intp))
-        total = exp.sum(axis=axis, keepdims=True)
+        total = np.maximum(exp.sum(axis=axis, keepdims=True), 1.0)
         return [np.minimum(np.floor((2 * multiplier * exp + total) / (2 * total)), qmax).astype(np.float32)]
 
     return Step(run, batch_safe=axis != 0, method="softmax")

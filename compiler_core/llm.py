@@ -1,0 +1,344 @@
+"""Compile a decoder LLM (Llama family) into a prefill MXQ, a decode MXQ and an ``.llm.json`` manifest.
+
+The two graphs of :mod:`compiler_core.frontends.llm` are exported to ONNX beside the output, calibrated
+on tokenized text (prefill: chunks of N tokens; decode: one token at a random position with the FP32
+KV cache of the text before it) and compiled with the usual pipeline (``llm`` preset by default).
+
+Today the two graphs are two MXQ files, each holding its own copy of the weights; the manifest ties
+them together with the shapes, the tokenizer and the memory estimate. It looks like::
+
+    {"format": "qb-llm", "version": 1, "prefill": "m.prefill.mxq", "decode": "m.decode.mxq",
+     "prefill_len": 32, "max_len": 256, "layers": 30, "kv_heads": 3, "head_dim": 64,
+     "vocab_size": 49152, "eos_token_id": 2, "tokenizer": "m.tokenizer", "device": "aries-rb", ...}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler_core.errors import ArgumentError, CalibrationError
+from compiler_core.fileio import atomic_write_text
+from compiler_core.frontends import llm as graphs
+
+logger = logging.getLogger(__name__)
+
+DEVICE_MEMORY_BYTES = {"aries-rb": 16 * 1024**3}
+"""Device DRAM for LLM weights and KV cache: ARIES MLA100 has 16 GB (docs/reference: qb-compiler-api.md,
+"Devices"). REGULUS's memory is not documented, so it is not checked; its cache length is."""
+MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
+"""Longest sequence/KV cache a device's LLM runtime supports (REGULUS: 1024)."""
+
+MANIFEST_FORMAT = "qb-llm"
+MANIFEST_VERSION = 1
+MANIFEST_SUFFIX = ".llm.json"
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+
+def kjv_text(passage: str, *, timeout: float = 120.0) -> str:
+    """Public-domain English text: a passage of the King James Bible (Debian ``bible-kjv``), verse numbers removed.
+
+    Args:
+        passage: a ``bible`` reference such as ``gen1:1-50:26`` (Genesis) or ``mat1:1-28:20``.
+
+    Raises:
+        CalibrationError: the ``bible`` program (``apt-get install bible-kjv``) is missing or failed.
+    """
+    program = shutil.which("bible")
+    if program is None:
+        raise CalibrationError("The `bible` program is not installed, so there is no King James text to read.",
+                               hint="apt-get install bible-kjv")
+    result = subprocess.run([program, "-f", passage], capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [re.sub(r"^\S+\d+:\d+\s+", "", line) for line in result.stdout.splitlines() if re.match(r"^\S+\d+:\d+", line)]
+    if result.returncode != 0 or not lines:
+        raise CalibrationError(f"`bible -f {passage}` gave no text: {result.stderr.strip()[:200]}",
+                               hint="Check the passage reference, e.g. gen1:1-50:26.")
+    return " ".join(lines)
+
+
+def token_chunks(token_ids: Sequence[int], length: int, count: int) -> list[np.ndarray]:
+    """Up to ``count`` consecutive, non-overlapping chunks of ``length`` tokens."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    chunks = [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
+    return chunks[:count]
+
+
+# -- calibration -----------------------------------------------------------------------------------
+
+
+def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.ndarray], folder: Path,
+                      seed: int = 0) -> tuple[Path, Path]:
+    """Write prefill and decode calibration samples (``.npy`` + JSON manifests) into ``folder``.
+
+    Each chunk gives one prefill sample (its N tokens) and one decode sample: the token at a random
+    position ``p`` in ``[1, N)`` with the FP32 keys/values of the tokens before it in cache slots ``< p``.
+
+    Returns:
+        ``(prefill_manifest, decode_manifest)``.
+    """
+    import torch
+
+    if not chunks:
+        raise CalibrationError("No calibration text: need at least one chunk of prefill_len tokens.",
+                               hint="Give a longer text, or a smaller prefill_len.")
+    folder.mkdir(parents=True, exist_ok=True)
+    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    prefill = graphs.prefill_graph(model, shape)
+    rng = np.random.default_rng(seed)
+    prefill_rows, decode_rows = [], []
+    for index, chunk in enumerate(chunks):
+        feed = graphs.prefill_feed(chunk, shape)
+        prefill_rows.append(_save_row(folder, f"prefill{index}", feed))
+        with torch.no_grad():
+            present = prefill(*(torch.from_numpy(v) for v in feed.values()))[1:]
+        position = int(rng.integers(1, len(chunk)))
+        decode = {"input_ids": chunk[None, position:position + 1].astype(np.int64),
+                  "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
+        for name, tensor in zip(graphs.cache_names(layers, "past_"), present):
+            cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
+            cache[:, :, :position] = tensor[:, :, :position].numpy()
+            decode[name] = cache
+        decode_rows.append(_save_row(folder, f"decode{index}", decode))
+    return (_write_manifest(folder / "prefill.json", ["input_ids", "position_ids"], prefill_rows),
+            _write_manifest(folder / "decode.json", list(decode), decode_rows))
+
+
+def _save_row(folder: Path, stem: str, feed: dict[str, np.ndarray]) -> list[str]:
+    paths = []
+    for name, value in feed.items():
+        path = folder / f"{stem}.{name}.npy"
+        np.save(path, value)
+        paths.append(path.name)
+    return paths
+
+
+def _write_manifest(path: Path, names: list[str], rows: list[list[str]]) -> Path:
+    atomic_write_text(path, json.dumps({"info": {"input names": names}, "calib paths": rows}))
+    return path
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+
+def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str) -> tuple[Path, Path]:
+    """Export the prefill and decode graphs to ``folder/stem.{prefill,decode}.onnx``."""
+    import onnx_ir as ir
+    import torch
+
+    from compiler_core.frontends.torch import export_graph
+
+    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    n = shape.prefill_len
+    prefill_args = (torch.zeros(1, n, dtype=torch.int64), torch.arange(n)[None])
+    cache = [torch.zeros(1, kv_heads, shape.max_len, head_dim) for _ in range(2 * layers)]
+    mask = torch.from_numpy(graphs.decode_mask(n, shape))
+    decode_args = (torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[n]]), mask, *cache)
+    outputs = ["logits", *graphs.cache_names(layers)]
+    paths = []
+    for kind, module, args, inputs in (
+            ("prefill", graphs.prefill_graph(model, shape), prefill_args, ["input_ids", "position_ids"]),
+            ("decode", graphs.decode_graph(model, shape), decode_args,
+             ["input_ids", "position_ids", "cache_mask", *graphs.cache_names(layers, "past_")])):
+        exported = export_graph(module, args, inputs, outputs, name=f"{type(model).__name__} {kind}")
+        path = folder / f"{stem}.{kind}.onnx"
+        ir.save(exported, path, external_data=f"{path.name}.data" if _large(model) else None)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def _large(model: Any) -> bool:
+    return sum(p.numel() for p in model.parameters()) * 4 > 1_500_000_000  # protobuf's 2 GB limit, with room
+
+
+# -- memory and cost -------------------------------------------------------------------------------
+
+
+def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 8,
+               shared_weights: bool = False) -> dict[str, Any]:
+    """Device memory the LLM needs: weights (both graphs) + KV cache, against the device's memory.
+
+    Args:
+        config: a Llama config (``num_hidden_layers``, ``hidden_size`` ... ``vocab_size``).
+        device: the target device.
+        max_len: KV-cache positions.
+        weight_bits: bits per weight (8; 4 for ``llm_fast`` FFN weights is not modelled per layer).
+        kv_bits: bits per cached key/value element.
+        shared_weights: one copy of the weights for prefill and decode (today's MXQs hold one each).
+
+    Returns:
+        ``{"weights_bytes", "kv_cache_bytes", "total_bytes", "device_bytes" (None if unknown), "fits",
+        "max_len", "max_cache_len", "reason"}``.
+    """
+    layers, kv_heads, head_dim = graphs.kv_geometry(config)
+    parameters = llama_parameters(config)
+    copies = 1 if shared_weights else 2
+    weights = parameters * weight_bits // 8 * copies
+    kv_cache = 2 * layers * kv_heads * head_dim * max_len * kv_bits // 8
+    total = weights + kv_cache
+    capacity = DEVICE_MEMORY_BYTES.get(device)
+    limit = MAX_CACHE_LEN.get(device)
+    reasons = []
+    if capacity is not None and total > capacity:
+        reasons.append(f"weights {weights / 1e9:.2f} GB + KV cache {kv_cache / 1e9:.2f} GB = {total / 1e9:.2f} GB "
+                       f"exceed the {capacity / 1e9:.2f} GB of {device}")
+    if limit is not None and max_len > limit:
+        reasons.append(f"a KV cache of {max_len} positions exceeds {device}'s limit of {limit}")
+    return {"weights_bytes": weights, "kv_cache_bytes": kv_cache, "total_bytes": total, "device_bytes": capacity,
+            "fits": not reasons, "max_len": max_len, "max_cache_len": limit, "reason": "; ".join(reasons)}
+
+
+def check_memory_fit(config: Any, device: str, max_len: int, **kwargs: Any) -> dict[str, Any]:
+    """:func:`memory_fit`, raising :class:`ArgumentError` with the numbers when the model does not fit."""
+    fit = memory_fit(config, device, max_len, **kwargs)
+    if not fit["fits"]:
+        raise ArgumentError(f"The LLM does not fit {device}: {fit['reason']}.",
+                            hint="Use a smaller max_len, 4-bit weights (llm_fast), or a device with more memory.")
+    return fit
+
+
+def llama_parameters(config: Any) -> int:
+    """Parameter count of a Llama config (embeddings counted once when tied)."""
+    layers, kv_heads, head_dim = graphs.kv_geometry(config)
+    hidden, heads, ffn = config.hidden_size, config.num_attention_heads, config.intermediate_size
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    per_layer = attention + 3 * hidden * ffn + 2 * hidden
+    embeddings = config.vocab_size * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return layers * per_layer + embeddings + hidden
+
+
+def generation_estimate(prefill_ms: float, decode_ms: float, prefill_len: int, prompt_tokens: int) -> dict:
+    """TTFT and tokens/s from the cost-model latencies of one prefill and one decode call.
+
+    A prompt up to N tokens takes one prefill call; the runtime feeds tokens past N through decode
+    steps, so they add one decode latency each.
+    """
+    extra = max(0, prompt_tokens - prefill_len)
+    return {"prompt_tokens": prompt_tokens, "ttft_ms": prefill_ms + extra * decode_ms,
+            "tokens_per_s": 1e3 / decode_ms if decode_ms > 0 else None}
+
+
+def manifest_estimate(manifest: dict[str, Any], folder: Path, prompt_tokens: int | None = None) -> dict[str, Any]:
+    """Per core mode: TTFT for ``prompt_tokens`` (default N) and tokens/s, from the two MXQs' schedules."""
+    from compiler_core.runtime.artifact import load_artifact
+
+    schedules = {kind: load_artifact(folder / manifest[kind]).schedule for kind in ("prefill", "decode")}
+    prompt = prompt_tokens or manifest["prefill_len"]
+    return {mode: generation_estimate(schedules["prefill"][mode]["latency_ms"], schedules["decode"][mode]["latency_ms"],
+                                      manifest["prefill_len"], prompt)
+            for mode in schedules["prefill"] if mode in schedules["decode"]}
+
+
+# -- compile ---------------------------------------------------------------------------------------
+
+
+def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "aries-rb",
+                prefill_len: int = graphs.DEFAULT_PREFILL_LEN, max_len: int = graphs.DEFAULT_MAX_LEN,
+                calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
+                num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
+                **compile_kwargs: Any) -> dict[str, Any]:
+    """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
+
+    Args:
+        source: a ``*ForCausalLM`` module, a transformers folder or a ``.gguf`` file.
+        save_path: the manifest to write, ``<stem>.llm.json``; the MXQs, ONNX exports, calibration
+            samples and tokenizer are written beside it.
+        target_device: the device.
+        prefill_len: N, tokens per prefill call.
+        max_len: L, KV-cache positions.
+        calib_token_ids: calibration tokens; or ``calib_text`` with a tokenizer (from the source or given).
+        num_samples: calibration chunks of N tokens (each gives one prefill and one decode sample).
+        config_preset: the compile preset (``llm`` or ``llm_fast``).
+        tokenizer: a tokenizer to use instead of the source's.
+        **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
+
+    Returns:
+        The manifest (also written to ``save_path``), with the two compile results under ``results``.
+    """
+    from compiler_core.api import mxq_compile
+
+    save_path = Path(save_path)
+    if not save_path.name.endswith(MANIFEST_SUFFIX):
+        raise ArgumentError(f"The LLM manifest must end with {MANIFEST_SUFFIX}, got '{save_path.name}'.",
+                            hint=f"e.g. smollm2{MANIFEST_SUFFIX}; the MXQs are written beside it.")
+    folder, stem = save_path.parent, save_path.name[: -len(MANIFEST_SUFFIX)]
+    folder.mkdir(parents=True, exist_ok=True)
+    model, loaded_tokenizer = graphs.load_causal_lm(source)
+    tokenizer = tokenizer or loaded_tokenizer
+    shape = graphs.LlmShape(prefill_len, max_len)
+    fit = check_memory_fit(model.config, target_device, max_len)
+    tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
+    chunks = token_chunks(tokens, prefill_len, num_samples)
+    prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib")
+    prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem)
+    results = {}
+    for kind, onnx_path, calib in (("prefill", prefill_onnx, prefill_calib), ("decode", decode_onnx, decode_calib)):
+        logger.info("Compiling the %s graph of %s", kind, stem)
+        results[kind] = mxq_compile(str(onnx_path), target_device=target_device, calib_data_path=str(calib),
+                                    save_path=folder / f"{stem}.{kind}.mxq", config_preset=config_preset,
+                                    **compile_kwargs)
+    manifest = _manifest(model, shape, stem, results, target_device, config_preset)
+    manifest["memory"] = fit
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder / f"{stem}.tokenizer"))
+        manifest["tokenizer"] = f"{stem}.tokenizer"
+    atomic_write_text(save_path, json.dumps(manifest, indent=2))
+    manifest["results"] = results
+    return manifest
+
+
+def _calibration_tokens(token_ids, text, tokenizer) -> list[int]:
+    if token_ids is not None:
+        return [int(t) for t in token_ids]
+    if text is None:
+        raise CalibrationError("An LLM needs calibration text: give calib_text or calib_token_ids.",
+                               hint="Any few thousand words of ordinary text in the model's language.")
+    if tokenizer is None:
+        raise ArgumentError("calib_text needs a tokenizer; a live module has none.",
+                            hint="Pass tokenizer=..., or calib_token_ids.")
+    return list(tokenizer(text)["input_ids"])
+
+
+def _manifest(model: Any, shape: graphs.LlmShape, stem: str, results: dict, device: str, preset: str) -> dict:
+    config = model.config
+    layers, kv_heads, head_dim = graphs.kv_geometry(config)
+    eos = config.eos_token_id
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "device": device, "preset": preset,
+            "architecture": type(model).__name__, "prefill": f"{stem}.prefill.mxq", "decode": f"{stem}.decode.mxq",
+            "prefill_len": shape.prefill_len, "max_len": shape.max_len, "layers": layers, "kv_heads": kv_heads,
+            "head_dim": head_dim, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+            "eos_token_id": eos[0] if isinstance(eos, list) else eos, "bos_token_id": config.bos_token_id,
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "weights_shared": False,
+            "analysis": {kind: result.quantize.analysis.get("summary", {}) for kind, result in results.items()}}
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """Read and check an ``.llm.json`` manifest.
+
+    Raises:
+        ArgumentError: not a qb-llm manifest, or the MXQs it names are missing.
+    """
+    path = Path(path)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ArgumentError(f"'{path}' cannot be read as an LLM manifest: {error}",
+                            hint=f"Pass the {MANIFEST_SUFFIX} file written by compile_llm.") from error
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ArgumentError(f"'{path.name}' is not a {MANIFEST_FORMAT} manifest.",
+                            hint=f"Pass the {MANIFEST_SUFFIX} file written by compile_llm.")
+    missing = [manifest[kind] for kind in ("prefill", "decode") if not (path.parent / manifest[kind]).is_file()]
+    if missing:
+        raise ArgumentError(f"'{path.name}' names MXQ file(s) that are missing: {', '.join(missing)}.",
+                            hint="Keep the MXQs beside the manifest, or compile again.")
+    return manifest

@@ -1,0 +1,256 @@
+"""Decoder LLMs: prefill/decode graphs, compile to MXQs + manifest, generation with a runtime KV cache.
+
+A randomly initialised Llama (4 layers, hidden 256, 8 heads / 2 KV heads, linear RoPE scaling) stands
+in for the real model (SmolLM2-135M runs in ``bench/llm.py``, too heavy for the suite).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from compiler_core.errors import ArgumentError  # noqa: E402
+from compiler_core.frontends import llm as graphs  # noqa: E402
+
+SHAPE = graphs.LlmShape(prefill_len=16, max_len=48)
+
+
+def small_llama():
+    """A random Llama of a shape unlike SmolLM2's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=256, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_llama()
+
+
+def word_tokenizer():
+    """A word-level tokenizer over the 512 ids: ``w0 .. w510`` and ``[UNK]``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(511)} | {"[UNK]": 511}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def compiled(model, tmp_path_factory):
+    from compiler_core.llm import compile_llm
+
+    folder = tmp_path_factory.mktemp("llm")
+    tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)
+    manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
+                           calib_token_ids=tokens, num_samples=12, tokenizer=word_tokenizer(),
+                           inference_scheme="all")
+    return folder / "small.llm.json", manifest
+
+
+def test_graphs_match_the_transformers_model(model):
+    ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(2))
+    prefill, decode = graphs.prefill_graph(model, SHAPE), graphs.decode_graph(model, SHAPE)
+    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    with torch.no_grad():
+        reference = model(ids).logits[0]
+        out = prefill(ids[:, :16], torch.arange(16)[None])
+        torch.testing.assert_close(out[0][0], reference[:16], atol=1e-4, rtol=1e-4)
+        cache = [torch.zeros(1, kv_heads, SHAPE.max_len, head_dim) for _ in range(2 * layers)]
+        for slot, present in zip(cache, out[1:]):
+            slot[:, :, :16] = present
+        for position in range(16, 20):
+            mask = torch.from_numpy(graphs.decode_mask(position, SHAPE))
+            step = decode(ids[:, position:position + 1], torch.tensor([[position]]), mask, *cache)
+            torch.testing.assert_close(step[0][0, 0], reference[position], atol=1e-4, rtol=1e-4)
+            for slot, present in zip(cache, step[1:]):
+                slot[:, :, position] = present[:, :, 0]
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ArgumentError, match="prefill_len"):
+        graphs.LlmShape(prefill_len=32, max_len=16)
+
+
+def test_not_a_llama_is_refused():
+    with pytest.raises(ArgumentError, match="not a Llama-family"):
+        graphs.load_causal_lm(torch.nn.Linear(2, 2))
+
+
+def test_compiled_logits_match_fp32(model, compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    path, manifest = compiled
+    assert manifest["layers"] == 4 and manifest["kv_heads"] == 2 and manifest["head_dim"] == 32
+    assert manifest["results"]["prefill"].support["unsupported"] == 0
+    assert manifest["results"]["decode"].support["unsupported"] == 0
+    lm = LlmModel(path)
+    ids = np.random.default_rng(3).integers(0, 512, 24)
+    with torch.no_grad():
+        reference = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    lm.reset()
+    prefill = lm.prefill(ids[:16])
+    assert min(cosine(prefill[i], reference[i]) for i in range(16)) >= 0.99
+    last = lm.prompt_logits(ids)  # 16 tokens of prefill, then 8 decode steps
+    assert cosine(last, reference[-1]) >= 0.99
+
+
+def test_generate_streams_and_keeps_the_cache(compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    lm = LlmModel(compiled[0])
+    prompt = [5, 17, 99, 3, 250]
+    seen = []
+    result = lm.generate(prompt, 6, stop_at_eos=False, on_token=seen.append)
+    assert seen == result.tokens and len(seen) == 6
+    assert len(result.decode_seconds) == 5
+    assert list(lm.stream(prompt, 6, stop_at_eos=False)) == result.tokens  # deterministic, cache reset
+    # the cache holds the prompt and the generated tokens fed back (all but the last one)
+    filled = np.abs(lm.cache[0][0, 0]).sum(axis=-1) > 0
+    assert filled[: len(prompt) + 5].all() and not filled[len(prompt) + 5:].any()
+
+
+def test_prompt_longer_than_the_cache_is_refused(compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    lm = LlmModel(compiled[0])
+    with pytest.raises(ArgumentError, match="KV cache"):
+        lm.prompt_logits(list(range(SHAPE.max_len)))
+    with pytest.raises(ArgumentError, match="empty"):
+        lm.prompt_logits([])
+
+
+def test_manifest_is_checked(tmp_path, compiled):
+    from compiler_core.llm import read_manifest
+
+    other = tmp_path / "x.llm.json"
+    other.write_text(json.dumps({"format": "something"}))
+    with pytest.raises(ArgumentError, match="not a qb-llm manifest"):
+        read_manifest(other)
+    data = json.loads(compiled[0].read_text())
+    data["decode"] = "missing.mxq"
+    moved = compiled[0].parent / "broken.llm.json"
+    moved.write_text(json.dumps(data))
+    with pytest.raises(ArgumentError, match="missing"):
+        read_manifest(moved)
+
+
+def test_masked_softmax_treats_the_saturated_mask_code_as_minus_infinity():
+    from compiler_core.quantization.kernels.softmax import run_softmax
+    from compiler_core.quantization.program import IntOp
+
+    scale = 0.01
+    table = np.round((1 << 20) * np.exp(-np.arange(20000) * scale)).astype(np.int32)
+    table = table[: int(np.nonzero(table)[0].max()) + 1]
+    x = np.array([[30, -20, -40, -40], [5, -40, -40, -40]], np.int64)  # -40: the smallest code, masked
+    op = IntOp("sm", "softmax", "Softmax", ["x"], ["y"], attrs={"axis": 1, "qmax": 32767, "masked_code": -40},
+               consts={"exp_table": table})
+    y = run_softmax(op, [x])[0] / 32767
+    expected = np.exp(np.array([0.3, -0.2])) / np.exp(np.array([0.3, -0.2])).sum()
+    np.testing.assert_allclose(y[0, :2], expected, atol=2e-4)
+    assert (y[0, 2:] == 0).all() and y[1, 0] == 1 and (y[1, 1:] == 0).all()
+    del op.attrs["masked_code"]  # unmasked, the same codes are just small values with real weight
+    assert run_softmax(op, [x])[0][1, 0] < 0.5 * 32767
+
+
+def test_cli_run_prompt_streams_the_generation(compiled, capsys):
+    from compiler_core.cli import run
+    from compiler_core.runtime.llm import LlmModel
+
+    assert run(["run", "--mxq", str(compiled[0]), "--prompt", "w1 w2 w3 w4", "--max-new-tokens", "5"]) == 0
+    printed = capsys.readouterr().out
+    expected = LlmModel(compiled[0]).generate([1, 2, 3, 4], 5).tokens
+    assert printed.split("\n")[0].split() == [f"w{t}" for t in expected]
+
+
+def test_estimate_gives_ttft_and_tokens_per_second(compiled):
+    from compiler_core.llm import manifest_estimate
+
+    path, manifest = compiled
+    estimate = manifest_estimate(json.loads(path.read_text()), path.parent, prompt_tokens=20)
+    assert set(estimate) == {"single", "multi", "global4", "global8"}
+    for mode in estimate.values():  # 20 tokens: one prefill call of 16, then 4 decode steps
+        assert mode["ttft_ms"] > 0 and mode["tokens_per_s"] > 0
+    assert estimate["global8"]["ttft_ms"] < estimate["single"]["ttft_ms"]
+    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len
+
+
+def test_check_refuses_what_does_not_fit_with_the_numbers(model, tmp_path, capsys):
+    from compiler_core.cli import run
+
+    folder = tmp_path / "small"
+    model.save_pretrained(folder)
+    assert run(["check", "--model", str(folder), "--target-device", "aries-rb", "--max-len", "1024"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert run(["check", "--model", str(folder), "--target-device", "regulus-rb", "--max-len", "2048"]) != 0
+    assert "exceeds regulus-rb's limit of 1024" in capsys.readouterr().err
+
+
+def test_reference_runs_the_fp32_exports(model, compiled):
+    from compiler_core.runtime.llm import LlmModel, first_divergence
+
+    reference = LlmModel(compiled[0], reference=True)
+    ids = np.random.default_rng(4).integers(0, 511, 20)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids)[None]).logits[0, -1].numpy()
+    np.testing.assert_allclose(reference.prompt_logits(ids), expected, atol=1e-4)
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_cli_compiles_a_transformers_folder_to_a_manifest(tmp_path, capsys):
+    from compiler_core.cli import run
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    folder = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(f"w{i}" for i in np.random.default_rng(5).integers(0, 511, 80)))
+    output = tmp_path / "out" / "tiny.llm.json"
+    assert run(["compile", "--model", str(folder), "--output", str(output), "--calib-data-path", str(text),
+                "--prefill-len", "8", "--max-len", "16", "--calib-samples", "8"]) == 0, capsys.readouterr().err
+    manifest = json.loads(output.read_text())
+    assert manifest["prefill_len"] == 8 and manifest["max_len"] == 16 and manifest["tokenizer"] == "tiny.tokenizer"
+    assert (output.parent / "tiny.prefill.mxq").is_file() and (output.parent / "tiny.decode.mxq").is_file()
+    assert run(["compile", "--model", str(folder), "--output", str(output)]) != 0  # no calibration text
+    assert "calibration text" in capsys.readouterr().err
+
+
+def test_fast_simulator_matches_the_golden_kernels(compiled):
+    from compiler_core.frontends.llm import decode_mask
+    from compiler_core.runtime.artifact import load_artifact
+
+    folder = compiled[0].parent
+    for kind in ("prefill", "decode"):
+        artifact = load_artifact(folder / f"small.{kind}.mxq")
+        rng = np.random.default_rng(6)
+        feeds = {}
+        for spec in artifact.input_specs:
+            if spec.name == "input_ids":
+                feeds[spec.name] = rng.integers(0, 511, spec.shape).astype(np.int64)
+            elif spec.name == "position_ids":
+                feeds[spec.name] = (np.arange(spec.shape[1]) if kind == "prefill" else np.array([9]))[None]
+            elif spec.name == "cache_mask":
+                feeds[spec.name] = decode_mask(9, SHAPE)
+            else:
+                feeds[spec.name] = (rng.standard_normal(spec.shape) * 0.5).astype(np.float32)
+        fast = artifact.run(feeds, raw=True)
+        golden = artifact.run(feeds, raw=True, golden=True)
+        for a, b in zip(fast, golden):
+            np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
