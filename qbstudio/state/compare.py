@@ -273,6 +273,43 @@ def mxq_tensors(mxq_path: str | Path) -> dict[str, dict[str, Any]]:
     return dict(read_mxq(mxq_path).program.get("tensors", {}))
 
 
+@dataclass(frozen=True)
+class WeightRanges:
+    """Per-output-channel real weight ranges of one layer in one run's MXQ (codes x per-channel scale).
+
+    Attributes:
+        low / high: Smallest / largest real weight of each output channel.
+        step: Each channel's quantization step (its weight scale).
+        bits: Weight width.
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+    step: np.ndarray
+    bits: int
+
+
+def mxq_weight_ranges(mxq_path: str | Path) -> dict[str, WeightRanges]:
+    """Layer name -> :class:`WeightRanges` for every layer with per-channel weights in an MXQ."""
+    from compiler_core.mxq.container import read_mxq
+
+    mxq = read_mxq(mxq_path)
+    ranges = {}
+    for op in mxq.program.get("ops", []):
+        scale = op.get("attrs", {}).get("weight_scale")
+        if "weight" not in op.get("consts", {}) or scale is None:
+            continue
+        codes = np.asarray(mxq.consts[op["consts"]["weight"]], dtype=np.float64)
+        scale = np.asarray(scale, dtype=np.float64).reshape(-1)
+        # conv weights lead with the output channels; a dense layer's [in, out] weights end with them
+        axis = 0 if scale.size in (1, codes.shape[0]) else codes.ndim - 1
+        rows = np.moveaxis(codes, axis, 0).reshape(codes.shape[axis], -1)
+        step = np.broadcast_to(scale, (rows.shape[0],))
+        bits = 16 if "w16" in str(op.get("precision", "")) else 8
+        ranges[op["name"]] = WeightRanges(rows.min(axis=1) * step, rows.max(axis=1) * step, np.array(step), bits)
+    return ranges
+
+
 def clip_range(record: Mapping[str, Any] | None) -> ClipRange | None:
     """The :class:`ClipRange` of one MXQ tensor record (None without per-tensor parameters)."""
     params = (record or {}).get("params")

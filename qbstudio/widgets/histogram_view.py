@@ -24,7 +24,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from qbstudio.state.compare import ClipRange, StatisticsSource, clip_range, histogram, mxq_tensors
+from qbstudio.state.compare import (
+    ClipRange,
+    StatisticsSource,
+    WeightRanges,
+    clip_range,
+    histogram,
+    mxq_tensors,
+    mxq_weight_ranges,
+)
 from qbstudio.state.runs import RunRecord
 from qbstudio.widgets.layer_plot import RUN_COLOURS, _style_axes
 from qbstudio.workers import JobRunner, Worker
@@ -76,6 +84,10 @@ class HistogramView(QWidget):
         self.counts: np.ndarray | None = None
         self.edges: np.ndarray | None = None
         self._tensor_cache: dict[str, dict[str, dict[str, Any]]] = {}
+        self._weight_cache: dict[str, dict[str, WeightRanges]] = {}
+        self.weights: dict[int, WeightRanges | None] = {}
+        self._weight_plot: Any = None
+        self._weight_curves: list[list[Any]] = []
         self._pending: RunRecord | None = None
         self.mblt_path: str = ""
         """The MBLT the runs compiled (the project's): statistics are looked up for it."""
@@ -102,8 +114,15 @@ class HistogramView(QWidget):
                     line.hide()
                     self._plot.addItem(line)
                 self._lines.append(pair)
+            self._weight_plot = pg.PlotWidget(background="w", objectName="weightRangePlot")
+            _style_axes(self._weight_plot)
+            self._weight_plot.setLabel("left", "weights (as compiled)", color="#222")
+            self._weight_plot.setLabel("bottom", "output channel", color="#222")
+            self._weight_curves = [[self._weight_plot.plot([], [], pen=pg.mkPen(colour, width=1.5)) for _ in range(2)]
+                                   for colour in RUN_COLOURS]
             self._splitter.insertWidget(0, self._plot)
-            self._splitter.setSizes([400, 140])
+            self._splitter.insertWidget(1, self._weight_plot)
+            self._splitter.setSizes([400, 180, 140])
         return self._plot
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
@@ -131,6 +150,7 @@ class HistogramView(QWidget):
         row = run.layer_row(layer) if run else None
         self.tensor = (row or {}).get("tensor") or layer
         self.ranges = {r.run_id: clip_range(self._mxq_tensors(r).get(self.tensor)) for r in self._runs}
+        self.weights = {r.run_id: self._mxq_weights(r).get(layer) for r in self._runs}
         self.counts = self.edges = None
         self._fill_table()
         self._draw()
@@ -146,6 +166,33 @@ class HistogramView(QWidget):
                 logger.warning("run #%d: cannot read %s: %s", run.run_id, run.mxq_path, error)
                 self._tensor_cache[run.mxq_path] = {}
         return self._tensor_cache[run.mxq_path]
+
+    def _mxq_weights(self, run: RunRecord) -> dict[str, WeightRanges]:
+        if run.mxq_path not in self._weight_cache:
+            from compiler_core.errors import QBCompilerError
+
+            try:
+                self._weight_cache[run.mxq_path] = mxq_weight_ranges(run.mxq_path)
+            except (QBCompilerError, OSError) as error:
+                logger.warning("run #%d: cannot read %s: %s", run.run_id, run.mxq_path, error)
+                self._weight_cache[run.mxq_path] = {}
+        return self._weight_cache[run.mxq_path]
+
+    def _draw_weights(self) -> None:
+        """Per output channel, each run's smallest and largest real weight (one colour per run)."""
+        shown = False
+        for index, pair in enumerate(self._weight_curves):
+            run = self._runs[index] if index < len(self._runs) else None
+            ranges = self.weights.get(run.run_id) if run is not None else None
+            if ranges is None:
+                for curve in pair:
+                    curve.setData([], [])
+                continue
+            channels = np.arange(ranges.low.size)
+            pair[0].setData(channels, ranges.low)
+            pair[1].setData(channels, ranges.high)
+            shown = True
+        self._weight_plot.setVisible(shown)
 
     def _load_statistics(self, run: RunRecord | None) -> None:
         if run is None or not self.mblt_path or not run.calibration:
@@ -202,6 +249,7 @@ class HistogramView(QWidget):
     def _draw(self) -> None:
         if self._plot is None:
             return
+        self._draw_weights()
         if self.counts is not None and self.counts.size:
             self._curve.setData(self.edges, np.log10(self.counts.astype(float) + 1.0))
         else:

@@ -195,6 +195,13 @@ def test_histogram_shows_each_runs_clip_range_matching_the_mxq(qtbot, view, swee
         assert histogram.table.item(row, 3).text() == str(zero_point)
     assert len({round(high, 6) for _, high in drawn.values()}) > 1  # Max, percentile and KL clip differently
     assert drawn[1][1] >= max(drawn[2][1], drawn[3][1])  # Max keeps the largest range
+    weights = histogram.weights[1]  # per-channel weight ranges of the layer: codes x per-channel scale
+    op = next(op for op in read_mxq(sweep["runs"][0].mxq_path).program["ops"] if op["name"] == "Conv_1")
+    mxq = read_mxq(sweep["runs"][0].mxq_path)
+    codes = np.asarray(mxq.consts[op["consts"]["weight"]], dtype=np.float64)
+    scale = np.asarray(op["attrs"]["weight_scale"], dtype=np.float64)
+    assert weights.high == pytest.approx(codes.reshape(codes.shape[0], -1).max(axis=1) * scale)
+    assert weights.low.size == codes.shape[0] and histogram._weight_plot.isVisible()
     qtbot.wait(200)
     shoot(view, "compare_histogram.png")
 
