@@ -8,6 +8,7 @@ Conv+BatchNorm fusion can fire, and the result is checked before anything is wri
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,8 @@ import onnx
 import onnx_ir as ir
 import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
+from onnx_ir.passes.common import _c_api_utils
+from onnx_ir.passes.common import shape_inference as ir_shape_inference
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
 from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.rewriter.rules.fusion._layer_norm import layer_normalization_rules
@@ -74,17 +77,18 @@ def canonicalize(
     reporter = as_reporter(reporter)
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
+    source_inference: list[InvalidModelError] = []  # the pinned source's own inference failure, if any
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
         ("check operators", _check_known_ops),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
         ("convert to opset 21", _convert_opset),
-        ("lift constants", _lift_constants),
+        ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m)]))),
         ("optimize", _optimize),
         ("legalize", _legalize),
         ("tidy", _tidy),
-        ("verify", _verify),
+        ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None)),
     ]
     with reporter.stage("canonicalize", total=len(steps)):
         for name, step in steps:
@@ -200,9 +204,28 @@ def _convert_opset(model: ir.Model) -> None:
             hint=f"Export the model with opset {opset.MBLT_OPSET_VERSION} (or 18-{opset.MBLT_OPSET_VERSION}) and parse again.")
 
 
-def _lift_constants(model: ir.Model) -> None:
+def _lift_constants(model: ir.Model) -> InvalidModelError | None:
+    """Lift constants, then infer shapes of the graph as given (inputs pinned, opset converted).
+
+    Returns:
+        The model's own inconsistency (e.g. a Reshape whose target shape does not fit its input)
+        when ONNX's strict inference fails here, else None. Parsing goes on (the optimizer may
+        remove the offending node); :func:`_verify` uses it to blame the model instead of the compiler.
+    """
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-    _infer_shapes(model)
+    failure = _strict_inference(model)
+    _check_reshapes(model)
+    if failure is None:
+        return None
+    handle, node = _failing_node(model, failure)
+    detail = re.sub(rf"\b{re.escape(handle)}\b", node, _first_line(failure)) if handle else _first_line(failure)
+    logger.info("The model fails ONNX shape inference before canonicalization: %s", detail)
+    where = f" at node '{node}'" if node else ""
+    return InvalidModelError(f"The model is inconsistent{where}: ONNX type and shape inference fails with its "
+                             f"input shapes pinned: {detail}",
+                             hint="Check the input shapes (input_shape_dict) and the model; check it with "
+                                  "onnx.shape_inference.infer_shapes(model, strict_mode=True).",
+                             stage=VERIFY_STAGE, **({"node": node} if node else {}))
 
 
 def _optimize(model: ir.Model) -> None:
@@ -282,8 +305,17 @@ def _tidy(model: ir.Model) -> None:
     _infer_shapes(model)
 
 
-def _verify(model: ir.Model) -> None:
+def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) -> None:
+    """Check the canonical graph: MBLT ops only, static shapes, ONNX's full checker.
+
+    Args:
+        model: The canonical graph.
+        source_inference: How the model as given failed inference (from :func:`_lift_constants`);
+            raised instead of an internal error when the canonical graph fails the checker.
+    """
     _check_mblt_ops(model)
+    if source_inference is not None and _has_dynamic_shapes(model):
+        raise source_inference  # the model's inconsistency left tensors without shapes
     if _fill_same_shape_outputs(model) and any(value.shape is None for node in model.graph for value in node.outputs):
         _infer_shapes(model)  # ONNX infers no shape for GroupNormalization-21: give its consumers theirs
     _check_static_shapes(model)
@@ -291,8 +323,10 @@ def _verify(model: ir.Model) -> None:
     try:
         common_passes.CheckerPass(full_check=True)(model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        # Whose fault it is depends on the source: api.parse_model blames the source model only when
-        # onnx.checker (full) fails on the source file too.
+        # Whose fault it is depends on the source: the model's own when it already failed inference as
+        # given; else api.parse_model blames it only when onnx.checker (full) fails on the source file.
+        if source_inference is not None:
+            raise source_inference from error
         raise InternalError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
                             hint="The source model may be fine; this is probably a compiler bug. Please report it "
                                  "with the model.", stage=VERIFY_STAGE) from error
@@ -325,11 +359,83 @@ def _should_fold(node: ir.Node) -> bool | None:
 
 
 def _infer_shapes(model: ir.Model) -> None:
+    """Strict ONNX type and shape inference, merged into the graph; a failure leaves the graph unchanged
+    (the checker in :func:`_verify` then reports it)."""
+    failure = _strict_inference(model)
+    if failure is not None:
+        logger.debug("Shape inference failed: %s", _first_line(failure))
+
+
+def _strict_inference(model: ir.Model) -> Exception | None:
+    """Run ONNX's strict inference on the model and merge the shapes; return its failure, if any.
+
+    ``ShapeInferencePass`` logs and swallows failures; this calls the same helpers (which keep large
+    initializers out of the serialized copy) and hands the failure back.
+    """
+    def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+
     try:
-        common_passes.ShapeInferencePass()(model)
-    except Exception as error:  # shape inference raises InferenceError on ill-typed graphs
-        raise InvalidModelError(f"Type and shape inference failed: {_first_line(error)}",
-                                hint="Check the input shapes (input_shape_dict) and the model.") from error
+        inferred = _c_api_utils.call_onnx_api(infer, model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        return error
+    ir_shape_inference._merge_func(model, inferred)
+    return None
+
+
+def _check_reshapes(model: ir.Model) -> None:
+    """Refuse a Reshape whose constant target shape cannot hold its input's elements.
+
+    ONNX's inference takes such a target shape as given; the mismatch only shows later, or at run time.
+
+    Raises:
+        InvalidModelError: naming the Reshape, its input shape and its target shape.
+    """
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        data, target = node.inputs[0], node.inputs[1]
+        if data is None or target is None or target.const_value is None or data.shape is None \
+                or not all(_is_static(dim) for dim in data.shape.dims):
+            continue
+        problem = _reshape_problem(list(data.shape.dims), target.const_value.numpy().reshape(-1).tolist(),
+                                   bool(node.attributes.get_int("allowzero", 0)))
+        if problem:
+            name = node.metadata_props.get(SOURCE_NAME_KEY, node.name)
+            raise InvalidModelError(f"Reshape '{name}' cannot reshape its input of shape {list(data.shape.dims)} "
+                                    f"to {target.const_value.numpy().reshape(-1).tolist()}: {problem}.",
+                                    hint="The source model is inconsistent (or the input shapes given do not fit "
+                                         "it); check input_shape_dict and the model.", node=name)
+
+
+def _reshape_problem(source: list[int], target: list[int], allowzero: bool) -> str | None:
+    """Why ``target`` cannot be a Reshape of a ``source``-shaped tensor, or None."""
+    dims = [source[index] if size == 0 and not allowzero and index < len(source) else size
+            for index, size in enumerate(target)]
+    if dims.count(-1) > 1 or any(size < -1 for size in dims):
+        return "at most one -1 and no other negative size is allowed"
+    if allowzero and -1 in dims and 0 in dims:
+        return "with allowzero, a target shape cannot hold both 0 and -1"
+    total, known = int(np.prod(source, dtype=object)), int(np.prod([d for d in dims if d != -1], dtype=object))
+    if -1 in dims:
+        return None if (known and total % known == 0) or (not known and total == 0) else \
+            f"{total} elements do not divide into the known sizes ({known})"
+    return None if total == known else f"{total} elements, the target holds {known}"
+
+
+_NODE_IN_MESSAGE = re.compile(r"node name: ([^)]+)\)")
+
+
+def _failing_node(model: ir.Model, error: Exception) -> tuple[str | None, str | None]:
+    """(the node name an inference error gives, that node's source name), or (None, None)."""
+    match = _NODE_IN_MESSAGE.search(str(error))
+    if match is None:
+        return None, None
+    handle = match.group(1)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.name == handle:
+            return handle, node.metadata_props.get(SOURCE_NAME_KEY, handle)
+    return handle, handle
 
 
 def _remove_unused_initializers(model: ir.Model) -> None:
@@ -370,6 +476,11 @@ def _fill_same_shape_outputs(model: ir.Model) -> int:
             output.dtype = output.dtype or source.dtype
             filled += 1
     return filled
+
+
+def _has_dynamic_shapes(model: ir.Model) -> bool:
+    return any(value.shape is None or not all(_is_static(d) for d in value.shape.dims)
+               for node in model.graph for value in node.outputs)
 
 
 def _check_static_shapes(model: ir.Model) -> None:
