@@ -379,8 +379,35 @@ def _strict_inference(model: ir.Model) -> Exception | None:
         inferred = _c_api_utils.call_onnx_api(infer, model)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
         return error
-    ir_shape_inference._merge_func(model, inferred)
+    if any(True for _ in _subgraphs(model)):
+        ir_shape_inference._merge_func(model, inferred)  # nested graphs: the library's (slower) full merge
+    else:
+        _merge_main_graph(model, inferred)
     return None
+
+
+def _subgraphs(model: ir.Model):
+    for node in model.graph:
+        for attribute in node.attributes.values():
+            if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                yield attribute
+
+
+def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
+    """Copy the inferred shapes and dtypes onto the graph's values, as ``ShapeInferencePass`` does, reading the
+    inferred proto's value infos directly instead of deserializing the whole inferred model."""
+    graph = inferred.graph
+    types = {info.name: info.type for info in (*graph.input, *graph.value_info, *graph.output)}
+    for name, value in ir.convenience.create_value_mapping(model.graph).items():
+        type_proto = types.get(name)
+        if type_proto is None:
+            continue
+        shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+        if shape is not None and value.shape != shape:
+            value.shape = shape
+        dtype = ir.serde.deserialize_type_proto_for_type(type_proto).dtype
+        if dtype is not None and value.dtype != dtype:
+            value.dtype = dtype
 
 
 def _check_reshapes(model: ir.Model) -> None:

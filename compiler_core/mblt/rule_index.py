@@ -8,7 +8,8 @@ type, which is exactly what the full match would return, so the rewritten graph 
 pattern with several output nodes, such as onnxscript's ``SlicesSplit``, also scans the whole graph
 per try: quadratic in the node count without the index.)
 :func:`optimize` is ``onnxscript.optimizer.optimize_ir`` (same passes, same order) with the default
-rewrite rules indexed that way.
+rewrite rules indexed that way, and a constant folder that skips node-level shape inference where the
+node's outputs already have static shapes.
 """
 
 from __future__ import annotations
@@ -70,11 +71,23 @@ def _default_rules() -> RewriteRuleSet:
     return _DEFAULT_RULES
 
 
+class _FoldConstants(_constant_folding.FoldConstantsPass):
+    """onnxscript's constant folder, without the per-node ONNX inference for nodes whose outputs already
+    carry a dtype and a fully static shape (the whole-model inference before the optimizer gave them):
+    inference cannot refine such a shape, and serializing every node for it dominated the folder's time."""
+
+    def _do_inference(self, node: ir.Node) -> None:
+        if all(output.dtype is not None and output.shape is not None
+               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs):
+            return
+        super()._do_inference(node)
+
+
 def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, output_size_limit: int,
              should_fold: Callable[[ir.Node], bool | None]) -> None:
     """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules."""
     loop = ir.passes.PassManager(
-        [_constant_folding.FoldConstantsPass(shape_inference=True, input_size_limit=input_size_limit,
+        [_FoldConstants(shape_inference=True, input_size_limit=input_size_limit,
                                              output_size_limit=output_size_limit, should_fold=should_fold),
          rewriter.RewritePass(_default_rules()),
          common_passes.RemoveUnusedNodesPass(),
