@@ -9,6 +9,7 @@ each group gets one range: the hull of its members' calibrated ranges, or fixed 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class DecisionOptions:
         output_bits: activation width of the output tensors (at least their layer's own width).
         model_outputs: the whole model's output names when the graph is a CPU-offload body (its other
             outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
+        signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
+            (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
     """
 
     symmetric: bool = True
@@ -48,6 +51,28 @@ class DecisionOptions:
     output_headroom: float = 1.0
     output_bits: int = 8
     model_outputs: frozenset[str] | None = None
+    signal_rms: Mapping[str, float] = field(default_factory=dict)
+
+
+OUTPUT_MIN_SQNR_DB = 25.0
+"""Headroom may coarsen an output's step only while its own rounding noise stays this far below its RMS."""
+
+
+def headroom_factor(low: float, high: float, bits: int, rms: float | None, headroom: float, symmetric: bool) -> float:
+    """The output headroom for one tensor: ``headroom``, reduced where it would drown the values in rounding noise.
+
+    Widening a range by ``h`` multiplies the step by ``h``. An output whose values mostly sit in a
+    narrow band far inside its range (class logits over thousands of classes: a few peaks, the rest
+    near zero; ddddocr_rec's RMS is 1/22 of its range) loses most of its resolution that way, while
+    regressions and landmarks, whose values fill their range, can afford it. The factor is the
+    largest ``h <= headroom`` (and at least 1) for which the uniform rounding noise ``step**2 / 12``
+    stays :data:`OUTPUT_MIN_SQNR_DB` below the tensor's mean square.
+    """
+    width = 2 * max(abs(low), abs(high)) if symmetric else high - low
+    if headroom <= 1.0 or rms is None or not rms > 0 or not width > 0:
+        return headroom
+    limit = rms * ((1 << bits) - 1) * math.sqrt(12 / 10 ** (OUTPUT_MIN_SQNR_DB / 10)) / width
+    return float(min(headroom, max(1.0, limit)))
 
 
 class _UnionFind:
@@ -90,7 +115,11 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     for name, record in records.items():
         if name in ranges and name not in masked:
             low, high = ranges[name]
-            factor = options.output_headroom if name in head else 1.0
+            factor = headroom_factor(low, high, record.bits, options.signal_rms.get(name), options.output_headroom,
+                                     options.symmetric) if name in head else 1.0
+            if name in head and factor < options.output_headroom:
+                logger.info("Output headroom of %s: %.2f instead of %.2f (values narrow for their range)", name,
+                            factor, options.output_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records
