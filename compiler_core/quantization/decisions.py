@@ -222,7 +222,9 @@ def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[s
     resolution for headroom: inputs unlike the calibration set (a larger face, a box further off
     centre) push final logits and regressions past the calibrated maximum, and clipping there costs
     far more than a coarser step. Tensors that share an output's parameters (a Reshape's input) or
-    feed its Concat get the same treatment, so the widened range is not clipped one op earlier.
+    feed its Concat get the same treatment, so the widened range is not clipped one op earlier, as
+    long as nothing outside the head reads them too (a streaming model's state cache: the Concat
+    that makes the next cache also feeds the next layer, whose input must keep its resolution).
     """
     kernels.load_all()
     context = LoweringContext(view, {})
@@ -237,16 +239,61 @@ def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[s
         if group.main.op_type in BOUNDED_OUTPUT_OPS:
             head.discard(group.output.name)
             continue
-        spec = kernels.spec_for(group.main.op_type)
-        passes = group.main.op_type in OUTPUT_HEAD_OPS or (
-            spec is not None and not group.fused and spec.policy(group, context) == kernels.SAME_AS_INPUT)
-        if not passes:
+        if not _passes_range_back(group, context):
             continue
         for value in group.main.inputs:
             if view.is_float(value) and not view.is_const(value) and value.name not in head:
                 head.add(value.name)
                 pending.append(value.name)
+    return _read_only_by_the_head(view, groups, head, context)
+
+
+def _passes_range_back(group: Group, context: LoweringContext) -> bool:
+    """Data movement (keeps its input's parameters) and Concat: an output's range reaches back through them."""
+    if group.main.op_type in OUTPUT_HEAD_OPS:
+        return True
+    spec = kernels.spec_for(group.main.op_type)
+    return spec is not None and not group.fused and spec.policy(group, context) == kernels.SAME_AS_INPUT
+
+
+def _read_only_by_the_head(view: GraphView, groups: list[Group], head: set[str], context: LoweringContext) -> set[str]:
+    """Drop head tensors that an op outside the head also reads (a streaming cache's Concat feeds the next
+    layer too), and the data-movement outputs that share parameters with a dropped tensor, until stable."""
+    values = {value.name: value for value in view.graph.inputs}
+    values.update((value.name, value) for group in groups for value in group.outputs)
+    group_of = {id(node): group for group in groups for node in group.nodes}
+    producer = {value.name: group for group in groups for value in group.outputs}
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(head):
+            if _read_outside(view, values.get(name), group_of, head, context) or _shares_with_dropped(producer.get(name),
+                                                                                            head, view, context):
+                head.discard(name)
+                changed = True
     return head
+
+
+def _read_outside(view: GraphView, value, group_of: dict, head: set[str], context: LoweringContext) -> bool:
+    """An op other than a head data movement / Concat reads ``value`` (a layer computing from it)."""
+    if value is None:
+        return False
+    for node in view.consumers(value):
+        group = group_of.get(id(node))
+        if group is None or not _passes_range_back(group, context) or not any(o.name in head for o in group.outputs):
+            return True
+    return False
+
+
+def _shares_with_dropped(group: Group | None, head: set[str], view: GraphView, context: LoweringContext) -> bool:
+    """A data-movement output keeps its input's parameters: it leaves the head with its input."""
+    if group is None or group.fused:
+        return False
+    spec = kernels.spec_for(group.main.op_type)
+    if spec is None or spec.policy(group, context) != kernels.SAME_AS_INPUT:
+        return False
+    source = group.main.inputs[0]
+    return source is not None and view.is_float(source) and not view.is_const(source) and source.name not in head
 
 
 WIDENED_INPUT_OPS = {"Softmax", "LayerNormalization"}
