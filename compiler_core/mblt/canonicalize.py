@@ -411,14 +411,15 @@ def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
 
 
 def _check_reshapes(model: ir.Model) -> None:
-    """Refuse a Reshape whose constant target shape cannot hold its input's elements.
+    """Refuse a Reshape of the main graph whose constant target shape cannot hold its input's elements.
 
     ONNX's inference takes such a target shape as given; the mismatch only shows later, or at run time.
+    Subgraphs are left alone: an ``If`` branch that the pinned shapes rule out may be ill-shaped.
 
     Raises:
         InvalidModelError: naming the Reshape, its input shape and its target shape.
     """
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in model.graph:
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
             continue
         data, target = node.inputs[0], node.inputs[1]
