@@ -191,12 +191,19 @@ def _table_1d(name: str):
 Shapes = list  # per input slot: the recorded shape (list of ints), or the standing-in constant's shape
 
 
-def _same(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
-    return [list(inputs[0])]
-
-
-def _broadcast(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+def _elementwise(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    """Element-wise kinds: their constants (per-element multipliers, branches) may broadcast the inputs
+    further, so only the inputs' broadcast is known; :func:`_check_shapes` requires the recorded output
+    to be a broadcast of it."""
     return [list(np.broadcast_shapes(*[tuple(shape) for shape in inputs]))]
+
+
+def _requantized(shapes):
+    """``shapes``, then broadcast with the final requantization's ``multiplier``/``shift`` constants."""
+    def computed(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+        extra = [consts[name].shape for name in ("multiplier", "shift") if name in consts]
+        return [list(np.broadcast_shapes(tuple(shape), *extra)) for shape in shapes(op, consts, inputs)]
+    return computed
 
 
 def _matmul(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
@@ -322,21 +329,21 @@ SCHEMAS: dict[str, KindSchema] = {
                                          "group": INT, "weight_scale": NUMBERS, "output_padding": INTS},
                          consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,), shapes=_linear),
     "matmul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
-                         rules=(_requantizer_shapes,), shapes=_matmul),
+                         rules=(_requantizer_shapes,), shapes=_requantized(_matmul)),
     "add": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, optional_attrs={"const_a_scale": NUMBER,
                                                                                       "const_b_scale": NUMBER},
                       consts=("multipliers", "shifts"), optional_consts=("const_a", "const_b"), inputs=(2, 2),
-                      rules=(_add_shapes,), slot_consts=_ab_slot, shapes=_broadcast),
+                      rules=(_add_shapes,), slot_consts=_ab_slot, shapes=_elementwise),
     "scale": KindSchema(attrs={"zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,),
-                        shapes=_same),
+                        shapes=_elementwise),
     "mul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
-                      rules=(_requantizer_shapes,), shapes=_broadcast),
+                      rules=(_requantizer_shapes,), shapes=_elementwise),
     "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_branch_x": INT, "zp_branch_y": INT},
                          optional_consts=("const_*", "multiplier_*", "shift_*"), inputs=(3, 3),
-                         slot_consts=_select_slot, shapes=_broadcast),
-    "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}, shapes=_same),
-    "clamp": KindSchema(attrs={"clamp": CLAMP}, shapes=_same),
-    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),), shapes=_same),
+                         slot_consts=_select_slot, shapes=_elementwise),
+    "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}, shapes=_elementwise),
+    "clamp": KindSchema(attrs={"clamp": CLAMP}, shapes=_elementwise),
+    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),), shapes=_elementwise),
     "move": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                        optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None),
                        slot_consts="*"),
@@ -348,39 +355,39 @@ SCHEMAS: dict[str, KindSchema] = {
                          slot_consts=_numbered_slot, shapes=_concat),
     "extremum": KindSchema(attrs={"zero_points": INTS, "mode": STRING, **_QUANTIZED},
                            consts=("multipliers", "shifts"), optional_consts=("const*",), inputs=(1, None),
-                           rules=(_operand_counts, _extremum_mode), slot_consts=_numbered_slot, shapes=_broadcast),
+                           rules=(_operand_counts, _extremum_mode), slot_consts=_numbered_slot, shapes=_elementwise),
     "sum": KindSchema(attrs={"zero_points": INTS, **_QUANTIZED}, consts=("multipliers", "shifts"),
                       optional_consts=("const*",), inputs=(1, None), rules=(_operand_counts,),
-                      slot_consts=_numbered_slot, shapes=_broadcast),
+                      slot_consts=_numbered_slot, shapes=_elementwise),
     "divide": KindSchema(attrs={"zp_a": INT, "offset_b": INT, **_QUANTIZED}, consts=("reciprocal", *_REQUANT),
                          optional_consts=("const_a",), inputs=(2, 2),
                          rules=(_table_1d("reciprocal"), _requantizer_shapes), slot_consts=_ab_slot,
-                         shapes=_broadcast),
+                         shapes=_elementwise),
     "groupnorm": KindSchema(attrs={"groups": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
-                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),), shapes=_same),
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),), shapes=_elementwise),
     "reduce_l2": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED},
                             optional_attrs={"headroom": INT}, consts=_REQUANT, rules=(_requantizer_shapes,),
-                            shapes=_reduce),
+                            shapes=_requantized(_reduce)),
     "cumsum": KindSchema(attrs={"axis": INT, "exclusive": BOOL, "reverse": BOOL, "zp_x": INT, **_QUANTIZED},
-                         consts=_REQUANT, rules=(_requantizer_shapes,), shapes=_same),
+                         consts=_REQUANT, rules=(_requantizer_shapes,), shapes=_elementwise),
     "gather_table": KindSchema(attrs={"axis": INT}, consts=("table",), optional_consts=("indices",), inputs=(2, 2),
                                slot_consts=_gather_slot, shapes=_gather_table),
     "layernorm": KindSchema(attrs={"axis": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
                             consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift", "offset"),),
-                            shapes=_same),
+                            shapes=_elementwise),
     "reduce_sum": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED}, consts=_REQUANT,
-                             rules=(_requantizer_shapes,), shapes=_reduce),
+                             rules=(_requantizer_shapes,), shapes=_requantized(_reduce)),
     "average_pool": KindSchema(attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS, "group": INT,
                                       "zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,),
-                                shapes=_pool),
+                                shapes=_requantized(_pool)),
     "prelu": KindSchema(attrs={"zp_x": INT, **_QUANTIZED},
                         consts=("positive_multiplier", "positive_shift", "negative_multiplier", "negative_shift"),
                         rules=(_same_shape("positive_multiplier", "positive_shift"),
-                               _same_shape("negative_multiplier", "negative_shift")), shapes=_same),
+                               _same_shape("negative_multiplier", "negative_shift")), shapes=_elementwise),
     "interpolate": KindSchema(attrs={"axes": INTS, "zp": INT, "clamp": CLAMP}, optional_consts=("weight*",),
                               rules=(_resize_weights,), shapes=_interpolate),
     "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, consts=("exp_table",), rules=(_table_1d("exp_table"),),
-                          shapes=_same),
+                          shapes=_elementwise),
 }
 """Kernel kind -> what its kernel reads. Every kind in the executor's registry must have an entry."""
 
@@ -619,6 +626,14 @@ def _check_shapes(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray]
     except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as error:
         return f"its input shapes {inputs} do not fit it: {error}"
     recorded = [list(shapes[name]) for name in op["outputs"]]
+    if schema.shapes is _elementwise:
+        try:
+            fits = list(np.broadcast_shapes(tuple(computed[0]), tuple(recorded[0]))) == recorded[0]
+        except ValueError:
+            fits = False
+        if len(recorded) != 1 or not fits:
+            return f"its output shape(s) {recorded} are not a broadcast of its inputs' shape {computed[0]}"
+        return None
     if [list(map(int, shape)) for shape in computed] != recorded:
         return f"it computes output shape(s) {computed} from its inputs, the program records {recorded}"
     return None
