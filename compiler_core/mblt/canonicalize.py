@@ -430,7 +430,8 @@ def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
         shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
         if shape is not None and value.shape != shape:
             value.shape = shape
-        dtype = ir.serde.deserialize_type_proto_for_type(type_proto).dtype
+        inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)  # None for an empty TypeProto
+        dtype = inferred_type.dtype if inferred_type is not None else None
         if dtype is not None and value.dtype != dtype:
             value.dtype = dtype
 
