@@ -661,6 +661,8 @@ def _check_onnx_node(op: dict, consts: Mapping[str, np.ndarray],
     """
     if op["kind"] not in _ONNX_EVALUATED:
         return None, None
+    if not op["op_type"] or not onnx.defs.has(op["op_type"], 21, ""):
+        return f"its op type {op['op_type']!r} is not an ONNX operator", None  # shape inference skips unknown ops
     try:
         model = _single_node_model(op, consts, document)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
