@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-testdata.txt
 	@sh scripts/system-packages.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev,package]"
+	$(PIP) install -q -c constraints.txt -e ".[gui,torch,tflite,tf,dev,package,ray]"
 	$(PIP) install -q --no-deps -r requirements-testdata.txt
 	@touch $(STAMP)
 

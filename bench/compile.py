@@ -14,6 +14,8 @@ default (``--analysis-holdout``), since the peer has none; its share shows in ou
 **Runtime.** In this process: the wall time of our ``Model.infer`` (the bit-exact simulator in numpy)
 beside onnxruntime on the FP32 source and on the int8 QDQ model, median over ``--infer-runs`` calls
 (onnxruntime gets ten times as many, it is fast), on held-out inputs, with the ratios ours / peer.
+The calls alternate in blocks over three rounds (ours, then each onnxruntime session), so a change
+of machine load during the measurement weighs on both sides alike.
 Beside them the cosine of each output to FP32 (mean-pooled sentence embeddings for MiniLM), and our
 cost-model estimate of the virtual NPU per core mode (ARIES modes, and REGULUS single).
 
@@ -237,6 +239,30 @@ def _median_seconds(call: Callable[[dict], object], feeds: list[dict], runs: int
     return statistics.median(times)
 
 
+ROUNDS = 3
+
+
+def _interleaved_medians(runners: dict[str, Callable[[dict], object]], feeds: list[dict], runs: int) -> dict[str, float]:
+    """Median seconds per call of every runner, timed in alternating blocks so that all see similar machine load.
+
+    Each of :data:`ROUNDS` rounds times a block of calls per runner in turn (``ours`` ``runs / ROUNDS``
+    calls, each onnxruntime session ``ORT_RUNS_FACTOR`` times as many). Blocks rather than single calls:
+    onnxruntime's worker threads spin for a while after a run and would slow the call right after it.
+    """
+    for run in runners.values():
+        run(feeds[0])  # warm-up: sessions, kernel registry, page cache
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    per_round = max(1, runs // ROUNDS)
+    for _ in range(ROUNDS):
+        for name, run in runners.items():
+            for index in range(per_round if name == "ours" else per_round * ORT_RUNS_FACTOR):
+                feed = feeds[index % len(feeds)]
+                started = time.perf_counter()
+                run(feed)
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def _similarity(output: np.ndarray, reference: np.ndarray, feed: dict) -> float:
     """Cosine to FP32: of mean-pooled token embeddings for text, of the whole output otherwise."""
     if "attention_mask" in feed:
@@ -261,8 +287,7 @@ def infer_all(spec: dict, compiled: dict, runs: int) -> dict:
                 "ort_int8": ort.InferenceSession(compiled["ort_qdq"]["artifact"], providers=["CPUExecutionProvider"])}
     runners = {"ours": lambda feed: model.infer(feed)[0],
                **{name: (lambda feed, s=session: s.run(None, feed)[0]) for name, session in sessions.items()}}
-    latency = {name: _median_seconds(run, feeds, runs if name == "ours" else runs * ORT_RUNS_FACTOR)
-               for name, run in runners.items()}
+    latency = _interleaved_medians(runners, feeds, runs)
     stacked = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
     latency["ours_batched"] = _median_seconds(lambda batch: model.infer(batch)[0], [stacked], 3) / len(feeds)
     references = [runners["ort_fp32"](feed) for feed in feeds]

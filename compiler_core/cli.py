@@ -377,9 +377,13 @@ def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     result = run_sweep(args.grid, args.output_dir, model=args.model, mblt=args.mblt,
                        calib_data_path=args.calib_data_path, target_device=args.target_device,
                        use_random_calib=args.use_random_calib or None,
-                       executor=make_executor(args.executor, args.workers), callback=out.progress, on_point=out.point,
+                       executor=make_executor(args.executor, args.workers, args.ray_address), callback=out.progress, on_point=out.point,
                        **({k: v for k, v in options.items() if v is not None} if args.model else {}))
     payload = {"command": "sweep", **result.to_dict()}
+    if args.report:
+        from compiler_core.sweep.report import write_report
+
+        payload["report"] = str(write_report(result.to_dict(), args.report))
     out.result(payload, _sweep_text(payload))
     return payload
 
@@ -404,7 +408,8 @@ def _sweep_text(payload: dict[str, Any]) -> str:
         marker = "*" if record.get("pareto") else " "
         lines.append(f" {marker} {_point_text(record)}")
     lines.append("  * on the Pareto front (worst output SQNR vs estimated latency)")
-    lines.append(f"Wrote {payload['json']} and {payload['csv']}")
+    lines.append(f"Wrote {payload['json']} and {payload['csv']}"
+                 + (f" and the report {payload['report']}" if payload.get("report") else ""))
     return "\n".join(lines)
 
 
@@ -430,8 +435,11 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
     for name, metrics in outputs.items():
         topk = (f", top-1 {metrics['top1_agreement']:.1%}, top-5 {metrics['top5_agreement']:.1%}"
                 if "top1_agreement" in metrics else "")
-        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {metrics['cosine_mean']:.4f}{topk} "
-                     f"[{metrics['verdict']}]")
+        cosine = (f"{metrics['cosine_mean']:.4f}" if metrics.get("cosine_mean") is not None
+                  else "n/a (FP32 output near zero on every held-out sample)")
+        quiet = len(metrics.get("near_zero_samples", []))
+        note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]")
     return lines
 
 
@@ -583,8 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibration data for every point (repeatable)")
     sweep.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
     sweep.add_argument("--workers", type=int, default=2, help="points compiled at once (default 2)")
-    sweep.add_argument("--executor", choices=["local", "inprocess"], default="local",
-                       help="local: a pool of worker processes (default); inprocess: one point at a time here")
+    sweep.add_argument("--executor", choices=["local", "inprocess", "ray"], default="local",
+                       help="local: a pool of worker processes (default); inprocess: one point at a time here; "
+                            "ray: Ray tasks (optional extra 'ray'), on a local Ray instance or --ray-address")
+    sweep.add_argument("--report", metavar="HTML",
+                       help="also write a self-contained HTML report (settings diff, metrics, plots, Pareto chart)")
+    sweep.add_argument("--ray-address", metavar="ADDRESS",
+                       help="Ray cluster for --executor ray (e.g. auto, ray://host:10001); default: start a local one")
     _add_model_options(sweep)
     sweep.set_defaults(handler=cmd_sweep)
 

@@ -46,7 +46,7 @@ from qbstudio.state.model_fit import compile_readiness, fit_to_model
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
-from qbstudio.state.settings import devices
+from qbstudio.state.settings import devices, presets
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
@@ -200,7 +200,7 @@ class MainWindow(QMainWindow):
         self.calibration = CalibrationPanel(self.runner)
         self.options = OptionsPanel()
         self.run_panel = RunPanel()
-        self.compare = CompareView()
+        self.compare = CompareView(self.runner, presets())
         self.tabs = QTabWidget(objectName="mainTabs", documentMode=True)
         self.tabs.addTab(self.graph, "Graph")
         self.tabs.addTab(self.calibration, "Calibration")
@@ -342,6 +342,9 @@ class MainWindow(QMainWindow):
         self.session.project_changed.connect(self._on_project_changed)
         self.session.model_changed.connect(self._on_model_changed)
         self.session.runs_changed.connect(self._on_runs_changed)
+        from qbstudio.compare_controller import CompareController
+
+        self.compare_controller = CompareController(self)
 
     # ================================================================== project lifecycle
 
@@ -654,6 +657,7 @@ class MainWindow(QMainWindow):
         worker.cancelled.connect(self._on_compile_cancelled)
         self._compile_settings = (self.project.settings.to_dict()["config"], self.project.settings.summary(),
                                   self.session.model_sha256)
+        self._compile_calibration = {"path": calibration.path, "use_random": calibration.use_random}
         self.run_panel.started()
         self.tabs.setCurrentIndex(2)
         self.runner.start("compile", worker)
@@ -663,7 +667,7 @@ class MainWindow(QMainWindow):
         config, summary, model_sha256 = self._compile_settings
         run = RunRecord.from_result(run_id, outcome.result, outcome.analysis, config=config, config_summary=summary,
                                     precisions=outcome.precisions, duration_s=outcome.duration_s,
-                                    model_sha256=model_sha256)
+                                    model_sha256=model_sha256, calibration=self._compile_calibration)
         self.run_panel.finished("Done")
         self.session.add_run(run)  # the summary, compare view and details follow runs_changed
         self.statusBar().showMessage(f"Compiled {Path(run.mxq_path).name} in {run.duration_s:.1f} s", 8000)

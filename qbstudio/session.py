@@ -85,3 +85,11 @@ class Session(QObject):
         """Record a finished compile of the loaded model."""
         self.project.runs.add(run)
         self.runs_changed.emit()
+
+    def remove_run(self, run_id: int) -> bool:
+        """Forget run ``run_id`` of the project (its files stay on disk); False if there is no such run."""
+        if self.project.runs.get(run_id) is None:
+            return False
+        self.project.runs.remove(run_id)
+        self.runs_changed.emit()
+        return True

@@ -185,7 +185,14 @@ def _reductions_and_norms():
     return model
 
 
-FAMILIES = {"conv_transpose": _conv_transpose, "conv": _conv_block, "conv1d_pool_lut": _conv1d_and_pooling, "attention": _attention,
+def _class_token():
+    """ViT's start: a constant class token concatenated before the tokens (a constant Concat piece)."""
+    nodes = [helper.make_node("Concat", ["cls", "x"], ["t"], axis=1),
+             helper.make_node("MatMul", ["t", "w"], ["y"])]
+    return _model(nodes, {"x": [1, 4, 8]}, {"y": None}, {"cls": _weights(1, 1, 8), "w": _weights(8, 6)})
+
+
+FAMILIES = {"class_token": _class_token, "conv_transpose": _conv_transpose, "conv": _conv_block, "conv1d_pool_lut": _conv1d_and_pooling, "attention": _attention,
             "movement": _movement, "reductions_norms": _reductions_and_norms}
 
 
@@ -251,7 +258,12 @@ def test_a_kind_without_a_fast_step_runs_its_golden_kernel(family_program, monke
             assert np.array_equal(codes[name][index:index + 1], value)
 
 
-def test_wide_dense_layer_on_16_bit_codes_splits_them_into_bytes_exactly(tmp_path):
+@pytest.mark.parametrize("method", ["linear/integer/", "linear/float32-split/"])
+def test_wide_dense_layer_on_16_bit_codes_splits_them_into_bytes_exactly(tmp_path, monkeypatch, method):
+    if method == "linear/float32-split/":  # the path for weights beyond int8: take it by declining MatMulInteger
+        from compiler_core.runtime.fastpath import linear
+
+        monkeypatch.setattr(linear, "_integer_dense", lambda *args: None)
     nodes = [helper.make_node("Add", ["x", "bias"], ["wide"]),  # model inputs stay 8-bit; this output is 16-bit
              helper.make_node("MatMul", ["wide", "w"], ["y"])]
     model = _model(nodes, {"x": [1, 4, 256]}, {"y": None}, {"bias": _weights(256), "w": RNG.standard_normal((256, 32))})
@@ -259,7 +271,7 @@ def test_wide_dense_layer_on_16_bit_codes_splits_them_into_bytes_exactly(tmp_pat
     mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
     program = quantize(mblt, use_random_calib=True, analysis=False, compile_config=INT16).model
     fast = FastExecutor(program)
-    assert any(method.startswith("linear/float32-split/") for method in fast.methods()), fast.methods()
+    assert any(name.startswith(method) for name in fast.methods()), fast.methods()
     feeds = {"x": (RNG.standard_normal([3, 4, 256]) * 30).astype(np.float32)}
     batched = fast.run_codes(feeds)
     for index in range(3):
@@ -342,6 +354,26 @@ def test_model_infer_runs_a_batch_with_the_golden_codes(tmp_path, monkeypatch):
         golden = model.artifact.run({"image": images[index:index + 1]}, raw=True, golden=True)[0]
         assert np.array_equal(batch[index:index + 1], golden)
         assert np.array_equal(model.infer(images[index:index + 1], raw=True)[0], golden)
+
+
+def test_analysis_of_a_model_that_folds_heads_into_the_first_axis(tmp_path):
+    """A one-sample tensor [heads, tokens, d] runs sample by sample; the analysis takes each sample's rows.
+
+    A HuggingFace ViT ended in INTERNAL_ERROR here (its class-token Concat and head-folding Reshape).
+    """
+    nodes = [helper.make_node("Concat", ["cls", "x"], ["t"], axis=1),
+             helper.make_node("Reshape", ["t", "heads"], ["h"]),
+             helper.make_node("MatMul", ["h", "w"], ["m"]),
+             helper.make_node("Reshape", ["m", "back"], ["y"])]
+    model = _model(nodes, {"x": [1, 4, 8]}, {"y": None}, {"cls": _weights(1, 1, 8), "w": _weights(4, 6)})
+    for name, value in {"heads": [2, 5, 4], "back": [1, 5, 12]}.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    source = tmp_path / "heads.onnx"
+    onnx.save(model, str(source))
+    result = quantize(mblt_compile(source, tmp_path / "heads.mblt", backend="onnx"), use_random_calib=True)
+    layers = {row["layer"]: row for row in result.analysis["layers"]}
+    assert layers and all(row["samples"] > 1 for row in layers.values())
+    assert all(row["sqnr_db"] > 20 for row in layers.values()), layers
 
 
 def test_requantizer_blocks_on_threads_give_the_same_codes():

@@ -222,8 +222,27 @@ def test_feed_dict_with_non_tensor_value_is_rejected():
 
 
 def test_module_without_feed_dict_asks_for_one():
-    with pytest.raises(ArgumentError, match="needs example inputs"):
+    with pytest.raises(ArgumentError, match="needs example inputs") as excinfo:
         load_torch(Scaler())
+    assert "--input-shape" in excinfo.value.hint and "input_shape_dict" in excinfo.value.hint
+
+
+def test_transformers_folder_keeps_its_head_and_takes_its_image_size(tmp_path):
+    """A saved ViTForImageClassification loads as itself (not the headless ViTModel); pixel_values comes
+    from config.image_size / num_channels. Its class-token Concat compiles (tests/test_fast_executor.py)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=64, num_labels=5)
+    reference = transformers.ViTForImageClassification(config).eval()
+    reference.save_pretrained(tmp_path / "vit")
+    model = canonicalize(load_torch(tmp_path / "vit"))
+    assert [list(value.shape) for value in model.graph.inputs] == [[1, 3, 32, 32]]
+    image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    (logits,) = canonical_session(model).run(None, {model.graph.inputs[0].name: image.numpy()})
+    assert logits.shape == (1, 5)
+    assert relative_error(logits, reference(pixel_values=image).logits.detach().numpy()) < 1e-4
 
 
 class RaisesInForward(torch.nn.Module):

@@ -2,18 +2,26 @@
 
 The quantized side runs on :class:`~compiler_core.runtime.fastpath.FastExecutor` (codes identical to
 the golden executor) in batches of up to :data:`MAX_BATCH` samples, fewer when the kept per-layer
-tensors of a batch would exceed :data:`KEPT_ELEMENTS_BUDGET` elements (bounded memory).
+tensors of a batch would exceed :data:`KEPT_ELEMENTS_BUDGET` elements (bounded memory). The FP32
+side is one onnxruntime session exposing every compared tensor, run once per sample. Metrics are
+fused float64 sums straight from the integer codes (:func:`~compiler_core.analysis.metrics.fused_sums`),
+with BLAS on one thread: on a loaded 2-core machine threaded dot products spin-wait and ran 4x slower.
+
+A held-out sample whose FP32 output is (near) zero has no meaningful cosine: it is left out of the
+output's cosine (SQNR sums over all samples and stays honest), listed in ``near_zero_samples``, and a
+warning names its source file.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from threadpoolctl import threadpool_limits
 
 from compiler_core.analysis.metrics import TensorComparison, is_classifier_output
 from compiler_core.calibration.statistics import session_with_outputs
@@ -32,14 +40,17 @@ import onnxruntime as ort  # noqa: E402  (after the project imports: heavy, and 
 
 
 def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
-            num_samples: int, per_layer: bool = True, reporter: Reporter | None = None) -> dict[str, Any]:
+            num_samples: int, per_layer: bool = True, reporter: Reporter | None = None,
+            sample_names: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare outputs (and, optionally, every quantized tensor) of FP32 and quantized runs.
 
     ``mblt_path`` is the MBLT file or the model in memory (a compile session's graph, left unchanged).
+    ``sample_names`` (e.g. the held-out files) name the samples in warnings.
 
     Returns:
-        ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", ...metrics}]
-        (worst SQNR first), "summary": {...}}``.
+        ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", "position",
+        ...metrics}] (worst SQNR first; ``position`` is the layer's index in graph order, -1 for an
+        input), "summary": {...}, "warnings": [...]}``.
     """
     reporter = as_reporter(reporter)
     session, names = _reference_session(mblt_path, model, per_layer)
@@ -49,14 +60,29 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     fast = executor_for(model)
     batch = _batch_size(model, set(layers)) if fast.batchable else 1
     count = 0
-    with reporter.stage("analyze", total=num_samples, message="comparing FP32 and quantized outputs"):
+    with reporter.stage("analyze", total=num_samples, message="comparing FP32 and quantized outputs"), \
+            threadpool_limits(limits=1, user_api="blas"):
         for chunk in _chunks(samples, batch):
             quantized = _quantized_chunk(fast, model, chunk, set(layers))
             for index, sample in enumerate(chunk):
                 _compare_sample(session, names, model, sample, quantized, index, outputs, layers, classifier)
                 count += 1
                 reporter.advance()
-    return _report(model, outputs, layers, classifier, count)
+    report = _report(model, outputs, layers, classifier, count)
+    report["warnings"] = _near_zero_warnings(report["outputs"], sample_names)
+    return report
+
+
+def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | None) -> list[str]:
+    warnings = []
+    for name, row in outputs.items():
+        for index in row.get("near_zero_samples", []):
+            sample = sample_names[index] if sample_names and index < len(sample_names) else f"#{index}"
+            message = (f"output '{name}': the FP32 output of held-out sample {sample} is (near) zero, so its "
+                       "cosine is meaningless and is left out of the cosine mean/min (SQNR still counts it)")
+            logger.warning(message)
+            warnings.append(message)
+    return warnings
 
 
 def _batch_size(model: QuantizedModel, kept: set[str]) -> int:
@@ -96,21 +122,39 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
     session_inputs = {item.name for item in session.get_inputs()}
     reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
     for name, comparison in outputs.items():
-        codes = quantized[name][index:index + 1]
-        comparison.add(reference[name], model.params(name).dequantize(codes).astype(np.float32), classifier[name])
+        _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), classifier[name])
     for name, comparison in layers.items():
         if name in quantized and name in reference:
-            comparison.add(reference[name], model.params(name).dequantize(quantized[name][index:index + 1]))
+            _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), False)
+
+
+def _sample_rows(model: QuantizedModel, quantized: dict, name: str, index: int) -> np.ndarray:
+    """Sample ``index``'s block of a chunk's codes: a tensor whose one-sample shape leads with d > 1 (ViT's
+    heads folded into the first axis) comes back from a sample-by-sample run as d rows per sample."""
+    shape = model.shapes.get(name)
+    rows = int(shape[0]) if shape and int(shape[0]) > 0 else 1
+    return quantized[name][index * rows:(index + 1) * rows]
+
+
+def _add(comparison: TensorComparison, model: QuantizedModel, name: str, reference: np.ndarray, codes: np.ndarray,
+         classifier: bool) -> None:
+    """Per-tensor codes go straight into the fused sums; per-channel ones are dequantized first."""
+    params = model.params(name)
+    if params.axis is None or np.size(params.scale) == 1:
+        comparison.add_codes(reference, codes, float(np.ravel(params.scale)[0]), float(np.ravel(params.zero_point)[0]),
+                             classifier)
+    else:
+        comparison.add(reference, params.dequantize(codes), classifier)
 
 
 def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> dict[str, Any]:
-    producer = {out: op for op in model.ops for out in op.outputs}
+    producer = {out: (position, op) for position, op in enumerate(model.ops) for out in op.outputs}
     layer_rows = []
     for name, comparison in layers.items():
-        op = producer.get(name)
+        position, op = producer.get(name, (-1, None))
         layer_rows.append({"tensor": name, "layer": op.name if op else name, "op": op.op_type if op else "input",
                            "precision": op.precision if op else f"a{model.tensors[name].bits}",
-                           **comparison.to_dict()})
+                           "position": position, **comparison.to_dict()})
     layer_rows.sort(key=lambda row: row["sqnr_db"] if row["sqnr_db"] is not None else 1e9)
     output_rows = {name: comparison.to_dict(classifier[name]) for name, comparison in outputs.items()}
     return {"samples": count, "outputs": output_rows, "layers": layer_rows,
@@ -122,7 +166,13 @@ def _summary(outputs: dict[str, dict], layers: list[dict]) -> dict[str, Any]:
     worst = "flag" if "flag" in verdicts else "warn" if "warn" in verdicts else "ok"
     return {"verdict": worst,
             "min_output_sqnr_db": min((row["sqnr_db"] for row in outputs.values()), default=None),
-            "mean_output_cosine": float(np.mean([row["cosine_mean"] for row in outputs.values()])) if outputs else None,
+            "mean_output_cosine": _mean([row["cosine_mean"] for row in outputs.values()]),
             "layers_warned": sum(1 for row in layers if row["verdict"] == "warn"),
             "layers_flagged": sum(1 for row in layers if row["verdict"] == "flag"),
             "worst_layers": [row["layer"] for row in layers[:5]]}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of the values that exist (an output whose every sample is near zero has no cosine)."""
+    present = [value for value in values if value is not None]
+    return float(np.mean(present)) if present else None

@@ -16,9 +16,18 @@ WARN_SQNR_DB = 20.0
 FLAG_SQNR_DB = 10.0
 
 
+BLOCK = 1 << 15  # elements per step of the fused sums: three float64 blocks stay in the L2 cache
+NEAR_ZERO_ENERGY = 1e-6  # a sample 60 dB quieter than the loudest one has no meaningful direction
+
+
 @dataclass
 class TensorComparison:
-    """Running comparison of one tensor over samples."""
+    """Running comparison of one tensor over samples.
+
+    Besides the totals it keeps each sample's reference energy (``sum(ref^2)``), so that
+    :meth:`to_dict` can leave out of the cosine the samples whose reference is (near) zero: the
+    cosine of two near-zero vectors measures rounding noise, not the quantization.
+    """
 
     signal: float = 0.0
     noise: float = 0.0
@@ -27,33 +36,108 @@ class TensorComparison:
     top1: int = 0
     top5: int = 0
     samples: int = 0
+    energies: list[float] = field(default_factory=list)
+    rms_floor: float = 0.0
 
     def add(self, reference: np.ndarray, quantized: np.ndarray, classifier: bool = False) -> None:
         """Accumulate one sample."""
-        ref = np.asarray(reference, dtype=np.float64).ravel()
-        test = np.asarray(quantized, dtype=np.float64).ravel()
-        error = ref - test
-        signal = ref @ ref
-        self.signal += float(signal)
-        self.noise += float(error @ error)
-        self.max_abs_error = max(self.max_abs_error, float(max(error.max(), -error.min())) if error.size else 0.0)
-        self.cosines.append(cosine(ref, test, first_squared=signal))
+        self._accumulate(np.asarray(reference), np.asarray(quantized), 0.0, 1.0, classifier)
+
+    def add_codes(self, reference: np.ndarray, codes: np.ndarray, scale: float, zero_point: float,
+                  classifier: bool = False) -> None:
+        """Accumulate one sample given as per-tensor integer codes (``real = scale * (codes - zero_point)``).
+
+        The same numbers as ``add(reference, scale * (codes - zero_point))`` without materialising the
+        dequantized tensor; ``scale`` also becomes the tensor's :attr:`rms_floor` (one quantization step).
+        """
+        self.rms_floor = max(self.rms_floor, float(scale))
+        self._accumulate(np.asarray(reference), np.asarray(codes), float(zero_point), float(scale), classifier)
+
+    def _accumulate(self, reference: np.ndarray, test: np.ndarray, offset: float, scale: float,
+                    classifier: bool) -> None:
+        if reference.size != test.size:
+            raise ValueError(f"reference has {reference.size} elements, quantized {test.size}")
+        signal, noise, cross, test_squared, max_error = fused_sums(reference, test, offset, scale)
+        self.signal += signal
+        self.noise += noise
+        self.max_abs_error = max(self.max_abs_error, max_error)
+        self.cosines.append(_cosine_from_sums(signal, test_squared, cross, reference, test, offset))
+        self.energies.append(signal / max(reference.size, 1))
         self.samples += 1
         if classifier:
+            ref = np.asarray(reference, dtype=np.float64).ravel()
+            values = (np.asarray(test, dtype=np.float64).ravel() - offset) * scale
             expected = int(np.argmax(ref))
-            order = np.argsort(-test)
+            order = np.argsort(-values)
             self.top1 += int(order[0] == expected)
             self.top5 += int(expected in order[:5])
 
+    def near_zero_samples(self) -> list[int]:
+        """Indices of the samples whose reference is (near) zero.
+
+        Near zero: RMS below one quantization step (when known, see :meth:`add_codes`), or energy per
+        element below :data:`NEAR_ZERO_ENERGY` times the loudest sample's.
+        """
+        if not self.energies:
+            return []
+        loudest = max(self.energies)
+        floor = max(self.rms_floor ** 2, NEAR_ZERO_ENERGY * loudest)
+        if loudest == 0:
+            return list(range(len(self.energies)))
+        return [index for index, energy in enumerate(self.energies) if energy < floor]
+
     def to_dict(self, classifier: bool = False) -> dict:
-        """Summary: SQNR (dB), mean/min cosine, max abs error, top-k agreement, verdict."""
+        """Summary: SQNR (dB), mean/min cosine, max abs error, top-k agreement, verdict.
+
+        SQNR sums signal and noise over all samples, so a near-zero sample barely weighs in; the cosine
+        mean and min leave near-zero samples out (``near_zero_samples`` lists their indices, and
+        ``cosine_mean`` is ``None`` when every sample is near zero).
+        """
         sqnr = sqnr_db(self.signal, self.noise)
-        result = {"sqnr_db": _finite(sqnr), "cosine_mean": float(np.mean(self.cosines)) if self.cosines else None,
-                  "cosine_min": float(np.min(self.cosines)) if self.cosines else None,
+        quiet = set(self.near_zero_samples()) if len(self.energies) == len(self.cosines) else set()
+        kept = [value for index, value in enumerate(self.cosines) if index not in quiet]
+        result = {"sqnr_db": _finite(sqnr), "cosine_mean": float(np.mean(kept)) if kept else None,
+                  "cosine_min": float(np.min(kept)) if kept else None,
                   "max_abs_error": self.max_abs_error, "samples": self.samples, "verdict": verdict(sqnr)}
+        if quiet:
+            result["near_zero_samples"] = sorted(quiet)
         if classifier and self.samples:
             result.update(top1_agreement=self.top1 / self.samples, top5_agreement=self.top5 / self.samples)
         return result
+
+
+def fused_sums(reference: np.ndarray, test: np.ndarray, offset: float = 0.0,
+               scale: float = 1.0) -> tuple[float, float, float, float, float]:
+    """``(ref.ref, err.err, ref.q, q.q, max|err|)`` in float64 with ``q = scale * (test - offset)``, ``err = ref - q``.
+
+    Works block by block in float64 buffers that stay in cache, so a large float32 activation is read
+    once instead of being converted and streamed through memory by every separate sum.
+    """
+    ref, values = np.ravel(reference), np.ravel(test)
+    sums = np.zeros(4)
+    max_error = 0.0
+    buffers = np.empty((3, min(BLOCK, ref.size)))
+    for start in range(0, ref.size, BLOCK):
+        stop = min(start + BLOCK, ref.size)
+        r, q, e = buffers[:, :stop - start]
+        r[...] = ref[start:stop]
+        q[...] = values[start:stop]
+        if offset:
+            q -= offset
+        if scale != 1.0:
+            q *= scale
+        np.subtract(r, q, out=e)
+        sums += (r @ r, e @ e, r @ q, q @ q)
+        max_error = max(max_error, float(e.max()), -float(e.min()))
+    return float(sums[0]), float(sums[1]), float(sums[2]), float(sums[3]), max_error
+
+
+def _cosine_from_sums(signal: float, test_squared: float, cross: float, reference, test, offset: float) -> float:
+    norm = float(np.sqrt(signal) * np.sqrt(test_squared))
+    if norm == 0:
+        both_zero = not np.any(reference) and not np.any(np.asarray(test, dtype=np.float64) - offset)
+        return 1.0 if both_zero else 0.0
+    return cross / norm
 
 
 def sqnr_db(signal: float, noise: float) -> float:

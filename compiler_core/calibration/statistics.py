@@ -45,6 +45,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
+from threadpoolctl import threadpool_limits
 
 from compiler_core.errors import ArgumentError, CalibrationError, InvalidModelError, ModelLoadError
 from compiler_core.fileio import atomic_write, sha256_bytes, sha256_file
@@ -606,7 +607,10 @@ def _run_samples(session: ort.InferenceSession, samples: Iterable[Mapping[str, n
                  accumulators: dict[str, TensorAccumulator], num_samples: int, reporter: Reporter) -> int:
     scratch = Scratch()
     used = 0
-    with reporter.stage("calibrate", total=num_samples, message="Collecting activation statistics"):
+    # BLAS on one thread: the sums are small matrix-vector products, which spin-wait and run several
+    # times slower with two threads on a loaded 2-core machine (and one thread fixes their rounding).
+    with reporter.stage("calibrate", total=num_samples, message="Collecting activation statistics"), \
+            threadpool_limits(limits=1, user_api="blas"):
         for index, sample in enumerate(islice(samples, num_samples)):
             reporter.check()
             feeds = _feeds(sample, input_specs, index)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import inspect
 import io
+import json
 import logging
 import pickle
 import re
@@ -243,11 +244,24 @@ def load_transformers_folder(path: Path):
                              hint="Pass the folder holding config.json and the weights, or a model file.",
                              file=str(path))
     try:
-        return transformers.AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        return _architecture_class(transformers, path).from_pretrained(str(path), local_files_only=True).eval()
     except Exception as error:  # missing weights, unknown architecture, ...
         raise ModelLoadError(f"transformers cannot load '{path}': {exporter_reason(error)}",
                              hint="The folder needs config.json and the weights (model.safetensors or "
                                   "pytorch_model.bin) of a supported architecture.", file=str(path)) from error
+
+
+def _architecture_class(transformers: Any, path: Path) -> Any:
+    """The class ``config.json`` names (``ViTForImageClassification`` keeps its head), else ``AutoModel``."""
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures = []
+    for name in architectures:
+        cls = getattr(transformers, str(name), None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel
 
 
 def _is_transformers_model(module: Any) -> bool:
@@ -325,17 +339,36 @@ def _as_tensor(value: Any):
     return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
 
 
+def _default_shapes(module: Any) -> dict[str, list[int]]:
+    """Shapes a transformers vision config fixes (``pixel_values`` from image_size, num_channels), else {}."""
+    config = getattr(module, "config", None) if _is_transformers_model(module) else None
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
+    if "pixel_values" not in forward_signature(module).parameters or not isinstance(channels, int):
+        return {}
+    if isinstance(size, int):
+        size = (size, size)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(d, int) for d in size)):
+        return {}
+    return {"pixel_values": [1, channels, *size]}
+
+
 def _made_up_feed(module: Any, input_shape_dict: Mapping[str, Any] | None) -> dict[str, Any]:
     """Example inputs from shapes: int64 ids/masks for transformers models, seeded float32 noise otherwise."""
+    input_shape_dict = input_shape_dict or _default_shapes(module)
     if not input_shape_dict:
+        names = [p.name for p in forward_signature(module).parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)][:2]
+        example = " ".join(f"--input-shape {name}=1,128" for name in names)
         raise ArgumentError(
-            f"Exporting {type(module).__name__} needs example inputs: pass feed_dict.",
-            hint=f"Key it by forward's parameter names: {signature_text(forward_signature(module))}; or give "
-                 "input_shape_dict to use made-up inputs.")
+            f"Exporting {type(module).__name__} needs example inputs: their shapes, or the inputs themselves.",
+            hint=f"Give the shapes of forward's inputs ({signature_text(forward_signature(module))}): on the "
+                 f"command line e.g. {example}; in Python input_shape_dict={{...}} or feed_dict={{...}}.")
     import torch
 
     generator = torch.Generator().manual_seed(0)
     is_text = _is_transformers_model(module)
+    vocabulary = int(getattr(getattr(module, "config", None), "vocab_size", 0) or 2000)
+    high = min(2000, vocabulary)
     feed = {}
     for name, shape in input_shape_dict.items():
         shape = [int(dim) for dim in shape]
@@ -343,7 +376,7 @@ def _made_up_feed(module: Any, input_shape_dict: Mapping[str, Any] | None) -> di
             feed[name] = torch.ones(shape, dtype=torch.int64)
         elif is_text and name.endswith("ids"):
             feed[name] = torch.zeros(shape, dtype=torch.int64) if "type" in name else \
-                torch.randint(1000, 2000, shape, generator=generator)
+                torch.randint(high // 2, high, shape, generator=generator)  # ordinary tokens, within the vocabulary
         else:
             feed[name] = torch.randn(shape, generator=generator)
     return feed

@@ -80,7 +80,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     if analysis and len(holdout):
         started = time.perf_counter()
         samples = holdout if head is None else _through_head(head, holdout)
-        report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter)
+        report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter,
+                         sample_names=holdout.sources)
         timings["analysis"] = time.perf_counter() - started
     return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
 

@@ -1,4 +1,4 @@
-"""Where sweep points run: the executor interface, a local process pool (the default) and in-process runs.
+"""Where sweep points run: the executor interface, a local process pool (the default), in-process runs and Ray.
 
 An executor takes :class:`PointTask` objects and yields one outcome dict per task as it finishes
 (in completion order). Each point is one ``mxq_compile_from_mblt`` call with the point's config
@@ -6,6 +6,11 @@ file, so a point compiled here and the point's reproducing ``qbcompiler compile`
 through the same code with the same arguments. Progress events of a point reach the caller's
 ``on_event(index, event)``; cancellation reaches every running point through a shared flag and
 stops it at its next check (a point already written stays).
+
+:class:`RayExecutor` runs the same ``compile_point`` as Ray tasks (the optional ``ray`` extra) on a
+local Ray instance or an existing cluster (``address``). On a cluster every node must see the
+MBLT, the point configs, the calibration data and the output folder at the same paths (a shared
+file system), as with any compile; points report when they finish (no per-stage events).
 """
 
 from __future__ import annotations
@@ -177,8 +182,114 @@ def _worker_point(task: PointTask) -> dict[str, Any]:
     return compile_point(task, reporter)
 
 
-def make_executor(name: str = "local", max_workers: int = DEFAULT_MAX_WORKERS) -> SweepExecutor:
-    """The executor called ``name``: ``local`` (process pool) or ``inprocess``.
+class RayExecutor:
+    """Runs points as Ray tasks, at most ``max_workers`` at once, each with BLAS on one thread.
+
+    Args:
+        max_workers: Points compiled at once (default 2); also the CPUs of a local Ray instance started here.
+        address: Ray cluster address (``auto``, ``ray://host:10001`` ...); ``None`` starts a local
+            Ray instance for the sweep (and stops it after) unless Ray is already initialised.
+
+    Raises:
+        ArgumentError: bad ``max_workers``.
+    """
+
+    def __init__(self, max_workers: int = DEFAULT_MAX_WORKERS, address: str | None = None) -> None:
+        if max_workers < 1:
+            raise ArgumentError(f"max_workers must be at least 1, got {max_workers}.", hint="Pass --workers 1 or more.")
+        self.max_workers = max_workers
+        self.address = address
+
+    def run(self, tasks: Sequence[PointTask], *, on_event: EventCallback,
+            cancel_token: CancelToken) -> Iterator[dict[str, Any]]:
+        """See :class:`SweepExecutor`."""
+        ray = _import_ray()
+        started_here = not ray.is_initialized()
+        if started_here:
+            _init_ray(ray, self.address, self.max_workers)
+        try:
+            yield from self._run(ray, tasks, on_event, cancel_token)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+    def _run(self, ray, tasks: Sequence[PointTask], on_event: EventCallback,
+             cancel_token: CancelToken) -> Iterator[dict[str, Any]]:
+        remote = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
+        waiting = list(tasks)
+        running: dict[Any, PointTask] = {}
+        while waiting or running:
+            while waiting and len(running) < self.max_workers and not cancel_token.cancelled:
+                task = waiting.pop(0)
+                on_event(task.index, ProgressEvent("queued", 0, 1, f"{task.name} sent to Ray"))
+                running[remote.remote(task)] = task
+            if cancel_token.cancelled:
+                yield from self._cancel(ray, running, waiting)
+                return
+            done, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_SECONDS)
+            for ref in done:
+                yield _ray_outcome(ray, ref, running.pop(ref))
+
+    @staticmethod
+    def _cancel(ray, running: dict[Any, PointTask], waiting: list[PointTask]) -> Iterator[dict[str, Any]]:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        for ref, task in running.items():
+            outcome = _ray_outcome(ray, ref, task)
+            yield outcome if outcome["status"] == "ok" else _failure(task, "cancelled",
+                                                                        CancelledError("Cancelled."), time.perf_counter())
+        for task in waiting:
+            yield _failure(task, "cancelled", CancelledError("Cancelled before it started."), time.perf_counter())
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as error:
+        raise ArgumentError("The Ray executor needs the optional 'ray' package.",
+                            hint="Install it with `pip install qbstudio[ray]` (or `pip install ray`), "
+                                 "or use --executor local.") from error
+    return ray
+
+
+def _init_ray(ray, address: str | None, max_workers: int) -> None:
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address is None:
+        options["num_cpus"] = max_workers
+    try:
+        ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ArgumentError(f"Cannot start or reach Ray{f' at {address}' if address else ''}: {error}",
+                            hint="Check --ray-address, or leave it out to start a local Ray instance.") from error
+
+
+def _ray_point(task: PointTask) -> dict[str, Any]:
+    """Body of one Ray task: compile the point with BLAS on one thread; no progress events or cancel flag."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return compile_point(task, Reporter(lambda event: None, CancelToken()))
+
+
+def _ray_outcome(ray, ref, task: PointTask) -> dict[str, Any]:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        return _failure(task, "cancelled", CancelledError("Cancelled."), time.perf_counter())
+    except ray.exceptions.RayError as error:  # the worker died or Ray lost the task
+        return _failure(task, "failed", InternalError(f"Ray could not run {task.name}: {type(error).__name__}: {error}.",
+                                                      hint="Check the Ray cluster's logs; try --executor local."),
+                        time.perf_counter())
+
+
+EXECUTORS = ("local", "inprocess", "ray")
+
+
+def make_executor(name: str = "local", max_workers: int = DEFAULT_MAX_WORKERS,
+                  ray_address: str | None = None) -> SweepExecutor:
+    """The executor called ``name``: ``local`` (process pool), ``inprocess`` or ``ray``.
+
+    ``ray_address`` is the Ray cluster for ``ray`` (``None``: a local Ray instance).
 
     Raises:
         ArgumentError: unknown name.
@@ -187,4 +298,6 @@ def make_executor(name: str = "local", max_workers: int = DEFAULT_MAX_WORKERS) -
         return LocalProcessExecutor(max_workers)
     if name == "inprocess":
         return InProcessExecutor()
-    raise ArgumentError(f"Unknown sweep executor '{name}'.", hint="Use local or inprocess.")
+    if name == "ray":
+        return RayExecutor(max_workers, ray_address)
+    raise ArgumentError(f"Unknown sweep executor '{name}'.", hint="Use local, inprocess or ray.")

@@ -35,6 +35,10 @@ class RunRecord:
         duration_s: Wall time of the compile.
         samples: Calibration and held-out sample counts.
         model_sha256: SHA-256 of the MBLT the run compiled: the run belongs to that model only.
+        estimate: Core mode -> ``{"latency_ms", "throughput_fps"}`` from the cost model (an estimate).
+        int16_layers: Activation tensors quantized to int16.
+        calibration: ``{"path", "use_random"}``: the data the run calibrated on (to find its statistics).
+        origin: ``compile`` (the Compile button) or the sweep point's name (``sweep 1 · point-03``).
     """
 
     run_id: int
@@ -52,19 +56,49 @@ class RunRecord:
     duration_s: float = 0.0
     samples: dict[str, int] = field(default_factory=dict)
     model_sha256: str = ""
+    estimate: dict[str, dict[str, float]] = field(default_factory=dict)
+    int16_layers: int = 0
+    calibration: dict[str, Any] = field(default_factory=dict)
+    origin: str = "compile"
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
                     config: dict[str, Any], config_summary: str, precisions: dict[str, str] | None = None,
-                    duration_s: float = 0.0, model_sha256: str = "") -> RunRecord:
+                    duration_s: float = 0.0, model_sha256: str = "", calibration: dict[str, Any] | None = None
+                    ) -> RunRecord:
         """Build a record from ``CompileResult.to_dict()`` and the analysis JSON beside the MXQ."""
         rows = [{key: row.get(key) for key in _LAYER_KEYS} for row in (analysis or {}).get("layers", [])]
+        estimate = {mode: {"latency_ms": row.get("latency_ms"), "throughput_fps": row.get("throughput_fps")}
+                    for mode, row in (result.get("estimate") or {}).items()}
         return cls(run_id=run_id, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    device=result["device"], core_modes=list(result["core_modes"]), mxq_path=result["output"],
                    size_bytes=int(result["size_bytes"]), config=config, config_summary=config_summary,
                    metrics=dict(result.get("analysis") or {}), outputs=dict(result.get("outputs") or {}),
                    layers=rows, precisions=dict(precisions or {}), duration_s=duration_s,
-                   samples=dict(result.get("samples") or {}), model_sha256=model_sha256)
+                   samples=dict(result.get("samples") or {}), model_sha256=model_sha256, estimate=estimate,
+                   int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
+                   calibration=dict(calibration or {}))
+
+    @classmethod
+    def from_sweep_record(cls, run_id: int, record: dict[str, Any], *, model_sha256: str, origin: str,
+                          calibration: dict[str, Any] | None = None) -> RunRecord:
+        """Build a record from one finished point of ``compiler_core.sweep`` (``record["status"] == "ok"``)."""
+        mxq = Path(record["mxq"])
+        analysis = read_analysis(mxq.with_suffix(".analysis.json")) or {}
+        config = dict(record.get("config") or {})
+        config.pop("savePaths", None)
+        config.pop("modelPaths", None)
+        settings = ", ".join(f"{key}={value}" for key, value in (record.get("axes") or {}).items())
+        return cls(run_id=run_id, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   device=str(config.get("targetDevice", "")), core_modes=list(record.get("estimate", {})),
+                   mxq_path=str(mxq), size_bytes=int(record.get("mxq_size_bytes") or 0), config=config,
+                   config_summary=f"{origin}: {settings}" if settings else origin,
+                   metrics=dict(analysis.get("summary") or {}), outputs=dict(record.get("outputs") or {}),
+                   layers=[{key: row.get(key) for key in _LAYER_KEYS} for row in analysis.get("layers", [])],
+                   duration_s=float(record.get("compile_seconds") or 0.0), samples=dict(analysis.get("samples") or {})
+                   if isinstance(analysis.get("samples"), dict) else {}, model_sha256=model_sha256,
+                   estimate=dict(record.get("estimate") or {}), int16_layers=int(record.get("int16_layers") or 0),
+                   calibration=dict(calibration or {}), origin=origin)
 
     @property
     def label(self) -> str:
@@ -90,6 +124,17 @@ class RunRecord:
         top1 = [out.get("top1_agreement") for out in self.outputs.values() if out.get("top1_agreement") is not None]
         return {"verdict": self.metrics.get("verdict", ""), "sqnr_db": self.metrics.get("min_output_sqnr_db"),
                 "cosine": self.metrics.get("mean_output_cosine"), "top1": min(top1) if top1 else None}
+
+    def accuracy(self) -> float | None:
+        """The worst output SQNR in dB (the Pareto chart's accuracy), or None."""
+        value = self.metrics.get("min_output_sqnr_db")
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def latency_ms(self) -> float | None:
+        """Estimated latency (ms) of the first core mode, or None."""
+        first = next(iter(self.estimate.values()), {})
+        value = first.get("latency_ms")
+        return float(value) if isinstance(value, (int, float)) else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the project file's ``runs`` entries)."""

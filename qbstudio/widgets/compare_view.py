@@ -1,35 +1,53 @@
-"""Runs & Compare: the table of past runs and a per-layer SQNR plot of two of them (pyqtgraph)."""
+"""Runs & Compare: the runs table, and up to four picked runs side by side (settings diff, metrics, per-layer
+plots, the "why a layer differs" histogram) plus the sweep editor and the Pareto chart.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from qbstudio.state.runs import RunHistory, RunRecord, compare_layers
+from qbstudio import dialogs
+from qbstudio.state.compare import (
+    MAX_COMPARED,
+    better_direction,
+    flatten,
+    metric_rows,
+    resolved_config,
+    settings_diff,
+)
+from qbstudio.state.runs import RunHistory, RunRecord
+from qbstudio.widgets.histogram_view import HistogramView
+from qbstudio.widgets.layer_plot import RUN_COLOURS, LayerPlot
 from qbstudio.widgets.summary import human_size
+from qbstudio.widgets.sweep_panel import SweepPanel
+from qbstudio.workers import JobRunner
 
 logger = logging.getLogger(__name__)
 
 RUN_COLUMNS = ("Run", "Finished", "Device", "Settings", "Verdict", "Min SQNR (dB)", "Cosine", "Top-1", "Size",
                "Time (s)")
-MAX_TICKS = 24
-COLOURS = ("#1565c0", "#ef6c00")
+DIFF_BACKGROUND = "#fff4d6"
+BETTER, WORSE = "#2e7d32", "#c62828"
 
 
 def run_cells(run: RunRecord) -> list[str]:
@@ -45,65 +63,165 @@ def _number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-@dataclass
-class _PlotItems:
-    """The pyqtgraph plot of two runs' per-layer SQNR, its legend and its two curves."""
-
-    plot: Any
-    legend: Any
-    curve_a: Any
-    curve_b: Any
-
-    @classmethod
-    def build(cls) -> _PlotItems:
-        import pyqtgraph as pg  # about 0.4 s: imported when the Runs tab is first shown, not at start-up
-
-        plot = pg.PlotWidget(background="w")
-        plot.setLabel("left", "SQNR", units="dB", color="#222")
-        plot.setLabel("bottom", "layer (ordered by run A, worst first)", color="#222")
-        plot.showGrid(x=True, y=True, alpha=0.3)
-        for axis in ("left", "bottom"):
-            plot.getAxis(axis).setTextPen("#222")
-            plot.getAxis(axis).setPen("#888")
-        legend = plot.addLegend(offset=(-10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
-        curve_a = plot.plot([], [], pen=pg.mkPen(COLOURS[0], width=2), symbol="o", symbolSize=5,
-                            symbolBrush=COLOURS[0], name="A", connect="finite")
-        curve_b = plot.plot([], [], pen=pg.mkPen(COLOURS[1], width=2), symbol="t", symbolSize=6,
-                            symbolBrush=COLOURS[1], name="B", connect="finite")
-        return cls(plot, legend, curve_a, curve_b)
-
-    def show(self, names: list[str], sqnr_a: list, sqnr_b: list, label_a: str, label_b: str) -> None:
-        """Draw the two curves over ``names`` (empty: clear the plot)."""
-        x = np.arange(len(names), dtype=float)
-        self.curve_a.setData(x, np.asarray(sqnr_a, dtype=float))
-        self.curve_b.setData(x, np.asarray(sqnr_b, dtype=float))
-        self.legend.items[0][1].setText(label_a)
-        self.legend.items[1][1].setText(label_b)
-        step = max(1, len(names) // MAX_TICKS)
-        ticks = [(i, name[:14]) for i, name in enumerate(names) if i % step == 0]
-        self.plot.getAxis("bottom").setTicks([ticks] if names else None)
+def _cell_text(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
 
 
-class CompareView(QWidget):
-    """Past runs and the SQNR comparison of two of them.
-
-    Signals:
-        run_selected(int): the user selected a run in the table (its id).
-    """
-
-    run_selected = Signal(int)
+class SideBySide(QWidget):
+    """The picked runs as columns: the settings that differ (or the full resolved config) and the metrics."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.full_config = QCheckBox("Show the full resolved config", objectName="fullConfig")
+        self.full_config.toggled.connect(self.refresh)
+        self.table = QTableWidget(0, 0, objectName="sideBySide")
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.full_config)
+        layout.addWidget(self.table, 1)
+        self._runs: list[RunRecord] = []
+        self._baseline = 0
+        self.diff_keys: list[str] = []
+
+    def set_runs(self, runs: list[RunRecord], baseline: int = 0) -> None:
+        """Show ``runs`` as columns, ``baseline`` (an index) marked and used for better/worse colours."""
+        self._runs, self._baseline = list(runs), baseline
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the table."""
+        runs = self._runs
+        diff = settings_diff(runs) if len(runs) > 1 else []
+        self.diff_keys = [key for key, _ in diff]
+        if self.full_config.isChecked() and runs:
+            flats = [flatten(resolved_config(run)) for run in runs]
+            keys = sorted({key for flat in flats for key in flat})
+            settings = [(key, [flat.get(key) for flat in flats]) for key in keys]
+            settings_title = "Resolved config (differing keys highlighted)"
+        else:
+            settings = diff
+            settings_title = f"Settings that differ ({len(diff)})" if len(runs) > 1 else "Settings (pick 2+ runs)"
+        metrics = metric_rows(runs) if runs else []
+        self.table.clear()
+        self.table.clearSpans()
+        self.table.setColumnCount(len(runs))
+        self.table.setHorizontalHeaderLabels([f"{run.label}{'  ★ baseline' if i == self._baseline else ''}"
+                                              for i, run in enumerate(runs)])
+        for i in range(len(runs)):
+            self.table.horizontalHeaderItem(i).setForeground(QBrush(QColor(RUN_COLOURS[i % len(RUN_COLOURS)])))
+        rows: list[tuple[str, list[Any] | None]] = [(settings_title, None), *settings, ("Metrics", None), *metrics]
+        self.table.setRowCount(len(rows))
+        labels = []
+        for row, (label, values) in enumerate(rows):
+            labels.append(label if values is not None else "")
+            if values is None:
+                self._section(row, label)
+            elif row <= len(settings):
+                self._settings_row(row, label, values)
+            else:
+                self._metric_row(row, label, values)
+        self.table.setVerticalHeaderLabels(labels)
+
+    def _section(self, row: int, title: str) -> None:
+        item = QTableWidgetItem(title)
+        font = QFont()
+        font.setBold(True)
+        item.setFont(font)
+        item.setBackground(QBrush(QColor("#e8eaf6")))
+        self.table.setItem(row, 0, item)
+        if self.table.columnCount() > 1:
+            self.table.setSpan(row, 0, 1, self.table.columnCount())
+
+    def _settings_row(self, row: int, key: str, values: list[Any]) -> None:
+        differs = key in self.diff_keys
+        for column, value in enumerate(values):
+            item = QTableWidgetItem(_cell_text(value))
+            item.setToolTip(f"{key} = {_cell_text(value)}")
+            if differs:
+                item.setBackground(QBrush(QColor(DIFF_BACKGROUND)))
+            self.table.setItem(row, column, item)
+
+    def _metric_row(self, row: int, label: str, values: list[Any]) -> None:
+        direction = better_direction(label)
+        base = values[self._baseline] if self._baseline < len(values) else None
+        for column, value in enumerate(values):
+            item = QTableWidgetItem(_cell_text(value))
+            if (direction and column != self._baseline and isinstance(value, (int, float))
+                    and isinstance(base, (int, float)) and value != base):
+                item.setForeground(QBrush(QColor(BETTER if (value - base) * direction > 0 else WORSE)))
+            self.table.setItem(row, column, item)
+
+    def row_labels(self) -> list[str]:
+        """Every row's label, section titles included (for tests)."""
+        return [self.table.verticalHeaderItem(r).text() or self.table.item(r, 0).text()
+                for r in range(self.table.rowCount())]
+
+    def cell(self, label: str, column: int) -> QTableWidgetItem | None:
+        """The item of row ``label`` in run ``column`` (for tests)."""
+        for row in range(self.table.rowCount()):
+            if self.table.verticalHeaderItem(row).text() == label:
+                return self.table.item(row, column)
+        return None
+
+
+class CompareView(QWidget):
+    """Past runs; up to four of them compared side by side, per layer, per tensor range, and on a Pareto chart.
+
+    Args:
+        runner: Background jobs (statistics for the histogram).
+        presets: Preset name -> description, offered as a sweep axis.
+
+    Signals:
+        run_selected(int): the user selected a run in the table (its id; the first of several).
+        picks_changed(): the compared runs or the baseline changed.
+        layer_activated(str): the user clicked a layer in the per-layer plot.
+        delete_confirmed(int): the user confirmed deleting this run.
+        import_requested(): the user wants to add the points of a command-line sweep (``sweep.json``).
+    """
+
+    run_selected = Signal(int)
+    picks_changed = Signal()
+    layer_activated = Signal(str)
+    delete_confirmed = Signal(int)
+    import_requested = Signal()
+
+    def __init__(self, runner: JobRunner | None = None, presets: dict[str, str] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.history = RunHistory()
+        self.layer_order: list[str] = []
+        self.picks: list[int] = []
         self.table = self._make_table()
-        self.combo_a, self.combo_b = QComboBox(objectName="runA"), QComboBox(objectName="runB")
-        for combo in (self.combo_a, self.combo_b):
-            combo.currentIndexChanged.connect(self.update_plot)
-        self._plot_holder = QVBoxLayout()
-        self._plot_holder.setContentsMargins(0, 0, 0, 0)
-        self._plot_items: _PlotItems | None = None  # built on first show: pyqtgraph loads only then
-        self.layer_names: list[str] = []
+        self.baseline_combo = QComboBox(objectName="baselineRun")
+        self.baseline_combo.setToolTip("The run the others are compared with (pinned)")
+        self.baseline_combo.currentIndexChanged.connect(self._on_baseline)
+        self.delete_button = QPushButton("Delete run…", objectName="deleteRun", enabled=False)
+        self.delete_button.clicked.connect(self.ask_delete)
+        self.import_button = QPushButton("Import sweep results…", objectName="importSweep")
+        self.import_button.setToolTip("Add the points of a `qbcompiler sweep` of this model (its sweep.json) as runs")
+        self.import_button.clicked.connect(self.import_requested)
+        self.picks_label = QLabel(objectName="picksLabel")
+        self.side = SideBySide()
+        self.layers = LayerPlot()
+        self.layers.layer_activated.connect(self._on_layer_clicked)
+        self.histogram = HistogramView(runner or JobRunner(self))
+        self.sweep = SweepPanel(presets)
+        self.sweep.chart.run_clicked.connect(self._on_pareto_click)
+        self.tabs = QTabWidget(objectName="compareTabs")
+        self.tabs.addTab(self.side, "Side by side")
+        self.tabs.addTab(self.layers, "Per layer")
+        self.tabs.addTab(self.histogram, "Why a layer differs")
+        self.tabs.addTab(self.sweep, "Sweep && Pareto")
         self._build()
 
     def _make_table(self) -> QTableWidget:
@@ -111,7 +229,8 @@ class CompareView(QWidget):
         table.setHorizontalHeaderLabels(RUN_COLUMNS)
         table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        table.setToolTip(f"Select up to {MAX_COMPARED} runs (Ctrl+click) to compare them")
         table.verticalHeader().hide()
         table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
@@ -119,93 +238,142 @@ class CompareView(QWidget):
         return table
 
     def _build(self) -> None:
-        picker = QHBoxLayout()
-        picker.addWidget(QLabel("Compare run A"))
-        picker.addWidget(self.combo_a)
-        picker.addWidget(QLabel("with run B"))
-        picker.addWidget(self.combo_b)
-        picker.addStretch(1)
-        lower = QWidget()
-        lower_layout = QVBoxLayout(lower)
-        lower_layout.setContentsMargins(0, 0, 0, 0)
-        lower_layout.addLayout(picker)
-        lower_layout.addLayout(self._plot_holder, 1)
+        controls = QHBoxLayout()
+        controls.addWidget(self.picks_label, 1)
+        controls.addWidget(QLabel("Baseline"))
+        controls.addWidget(self.baseline_combo)
+        controls.addWidget(self.delete_button)
+        controls.addWidget(self.import_button)
+        upper = QWidget()
+        upper_layout = QVBoxLayout(upper)
+        upper_layout.setContentsMargins(0, 0, 0, 0)
+        upper_layout.addWidget(self.table, 1)
+        upper_layout.addLayout(controls)
         splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(self.table)
-        splitter.addWidget(lower)
-        splitter.setSizes([180, 400])
+        splitter.addWidget(upper)
+        splitter.addWidget(self.tabs)
+        splitter.setSizes([200, 520])
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
 
+    # -- runs -------------------------------------------------------------------------------------
+
     def set_history(self, history: RunHistory) -> None:
-        """Show the runs of ``history`` (newest selected as B, the one before as A)."""
+        """Show the runs of ``history``; keep the picks that still exist (else the two newest runs)."""
         self.history = history
+        self.table.blockSignals(True)
         self.table.setRowCount(len(history.runs))
         for row, run in enumerate(history.runs):
             for column, text in enumerate(run_cells(run)):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.ItemDataRole.UserRole, run.run_id)
                 self.table.setItem(row, column, item)
-        self._fill_combos()
+        self.table.blockSignals(False)
+        kept = [run_id for run_id in self.picks if history.get(run_id)]
+        self.set_picks(kept or [run.run_id for run in history.runs[-2:]])
+        self.sweep.chart.set_runs(history.runs)
 
-    def _fill_combos(self) -> None:
-        for combo in (self.combo_a, self.combo_b):
-            combo.blockSignals(True)
-            combo.clear()
-            for run in self.history.runs:
-                combo.addItem(run.label, run.run_id)
-            combo.blockSignals(False)
-        count = len(self.history.runs)
-        self.combo_a.setCurrentIndex(max(0, count - 2))
-        self.combo_b.setCurrentIndex(count - 1)
-        self.update_plot()
+    def set_layer_order(self, names: list[str]) -> None:
+        """The graph's node names in graph order (the per-layer x axis)."""
+        self.layer_order = list(names)
+        self._refresh_views()
+
+    def set_picks(self, run_ids: list[int], baseline: int | None = None) -> None:
+        """Compare these runs (at most :data:`MAX_COMPARED`); ``baseline`` is a run id among them."""
+        previous = self.baseline_id
+        self.picks = [run_id for run_id in dict.fromkeys(run_ids) if self.history.get(run_id)][:MAX_COMPARED]
+        self.table.blockSignals(True)
+        self.table.clearSelection()
+        flags = QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows
+        for row in range(self.table.rowCount()):
+            if self.table.item(row, 0).data(Qt.ItemDataRole.UserRole) in self.picks:
+                self.table.selectionModel().select(self.table.model().index(row, 0), flags)
+        self.table.blockSignals(False)
+        wanted = baseline if baseline in self.picks else previous if previous in self.picks else None
+        self._fill_baseline(wanted)
+
+    def _fill_baseline(self, wanted: int | None) -> None:
+        self.baseline_combo.blockSignals(True)
+        self.baseline_combo.clear()
+        for run_id in self.picks:
+            self.baseline_combo.addItem(self.history.get(run_id).label, run_id)
+        if wanted is not None:
+            self.baseline_combo.setCurrentIndex(self.picks.index(wanted))
+        self.baseline_combo.blockSignals(False)
+        self.delete_button.setEnabled(bool(self.picks))
+        self._refresh_views()
 
     @property
-    def plot(self):
-        """The SQNR plot (a pyqtgraph ``PlotWidget``), built on first use."""
-        return self._items().plot
+    def baseline_id(self) -> int | None:
+        """The pinned baseline run's id (None with no picks)."""
+        return self.baseline_combo.currentData() if self.baseline_combo.count() else None
 
-    def _items(self) -> _PlotItems:
-        if self._plot_items is None:
-            self._plot_items = _PlotItems.build()
-            self._plot_holder.addWidget(self._plot_items.plot)
-            self.update_plot()
-        return self._plot_items
+    def set_baseline(self, run_id: int) -> None:
+        """Pin ``run_id`` (one of the picks) as the baseline."""
+        if run_id in self.picks:
+            self.baseline_combo.setCurrentIndex(self.picks.index(run_id))
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
-        """Build the plot the first time the view is shown."""
-        self._items()
-        super().showEvent(event)
+    @property
+    def picked_runs(self) -> list[RunRecord]:
+        """The compared runs, in pick order."""
+        return [self.history.get(run_id) for run_id in self.picks]
 
-    def update_plot(self) -> None:
-        """Redraw both curves with setData (the plot items are created once); waits for the plot to exist."""
-        items = self._plot_items
-        if items is None:
-            return
-        run_a = self.history.get(self.combo_a.currentData()) if self.combo_a.count() else None
-        run_b = self.history.get(self.combo_b.currentData()) if self.combo_b.count() else None
-        if run_a is None or run_b is None:
-            self.layer_names = []
-            items.show([], [], [], "A", "B")
-            return
-        self.layer_names, sqnr_a, sqnr_b = compare_layers(run_a, run_b)
-        items.show(self.layer_names, sqnr_a, sqnr_b, f"A: {run_a.label}", f"B: {run_b.label}")
+    def _baseline_index(self) -> int:
+        return self.picks.index(self.baseline_id) if self.baseline_id in self.picks else 0
 
-    def tick_labels(self) -> list[str]:
-        """The layer names on the x axis (for tests)."""
-        ticks = self._items().plot.getAxis("bottom")._tickLevels
-        return [label for level in ticks or [] for _, label in level]
+    def _on_baseline(self) -> None:
+        self._refresh_views()
 
-    def legend_texts(self) -> list[str]:
-        """The legend's entries (for tests)."""
-        return [label.text for _, label in self._items().legend.items]
-
-    def curve_data(self) -> tuple[np.ndarray, np.ndarray]:
-        """The y values of curves A and B (for tests)."""
-        items = self._items()
-        return items.curve_a.getData()[1], items.curve_b.getData()[1]
+    def _refresh_views(self) -> None:
+        runs, baseline = self.picked_runs, self._baseline_index()
+        count = len(runs)
+        self.picks_label.setText(f"Comparing {count} run(s)" + (f" (at most {MAX_COMPARED})" if count == MAX_COMPARED
+                                                                 else ""))
+        self.side.set_runs(runs, baseline)
+        self.layers.set_runs(runs, self.layer_order, baseline)
+        self.histogram.set_runs(runs)
+        self.picks_changed.emit()
 
     def _on_selection(self) -> None:
-        items = self.table.selectedItems()
-        if items:
-            self.run_selected.emit(items[0].data(Qt.ItemDataRole.UserRole))
+        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
+        run_ids = [self.table.item(row, 0).data(Qt.ItemDataRole.UserRole) for row in rows]
+        if not run_ids:
+            return
+        if len(run_ids) > MAX_COMPARED:
+            self.picks_label.setText(f"Only {MAX_COMPARED} runs can be compared at once.")
+        self.set_picks(run_ids)
+        self.run_selected.emit(run_ids[0])
+
+    def _on_pareto_click(self, run_id: int) -> None:
+        picks = self.picks if run_id in self.picks else (self.picks + [run_id])[-MAX_COMPARED:]
+        baseline = self.baseline_id if self.baseline_id in picks else None
+        self.set_picks(picks, baseline)
+        self.tabs.setCurrentWidget(self.side)
+        self.run_selected.emit(run_id)
+
+    # -- layers -----------------------------------------------------------------------------------
+
+    def _on_layer_clicked(self, name: str) -> None:
+        self.show_layer(name)
+        self.layer_activated.emit(name)
+
+    def show_layer(self, name: str) -> None:
+        """Layer ``name`` was selected (here or elsewhere): mark it and load its histogram."""
+        self.layers.select_layer(name)
+        if any(run.layer_row(name) for run in self.picked_runs):
+            self.histogram.show_layer(name)
+
+    # -- deleting ---------------------------------------------------------------------------------
+
+    def ask_delete(self) -> bool:
+        """Ask, then delete the selected run(s) from the project (their files stay); True if confirmed."""
+        runs = self.picked_runs
+        if not runs:
+            return False
+        names = ", ".join(run.label for run in runs)
+        if not dialogs.ask_yes_no(self, "Delete run", f"Delete {names} from the project?\n\nThe MXQ files stay on "
+                                                       "disk; the runs disappear from the table and the project file."):
+            return False
+        for run in runs:
+            self.delete_confirmed.emit(run.run_id)
+        return True

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import shiboken6
-from PySide6.QtCore import QCoreApplication, QPoint, Qt, QUrl, Signal
+from PySide6.QtCore import QCoreApplication, QPoint, QRectF, Qt, QUrl, Signal
+from PySide6.QtGui import QColor, QLinearGradient, QPainter
 from PySide6.QtWebEngineWidgets import QWebEngineView
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from qbstudio.netron.page import LocalOnlyInterceptor, NetronPage, create_profile
 from qbstudio.netron.palette import SUPPORT_PALETTE
@@ -85,6 +87,50 @@ class SupportLegend(QWidget):
         layout.addStretch(1)
 
 
+class HeatLegend(QWidget):
+    """A horizontal colour gradient with value ticks (dB) for the error heatmap."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("heatLegend")
+        self.setFixedHeight(34)
+        self.setMinimumWidth(260)
+        self.title = ""
+        self.stops: list[tuple[float, str]] = []
+        self.low, self.high = 0.0, 1.0
+        self.ticks: tuple[float, ...] = ()
+
+    def set_scale(self, title: str, stops: list[tuple[float, str]], low: float, high: float,
+                  ticks: tuple[float, ...]) -> None:
+        """Show a gradient of ``stops`` from ``low`` to ``high`` with ``ticks`` labelled."""
+        self.title, self.stops, self.low, self.high, self.ticks = title, stops, low, high, ticks
+        self.update()
+
+    def tick_labels(self) -> list[str]:
+        """The tick texts as drawn (for tests)."""
+        return [f"{tick:+g}" if self.low < 0 else f"{tick:g}" for tick in self.ticks]
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """Draw the title, the gradient bar and the ticks."""
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        title_width = painter.fontMetrics().horizontalAdvance(self.title) + 12
+        bar = QRectF(title_width, 3, max(40, self.width() - title_width - 24), 12)
+        painter.setPen(QColor("#222"))
+        painter.drawText(QRectF(4, 0, title_width, 18), Qt.AlignmentFlag.AlignVCenter, self.title)
+        gradient = QLinearGradient(bar.left(), 0, bar.right(), 0)
+        for position, colour in self.stops:
+            gradient.setColorAt(position, QColor(colour))
+        painter.fillRect(bar, gradient)
+        painter.drawRect(bar)
+        for tick, text in zip(self.ticks, self.tick_labels()):
+            x = bar.left() + bar.width() * (tick - self.low) / ((self.high - self.low) or 1.0)
+            painter.drawLine(round(x), round(bar.bottom()), round(x), round(bar.bottom()) + 3)
+            width = painter.fontMetrics().horizontalAdvance(text)
+            painter.drawText(round(x - width / 2), round(bar.bottom()) + 15, text)
+        painter.end()
+
+
 class GraphView(QWidget):
     """Netron showing one MBLT, with support colours, selection sync and a per-node context menu.
 
@@ -99,12 +145,16 @@ class GraphView(QWidget):
         node_selected(str): The user clicked a node in the graph (not sent for :meth:`select_node`).
         node_context_requested(str, QPoint): Right click on a node, at a global screen position.
         load_failed(str): Netron shows an error, or a dialog it would wait on, instead of the graph.
+        colouring_changed(str): The user chose another colouring (``support`` or a key of :meth:`set_colourings`).
+        heat_painted(int, float): Heat colours reached the page: nodes coloured, milliseconds from the call.
     """
 
     ready = Signal()
     node_selected = Signal(str)
     node_context_requested = Signal(str, QPoint)
     load_failed = Signal(str)
+    colouring_changed = Signal(str)
+    heat_painted = Signal(int, float)
 
     def __init__(self, parent: QWidget | None = None, *, scheme_handler: NetronSchemeHandler | None = None,
                  large_graph_threshold: int = LARGE_GRAPH_NODES) -> None:
@@ -116,6 +166,8 @@ class GraphView(QWidget):
         self._node_count: int | None = None
         self._statuses: dict[str, str] = {}
         self._tooltips: dict[str, str] = {}
+        self._heat: tuple[dict[str, list[str]], dict[str, str]] | None = None
+        self.last_heat_ms: float | None = None
         self._build_widgets()
         # The profile is created last so that it is this widget's last child: Qt deletes children in
         # order, and the page (under the stack) must be deleted before its profile.
@@ -145,12 +197,25 @@ class GraphView(QWidget):
         self._stack.addWidget(self._placeholder)
         self._stack.addWidget(self._web)
         self.legend = SupportLegend(self)
+        self.heat_legend = HeatLegend(self)
+        self.heat_legend.hide()
+        self.colour_combo = QComboBox(self, objectName="graphColouring")
+        self.colour_combo.setToolTip("Colour the nodes by support status, or by a compared run's per-layer error")
+        self.colour_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.colour_combo.addItem("Colours: support status", "support")
+        self.colour_combo.currentIndexChanged.connect(
+            lambda _i: self.colouring_changed.emit(self.colour_combo.currentData() or "support"))
+        footer = QHBoxLayout()
+        footer.setContentsMargins(0, 0, 6, 0)
+        footer.addWidget(self.legend, 1)
+        footer.addWidget(self.heat_legend, 1)
+        footer.addWidget(self.colour_combo)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self._banner)
         layout.addWidget(self._stack, 1)
-        layout.addWidget(self.legend)
+        layout.addLayout(footer)
 
     def _connect_page(self) -> None:
         self._page.model_opened.connect(self._on_model_opened)
@@ -266,6 +331,68 @@ class GraphView(QWidget):
         if self._ready:
             self._push_statuses()
 
+    def set_colourings(self, choices: list[tuple[str, str]]) -> None:
+        """Offer ``(key, label)`` colourings after "support status"; keeps the current one if still offered."""
+        current = self.colour_combo.currentData()
+        self.colour_combo.blockSignals(True)
+        while self.colour_combo.count() > 1:
+            self.colour_combo.removeItem(1)
+        for key, label in choices:
+            self.colour_combo.addItem(label, key)
+        index = self.colour_combo.findData(current)
+        self.colour_combo.setCurrentIndex(max(0, index))
+        self.colour_combo.blockSignals(False)
+        if index < 0 and current != "support":
+            self.colouring_changed.emit("support")
+
+    @property
+    def colouring(self) -> str:
+        """The chosen colouring key (``support`` or one given to :meth:`set_colourings`)."""
+        return self.colour_combo.currentData() or "support"
+
+    def set_heatmap(self, colours: Mapping[str, list[str]], tooltips: Mapping[str, str], *, title: str,
+                    stops: list[tuple[float, str]], low: float, high: float, ticks: tuple[float, ...]) -> None:
+        """Colour nodes by value (error heatmap) instead of support status, with a gradient legend.
+
+        Args:
+            colours: Node name -> ``[fill, text colour]``; other nodes are drawn light grey.
+            tooltips: Node name -> tooltip text (the numbers).
+            title / stops / low / high / ticks: The legend (see :class:`HeatLegend`).
+        """
+        self._heat = (dict(colours), dict(tooltips))
+        self.heat_legend.set_scale(title, stops, low, high, ticks)
+        self.legend.hide()
+        self.heat_legend.show()
+        if self._ready:
+            self._push_heat()
+
+    def clear_heatmap(self) -> None:
+        """Back to the support colours."""
+        if self._heat is None:
+            return
+        self._heat = None
+        self.heat_legend.hide()
+        self.legend.show()
+        if self._ready:
+            self._push_heat()
+
+    @property
+    def heat_active(self) -> bool:
+        """Whether nodes are coloured by error."""
+        return self._heat is not None
+
+    def _push_heat(self) -> None:
+        started = time.perf_counter()
+        colours, tips = self._heat if self._heat is not None else (None, {})
+
+        def done(result: str) -> None:
+            self.last_heat_ms = (time.perf_counter() - started) * 1000.0
+            painted = int(result) if result and result.lstrip("-").isdigit() else 0
+            logger.debug("Graph view: heat colours on %d node(s) in %.1f ms", painted, self.last_heat_ms)
+            self.heat_painted.emit(painted, self.last_heat_ms)
+
+        self._page.runJavaScript(js_call("qbSetHeat", colours, tips), 0, done)
+
     def select_node(self, name: str, *, smooth: bool = True) -> None:
         """Select the node called ``name`` in the graph and scroll it into view.
 
@@ -304,6 +431,9 @@ class GraphView(QWidget):
         self._served_file = ""
         self._statuses = {}
         self._tooltips = {}
+        self._heat = None
+        self.heat_legend.hide()
+        self.legend.show()
         self._banner.hide()
 
     def _push_statuses(self) -> None:
@@ -330,6 +460,8 @@ class GraphView(QWidget):
             self._show_notice(f"Large graph: {nodes:,} nodes. Scrolling and zooming may be slow.")
         if self._statuses:
             self._push_statuses()
+        if self._heat is not None:
+            self._push_heat()
         logger.info("Graph view: %s rendered (%d nodes)", self._model_path, nodes)
         self.ready.emit()
 

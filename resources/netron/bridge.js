@@ -7,11 +7,43 @@
 const NODE_PREFIX = 'node-name-';
 const STATUS_PREFIX = 'qb-status-';
 const SVG_NS = 'http://www.w3.org/2000/svg';
-const state = { statuses: {}, tooltips: {}, opened: false, message: '' };
+const state = { statuses: {}, tooltips: {}, heat: null, heatTips: {}, opened: false, message: '' };
+const HEAT_CLASS = 'qb-heat';
+const NO_HEAT = ['#d5d5d5', '#444444'];
 
 const currentFile = () => {
     const meta = document.querySelector('meta[name="file"]');
     return meta ? meta.getAttribute('content') : '';
+};
+
+const setTooltip = (element, tooltip) => {
+    const previous = element.querySelector(':scope > title.qb-tooltip');
+    if (previous) {
+        previous.remove();
+    }
+    if (tooltip) {
+        const title = document.createElementNS(SVG_NS, 'title');
+        title.setAttribute('class', 'qb-tooltip');
+        title.textContent = tooltip;
+        element.insertBefore(title, element.firstChild);
+    }
+};
+
+// Heat colours are inline styles on the node's header (they win over the status classes' CSS).
+const setHeat = (element, colours) => {
+    const header = element.querySelector(':scope > g.node-item-type > path');
+    const text = element.querySelector(':scope > g.node-item-type > text');
+    const border = element.querySelector(':scope > path.node-border');
+    if (header) {
+        header.style.fill = colours ? colours[0] : '';
+    }
+    if (text) {
+        text.style.fill = colours ? colours[1] : '';
+    }
+    if (border) {
+        border.style.stroke = colours ? colours[0] : '';
+    }
+    element.classList.toggle(HEAT_CLASS, Boolean(colours));
 };
 
 const paintNode = (element) => {
@@ -21,22 +53,22 @@ const paintNode = (element) => {
             element.classList.remove(cls);
         }
     }
-    const previous = element.querySelector(':scope > title.qb-tooltip');
-    if (previous) {
-        previous.remove();
+    if (state.heat) {
+        const colours = state.heat[name];
+        setHeat(element, colours || NO_HEAT);
+        setTooltip(element, state.heatTips[name] || (colours ? '' : name + ': no value for this layer'));
+        return colours ? 1 : 0;
     }
+    if (element.classList.contains(HEAT_CLASS)) {
+        setHeat(element, null);
+    }
+    setTooltip(element, '');
     const status = state.statuses[name];
     if (!status) {
         return 0;
     }
     element.classList.add(STATUS_PREFIX + status);
-    const tooltip = state.tooltips[name];
-    if (tooltip) {
-        const title = document.createElementNS(SVG_NS, 'title');
-        title.setAttribute('class', 'qb-tooltip');
-        title.textContent = tooltip;
-        element.insertBefore(title, element.firstChild);
-    }
+    setTooltip(element, state.tooltips[name]);
     return 1;
 };
 
@@ -53,6 +85,15 @@ window.qbSetStatuses = qbGuard('qbSetStatuses', (statuses, tooltips) => {
     state.statuses = statuses || {};
     state.tooltips = tooltips || {};
     document.documentElement.toggleAttribute('data-qb-statuses', Object.keys(state.statuses).length > 0);
+    return paintAll();
+});
+
+// Python -> page: colour nodes by a value (error heatmap): {name: [fill, text colour]} and tooltips; null
+// goes back to the support colours. Returns how many rendered nodes got a heat colour.
+window.qbSetHeat = qbGuard('qbSetHeat', (colours, tooltips) => {
+    state.heat = colours || null;
+    state.heatTips = tooltips || {};
+    document.documentElement.toggleAttribute('data-qb-heat', Boolean(state.heat));
     return paintAll();
 });
 

@@ -114,11 +114,12 @@ def test_deferred_build_shows_the_window_first_then_builds_the_panels(qtbot, tmp
         assert window.graph.web_view.url().scheme() == "qbnetron"  # Netron loads while onnx imports
     assert window.workbench_ready and window.menuBar().isEnabled()
     assert window.central.currentWidget() is window.welcome
-    assert window.compare._plot_items is None  # pyqtgraph waits for the Runs tab
+    assert window.compare.layers._plots is None  # pyqtgraph waits for the per-layer plot
     window.central.setCurrentWidget(window.tabs)
     window.tabs.setCurrentWidget(window.compare)
-    qtbot.waitUntil(lambda: window.compare._plot_items is not None)
-    assert window.compare.legend_texts() == ["A", "B"]
+    window.compare.tabs.setCurrentWidget(window.compare.layers)
+    qtbot.waitUntil(lambda: window.compare.layers._plots is not None)
+    assert window.compare.layers.legend_texts() == []
     window.close()
 
 

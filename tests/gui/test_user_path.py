@@ -206,7 +206,7 @@ def test_switching_sample_model_project_new_resets_every_panel(qtbot, make_windo
     assert thumbnails(window) > 0 and "48 sample(s)" in window.calibration.count_label.text()
     fake_run(window)
     fake_run(window, sqnr=20.0)
-    assert window.compare.table.rowCount() == 2 and window.compare.tick_labels()
+    assert window.compare.table.rowCount() == 2 and window.compare.layers.series.layers
     window.run_panel.finished("Failed: UNSUPPORTED_OPS")
     logging.getLogger("qbstudio.test").warning("line of the sample session")
     window.log_handler.flush_pending()
@@ -241,7 +241,7 @@ def test_switching_sample_model_project_new_resets_every_panel(qtbot, make_windo
 def _assert_fresh(window: MainWindow, nodes: int | None) -> None:
     """No panel shows anything of an earlier project or model."""
     assert window.compare.table.rowCount() == 0
-    assert window.compare.tick_labels() == [] and window.compare.legend_texts() == ["A", "B"]
+    assert window.compare.picks == [] and window.compare.layers.series is None
     assert window.run_panel.summary.run is None and "No compile yet" in window.run_panel.summary.header.text()
     assert window.run_panel.stage_label.text() == "Idle"
     assert "line of the sample session" not in window.log_dock.text()

@@ -105,6 +105,8 @@ def test_sample_project_compiles_and_reopens(qtbot, make_window, errors, tmp_pat
     sqnr = [row["sqnr_db"] for row in run.worst_layers()]
     assert summary.layer_names()[0] == run.worst_layers()[0]["layer"] and sqnr == sorted(sqnr)
     assert window.compare.table.rowCount() == 1
+    assert run.estimate[run.core_modes[0]]["latency_ms"] > 0 and run.calibration["path"] == str(SAMPLE_DIR / "calib")
+    assert run.int16_layers == 0 and run.accuracy() == run.metrics["min_output_sqnr_db"]
 
     saved = tmp_path / "projects" / "fashion.qbproj"
     assert window.save_project_as(saved)

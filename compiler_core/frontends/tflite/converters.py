@@ -297,11 +297,35 @@ def _softmax(b: GraphBuilder, op: Operator) -> None:
 
 @converts("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
 def _reshape(b: GraphBuilder, op: Operator) -> None:
-    _reshape_to_output(b, op)  # the output's static shape is exact; TFLite may also give -1 in new_shape
+    target = b.constant(op.inputs[1]) if op.op_type == "RESHAPE" and len(op.inputs) > 1 and op.inputs[1] >= 0 \
+        else None
+    if target is None:
+        _reshape_to_output(b, op)  # the output's static shape; TFLite may also give -1 in new_shape
+        return
+    # A shape computed from Shape/Gather/Prod/Pack (Keras Tensordot, dynamic batch) was folded at import;
+    # the converter recorded a placeholder output shape for it, so the computed one is the truth.
+    size = int(np.prod(b.shape(op.inputs[0])))
+    dims = [int(d) for d in np.asarray(target).reshape(-1)]
+    if dims.count(-1) == 1:
+        known = int(np.prod([d for d in dims if d != -1])) or 1
+        dims[dims.index(-1)] = size // known
+    _elementwise(b, op, "Reshape", [b.input(op, 0), b.int64_initializer(f"{_source(b, op)}/shape", dims)])
+
+
+def _fold(b: GraphBuilder, op: Operator, compute) -> bool:
+    """Set the output to ``compute(*constant inputs)`` when every input is a constant (shape arithmetic)."""
+    values = [b.constant(index) if index >= 0 else None for index in op.inputs]
+    if not values or any(value is None for value in values):
+        return False
+    b.set_constant(op.outputs[0], np.asarray(compute(*values)))
+    return True
 
 
 @converts("CONCATENATION")
 def _concatenation(b: GraphBuilder, op: Operator) -> None:
+    axis = int(_option(op, "Axis"))
+    if not _option(op, "FusedActivationFunction") and _fold(b, op, lambda *v: np.concatenate(v, axis=axis)):
+        return
     inputs = [b.input(op, i) for i in range(len(op.inputs))]
     _elementwise(b, op, "Concat", inputs, fused=_option(op, "FusedActivationFunction"), axis=_option(op, "Axis"))
 
@@ -336,6 +360,12 @@ def _strided_slice(b: GraphBuilder, op: Operator) -> None:
         starts.append(start)
         ends.append(stop)
         steps.append(step)
+    data = b.constant(op.inputs[0])
+    if data is not None:  # shape arithmetic: slice now, dropping the shrink-mask axes
+        shrink = int(_option(op, "ShrinkAxisMask"))
+        picked = data[tuple(slice(a, max(z, -len(data) - 1) if p < 0 else z, p) for a, z, p in zip(starts, ends, steps))]
+        b.set_constant(op.outputs[0], np.squeeze(picked, axis=tuple(a for a in range(len(starts)) if shrink >> a & 1)))
+        return
     inputs = [b.input(op, 0)] + [b.int64_initializer(f"{source}/{k}", v) for k, v in
                                  (("starts", starts), ("ends", ends), ("axes", range(len(starts))), ("steps", steps))]
     sliced = b.add_node("Slice", inputs, source=source)[0]
@@ -359,6 +389,12 @@ def _slice_bounds(op: Operator, axis: int, size: int, begin: int, end: int, stri
 
 @converts("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD")
 def _reduce(b: GraphBuilder, op: Operator) -> None:
+    keep = bool(_option(op, "KeepDims", False))
+    reducers = {"MEAN": np.mean, "SUM": np.sum, "REDUCE_MAX": np.max, "REDUCE_MIN": np.min, "REDUCE_PROD": np.prod}
+    dtype = b.graph.tensors[op.outputs[0]].dtype
+    if _fold(b, op, lambda x, axes: reducers[op.op_type](x, axis=tuple(int(a) for a in np.reshape(axes, -1)),
+                                                         keepdims=keep).astype(dtype or x.dtype)):
+        return
     op_type = {"MEAN": "ReduceMean", "SUM": "ReduceSum", "REDUCE_MAX": "ReduceMax", "REDUCE_MIN": "ReduceMin",
                "REDUCE_PROD": "ReduceProd"}[op.op_type]
     axes = b.require_constant(op, 1, "axes").astype(np.int64).reshape(-1)

@@ -201,11 +201,16 @@ def build_clamp(op: IntOp, context: PlanContext) -> Step | None:
 
 @register_fast("concat")
 def build_concat(op: IntOp, context: PlanContext) -> Step | None:
-    """Inputs with other parameters are rescaled by table; then one concatenation."""
+    """Inputs with other parameters are rescaled by table; constant pieces (already output codes) are
+    repeated over the batch; then one concatenation."""
     attrs = op.attrs
     low, high = attrs["clamp"]
-    converters = []
+    converters, constants = [], {}
     for index, name in enumerate(op.inputs):
+        if f"const{index}" in op.consts:  # e.g. ViT's class token before the patch tokens
+            constants[index] = op.consts[f"const{index}"].astype(np.float32)
+            converters.append(None)
+            continue
         multiplier, shift = int(op.consts["multiplier"][index]), int(op.consts["shift"][index])
         zero_point = attrs["zp_inputs"][index]
         if multiplier == 1 << 30 and shift == 30 and zero_point == attrs["zp_y"]:
@@ -219,8 +224,14 @@ def build_concat(op: IntOp, context: PlanContext) -> Step | None:
     axis = attrs["axis"]
 
     def run(inputs: list) -> list:
-        parts = [codes if convert is None else lookup(convert[0], convert[1], codes)
-                 for codes, convert in zip(inputs, converters)]
+        batch = next((codes.shape[0] for index, codes in enumerate(inputs) if index not in constants), 1)
+        parts = []
+        for index, (codes, convert) in enumerate(zip(inputs, converters)):
+            if index in constants:
+                piece = constants[index]
+                parts.append(np.repeat(piece, batch, axis=0) if piece.shape[0] != batch else piece)
+            else:
+                parts.append(codes if convert is None else lookup(convert[0], convert[1], codes))
         return [np.concatenate(parts, axis=axis)]
 
     return Step(run, batch_safe=axis != 0, method="concat")

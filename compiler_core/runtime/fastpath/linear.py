@@ -4,13 +4,17 @@ Accumulation runs in float32 when the layer's worst-case ``|acc|`` (largest cent
 times the largest per-channel sum of ``|w|``) is below ``2**24``, else in float64 (below ``2**53``):
 every partial sum is then an exactly representable integer, so any summation order (BLAS,
 onnxruntime's convolution kernels) gives the exact integer sum. Convolutions and dense layers run in
-a one-node onnxruntime ``Conv`` / ``MatMul`` session built once per layer (dense layers on 16-bit
-inputs split the input into bytes to stay in float32); products of activations in numpy BLAS. Requantization: :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
+a one-node onnxruntime ``Conv`` / ``MatMul`` session built once per layer; dense layers with 8-bit
+weights run on ``MatMulInteger`` (exact int32; 16-bit inputs split into bytes, see
+:func:`_integer_dense`), other dense layers on a float32 ``MatMul`` (16-bit inputs split into bytes); products of activations in numpy BLAS. Requantization: :class:`~compiler_core.runtime.fastpath.requant.Requantizer`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -24,6 +28,9 @@ from compiler_core.runtime.fastpath.requant import FLOAT32_EXACT, FLOAT64_EXACT,
 logger = logging.getLogger(__name__)
 
 SPLIT_BITS = 8
+SESSION_MEMO_BYTES = 256 << 20  # serialized size of the remembered one-node models (their weights)
+_sessions: OrderedDict[bytes, tuple[ort.InferenceSession, int]] = OrderedDict()
+_sessions_lock = threading.Lock()
 
 
 def accumulator_dtype(bound: int) -> type | None:
@@ -55,6 +62,9 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     requant = Requantizer(op.consts["multiplier"].reshape(channel_shape), op.consts["shift"].reshape(channel_shape),
                           op.consts["bias"].reshape(channel_shape), op.attrs["zp_y"], op.attrs["clamp"], bound)
     if layout == "dense":
+        integer = _integer_dense(weight, context.params(x), op.attrs["zp_x"], bound)
+        if integer is not None:
+            return Step(lambda inputs: [requant(integer(inputs[0]))], method=f"linear/integer/{requant.method}")
         return _dense_step(weight, span, weight_sum, requant, _input_zero_point(op, len(shape)))
     zero_point = _input_zero_point(op, len(shape)).astype(dtype)
     attrs = op.attrs
@@ -66,6 +76,60 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     def run_conv(inputs: list) -> list:
         return [requant(accumulate(prepare(np.subtract(inputs[0], zero_point, dtype=dtype, order="C"))))]
     return Step(run_conv, method=f"{layout}/{np.dtype(dtype).name}/{requant.method}")
+
+
+INT32_EXACT = 1 << 31
+
+
+def _integer_dense(weight: np.ndarray, params, zero_point, bound: int):
+    """``x -> (x - zp) @ W`` on onnxruntime ``MatMulInteger`` for 8- or 16-bit input codes and 8-bit weights, else ``None``.
+
+    Input codes shift to unsigned by ``-qmin`` (``u = x - qmin``), the weights (within ``[-127, 127]``)
+    to uint8 by +128 with a weight zero point of 128. uint8 x uint8 kernels widen to 16 bits before
+    multiplying (no saturating pair sums, unlike uint8 x int8 without VNNI) and accumulate in int32.
+    8-bit inputs: one call with the input zero point ``zp - qmin`` (exact while ``bound < 2**31``).
+    16-bit inputs split into bytes ``u = 256 * high + low``; both halves go through one call,
+    stacked on a leading axis, and ``256 * acc_high + acc_low - (zp - qmin) * sum(W)`` is formed in
+    float64 (exact: below ``2**53``), as the float32 byte split does.
+    """
+    levels = int(params.qmax - params.qmin) + 1 if params is not None else 0
+    if not levels or np.ndim(zero_point) or levels > 1 << 16 or weight.size == 0 or int(np.abs(weight).max()) > 127:
+        return None
+    weight_sum = int(np.abs(weight).sum(axis=1).max())  # weight is [N, K]
+    offset, centre = int(params.qmin), int(zero_point) - int(params.qmin)
+    split = levels > 256
+    if (255 * weight_sum if split else bound) >= INT32_EXACT or (split and levels * weight_sum >= FLOAT64_EXACT):
+        return None
+    session = _one_node_session(_matmul_integer_model(weight, 0 if split else centre))
+    shift = np.float32(offset)
+    if not split:
+        def accumulate(x: np.ndarray) -> np.ndarray:
+            codes = (np.subtract(x, shift, dtype=np.float32) if offset else x).astype(np.uint8)
+            return session.run(None, {"x": codes})[0]
+        return accumulate
+    correction = centre * weight.astype(np.float64).sum(axis=1)
+
+    def accumulate_split(x: np.ndarray) -> np.ndarray:
+        unsigned = np.subtract(x, shift, dtype=np.float32).astype(np.uint16)
+        halves = session.run(None, {"x": np.stack([(unsigned >> 8).astype(np.uint8), unsigned.astype(np.uint8)])})[0]
+        acc = halves[0].astype(np.float64)
+        acc *= 256
+        acc += halves[1]
+        acc -= correction
+        return acc
+
+    return accumulate_split
+
+
+def _matmul_integer_model(weight: np.ndarray, input_zero_point: int) -> onnx.ModelProto:
+    node = onnx.helper.make_node("MatMulInteger", ["x", "w", "x_zero", "w_zero"], ["y"])
+    x_info = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.UINT8, None)
+    y_info = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, None)
+    constants = [onnx.numpy_helper.from_array(np.ascontiguousarray((weight.T + 128).astype(np.uint8)), "w"),
+                 onnx.numpy_helper.from_array(np.array(input_zero_point, dtype=np.uint8), "x_zero"),
+                 onnx.numpy_helper.from_array(np.array(128, dtype=np.uint8), "w_zero")]
+    graph = onnx.helper.make_graph([node], "dense_integer", [x_info], [y_info], constants)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
 
 
 def _dense_step(weight: np.ndarray, span: int, weight_sum: int, requant: Requantizer, zero_point: np.ndarray) -> Step:
@@ -115,8 +179,26 @@ def _matmul_session(matrix: np.ndarray):
     weight = onnx.numpy_helper.from_array(np.ascontiguousarray(matrix.astype(np.float32)), "w")
     graph = onnx.helper.make_graph([node], "dense", [x_info], [y_info], [weight])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    session = _one_node_session(model)
     return lambda x: session.run(None, {"x": x})[0]
+
+
+def _one_node_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session of a one-node model, shared with earlier plans that built the same model."""
+    data = model.SerializeToString()
+    key = hashlib.blake2b(data, digest_size=20).digest()
+    with _sessions_lock:
+        known = _sessions.get(key)
+        if known is not None:
+            _sessions.move_to_end(key)
+            return known[0]
+    session = ort.InferenceSession(data, _session_options(), providers=["CPUExecutionProvider"])
+    with _sessions_lock:
+        _sessions[key] = (session, len(data))
+        total = sum(size for _, size in _sessions.values())
+        while total > SESSION_MEMO_BYTES and len(_sessions) > 1:
+            total -= _sessions.popitem(last=False)[1][1]
+    return session
 
 
 def _zero_insert_and_pad(x: np.ndarray, attrs: dict) -> np.ndarray:
@@ -146,7 +228,7 @@ def _conv_session(op: IntOp, attrs: dict, shape: list[int]):
     weight = onnx.numpy_helper.from_array(op.consts["weight"].astype(np.float32), "w")
     graph = onnx.helper.make_graph([node], "conv", [x_info], [y_info], [weight])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    session = _one_node_session(model)
     return lambda x: session.run(None, {"x": x})[0]
 
 

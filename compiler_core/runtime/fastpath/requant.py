@@ -28,6 +28,7 @@ first of these that holds is used:
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -45,6 +46,12 @@ MAX_PROOF_POINTS = 1 << 22  # thresholds x parameter entries checked for the flo
 _WINDOW = np.arange(-2, 3)
 
 
+CHOICE_MEMO_ENTRIES = 4096
+_CHOSEN = ("_m64", "_c64", "_ties", "_margin")  # what _choose sets besides the method (read-only afterwards)
+_choices: dict[tuple, tuple[str, dict]] = {}
+_choices_lock = threading.Lock()
+
+
 class Requantizer:
     """``acc -> clamp(rha((acc + bias) * M / 2**S) + zp, lo, hi)`` as float32 codes, bit-exact.
 
@@ -55,6 +62,9 @@ class Requantizer:
         zero_point: output zero point (scalar).
         clamp: ``(lo, hi)`` output code bounds.
         bound: an upper bound of ``|acc|`` over every input the layer can receive.
+
+    The chosen method and its constants are remembered per process by all of these arguments (the
+    last :data:`CHOICE_MEMO_ENTRIES`): sweep points and repeated compiles share most layers' parameters.
     """
 
     def __init__(self, multiplier: np.ndarray, shift: np.ndarray, bias: np.ndarray | None, zero_point: int,
@@ -64,7 +74,19 @@ class Requantizer:
         multiplier, shift, bias = np.broadcast_arrays(multiplier, shift, bias)
         self.multiplier, self.shift, self.bias = (np.ascontiguousarray(a) for a in (multiplier, shift, bias))
         self.zero_point, (self.low, self.high), self.bound = int(zero_point), (int(clamp[0]), int(clamp[1])), int(bound)
-        self.method = self._choose()
+        key = (self.multiplier.shape, self.multiplier.tobytes(), self.shift.tobytes(), self.bias.tobytes(),
+               self.zero_point, self.low, self.high, self.bound)
+        with _choices_lock:
+            known = _choices.get(key)
+        if known is None:
+            method = self._choose()
+            known = (method, {name: getattr(self, name) for name in _CHOSEN if hasattr(self, name)})
+            with _choices_lock:
+                _choices[key] = known
+                while len(_choices) > CHOICE_MEMO_ENTRIES:
+                    _choices.pop(next(iter(_choices)))
+        self.method = known[0]
+        self.__dict__.update(known[1])
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""Analysis metrics: fused sums equal the plain float64 formulas; near-zero FP32 outputs are not averaged into the cosine."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from compiler_core.analysis.compare import _near_zero_warnings
+from compiler_core.analysis.metrics import BLOCK, TensorComparison, fused_sums, sqnr_db
+
+
+def _naive(reference: np.ndarray, quantized: np.ndarray):
+    ref, test = reference.astype(np.float64).ravel(), quantized.astype(np.float64).ravel()
+    error = ref - test
+    return ref @ ref, error @ error, ref @ test, test @ test, np.abs(error).max()
+
+
+@pytest.mark.parametrize("size", [1, 1000, BLOCK, 3 * BLOCK + 17])
+def test_fused_sums_match_the_float64_formulas(size):
+    rng = np.random.default_rng(size)
+    reference = rng.standard_normal(size).astype(np.float32)
+    codes = np.clip(np.round(reference / 0.02) + 3, -128, 127).astype(np.float32)
+    quantized = (codes.astype(np.float64) - 3) * 0.02
+    got = fused_sums(reference, codes, 3.0, 0.02)
+    np.testing.assert_allclose(got, _naive(reference, quantized), rtol=1e-12, atol=1e-300)
+
+
+def test_codes_and_dequantized_values_give_the_same_metrics():
+    rng = np.random.default_rng(1)
+    by_codes, by_values = TensorComparison(), TensorComparison()
+    for _ in range(3):
+        reference = rng.standard_normal((1, 8, 40, 40)).astype(np.float32)
+        codes = np.clip(np.round(reference / 0.05), -128, 127).astype(np.float32)
+        by_codes.add_codes(reference, codes, 0.05, 0.0)
+        by_values.add(reference, codes.astype(np.float64) * 0.05)
+    first, second = by_codes.to_dict(), by_values.to_dict()
+    for key in ("sqnr_db", "cosine_mean", "cosine_min", "max_abs_error"):
+        assert first[key] == pytest.approx(second[key], rel=1e-12)
+    reference_energy = sum(e for e in by_codes.energies)
+    assert by_codes.signal == pytest.approx(reference_energy * 8 * 40 * 40, rel=1e-12)
+    assert first["sqnr_db"] == pytest.approx(sqnr_db(by_values.signal, by_values.noise))
+
+
+def test_a_near_zero_output_sample_is_left_out_of_the_cosine_and_named():
+    rng = np.random.default_rng(2)
+    comparison = TensorComparison()
+    loud = rng.standard_normal(500).astype(np.float32)
+    comparison.add_codes(loud, np.round(loud / 0.01).astype(np.float32), 0.01, 0.0)
+    quiet = (rng.standard_normal(500) * 1e-4).astype(np.float32)  # below one quantization step
+    comparison.add_codes(quiet, np.round(quiet / 0.01 + rng.integers(0, 2, 500)).astype(np.float32), 0.01, 0.0)
+    assert comparison.cosines[1] < 0.5  # the artefact: rounding noise of a near-zero output
+    row = comparison.to_dict()
+    assert row["near_zero_samples"] == [1]
+    assert row["cosine_mean"] == pytest.approx(comparison.cosines[0]) and row["cosine_min"] == row["cosine_mean"]
+    assert row["samples"] == 2
+    # SQNR still sums both samples' signal and noise
+    assert row["sqnr_db"] == pytest.approx(sqnr_db(comparison.signal, comparison.noise))
+
+
+def test_every_sample_near_zero_gives_no_cosine():
+    comparison = TensorComparison()
+    comparison.add(np.zeros(10, np.float32), np.zeros(10))
+    comparison.add(np.zeros(10, np.float32), np.full(10, 1e-3))
+    row = comparison.to_dict()
+    assert row["cosine_mean"] is None and row["near_zero_samples"] == [0, 1]
+
+
+def test_a_loud_and_a_60db_quieter_sample_without_a_known_step(caplog):
+    comparison = TensorComparison()
+    comparison.add(np.ones(100, np.float32), np.ones(100))
+    comparison.add(np.full(100, 1e-4, np.float32), np.full(100, -1e-4))
+    row = comparison.to_dict()
+    assert row["near_zero_samples"] == [1] and row["cosine_mean"] == pytest.approx(1.0)
+    with caplog.at_level(logging.WARNING, logger="compiler_core.analysis.compare"):
+        warnings = _near_zero_warnings({"mask": row}, ["photos/a.jpg", "photos/empty_street.jpg"])
+    assert len(warnings) == 1 and "photos/empty_street.jpg" in warnings[0] and "'mask'" in warnings[0]
+    assert "empty_street.jpg" in caplog.text
+
+
+def test_a_normal_set_of_samples_has_no_near_zero_entry():
+    rng = np.random.default_rng(3)
+    comparison = TensorComparison()
+    for _ in range(4):
+        values = rng.standard_normal(64).astype(np.float32)
+        comparison.add_codes(values, np.round(values / 0.02).astype(np.float32), 0.02, 0.0)
+    assert "near_zero_samples" not in comparison.to_dict()
+
+
+def test_the_cli_summary_says_when_an_output_has_no_cosine_or_left_samples_out():
+    from compiler_core.analysis.compare import _summary
+    from compiler_core.cli import _metric_lines
+
+    outputs = {"mask": {"sqnr_db": 31.0, "cosine_mean": None, "verdict": "ok", "near_zero_samples": [0, 1]},
+               "boxes": {"sqnr_db": 40.0, "cosine_mean": 0.999, "verdict": "ok", "near_zero_samples": [1]}}
+    lines = _metric_lines(outputs)
+    assert "cosine n/a (FP32 output near zero on every held-out sample)" in lines[0]
+    assert "cosine 0.9990, 1 near-zero sample(s) left out of the cosine" in lines[1]
+    assert _summary(outputs, [])["mean_output_cosine"] == pytest.approx(0.999)
