@@ -37,6 +37,9 @@ def tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     for index, op in enumerate(ops):
         label = f"op {index} {op['name']} ({op['kind']})"
         yield f"{label}: unknown kernel kind", _edit(parts, index, lambda o: o.update(kind="no_such_kernel"))
+        if op["kind"] in ("move", "exact"):  # long fuzz: an empty op type reached onnx.reference at infer
+            for op_type in ("", "NoSuchOp"):
+                yield (f"{label}: op type {op_type!r}", _edit(parts, index, lambda o, t=op_type: o.update(op_type=t)))
         for key, value in op["attrs"].items():
             yield (f"{label}: attribute {key} of the wrong type",
                    _edit(parts, index, lambda o, k=key, v=value: o["attrs"].update({k: _wrong_type(v)})))
@@ -53,10 +56,28 @@ def tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
                     later = ops[index + 1]["outputs"][0]
                     yield (f"{label}: input {slot} reads a later operation's output",
                            _edit(parts, index, lambda o, s=slot, t=later: o["inputs"].__setitem__(s, t)))
+        for slot, name in enumerate(op["inputs"]):
+            if name:
+                yield (f"{label}: input {slot} emptied",
+                       _edit(parts, index, lambda o, s=slot: o["inputs"].__setitem__(s, "")))
+        if op["attrs"].get("layout") in ("conv", "conv_transpose"):  # long fuzz: conv output no longer the recorded
+            yield (f"{label}: pads grown", _edit(parts, index, lambda o: o["attrs"].update(
+                pads=[pad + 1 for pad in o["attrs"]["pads"]])))
+        for output in op["outputs"]:
+            yield f"{label}: recorded shape of {output} altered", _reshaped(parts, output)
         if defined:
             yield (f"{label}: output redefines an existing tensor",
                    _edit(parts, index, lambda o, t=defined[0]: o["outputs"].__setitem__(0, t)))
         defined.extend(op["outputs"])
+
+
+def _reshaped(parts: dict[str, Any], name: str) -> dict[str, Any]:
+    """The program records a different (same-rank) shape for tensor ``name``."""
+    tampered = copy.copy(parts)
+    tampered["program"] = copy.deepcopy(parts["program"])
+    shape = tampered["program"]["shapes"][name]
+    shape[-1] += 1
+    return tampered
 
 
 def _edit(parts: dict[str, Any], index: int, change) -> dict[str, Any]:

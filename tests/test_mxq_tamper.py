@@ -50,3 +50,12 @@ def test_every_content_tampering_is_rejected_at_load(sample_mxq, tmp_path):
         path.unlink()
     print(f"\ntampered-but-CRC-valid MXQs: {len(cases) - len(accepted)}/{len(cases)} rejected at load")
     assert len(cases) > 50 and accepted == []
+
+
+@pytest.mark.parametrize("schedule", [[], [["a", "b", "c", "d"]], "x", 3])
+def test_a_schedule_that_is_not_an_object_is_rejected_at_load(sample_mxq, tmp_path, schedule):
+    """Long fuzz finding: a list as the program's schedule raised a raw ValueError at load."""
+    parts = load_parts(sample_mxq)
+    parts["program"] = {**parts["program"], "schedule": schedule}
+    with pytest.raises(MxqFormatError, match="schedule"):
+        Model(write_parts(parts, tmp_path / "schedule.mxq"))

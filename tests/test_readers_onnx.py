@@ -249,3 +249,54 @@ def test_only_the_expected_converter_warning_is_hidden(tmp_path, caplog):
             converter.warning("Failed to convert the model to the target version 21 using the ONNX C API.")
     messages = [record.getMessage() for record in caplog.records if record.name == converter.name]
     assert messages == ["Failed to convert the model to the target version 21 using the ONNX C API."]
+
+
+# -- inconsistent shapes in the source (long-profile fuzz findings) ---------------------------------
+
+
+def _seed_with(opset: int, flatten: onnx.NodeProto, *extra: onnx.TensorProto) -> onnx.ModelProto:
+    """The fuzz seed (Conv -> Relu -> MaxPool -> Flatten -> Gemm) with its Flatten replaced."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fuzzing import seed_onnx
+
+    model = seed_onnx()
+    model.opset_import[0].version = opset
+    model.graph.node.remove(model.graph.node[3])
+    model.graph.node.insert(3, flatten)
+    model.graph.initializer.extend(extra)
+    return model
+
+
+@pytest.mark.parametrize("opset", [8, 13, 21])
+def test_a_reshape_whose_target_does_not_fit_is_invalid_model_naming_it(tmp_path, opset):
+    target = numpy_helper.from_array(np.array([1, 60], np.int64), "target")  # the input holds 64 elements
+    model = _seed_with(opset, helper.make_node("Reshape", ["p", "target"], ["f"], name="reshape"), target)
+    path = tmp_path / "reshape.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(InvalidModelError) as caught:
+        parse_model(str(path))
+    assert caught.value.code == "INVALID_MODEL"
+    assert "'reshape'" in caught.value.message or "'fc'" in caught.value.message, caught.value.message
+
+
+def test_a_source_that_passes_its_own_checker_but_is_inconsistent_is_invalid_model(tmp_path):
+    """Long fuzz finding: MaxPool reads the 1-channel input, so the Gemm gets 16 features, not 64.
+    onnx.checker passes the opset-8 source; the canonical graph failed it (was INTERNAL_ERROR)."""
+    model = _seed_with(8, helper.make_node("Flatten", ["p"], ["f"], name="flatten"))
+    model.graph.node[2].input[0] = "x"
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "mismatch.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(InvalidModelError) as caught:
+        parse_model(str(path))
+    assert caught.value.fields.get("node") == "fc" and "64" in caught.value.message and "n4" not in caught.value.message
+
+
+@pytest.mark.parametrize(("source", "target", "allowzero", "fits"), [
+    ([1, 4, 4, 4], [1, -1], False, True), ([1, 4, 4, 4], [0, 64], False, True), ([1, 4, 4, 4], [0, 60], False, False),
+    ([1, 4, 4, 4], [-1, -1], False, False), ([1, 4, 4, 4], [1, 3, -1], False, False), ([0, 4], [0, 7], True, True),
+    ([0, 4], [-1, 0], True, False), ([2, 3], [3, 2], False, True)])
+def test_reshape_fit_rule(source, target, allowzero, fits):
+    assert (canonicalize_module._reshape_problem(source, target, allowzero) is None) == fits

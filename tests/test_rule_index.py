@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 import pytest
@@ -12,7 +13,7 @@ from onnxscript import rewriter
 
 from compiler_core.api import parse_model
 from compiler_core.mblt import canonicalize
-from compiler_core.mblt.rule_index import indexed_rules, root_op_type
+from compiler_core.mblt.rule_index import indexed_rules, input_op_types, root_op_type
 
 
 def test_every_rule_we_apply_has_a_root_op_type():
@@ -35,6 +36,32 @@ def test_an_indexed_rule_skips_other_op_types_and_tries_its_own():
     assert indexed.try_rewrite(model, model.graph, relu) is None
     assert indexed.try_rewrite(model, model.graph, mul) is not None
     assert rule.try_rewrite(model, model.graph, mul) is not None
+
+
+def test_an_indexed_rule_skips_a_root_whose_input_comes_from_another_op_type():
+    """Conv -> Mul(per-channel constant) fusion: a Mul after a Relu is skipped before matching; one after a Conv is tried."""
+    rule = next(r for r in canonicalize.MBLT_REWRITE_RULES
+                if root_op_type(r) == "Mul" and [op for _, op in input_op_types(r)] == ["Conv"])
+    (indexed,) = indexed_rules([rule])
+    ((index, _),) = input_op_types(rule)
+    weights = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    two = numpy_helper.from_array(np.array([2.0, 3.0], dtype=np.float32).reshape(2, 1, 1), "two")
+
+    def operands(produced: str) -> list[str]:
+        return [produced, "two"] if index == 0 else ["two", produced]
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", operands("r"), ["m"]),
+         helper.make_node("Conv", ["m", "w"], ["c"]), helper.make_node("Mul", operands("c"), ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], [weights, two])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    _, mul_after_relu, _, mul_after_conv = list(model.graph)
+    assert indexed.try_rewrite(model, model.graph, mul_after_relu) is None
+    assert rule.try_rewrite(model, model.graph, mul_after_relu) is None  # the full match agrees
+    assert rule.try_rewrite(model, model.graph, mul_after_conv) is not None
+    assert indexed.try_rewrite(model, model.graph, mul_after_conv) is not None
 
 
 def _unindexed(monkeypatch):

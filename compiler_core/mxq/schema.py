@@ -86,6 +86,10 @@ class KindSchema:
         inputs: (min, max) number of input slots (``""`` slots count); max None = any.
         outputs: (min, max) number of outputs.
         rules: extra checks over (op, consts) returning a problem sentence or None.
+        slot_consts: input slot -> the constant that may stand in for it (an empty ``""`` slot is
+            valid only when the op holds that constant); ``"*"`` lets any slot be empty (ONNX optional inputs).
+        shapes: the output shapes the kernel computes from the input shapes (and constants), or
+            None where :func:`_check_onnx_node` checks them; returns a problem sentence or None.
     """
 
     attrs: Mapping[str, Check] = field(default_factory=dict)
@@ -96,6 +100,8 @@ class KindSchema:
     inputs: tuple[int, int | None] = (1, 1)
     outputs: tuple[int, int | None] = (1, 1)
     rules: tuple[Callable[[dict, dict[str, np.ndarray]], str | None], ...] = ()
+    slot_consts: Callable[[int], str] | str | None = None
+    shapes: Callable[[dict, dict[str, np.ndarray], list], list | str] | None = None
 
 
 def _same_shape(*names: str):
@@ -180,6 +186,140 @@ def _table_1d(name: str):
     return rule
 
 
+# -- output shapes per kind: what the kernel computes from its inputs' recorded shapes ------------------
+
+Shapes = list  # per input slot: the recorded shape (list of ints), or the standing-in constant's shape
+
+
+def _elementwise(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    """Element-wise kinds: their constants (per-element multipliers, branches) may broadcast the inputs
+    further, so only the inputs' broadcast is known; :func:`_check_shapes` requires the recorded output
+    to be a broadcast of it."""
+    return [list(np.broadcast_shapes(*[tuple(shape) for shape in inputs]))]
+
+
+def _requantized(shapes):
+    """``shapes``, then broadcast with the final requantization's ``multiplier``/``shift`` constants."""
+    def computed(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+        extra = [consts[name].shape for name in ("multiplier", "shift") if name in consts]
+        return [list(np.broadcast_shapes(tuple(shape), *extra)) for shape in shapes(op, consts, inputs)]
+    return computed
+
+
+def _matmul(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    a, b = (list(shape) for shape in inputs)
+    if not a or not b:
+        raise ValueError("MatMul operands must have rank >= 1")
+    a2, b2 = (a if len(a) > 1 else [1, *a]), (b if len(b) > 1 else [*b, 1])
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"inner sizes {a2[-1]} and {b2[-2]} differ")
+    out = [*np.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2])), a2[-2], b2[-1]]
+    return [out[:-2] + out[-2:][len(a) == 1: 2 - (len(b) == 1)]]
+
+
+def _window(sizes: Sequence[int], attrs: dict) -> list[int]:
+    """Output sizes of a sliding window (kernel, pads, strides, dilations) over ``sizes``."""
+    rank = len(attrs["kernel"])
+    if len(sizes) != rank:
+        raise ValueError(f"the input has {len(sizes)} spatial dims, the kernel {rank}")
+    out = []
+    for index, size in enumerate(sizes):
+        span = (attrs["kernel"][index] - 1) * attrs["dilations"][index] + 1
+        padded = size + attrs["pads"][index] + attrs["pads"][index + rank]
+        if padded < span:
+            raise ValueError(f"the window ({span}) is larger than the padded input ({padded})")
+        out.append((padded - span) // attrs["strides"][index] + 1)
+    return out
+
+
+def _linear(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    attrs, weight, shape = op["attrs"], consts["weight"], list(inputs[0])
+    if attrs["layout"] == "dense":
+        if not shape or shape[-1] != weight.shape[1]:
+            raise ValueError(f"input {shape} does not end in the weight's {weight.shape[1]} input features")
+        return [[*shape[:-1], weight.shape[0]]]
+    if len(shape) != weight.ndim or shape[1] != weight.shape[1] * attrs["group"]:
+        raise ValueError(f"input {shape} does not have {weight.shape[1] * attrs['group']} channels of rank {weight.ndim}")
+    spatial = shape[2:]
+    if attrs["layout"] == "conv_transpose":
+        strides = attrs.get("input_strides")
+        if not _ints(strides) or len(strides) != len(spatial) or min(strides, default=1) < 1:
+            raise ValueError("a conv_transpose needs integer input_strides >= 1, one per spatial dim")
+        spatial = [(size - 1) * stride + 1 for size, stride in zip(spatial, strides)]
+    return [[shape[0], weight.shape[0], *_window(spatial, attrs)]]
+
+
+def _pool(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    shape, attrs = list(inputs[0]), op["attrs"]
+    rank = len(attrs["kernel"])
+    if len(attrs["pads"]) != 2 * rank or len(attrs["strides"]) != rank or len(attrs["dilations"]) != rank \
+            or min(attrs["strides"] + attrs["dilations"] + attrs["kernel"], default=1) < 1 or min(attrs["pads"], default=0) < 0:
+        raise ValueError("kernel, pads, strides and dilations do not fit together")
+    return [[*shape[:2], *_window(shape[2:], attrs)]]
+
+
+def _concat(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    first, axis = list(inputs[0]), op["attrs"]["axis"]
+    if not -len(first) <= axis < len(first):
+        raise ValueError(f"axis {axis} is outside rank {len(first)}")
+    axis %= len(first)
+    for shape in inputs[1:]:
+        if len(shape) != len(first) or any(a != b for i, (a, b) in enumerate(zip(shape, first)) if i != axis):
+            raise ValueError(f"inputs {first} and {list(shape)} differ outside axis {axis}")
+    return [[*first[:axis], sum(shape[axis] for shape in inputs), *first[axis + 1:]]]
+
+
+def _reduce(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    shape, axes = list(inputs[0]), op["attrs"]["axes"]
+    if not axes:
+        return [shape]
+    if any(not -len(shape) <= axis < len(shape) for axis in axes):
+        raise ValueError(f"axes {axes} are outside rank {len(shape)}")
+    reduced = {axis % len(shape) for axis in axes}
+    if op["attrs"]["keepdims"]:
+        return [[1 if index in reduced else size for index, size in enumerate(shape)]]
+    return [[size for index, size in enumerate(shape) if index not in reduced]]
+
+
+def _interpolate(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    shape = list(inputs[0])
+    for axis in op["attrs"]["axes"]:
+        if not 0 <= axis < len(shape):
+            raise ValueError(f"axis {axis} is outside rank {len(shape)}")
+        weights = consts[f"weight{axis}"]
+        if weights.shape[1] != shape[axis]:
+            raise ValueError(f"weight{axis} reads {weights.shape[1]} samples, the input has {shape[axis]}")
+        shape[axis] = weights.shape[0]
+    return [shape]
+
+
+def _gather_table(op: dict, consts: dict[str, np.ndarray], inputs: Shapes) -> list:
+    table, axis = consts["table"].shape, op["attrs"]["axis"]
+    if not 0 <= axis < len(table):
+        raise ValueError(f"axis {axis} is outside the table's rank {len(table)}")
+    indices = consts["indices"].shape if "indices" in consts else inputs[1]
+    return [[*table[:axis], *indices, *table[axis + 1:]]]
+
+
+_AB = "const_a", "const_b"
+
+
+def _ab_slot(index: int) -> str:
+    return _AB[index] if index < 2 else ""
+
+
+def _select_slot(index: int) -> str:
+    return {0: "condition", 1: "const_x", 2: "const_y"}.get(index, "")
+
+
+def _numbered_slot(index: int) -> str:
+    return f"const{index}"
+
+
+def _gather_slot(index: int) -> str:
+    return ("table", "indices")[index] if index < 2 else ""
+
+
 SOFTMAX_MAX_SHIFT = 16
 """compiler_core.quantization.kernels.softmax.MAX_SHIFT (its int64 products rely on the bound)."""
 
@@ -196,56 +336,67 @@ SCHEMAS: dict[str, KindSchema] = {
     "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, **_QUANTIZED},
                          optional_attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS,
                                          "group": INT, "weight_scale": NUMBERS, "output_padding": INTS},
-                         consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,)),
+                         consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,), shapes=_linear),
     "matmul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
-                         rules=(_requantizer_shapes,)),
+                         rules=(_requantizer_shapes,), shapes=_requantized(_matmul)),
     "add": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, optional_attrs={"const_a_scale": NUMBER,
                                                                                       "const_b_scale": NUMBER},
                       consts=("multipliers", "shifts"), optional_consts=("const_a", "const_b"), inputs=(2, 2),
-                      rules=(_add_shapes,)),
-    "scale": KindSchema(attrs={"zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+                      rules=(_add_shapes,), slot_consts=_ab_slot, shapes=_elementwise),
+    "scale": KindSchema(attrs={"zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,),
+                        shapes=_elementwise),
     "mul": KindSchema(attrs={"zp_a": INT, "zp_b": INT, **_QUANTIZED}, consts=_REQUANT, inputs=(2, 2),
-                      rules=(_requantizer_shapes,)),
+                      rules=(_requantizer_shapes,), shapes=_elementwise),
     "select": KindSchema(attrs=_QUANTIZED, optional_attrs={"zp_branch_x": INT, "zp_branch_y": INT},
-                         optional_consts=("const_*", "multiplier_*", "shift_*", "condition"), inputs=(3, 3)),
-    "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}),
-    "clamp": KindSchema(attrs={"clamp": CLAMP}),
-    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),)),
+                         optional_consts=("const_*", "multiplier_*", "shift_*", "condition"), inputs=(3, 3),
+                         slot_consts=_select_slot, shapes=_elementwise),
+    "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}, shapes=_elementwise),
+    "clamp": KindSchema(attrs={"clamp": CLAMP}, shapes=_elementwise),
+    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),), shapes=_elementwise),
     "move": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
-                       optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None)),
+                       optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None),
+                       slot_consts="*"),
     "exact": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
-                        optional_consts=("input*",), integer_consts=False, inputs=(0, None), outputs=(1, None)),
+                        optional_consts=("input*",), integer_consts=False, inputs=(0, None), outputs=(1, None),
+                        slot_consts="*"),
     "concat": KindSchema(attrs={"axis": INT, "zp_inputs": INTS, **_QUANTIZED}, consts=_REQUANT,
-                         optional_consts=("const*",), inputs=(1, None), rules=(_concat_counts,)),
+                         optional_consts=("const*",), inputs=(1, None), rules=(_concat_counts,),
+                         slot_consts=_numbered_slot, shapes=_concat),
     "extremum": KindSchema(attrs={"zero_points": INTS, "mode": STRING, **_QUANTIZED},
                            consts=("multipliers", "shifts"), optional_consts=("const*",), inputs=(1, None),
-                           rules=(_operand_counts, _extremum_mode)),
+                           rules=(_operand_counts, _extremum_mode), slot_consts=_numbered_slot, shapes=_elementwise),
     "sum": KindSchema(attrs={"zero_points": INTS, **_QUANTIZED}, consts=("multipliers", "shifts"),
-                      optional_consts=("const*",), inputs=(1, None), rules=(_operand_counts,)),
+                      optional_consts=("const*",), inputs=(1, None), rules=(_operand_counts,),
+                      slot_consts=_numbered_slot, shapes=_elementwise),
     "divide": KindSchema(attrs={"zp_a": INT, "offset_b": INT, **_QUANTIZED}, consts=("reciprocal", *_REQUANT),
                          optional_consts=("const_a",), inputs=(2, 2),
-                         rules=(_table_1d("reciprocal"), _requantizer_shapes)),
+                         rules=(_table_1d("reciprocal"), _requantizer_shapes), slot_consts=_ab_slot,
+                         shapes=_elementwise),
     "groupnorm": KindSchema(attrs={"groups": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
-                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),)),
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift"),), shapes=_elementwise),
     "reduce_l2": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED},
-                            optional_attrs={"headroom": INT}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+                            optional_attrs={"headroom": INT}, consts=_REQUANT, rules=(_requantizer_shapes,),
+                            shapes=_requantized(_reduce)),
     "cumsum": KindSchema(attrs={"axis": INT, "exclusive": BOOL, "reverse": BOOL, "zp_x": INT, **_QUANTIZED},
-                         consts=_REQUANT, rules=(_requantizer_shapes,)),
-    "gather_table": KindSchema(attrs={"axis": INT}, consts=("table",), optional_consts=("indices",), inputs=(2, 2)),
+                         consts=_REQUANT, rules=(_requantizer_shapes,), shapes=_elementwise),
+    "gather_table": KindSchema(attrs={"axis": INT}, consts=("table",), optional_consts=("indices",), inputs=(2, 2),
+                               slot_consts=_gather_slot, shapes=_gather_table),
     "layernorm": KindSchema(attrs={"axis": INT, "zp_x": INT, "epsilon_term": INT, **_QUANTIZED},
-                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift", "offset"),)),
+                            consts=(*_REQUANT, "offset"), rules=(_same_shape("multiplier", "shift", "offset"),),
+                            shapes=_elementwise),
     "reduce_sum": KindSchema(attrs={"axes": INTS, "keepdims": BOOL, "zp_x": INT, **_QUANTIZED}, consts=_REQUANT,
-                             rules=(_requantizer_shapes,)),
+                             rules=(_requantizer_shapes,), shapes=_requantized(_reduce)),
     "average_pool": KindSchema(attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS, "group": INT,
-                                      "zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,)),
+                                      "zp_x": INT, **_QUANTIZED}, consts=_REQUANT, rules=(_requantizer_shapes,),
+                                shapes=_requantized(_pool)),
     "prelu": KindSchema(attrs={"zp_x": INT, **_QUANTIZED},
                         consts=("positive_multiplier", "positive_shift", "negative_multiplier", "negative_shift"),
                         rules=(_same_shape("positive_multiplier", "positive_shift"),
-                               _same_shape("negative_multiplier", "negative_shift"))),
+                               _same_shape("negative_multiplier", "negative_shift")), shapes=_elementwise),
     "interpolate": KindSchema(attrs={"axes": INTS, "zp": INT, "clamp": CLAMP}, optional_consts=("weight*",),
-                              rules=(_resize_weights,)),
+                              rules=(_resize_weights,), shapes=_interpolate),
     "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, optional_attrs={"shift": INT, "masked_code": INT},
-                          consts=("exp_table",), rules=(_table_1d("exp_table"), _softmax_shift)),
+                          consts=("exp_table",), rules=(_table_1d("exp_table"), _softmax_shift), shapes=_elementwise),
 }
 """Kernel kind -> what its kernel reads. Every kind in the executor's registry must have an entry."""
 
@@ -403,7 +554,8 @@ def _check_op(op: dict, consts: Mapping[str, np.ndarray], known: set[str], shape
     if schema is None:
         return f"kernel kind {op['kind']!r} does not exist (known: {', '.join(sorted(SCHEMAS))})"
     return (_check_slots(op, schema, known, shapes) or _check_attrs(op["attrs"], schema)
-            or _check_const_refs(op, schema, consts) or _check_rules(op, schema, consts))
+            or _check_const_refs(op, schema, consts) or _check_rules(op, schema, consts)
+            or _check_shapes(op, schema, consts, shapes))
 
 
 def _check_slots(op: dict, schema: KindSchema, known: set[str], shapes: Mapping[str, Any]) -> str | None:
@@ -414,6 +566,12 @@ def _check_slots(op: dict, schema: KindSchema, known: set[str], shapes: Mapping[
     unknown = [name for name in op["inputs"] if name and name not in known]
     if unknown:
         return f"it reads tensor {unknown[0]!r}, which no input or earlier operation defines"
+    for index, name in enumerate(op["inputs"]):
+        stand_in = schema.slot_consts(index) if callable(schema.slot_consts) else schema.slot_consts
+        if not name and stand_in != "*" and (not stand_in or stand_in not in op["consts"]):
+            return f"input slot {index} is empty and no constant stands in for it"
+        if name and (not _ints(shapes.get(name)) or any(dim < 0 for dim in shapes[name])):
+            return f"input {name!r} has no valid static shape in the program's 'shapes'"
     for name in op["outputs"]:
         if not name or name in known:
             return f"output {name!r} is empty or already defined"
@@ -462,6 +620,34 @@ def _check_rules(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray])
     return None
 
 
+def _check_shapes(op: dict, schema: KindSchema, consts: Mapping[str, np.ndarray],
+                  shapes: Mapping[str, Any]) -> str | None:
+    """The recorded output shapes must be the ones the kernel computes from the recorded input shapes."""
+    if schema.shapes is None:
+        return None
+    arrays = {key: np.asarray(consts[name]) for key, name in op["consts"].items()}
+    inputs = []
+    for index, name in enumerate(op["inputs"]):
+        stand_in = schema.slot_consts(index) if callable(schema.slot_consts) else None
+        inputs.append(list(shapes[name]) if name else list(arrays[stand_in].shape) if stand_in else [])
+    try:
+        computed = schema.shapes(op, arrays, inputs)
+    except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as error:
+        return f"its input shapes {inputs} do not fit it: {error}"
+    recorded = [list(shapes[name]) for name in op["outputs"]]
+    if schema.shapes is _elementwise:
+        try:
+            fits = list(np.broadcast_shapes(tuple(computed[0]), tuple(recorded[0]))) == recorded[0]
+        except ValueError:
+            fits = False
+        if len(recorded) != 1 or not fits:
+            return f"its output shape(s) {recorded} are not a broadcast of its inputs' shape {computed[0]}"
+        return None
+    if [list(map(int, shape)) for shape in computed] != recorded:
+        return f"it computes output shape(s) {computed} from its inputs, the program records {recorded}"
+    return None
+
+
 _ONNX_EVALUATED = frozenset({"move", "exact"})
 
 
@@ -475,6 +661,8 @@ def _check_onnx_node(op: dict, consts: Mapping[str, np.ndarray],
     """
     if op["kind"] not in _ONNX_EVALUATED:
         return None, None
+    if not op["op_type"] or not onnx.defs.has(op["op_type"], 21, ""):
+        return f"its op type {op['op_type']!r} is not an ONNX operator", None  # shape inference skips unknown ops
     try:
         model = _single_node_model(op, consts, document)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)

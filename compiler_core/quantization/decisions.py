@@ -9,6 +9,7 @@ each group gets one range: the hull of its members' calibrated ranges, or fixed 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class DecisionOptions:
         output_bits: activation width of the output tensors (at least their layer's own width).
         model_outputs: the whole model's output names when the graph is a CPU-offload body (its other
             outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
+        signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
+            (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
     """
 
     symmetric: bool = True
@@ -48,6 +51,28 @@ class DecisionOptions:
     output_headroom: float = 1.0
     output_bits: int = 8
     model_outputs: frozenset[str] | None = None
+    signal_rms: Mapping[str, float] = field(default_factory=dict)
+
+
+OUTPUT_MIN_SQNR_DB = 25.0
+"""Headroom may coarsen an output's step only while its own rounding noise stays this far below its RMS."""
+
+
+def headroom_factor(low: float, high: float, bits: int, rms: float | None, headroom: float, symmetric: bool) -> float:
+    """The output headroom for one tensor: ``headroom``, reduced where it would drown the values in rounding noise.
+
+    Widening a range by ``h`` multiplies the step by ``h``. An output whose values mostly sit in a
+    narrow band far inside its range (class logits over thousands of classes: a few peaks, the rest
+    near zero; ddddocr_rec's RMS is 1/22 of its range) loses most of its resolution that way, while
+    regressions and landmarks, whose values fill their range, can afford it. The factor is the
+    largest ``h <= headroom`` (and at least 1) for which the uniform rounding noise ``step**2 / 12``
+    stays :data:`OUTPUT_MIN_SQNR_DB` below the tensor's mean square.
+    """
+    width = 2 * max(abs(low), abs(high)) if symmetric else high - low
+    if headroom <= 1.0 or rms is None or not rms > 0 or not width > 0:
+        return headroom
+    limit = rms * ((1 << bits) - 1) * math.sqrt(12 / 10 ** (OUTPUT_MIN_SQNR_DB / 10)) / width
+    return float(min(headroom, max(1.0, limit)))
 
 
 class _UnionFind:
@@ -90,7 +115,11 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     for name, record in records.items():
         if name in ranges and name not in masked:
             low, high = ranges[name]
-            factor = options.output_headroom if name in head else 1.0
+            factor = headroom_factor(low, high, record.bits, options.signal_rms.get(name), options.output_headroom,
+                                     options.symmetric) if name in head else 1.0
+            if name in head and factor < options.output_headroom:
+                logger.info("Output headroom of %s: %.2f instead of %.2f (values narrow for their range)", name,
+                            factor, options.output_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records
@@ -194,7 +223,9 @@ def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[s
     resolution for headroom: inputs unlike the calibration set (a larger face, a box further off
     centre) push final logits and regressions past the calibrated maximum, and clipping there costs
     far more than a coarser step. Tensors that share an output's parameters (a Reshape's input) or
-    feed its Concat get the same treatment, so the widened range is not clipped one op earlier.
+    feed its Concat get the same treatment, so the widened range is not clipped one op earlier, as
+    long as nothing outside the head reads them too (a streaming model's state cache: the Concat
+    that makes the next cache also feeds the next layer, whose input must keep its resolution).
     """
     kernels.load_all()
     context = LoweringContext(view, {})
@@ -209,16 +240,61 @@ def output_head(view: GraphView, groups: list[Group], model_outputs: frozenset[s
         if group.main.op_type in BOUNDED_OUTPUT_OPS:
             head.discard(group.output.name)
             continue
-        spec = kernels.spec_for(group.main.op_type)
-        passes = group.main.op_type in OUTPUT_HEAD_OPS or (
-            spec is not None and not group.fused and spec.policy(group, context) == kernels.SAME_AS_INPUT)
-        if not passes:
+        if not _passes_range_back(group, context):
             continue
         for value in group.main.inputs:
             if view.is_float(value) and not view.is_const(value) and value.name not in head:
                 head.add(value.name)
                 pending.append(value.name)
+    return _read_only_by_the_head(view, groups, head, context)
+
+
+def _passes_range_back(group: Group, context: LoweringContext) -> bool:
+    """Data movement (keeps its input's parameters) and Concat: an output's range reaches back through them."""
+    if group.main.op_type in OUTPUT_HEAD_OPS:
+        return True
+    spec = kernels.spec_for(group.main.op_type)
+    return spec is not None and not group.fused and spec.policy(group, context) == kernels.SAME_AS_INPUT
+
+
+def _read_only_by_the_head(view: GraphView, groups: list[Group], head: set[str], context: LoweringContext) -> set[str]:
+    """Drop head tensors that an op outside the head also reads (a streaming cache's Concat feeds the next
+    layer too), and the data-movement outputs that share parameters with a dropped tensor, until stable."""
+    values = {value.name: value for value in view.graph.inputs}
+    values.update((value.name, value) for group in groups for value in group.outputs)
+    group_of = {id(node): group for group in groups for node in group.nodes}
+    producer = {value.name: group for group in groups for value in group.outputs}
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(head):
+            if _read_outside(view, values.get(name), group_of, head, context) or _shares_with_dropped(producer.get(name),
+                                                                                            head, view, context):
+                head.discard(name)
+                changed = True
     return head
+
+
+def _read_outside(view: GraphView, value, group_of: dict, head: set[str], context: LoweringContext) -> bool:
+    """An op other than a head data movement / Concat reads ``value`` (a layer computing from it)."""
+    if value is None:
+        return False
+    for node in view.consumers(value):
+        group = group_of.get(id(node))
+        if group is None or not _passes_range_back(group, context) or not any(o.name in head for o in group.outputs):
+            return True
+    return False
+
+
+def _shares_with_dropped(group: Group | None, head: set[str], view: GraphView, context: LoweringContext) -> bool:
+    """A data-movement output keeps its input's parameters: it leaves the head with its input."""
+    if group is None or group.fused:
+        return False
+    spec = kernels.spec_for(group.main.op_type)
+    if spec is None or spec.policy(group, context) != kernels.SAME_AS_INPUT:
+        return False
+    source = group.main.inputs[0]
+    return source is not None and view.is_float(source) and not view.is_const(source) and source.name not in head
 
 
 WIDENED_INPUT_OPS = {"Softmax", "LayerNormalization"}

@@ -29,15 +29,16 @@ MODE_NAMES = {0: "max", 1: "max_percentile", 2: "histogram", 3: "mse"}
 
 
 def decision_options(config: CompileConfig, view: GraphView | None = None,
-                     model_outputs: frozenset[str] | None = None) -> DecisionOptions:
-    """Method, int16 layers and input handling from the config."""
+                     model_outputs: frozenset[str] | None = None,
+                     signal_rms: Mapping[str, float] | None = None) -> DecisionOptions:
+    """Method, int16 layers and input handling from the config (``signal_rms``: see :class:`DecisionOptions`)."""
     method = int(config.calibration.method)
     patterns = list(config.bit.layer_overrides.activation16_bits)
     return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
                            int16_layer=lambda name, source: bool(patterns) and layer_matches(patterns, name, source),
                            input_params=uint8_inputs(config, view) if view is not None else {},
                            output_headroom=config.calibration.output_headroom, output_bits=config.bit.output_bits,
-                           model_outputs=model_outputs)
+                           model_outputs=model_outputs, signal_rms=dict(signal_rms or {}))
 
 
 def uint8_inputs(config: CompileConfig, view: GraphView) -> dict:
@@ -74,7 +75,8 @@ def weight_bits(view: GraphView, config: CompileConfig) -> dict[str, int]:
 
 def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                    channel_means: Mapping[str, np.ndarray] | None = None, mblt_sha256: str = "",
-                   reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None) -> QuantizedModel:
+                   reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None,
+                   signal_rms: Mapping[str, float] | None = None) -> QuantizedModel:
     """Decide parameters and lower the graph to integer operations.
 
     Args:
@@ -86,6 +88,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         mblt_sha256: identity of the MBLT, recorded in the result.
         reporter: progress/cancel.
         model_outputs: with CPU offload, the whole model's output names (see :class:`DecisionOptions`).
+        signal_rms: root mean square of each tensor's calibration values (caps the output headroom).
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
@@ -94,7 +97,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                        "outputs are quantized per layer.", int(config.calibration.output))
     with reporter.stage("quantize", total=3, message="quantization decisions"):
         groups = build_groups(view)
-        options = decision_options(config, view, model_outputs)
+        options = decision_options(config, view, model_outputs, signal_rms)
         bits = activation_bits(view, groups, options)
         ranges = ranges_for(quantized_tensors(view, groups), bits)
         reporter.advance(message="ranges observed")

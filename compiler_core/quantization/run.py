@@ -96,7 +96,7 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
     quantized, stats, equalized = _equalized(target, stats, config)
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
-                           model_outputs=model_outputs)
+                           model_outputs=model_outputs, signal_rms=_signal_rms(stats))
     return quantized, model
 
 
@@ -220,6 +220,11 @@ def _through_head(head: bytes, samples):
     outputs = [item.name for item in session.get_outputs()]
     for sample in samples:
         yield {**sample, **dict(zip(outputs, session.run(outputs, {name: sample[name] for name in inputs})))}
+
+
+def _signal_rms(stats: StatisticsSet) -> dict[str, float]:
+    """Root mean square of every tensor's calibration values (from its mean and standard deviation)."""
+    return {name: float(np.hypot(tensor.std, tensor.mean)) for name, tensor in stats.tensors.items()}
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:

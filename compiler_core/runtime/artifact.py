@@ -137,11 +137,15 @@ def load_artifact(path: Path) -> CompiledArtifact:
     meta, document = mxq.meta, mxq.program
     try:
         core_modes = list(meta["core_modes"])
-        schedule = dict(document.get("schedule", {}))
         _ = meta["inputs"], meta["outputs"]
     except (KeyError, TypeError) as error:
         raise MxqFormatError(f"{path.name}: the meta section lacks {error}.",
                              hint="The file is corrupt or was written by an incompatible compiler; compile again.") from error
+    schedule = document.get("schedule", {})
+    if not isinstance(schedule, dict):
+        raise MxqFormatError(f"{path.name}: the program's 'schedule' is not an object.", section="program",
+                             hint="The file is corrupt or was written by an incompatible compiler; compile again.")
+    schedule = dict(schedule)
     program = from_document(document, dict(mxq.consts), mblt_sha256=meta.get("mblt_sha256", ""),
                             config=meta.get("config"))
     return CompiledArtifact(path, mxq.target_device, core_modes, program, meta, schedule, dict(mxq.cpu or {}),
