@@ -20,11 +20,12 @@ from compiler_core.runtime.artifact import CompiledArtifact, load_artifact
 from compiler_core.runtime.checks import host_io
 from compiler_core.runtime.cost import estimate
 from compiler_core.runtime.fastpath import executor_for
+from compiler_core.targets import CORE_MODES as _MODES
 from compiler_core.targets import get_device
 
 logger = logging.getLogger(__name__)
 
-CORE_MODES = ("single", "multi", "global4", "global8")
+CORE_MODES = tuple(_MODES)
 LAYOUTS = ("NHWC", "NCHW")
 
 

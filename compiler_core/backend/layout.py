@@ -1,0 +1,95 @@
+"""Backend pass 2, layout: every activation gets its storage layout and element type in the arena.
+
+Rank-4 activations are stored channels-last (NHWC), so a band of output rows is one contiguous
+block and a range of channels is a strided run per pixel. Other ranks keep the ONNX order. Layers
+that the NPU runs natively on NHWC data (convolutions, point-wise work, channel concatenation,
+pooling) read and write the stored layout directly; every other layer reading or writing a rank-4
+tensor needs a transposing DMA, recorded per layer as ``transposes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
+from compiler_core.quantization.program import IntOp, QuantizedModel
+
+NHWC, PLAIN = "NHWC", "ND"
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """How one arena tensor is stored.
+
+    Attributes:
+        name: tensor name.
+        shape: logical (ONNX, NCHW) shape.
+        dtype: numpy dtype name of the stored elements (``int8``, ``uint8``, ``int16``, ``int64``, ``bool`` ...).
+        layout: ``NHWC`` or ``ND``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """Shape in storage order."""
+        if self.layout == NHWC:
+            n, c, h, w = self.shape
+            return (n, h, w, c)
+        return self.shape
+
+    def row_bytes(self) -> int:
+        """Bytes of one row (``W * C`` elements) of an NHWC tensor."""
+        return self.shape[3] * self.shape[1] * self.itemsize
+
+    def to_dict(self) -> dict:
+        """JSON form."""
+        return {"shape": list(self.shape), "dtype": self.dtype, "layout": self.layout}
+
+
+def storage_dtype(model: QuantizedModel, name: str) -> str:
+    """Element type a tensor is stored with: its code type, or the exact type of non-quantized values."""
+    if name in model.tensors:
+        return model.params(name).dtype.name
+    return np.dtype(model.exact.get(name, "int64")).name
+
+
+def assign_layouts(model: QuantizedModel, layers: list[Layer]) -> dict[str, TensorLayout]:
+    """Storage of every tensor that lives in the arena (model inputs and layer outputs)."""
+    names = [spec.name for spec in model.inputs] + [name for layer in layers for name in layer.outputs]
+    result = {}
+    for name in dict.fromkeys(names):
+        shape = tuple(int(d) for d in model.shapes[name])
+        result[name] = TensorLayout(name, shape, storage_dtype(model, name), NHWC if len(shape) == 4 else PLAIN)
+    return result
+
+
+def native_nhwc(op: IntOp) -> bool:
+    """Whether the NPU runs the operation directly on channels-last data."""
+    if op.kind == "linear":
+        return op.attrs.get("layout") == "conv" and len(op.attrs.get("kernel", [])) == 2
+    if op.kind == "concat":
+        return op.attrs.get("axis") in (1, -3)
+    return op.kind in POINTWISE_KINDS or op.kind == "average_pool"
+
+
+def transposes(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> list[str]:
+    """Rank-4 tensors a layer reads or writes through a transposing DMA (its kernel is not channels-last)."""
+    if native_nhwc(layer.main(model)):
+        return []
+    return [name for name in (*layer.inputs, *layer.outputs) if layouts[name].layout == NHWC]
