@@ -195,6 +195,15 @@ def cmd_info(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     return payload
 
 
+def cmd_profile(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.runtime.profile import format_profile, profile_mxq
+
+    report = profile_mxq(args.mxq, [args.core_mode] if args.core_mode else None)
+    payload = {"command": "profile", **report}
+    out.result(payload, json.dumps(payload, indent=2) if args.json else format_profile(report, args.top))
+    return payload
+
+
 def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     path = Path(args.file)
     if path.suffix.lower() == ".mxq":
@@ -599,6 +608,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--mblt", help="MBLT file")
     info.add_argument("--mxq", help="MXQ file")
     info.set_defaults(handler=cmd_info)
+
+    profile = sub.add_parser("profile", help="per-layer performance report of an MXQ, per core mode")
+    profile.add_argument("--mxq", required=True, help="compiled model")
+    profile.add_argument("--core-mode", choices=["single", "multi", "global4", "global8"], help="only this mode")
+    profile.add_argument("--top", type=int, help="only the N slowest layers per mode")
+    profile.add_argument("--json", action="store_true", help="print the report as JSON")
+    profile.set_defaults(handler=cmd_profile)
 
     validate = sub.add_parser("validate", help="check the integrity of an MXQ or MBLT file")
     validate.add_argument("file", help=".mxq or .mblt file")

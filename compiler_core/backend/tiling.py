@@ -22,6 +22,8 @@ from compiler_core.quantization.program import IntOp, QuantizedModel
 PER_CHANNEL_BYTES = 12
 """int32 bias, multiplier and shift per output channel of a ``linear``."""
 ALIGN = 64
+PIPELINE_TILES = 4
+"""Row bands cut into at least this many tiles (when rows allow), so transfers overlap computation."""
 
 
 def align(value: int) -> int:
@@ -191,6 +193,7 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
         width = math.ceil(channels / chunks)
         row_count = _max_rows(model, layer, layouts, rows, r0, r1, c0, c0 + width, sram)
         if row_count:
+            row_count = min(row_count, math.ceil((r1 - r0) / PIPELINE_TILES)) if rows else row_count
             break
         if chunks >= channels or not splittable:
             need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0, c0 + 1)

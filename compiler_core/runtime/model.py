@@ -185,7 +185,7 @@ class Model:
         """Estimated latency and throughput of the launched core mode on its device (cost model)."""
         device = get_device(self.artifact.device)
         mode = self.core_mode or self.artifact.core_modes[0]
-        return estimate(self.program, device, mode).to_dict()
+        return estimate(self.program, device, mode, self.artifact.npu).to_dict()
 
     def dispose(self) -> None:
         """Release the device binding (the MXQ can be launched again)."""
