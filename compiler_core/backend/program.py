@@ -52,7 +52,12 @@ def lower(model: QuantizedModel, device: DeviceProfile, modes: Sequence[str]) ->
     """
     layers = fuse(model)
     layouts = assign_layouts(model, layers)
-    buffers = plan_memory(model, layers, layouts)
+    return schedule(model, device, modes, layers, layouts, plan_memory(model, layers, layouts))
+
+
+def schedule(model: QuantizedModel, device: DeviceProfile, modes: Sequence[str], layers: list[Layer],
+             layouts: dict[str, TensorLayout], buffers: dict[str, Buffer]) -> NpuProgram:
+    """Tile and schedule every mode over a given memory plan (the last passes of :func:`lower`)."""
     programs = {mode: schedule_mode(model, layers, layouts, buffers, device, CORE_MODES[mode]) for mode in modes}
     return NpuProgram(layers, layouts, buffers, programs, [transposes(model, layer, layouts) for layer in layers])
 
