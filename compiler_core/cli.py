@@ -473,21 +473,26 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _support_report(mblt_path: str | Path, device: str):
+    from compiler_core.backend.fit import check_fit
     from compiler_core.mblt.io import load_mblt
     from compiler_core.targets import check_support, get_device
 
-    get_device(device)  # validate the string before reading the model
-    return check_support(load_mblt(mblt_path), device)
+    profile = get_device(device)  # validate the string before reading the model
+    graph = load_mblt(mblt_path)
+    check_fit(graph, profile)
+    return check_support(graph, device)
 
 
 def _support_report_for_model(args: argparse.Namespace, out: Output):
     from compiler_core.api import parse_model
+    from compiler_core.backend.fit import check_fit
     from compiler_core.targets import check_support, get_device
 
-    get_device(args.target_device)
+    profile = get_device(args.target_device)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
                            constant_inputs=_bind_pairs(args.bind_input), callback=out.progress,
                            **_frontend_options(args))
+    check_fit(graph, profile)
     return check_support(graph, args.target_device)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core import __version__
+from compiler_core.backend.fit import check_fit
 from compiler_core.backend.partition import Partition, partition
 from compiler_core.backend.program import from_document as npu_from_document
 from compiler_core.backend.program import lower
@@ -125,6 +126,7 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
+        check_fit(graph, device)
         reporter.advance()
     if report.all_supported:
         return None, report.counts()

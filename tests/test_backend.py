@@ -163,3 +163,18 @@ def test_mobilenet_v2_tile_programs_match_golden_codes(tmp_path):
              else np.random.default_rng(0).standard_normal(model.inputs[0].shape).astype(np.float32)}
     _assert_tile_program_exact(model, program, executor.quantize_inputs(model, feeds),
                                executor.run_codes(model, feeds))
+
+
+def test_check_refuses_a_layer_whose_smallest_tile_exceeds_sram(tmp_path, capsys):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.zeros((16, 512, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="WideConv")], "wide",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 8, 2048])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 2048])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "wide.onnx"))
+    assert run(["check", "--model", str(tmp_path / "wide.onnx"), "--target-device", "aries-rb"]) == 1
+    error = capsys.readouterr().err
+    assert "WideConv" in error and "4,194,304" in error and "DOES_NOT_FIT" in error
+    assert run(["check", "--model", str(SAMPLE_DIR / "model.onnx"), "--target-device", "aries-rb"]) == 0
