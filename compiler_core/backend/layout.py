@@ -53,9 +53,25 @@ class TensorLayout:
             return (n, h, w, c)
         return self.shape
 
+    @property
+    def row_axis(self) -> int:
+        """Logical axis tiles are cut along: H of NHWC tensors, axis 1 otherwise (contiguous in both)."""
+        return 2 if self.layout == NHWC else 1
+
+    @property
+    def rows(self) -> int:
+        """Size of the row axis (1 for tensors of rank < 2)."""
+        return self.shape[self.row_axis] if len(self.shape) > self.row_axis else 1
+
     def row_bytes(self) -> int:
-        """Bytes of one row (``W * C`` elements) of an NHWC tensor."""
-        return self.shape[3] * self.shape[1] * self.itemsize
+        """Bytes of one row: ``W * C`` elements of an NHWC tensor, ``prod(shape[2:])`` otherwise (batch 1)."""
+        return self.nbytes // max(self.rows, 1)
+
+    def tile_shape(self, count: int) -> tuple[int, ...]:
+        """Stored shape of a band of ``count`` rows."""
+        stored = list(self.stored_shape)
+        stored[1] = count
+        return tuple(stored)
 
     def to_dict(self) -> dict:
         """JSON form."""

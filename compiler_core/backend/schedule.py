@@ -127,7 +127,7 @@ def _input_region(model, layer, layouts, buffers, rows: bool, tile: Tile, name: 
     if not rows:
         return buffer.offset, layout.nbytes, 1, 0
     out = layouts[layer.outputs[0]]
-    start, end, _, _ = input_rows(layer.main(model), tile.r0, tile.r1, layout.shape[2], out.shape[2])
+    start, end, _, _ = input_rows(layer.main(model), tile.r0, tile.r1, layout.rows, out.rows)
     return buffer.offset + start * layout.row_bytes(), (end - start) * layout.row_bytes(), 1, 0
 
 
@@ -137,12 +137,14 @@ def _output_region(model, layer, layouts, buffers, rows: bool, tile: Tile, name:
         return buffer.offset, layout.nbytes, 1, 0
     channels = layout.shape[1] if layout.layout == NHWC else (layout.shape[-1] if layout.shape else 1)
     item = layout.itemsize
+    if tile.c1 - tile.c0 >= channels:
+        if rows:
+            return buffer.offset + tile.r0 * layout.row_bytes(), (tile.r1 - tile.r0) * layout.row_bytes(), 1, 0
+        return buffer.offset, layout.nbytes, 1, 0
     if layout.layout == NHWC:
         first, count = (tile.r0, tile.r1 - tile.r0) if rows else (0, layout.shape[2])
         pixels_before, pixels = first * layout.shape[3], count * layout.shape[3]
     else:
         pixels_before, pixels = 0, layout.nbytes // max(channels * item, 1)
-    if tile.c1 - tile.c0 >= channels:
-        return buffer.offset + pixels_before * channels * item, pixels * channels * item, 1, 0
     return (buffer.offset + (pixels_before * channels + tile.c0) * item, (tile.c1 - tile.c0) * item, pixels,
             channels * item)

@@ -62,15 +62,23 @@ class LayerTiling:
 def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
     """Whether the layer can be computed band of output rows by band of output rows."""
     op = layer.main(model)
-    if len(layer.outputs) != 1 or layouts[layer.outputs[0]].layout != NHWC or not native_nhwc(op):
+    if len(layer.outputs) != 1:
         return False
-    if op.kind == "linear":
-        return True
-    if op.kind not in POINTWISE_KINDS and op.kind != "concat":
+    out = layouts[layer.outputs[0]]
+    rank, axis = len(out.shape), out.row_axis
+    if out.layout == NHWC and op.kind == "linear":
+        return native_nhwc(op)
+    if rank < 3 or out.shape[0] != 1 or op.kind not in POINTWISE_KINDS and op.kind != "concat":
         return False
-    height = layouts[layer.outputs[0]].shape[2]
-    shapes = [layouts[name].shape for name in layer.inputs] + [a.shape for a in op.consts.values() if a.ndim == 4]
-    return all(len(shape) == 4 and shape[2] in (1, height) for shape in shapes)
+    if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
+        return False
+    inputs = [layouts[name] for name in layer.inputs]
+    if any(len(item.shape) != rank or item.layout != out.layout or item.shape[axis] not in (1, out.rows)
+           for item in inputs):
+        return False
+    # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
+    return all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
+               for index in layer.ops for array in model.ops[index].consts.values())
 
 
 def channel_splittable(op: IntOp) -> bool:
@@ -129,7 +137,7 @@ def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, Ten
     for name in layer.inputs:
         layout = layouts[name]
         if rows:
-            start, end, _, _ = input_rows(op, r0, r1, layout.shape[2], out.shape[2])
+            start, end, _, _ = input_rows(op, r0, r1, layout.rows, out.rows)
             total += align((end - start) * layout.row_bytes())
         else:
             total += align(layout.nbytes)
@@ -143,10 +151,15 @@ def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, Ten
 
 def working_set(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout], rows: bool,
                 r0: int, r1: int, c0: int, c1: int) -> dict[str, int]:
-    """SRAM bytes of one tile: weights slice, LUTs and double-buffered activation tiles."""
-    weights = weight_bytes(layer.main(model), c0, c1)
+    """SRAM bytes of one tile: weights slice, LUTs and double-buffered activation tiles.
+
+    A layer that is one tile (not row-tiled, no channel split) has nothing to overlap: one buffer set.
+    """
+    op = layer.main(model)
+    weights = weight_bytes(op, c0, c1)
     luts = lut_bytes(model, layer)
-    activations = 2 * activation_bytes(model, layer, layouts, rows, r0, r1, c0, c1)
+    sets = 2 if rows or channel_splittable(op) else 1
+    activations = sets * activation_bytes(model, layer, layouts, rows, r0, r1, c0, c1)
     return {"weights": weights, "luts": luts, "activations": activations, "total": weights + luts + activations}
 
 
@@ -159,7 +172,7 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
     """
     op = layer.main(model)
     rows = row_tiled(model, layer, layouts)
-    height = layouts[layer.outputs[0]].shape[2] if rows else 1
+    height = layouts[layer.outputs[0]].rows if rows else 1
     channels = max(out_channels(model, layer, layouts), 1)
     splittable = channel_splittable(op)
     if rows and height >= cores:
@@ -196,7 +209,8 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
             row_count = min(row_count, math.ceil((r1 - r0) / PIPELINE_TILES)) if rows else row_count
             break
         if chunks >= channels or not splittable:
-            need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0, c0 + 1)
+            need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0,
+                               c0 + 1 if splittable else c1)
             raise DoesNotFitError(
                 f"Layer {layer.main(model).name} does not fit the core SRAM: its smallest tile needs "
                 f"{need['total']:,} bytes (weights {need['weights']:,}, activations {need['activations']:,}, "

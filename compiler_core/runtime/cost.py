@@ -80,7 +80,7 @@ def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, r
     out = program.layouts[layer.outputs[0]]
     share = 1.0
     if tiled_rows:
-        share = (rows[1] - rows[0]) / max(out.shape[2], 1)
+        share = (rows[1] - rows[0]) / max(out.rows, 1)
     total_channels = out.shape[1] if out.layout == "NHWC" else (out.shape[-1] if out.shape else 1)
     channel_share = (channels[1] - channels[0]) / max(total_channels, 1)
     elements = int(np.prod(out.shape, dtype=np.int64)) * share * channel_share

@@ -132,11 +132,11 @@ class TileSimulator:
             offset, size, logical = state["inputs"][slot]
             layout = self.program.layouts[name]
             raw = memory[offset:offset + size]
-            if tiling["rows"] and layout.layout == NHWC:
-                start, end, top, bottom = input_rows(main, r0, r1, layout.shape[2], out_layout.shape[2])
-                shape = (1, end - start, layout.shape[3], layout.shape[1])
+            if tiling["rows"]:
+                start, end, top, bottom = input_rows(main, r0, r1, layout.rows, out_layout.rows)
                 pads = (top, bottom)
-                inputs.append(_decode(raw, layout, shape, nhwc=True).astype(np.int64))
+                inputs.append(_decode(raw, layout, layout.tile_shape(end - start),
+                                      nhwc=layout.layout == NHWC).astype(np.int64))
             else:
                 inputs.append(_decode(raw, layout, layout.shape if logical else layout.stored_shape,
                                       nhwc=layout.layout == NHWC and not logical).astype(np.int64))
