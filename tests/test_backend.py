@@ -22,8 +22,9 @@ from test_fast_executor import FAMILIES
 from compiler_core.api import mblt_compile, mxq_compile, quantize
 from compiler_core.backend.fusion import fuse
 from compiler_core.backend.layout import assign_layouts
-from compiler_core.backend.memplan import overlapping, plan_memory
-from compiler_core.backend.program import decode, lower, schedule, to_document
+from compiler_core.backend.memplan import overlapping, plan_memory, plan_resident
+from compiler_core.backend.program import NpuProgram, decode, lower, to_document
+from compiler_core.backend.schedule import RESIDENT_SHARE, schedule_mode
 from compiler_core.backend.tiling import tile_layer
 from compiler_core.backend.verify import npu_problem
 from compiler_core.cli import run
@@ -76,18 +77,32 @@ def residual_model(tmp_path_factory):
     return quantize(mblt, use_random_calib=True, analysis=False).model
 
 
+def _clobber(buffers):
+    """A memory-plan bug: a tensor written while another is still to be read gets the other's address."""
+    kept, written = next((a, b) for a in buffers.values() for b in buffers.values() if a.first < b.first < a.last)
+    buffers[written.name] = dataclasses.replace(written, offset=kept.offset)
+    assert overlapping(buffers)
+
+
+def _scheduled(model, buffers, resident):
+    layers = fuse(model)
+    layouts = assign_layouts(model, layers)
+    programs = {mode: schedule_mode(model, layers, layouts, buffers, ARIES, CORE_MODES[mode], resident=resident)
+                for mode in MODES}
+    return NpuProgram(layers, layouts, buffers, programs, [[] for _ in layers])
+
+
 def test_overlapping_live_buffers_change_the_codes_and_are_refused(residual_model):
     model = residual_model
     layers = fuse(model)
     layouts = assign_layouts(model, layers)
     buffers = plan_memory(model, layers, layouts)
-    assert not overlapping(buffers)
-    # a memory-plan bug: a tensor written while another is still to be read gets the other's address
-    kept, written = next((a, b) for a in buffers.values() for b in buffers.values()
-                         if a.first < b.first < a.last)
-    buffers[written.name] = dataclasses.replace(written, offset=kept.offset)
-    assert overlapping(buffers)
-    lowered = schedule(model, ARIES, MODES, layers, layouts, buffers)
+    resident = plan_resident(model, layers, layouts, ARIES.sram_bytes_per_core // RESIDENT_SHARE)
+    assert not overlapping(buffers) and not overlapping(resident)
+    assert {len(program.resident) > 0 for program in _scheduled(model, buffers, resident).modes.values()} == {True, False}
+    _clobber(buffers)  # the DRAM arena (global modes) ...
+    _clobber(resident)  # ... and the SRAM-resident region (single, multi)
+    lowered = _scheduled(model, buffers, resident)
     program = decode(lowered)
     codes, golden = _codes(model, 0, 1.0)
     wrong = [mode for mode in MODES
@@ -97,6 +112,9 @@ def test_overlapping_live_buffers_change_the_codes_and_are_refused(residual_mode
     document, consts = to_document(lowered)
     problem = npu_problem(document, consts, len(model.ops))
     assert problem and "overlaps live buffers" in problem
+    document, consts = to_document(_scheduled(model, plan_memory(model, layers, layouts), resident))
+    problem = npu_problem(document, consts, len(model.ops))
+    assert problem and "SRAM plan overlaps live buffers" in problem
 
 
 def test_smallest_tile_over_sram_is_refused_with_layer_and_numbers(residual_model):

@@ -9,7 +9,9 @@ tensor needs a transposing DMA, recorded per layer as ``transposes``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,15 +37,15 @@ class TensorLayout:
     dtype: str
     layout: str
 
-    @property
+    @cached_property
     def itemsize(self) -> int:
         """Bytes per element."""
         return np.dtype(self.dtype).itemsize
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Bytes of the whole tensor."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        return math.prod(self.shape) * self.itemsize
 
     @property
     def stored_shape(self) -> tuple[int, ...]:

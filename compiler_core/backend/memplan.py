@@ -50,7 +50,22 @@ def live_ranges(model: QuantizedModel, layers: list[Layer]) -> dict[str, tuple[i
 
 def plan_memory(model: QuantizedModel, layers: list[Layer], layouts: dict[str, TensorLayout]) -> dict[str, Buffer]:
     """Place every arena tensor; returns ``name -> Buffer``."""
-    ranges = live_ranges(model, layers)
+    return _place(live_ranges(model, layers), layouts, None)
+
+
+def plan_resident(model: QuantizedModel, layers: list[Layer], layouts: dict[str, TensorLayout],
+                  capacity: int) -> dict[str, Buffer]:
+    """Tensors kept in a core's SRAM region of ``capacity`` bytes instead of DRAM (one-core modes).
+
+    Same planner, bounded: a tensor that finds no free range below ``capacity`` stays in DRAM.
+    Model inputs and outputs always live in DRAM (the host writes and reads them there).
+    """
+    interface = {spec.name for spec in (*model.inputs, *model.outputs)}
+    ranges = {name: span for name, span in live_ranges(model, layers).items() if name not in interface}
+    return _place(ranges, layouts, capacity)
+
+
+def _place(ranges: dict[str, tuple[int, int]], layouts: dict[str, TensorLayout], capacity: int | None):
     order = sorted(ranges, key=lambda name: (-layouts[name].nbytes, ranges[name][0], name))
     placed: list[Buffer] = []
     for name in order:
@@ -61,7 +76,8 @@ def plan_memory(model: QuantizedModel, layers: list[Layer], layouts: dict[str, T
             if offset + size <= other.offset:
                 break
             offset = max(offset, other.offset + other.size)
-        placed.append(Buffer(name, first, last, offset, size))
+        if capacity is None or offset + size <= capacity:
+            placed.append(Buffer(name, first, last, offset, size))
     return {buffer.name: buffer for buffer in sorted(placed, key=lambda b: (b.offset, b.name))}
 
 

@@ -77,7 +77,11 @@ def to_document(program: NpuProgram) -> tuple[dict[str, Any], dict[str, np.ndarr
     for name, mode_program in program.modes.items():
         consts[commands_name(name)] = mode_program.commands.astype("<u4")
         modes[name] = {"commands": commands_name(name), "cores": mode_program.mode.cores_per_instance,
-                       "batch": mode_program.mode.batch,
+                       "batch": mode_program.mode.batch, "sram_base": mode_program.sram_base,
+                       "sram_bytes": mode_program.sram_bytes,
+                       "resident": {tensor: {"offset": buffer.offset, "size": buffer.size,
+                                             "live": [buffer.first, buffer.last]}
+                                    for tensor, buffer in mode_program.resident.items()},
                        "layers": [{"rows": t.rows, "split": t.split, "tiles": len(t.tiles), "sram": t.sram}
                                   for t in mode_program.tilings]}
     document = {"encoding": NPU_ENCODING, "fields": list(FIELDS), "layers": layers, "tensors": tensors,

@@ -20,7 +20,7 @@ import numpy as np
 
 from compiler_core.backend.fusion import Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
-from compiler_core.backend.memplan import Buffer
+from compiler_core.backend.memplan import Buffer, plan_resident
 from compiler_core.backend.tiling import (
     PER_CHANNEL_BYTES,
     LayerTiling,
@@ -33,6 +33,7 @@ from compiler_core.backend.tiling import (
     weight_bytes,
     weight_channels,
 )
+from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.targets import CoreMode, DeviceProfile
 
@@ -47,6 +48,10 @@ COMPUTE: a..b = output rows, c..d = output channels. ``sram``: SRAM offset; ``fl
 transfer transposes between NHWC storage and the kernel's NCHW order; ``share``: inputs that one
 weight transfer serves."""
 TRANSPOSE = 1
+RESIDENT = 2
+"""``flags`` bit 1: the DMA address ``a`` is in the core's SRAM (an SRAM-resident tensor), not the DRAM arena."""
+RESIDENT_SHARE = 2
+"""One-core modes keep activations in ``1 / RESIDENT_SHARE`` of the SRAM when every layer tiles in the rest."""
 
 
 @dataclass
@@ -62,28 +67,52 @@ class ModeProgram:
     mode: CoreMode
     commands: np.ndarray
     tilings: list[LayerTiling] = field(default_factory=list)
+    resident: dict[str, Buffer] = field(default_factory=dict)
+    sram_base: int = 0
+    sram_bytes: int = 0
 
 
 def schedule_mode(model: QuantizedModel, layers: list[Layer], layouts: dict[str, TensorLayout],
-                  buffers: dict[str, Buffer], device: DeviceProfile, mode: CoreMode) -> ModeProgram:
-    """Tile every layer for ``mode`` and emit its command stream."""
+                  buffers: dict[str, Buffer], device: DeviceProfile, mode: CoreMode,
+                  resident: dict[str, Buffer] | None = None) -> ModeProgram:
+    """Tile every layer for ``mode`` and emit its command stream.
+
+    In one-core modes the upper ``1 / RESIDENT_SHARE`` of the SRAM holds the activations that fit
+    there (``resident``, planned by :func:`~compiler_core.backend.memplan.plan_resident` unless
+    given) and tiles use the rest; if some layer only tiles in the whole SRAM, nothing is resident.
+    """
+    sram = device.sram_bytes_per_core
+    if mode.cores_per_instance == 1:
+        base = sram - sram // RESIDENT_SHARE
+        try:
+            tilings = [tile_layer(model, layer, layouts, base, 1) for layer in layers]
+            if resident is None:
+                resident = plan_resident(model, layers, layouts, sram - base)
+            return _emit(model, layers, layouts, buffers, mode, tilings, resident, base, sram)
+        except DoesNotFitError:
+            logger.info("%s: a layer needs the whole SRAM; activations stay in DRAM", mode.name)
+    tilings = [tile_layer(model, layer, layouts, sram, mode.cores_per_instance) for layer in layers]
+    return _emit(model, layers, layouts, buffers, mode, tilings, {}, sram, sram)
+
+
+def _emit(model, layers, layouts, buffers, mode: CoreMode, tilings: list[LayerTiling],
+          resident: dict[str, Buffer], base: int, sram: int) -> ModeProgram:
     rows: list[list[int]] = []
-    tilings = []
     cores = mode.cores_per_instance
-    for layer in layers:
-        tiling = tile_layer(model, layer, layouts, device.sram_bytes_per_core, cores)
-        tilings.append(tiling)
+    places = {name: (buffer.offset, 0) for name, buffer in buffers.items()}
+    places.update({name: (base + buffer.offset, RESIDENT) for name, buffer in resident.items()})
+    for layer, tiling in zip(layers, tilings):
         for core in sorted({tile.core for tile in tiling.tiles}):
-            _emit_core(rows, model, layer, layouts, buffers, tiling, core, mode)
+            _emit_core(rows, model, layer, layouts, places, tiling, core, mode)
         if cores > 1:
             rows.extend([SYNC, core, layer.index, 0, 0, 0, 0, 0, 0, 0, 0, 0] for core in range(cores))
     commands = np.asarray(rows, dtype=np.uint32).reshape(-1, len(FIELDS))
-    logger.debug("%s: %d commands", mode.name, len(commands))
-    return ModeProgram(mode, commands, tilings)
+    logger.debug("%s: %d commands, %d SRAM-resident tensors", mode.name, len(commands), len(resident))
+    return ModeProgram(mode, commands, tilings, dict(resident), base, sram)
 
 
 def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout],
-               buffers: dict[str, Buffer], tiling: LayerTiling, core: int, mode: CoreMode) -> None:
+               places: dict[str, tuple[int, int]], tiling: LayerTiling, core: int, mode: CoreMode) -> None:
     op = layer.main(model)
     tiles = [tile for tile in tiling.tiles if tile.core == core]
     flags = 0 if native_nhwc(op) else TRANSPOSE
@@ -105,16 +134,16 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
                          PER_CHANNEL_BYTES * (w1 - w0), 0, 0, mode.batch])
         sram = base + (number % 2) * set_size
         for slot, name in enumerate(layer.inputs):
-            arena_offset, run, runs, stride = _input_region(model, layer, layouts, buffers, tiling.rows, tile, name)
+            arena_offset, run, runs, stride = _input_region(model, layer, layouts, places, tiling.rows, tile, name)
             rows.append([DMA_IN, core, layer.index, number, slot, arena_offset, run, runs, stride, sram,
-                         flags if layouts[name].layout == NHWC else 0, 1])
+                         (flags if layouts[name].layout == NHWC else 0) | places[name][1], 1])
             sram += align(run * runs)
         rows.append([COMPUTE, core, layer.index, number, 0, tile.r0, tile.r1, tile.c0, tile.c1, base + (number % 2)
                      * set_size, 0, 1])
         for slot, name in enumerate(layer.outputs):
-            arena_offset, run, runs, stride = _output_region(model, layer, layouts, buffers, tiling.rows, tile, name)
+            arena_offset, run, runs, stride = _output_region(model, layer, layouts, places, tiling.rows, tile, name)
             rows.append([DMA_OUT, core, layer.index, number, slot, arena_offset, run, runs, stride, sram,
-                         flags if layouts[name].layout == NHWC else 0, 1])
+                         (flags if layouts[name].layout == NHWC else 0) | places[name][1], 1])
             sram += align(run * runs)
 
 
@@ -122,29 +151,29 @@ def _set_bytes(model: QuantizedModel, layer: Layer, layouts, rows: bool, tile: T
     return activation_bytes(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1)
 
 
-def _input_region(model, layer, layouts, buffers, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
-    layout, buffer = layouts[name], buffers[name]
+def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+    layout, (offset, _) = layouts[name], places[name]
     if not rows:
-        return buffer.offset, layout.nbytes, 1, 0
+        return offset, layout.nbytes, 1, 0
     out = layouts[layer.outputs[0]]
     start, end, _, _ = input_rows(layer.main(model), tile.r0, tile.r1, layout.rows, out.rows)
-    return buffer.offset + start * layout.row_bytes(), (end - start) * layout.row_bytes(), 1, 0
+    return offset + start * layout.row_bytes(), (end - start) * layout.row_bytes(), 1, 0
 
 
-def _output_region(model, layer, layouts, buffers, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
-    layout, buffer = layouts[name], buffers[name]
+def _output_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+    layout, (offset, _) = layouts[name], places[name]
     if name != layer.outputs[0]:
-        return buffer.offset, layout.nbytes, 1, 0
+        return offset, layout.nbytes, 1, 0
     channels = layout.shape[1] if layout.layout == NHWC else (layout.shape[-1] if layout.shape else 1)
     item = layout.itemsize
     if tile.c1 - tile.c0 >= channels:
         if rows:
-            return buffer.offset + tile.r0 * layout.row_bytes(), (tile.r1 - tile.r0) * layout.row_bytes(), 1, 0
-        return buffer.offset, layout.nbytes, 1, 0
+            return offset + tile.r0 * layout.row_bytes(), (tile.r1 - tile.r0) * layout.row_bytes(), 1, 0
+        return offset, layout.nbytes, 1, 0
     if layout.layout == NHWC:
         first, count = (tile.r0, tile.r1 - tile.r0) if rows else (0, layout.shape[2])
         pixels_before, pixels = first * layout.shape[3], count * layout.shape[3]
     else:
         pixels_before, pixels = 0, layout.nbytes // max(channels * item, 1)
-    return (buffer.offset + (pixels_before * channels + tile.c0) * item, (tile.c1 - tile.c0) * item, pixels,
+    return (offset + (pixels_before * channels + tile.c0) * item, (tile.c1 - tile.c0) * item, pixels,
             channels * item)

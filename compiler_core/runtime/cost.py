@@ -31,7 +31,7 @@ import numpy as np
 
 from compiler_core.backend.fusion import DMA, MAC, Layer
 from compiler_core.backend.program import DecodedProgram, decode, lower
-from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W
+from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT
 from compiler_core.quantization.program import IntOp, QuantizedModel
 from compiler_core.targets import CORE_MODES, DeviceProfile
 
@@ -154,7 +154,7 @@ def estimate(model: QuantizedModel, device: DeviceProfile, mode: str,
 def _moved_bytes(opcode: int, command: np.ndarray) -> float:
     """DRAM bytes one command moves for one input (broadcast weight transfers split over their inputs)."""
     if opcode in (DMA_IN, DMA_OUT):
-        return float(command[6] * command[7])
+        return 0.0 if command[10] & RESIDENT else float(command[6] * command[7])
     if opcode == DMA_W:
         return float(command[7] + command[8]) / max(int(command[11]), 1)
     if opcode == DMA_T:

@@ -21,7 +21,7 @@ import numpy as np
 
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
 from compiler_core.backend.program import DecodedProgram
-from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, SYNC, TRANSPOSE
+from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT, SYNC, TRANSPOSE
 from compiler_core.backend.tiling import align, input_rows
 from compiler_core.errors import ArgumentError
 from compiler_core.quantization import kernels
@@ -76,7 +76,7 @@ class TileSimulator:
         layer = self.program.layers[layer_index]
         if opcode == DMA_IN:
             name = layer.inputs[slot]
-            data = self._gather(a, b, c, d)
+            data = self._gather(memory if flags & RESIDENT else self.arena, a, b, c, d)
             if flags & TRANSPOSE:
                 data = _transpose_bytes(data, self.program.layouts[name], to_logical=True)
             memory[sram:sram + data.size] = data
@@ -99,23 +99,26 @@ class TileSimulator:
             data = memory[sram:sram + size]
             if flags & TRANSPOSE:
                 data = _transpose_bytes(data, self.program.layouts[name], to_logical=False)
-            self._scatter(data, a, b, c, d)
+            self._scatter(memory if flags & RESIDENT else self.arena, data, a, b, c, d)
         elif opcode != SYNC:
             raise ArgumentError(f"Unknown opcode {opcode} in the {self.mode} program.")
         self.transfers += opcode in (DMA_IN, DMA_OUT, DMA_W, DMA_T)
 
-    def _gather(self, offset: int, run: int, runs: int, stride: int) -> np.ndarray:
+    @staticmethod
+    def _gather(source: np.ndarray, offset: int, run: int, runs: int, stride: int) -> np.ndarray:
+        """A (2-D) region of the arena or of an SRAM-resident tensor."""
         if runs == 1:
-            return self.arena[offset:offset + run].copy()
+            return source[offset:offset + run].copy()
         index = offset + np.arange(runs)[:, None] * stride + np.arange(run)[None, :]
-        return self.arena[index].reshape(-1)
+        return source[index].reshape(-1)
 
-    def _scatter(self, data: np.ndarray, offset: int, run: int, runs: int, stride: int) -> None:
+    @staticmethod
+    def _scatter(target: np.ndarray, data: np.ndarray, offset: int, run: int, runs: int, stride: int) -> None:
         if runs == 1:
-            self.arena[offset:offset + run] = data[:run]
+            target[offset:offset + run] = data[:run]
             return
         index = offset + np.arange(runs)[:, None] * stride + np.arange(run)[None, :]
-        self.arena[index.reshape(-1)] = data[:run * runs]
+        target[index.reshape(-1)] = data[:run * runs]
 
     def _tables(self, layer) -> list[tuple[tuple[int, str], np.ndarray]]:
         return [((index, key), array) for index in layer.ops for key, array in self.model.ops[index].consts.items()
