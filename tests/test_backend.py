@@ -54,16 +54,41 @@ def _assert_tile_program_exact(model, program, codes, golden):
             assert np.array_equal(outputs[name], expected), (mode, name)
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def _channel_slices():
+    """Split along channels (C2f/C3k2 style) and a flattened concat: both tile by rows."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    init = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+            *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("s0", [0]), ("e0", [4]), ("s1", [4]), ("e1", [8]), ("ax", [1]), ("shape", [1, 4, -1])))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Slice", ["c", "s0", "e0", "ax"], ["a"]),
+             helper.make_node("Slice", ["c", "s1", "e1", "ax"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["g"]),
+             helper.make_node("Reshape", ["a", "shape"], ["fa"]), helper.make_node("Reshape", ["g", "shape"], ["fg"]),
+             helper.make_node("Concat", ["fa", "fg"], ["y"], axis=2)]
+    graph = helper.make_graph(nodes, "slices", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.fixture(scope="module", params=sorted([*FAMILIES, "channel_slices"]))
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    onnx.save(FAMILIES[request.param](), str(folder / "model.onnx"))
+    build = _channel_slices if request.param == "channel_slices" else FAMILIES[request.param]
+    onnx.save(build(), str(folder / "model.onnx"))
     mblt = mblt_compile(folder / "model.onnx", folder / "model.mblt", backend="onnx")
     return quantize(mblt, use_random_calib=True, analysis=False).model
 
 
 def test_tile_programs_of_every_mode_match_golden_codes(family):
-    program = decode(lower(family, ARIES, MODES))
+    lowered = lower(family, ARIES, MODES)
+    program = decode(lowered)
+    if any(op.op_type == "Slice" and np.asarray(op.consts.get("input3", [2])).tolist() == [1] for op in family.ops):
+        sliced = [t for layer, t in zip(lowered.layers, lowered.modes["global4"].tilings)
+                  if layer.main(family).op_type == "Slice"]
+        assert any(t.rows and t.split == "spatial" for t in sliced)
     for seed, amplitude in ((0, 1.0), (1, 30.0)):
         _assert_tile_program_exact(family, program, *_codes(family, seed, amplitude))
 

@@ -103,7 +103,16 @@ def native_nhwc(op: IntOp) -> bool:
         return op.attrs.get("layout") == "conv" and len(op.attrs.get("kernel", [])) == 2
     if op.kind == "concat":
         return op.attrs.get("axis") in (1, -3)
+    if op.kind == "move":
+        return slice_keeps_axis(op, 4, 2)
     return op.kind in POINTWISE_KINDS or op.kind == "average_pool"
+
+
+def slice_keeps_axis(op: IntOp, rank: int, axis: int) -> bool:
+    """A Slice with constant axes that leaves ``axis`` whole (so it runs band by band along it)."""
+    if op.op_type != "Slice" or "input3" not in op.consts or "input1" not in op.consts:
+        return False
+    return all(int(a) % rank != axis for a in np.asarray(op.consts["input3"]).reshape(-1))
 
 
 def transposes(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> list[str]:

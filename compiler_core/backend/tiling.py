@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
-from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
+from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc, slice_keeps_axis
 from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -68,7 +68,8 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     rank, axis = len(out.shape), out.row_axis
     if out.layout == NHWC and op.kind == "linear":
         return native_nhwc(op)
-    if rank < 3 or out.shape[0] != 1 or op.kind not in POINTWISE_KINDS and op.kind != "concat":
+    row_local = op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
+    if rank < 3 or out.shape[0] != 1 or not row_local:
         return False
     if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
         return False
@@ -77,8 +78,8 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
            for item in inputs):
         return False
     # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
-    return all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
-               for index in layer.ops for array in model.ops[index].consts.values())
+    return op.kind == "move" or all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
+                                    for index in layer.ops for array in model.ops[index].consts.values())
 
 
 def channel_splittable(op: IntOp) -> bool:
