@@ -116,13 +116,12 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
     op = layer.main(model)
     tiles = [tile for tile in tiling.tiles if tile.core == core]
     flags = 0 if native_nhwc(op) else TRANSPOSE
-    luts = [(key_index, array) for index in layer.ops for key_index, (key, array) in
-            enumerate(model.ops[index].consts.items()) if model.ops[index].kind == "lut" or key == "table"]
+    luts = [array for index in layer.ops for array in model.ops[index].consts.values() if model.ops[index].kind == "lut"]
     tables_at = align(max(weight_bytes(op, t.c0, t.c1) for t in tiles))
     set_size = max(_set_bytes(model, layer, layouts, tiling.rows, t) for t in tiles)
     base = tables_at + lut_bytes(model, layer)
     offset = tables_at
-    for slot, (_, array) in enumerate(luts):
+    for slot, array in enumerate(luts):
         rows.append([DMA_T, core, layer.index, 0, slot, 0, 0, array.nbytes, 0, offset, 0, mode.batch])
         offset += align(array.nbytes)
     chunk = None

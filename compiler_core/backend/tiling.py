@@ -118,9 +118,12 @@ def weight_channels(op: IntOp, c0: int, c1: int) -> tuple[int, int]:
 
 
 def lut_bytes(model: QuantizedModel, layer: Layer) -> int:
-    """Bytes of the lookup tables the layer's operations use (resident for the whole layer)."""
-    return align(sum(array.nbytes for index in layer.ops for key, array in model.ops[index].consts.items()
-                     if model.ops[index].kind == "lut" or key == "table"))
+    """Bytes of the LUTs (``lut`` operations) the layer uses, resident for the whole layer.
+
+    An embedding table (``gather_table``) stays in DRAM: the rows a tile needs are gathered by index.
+    """
+    return align(sum(array.nbytes for index in layer.ops for array in model.ops[index].consts.values()
+                     if model.ops[index].kind == "lut"))
 
 
 def out_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:

@@ -4,10 +4,11 @@ Per tile, ``cycles = max(compute, DMA)``: the tile's transfers stream through th
 buffer set while the previous tile computes (double buffering), so only the first tile's input
 transfer of each layer is not hidden. Compute runs on the unit of the layer:
 
-- MAC array: ``int8_macs_per_cycle_per_core`` MACs arranged as ``LANES x LANES`` (input channels x
-  output channels, 64 x 64 for 4,096 MACs). A convolution tile takes ``pixels x taps x
-  ceil(Cin / LANES) x ceil(Cout / LANES)`` cycles; a depthwise one maps channels onto the output
-  lanes only (``pixels x taps x ceil(C / LANES)``), so its utilisation is at most ``1 / LANES``.
+- MAC array: ``int8_macs_per_cycle_per_core`` MACs arranged as ``LANES x LANES`` (reduction x
+  output channels, 64 x 64 for 4,096 MACs). A convolution tile is a matrix product (im2col): it takes
+  ``pixels x ceil(Cin x taps / LANES) x ceil(Cout / LANES)`` cycles; a depthwise one maps channels
+  onto the output lanes only (``pixels x taps x ceil(C / LANES)``), so its utilisation is at most
+  ``1 / LANES``.
 - MFU and vector unit: ``LANES`` elements per cycle (a fused epilogue streams behind the MAC array,
   so a fused layer costs the larger of the two).
 - DMA-only layers (data movement): no compute.
@@ -109,7 +110,8 @@ def _mac_cycles(op: IntOp, model: QuantizedModel, elements: float, channels: tup
     if groups > 1 and cin_group == 1:  # depthwise: channels on the output lanes, one input lane each
         return pixels * taps * math.ceil(cout / side)
     cout_group = max(1, math.ceil(cout / groups))
-    return pixels * taps * groups * math.ceil(cin_group / side) * math.ceil(cout_group / side)
+    # im2col: the reduction K = Cin/group x taps runs down the input lanes, output channels across
+    return pixels * groups * math.ceil(cin_group * taps / side) * math.ceil(cout_group / side)
 
 
 def estimate(model: QuantizedModel, device: DeviceProfile, mode: str,

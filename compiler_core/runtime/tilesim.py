@@ -122,7 +122,7 @@ class TileSimulator:
 
     def _tables(self, layer) -> list[tuple[tuple[int, str], np.ndarray]]:
         return [((index, key), array) for index in layer.ops for key, array in self.model.ops[index].consts.items()
-                if self.model.ops[index].kind == "lut" or key == "table"]
+                if self.model.ops[index].kind == "lut"]
 
     # -- compute --------------------------------------------------------------------------------
 
