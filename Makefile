@@ -50,7 +50,7 @@ fuzz: setup
 wheel: setup
 	$(PY) -m build --no-isolation --outdir dist .
 
-# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); 4-9 minutes on 2 cores.
+# Standalone one-folder bundle dist/qbstudio/ (qbstudio + qbcompiler executables); 5.5-7 minutes on 2 cores.
 package: setup
 	$(PY) -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build/pyinstaller \
 		packaging/pyinstaller/qbstudio.spec

@@ -113,10 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
-    from qbstudio._compat import guard_none_refcount
+    from qbstudio._compat import guard_none_refcount, skip_feature_source_scan
 
     guard_none_refcount()
     from PySide6 import QtWebEngineWidgets  # noqa: F401  (must be imported before the QApplication)
+
+    skip_feature_source_scan()
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 

@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from compiler_core import __version__ as core_version
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
+from compiler_core.formats import MODEL_FOLDER_MARKERS, model_file_patterns
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
@@ -61,9 +62,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILTER = "Models (*.onnx *.mblt *.tflite);;All files (*)"
+MODEL_PATTERNS = " ".join(model_file_patterns())
+MODEL_FILTER = f"Models ({MODEL_PATTERNS});;All files (*)"
 PROJECT_FILTER = f"qb Studio project (*{PROJECT_SUFFIX})"
-OPEN_FILTER = f"Projects and models (*{PROJECT_SUFFIX} *.onnx *.mblt *.tflite);;All files (*)"
+OPEN_FILTER = f"Projects and models (*{PROJECT_SUFFIX} {MODEL_PATTERNS});;All files (*)"
 AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
@@ -269,6 +271,8 @@ class MainWindow(QMainWindow):
         self.act_new = self._action("&New Project", self.new_project, keys.New, "Start an empty project")
         self.act_open = self._action("&Open…", self._on_open, keys.Open, "Open a project or a model")
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
+        self.act_import_folder = self._action("Import Model &Folder…", self._on_import_folder, None,
+                                              "Import a TensorFlow SavedModel or HuggingFace model folder")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
         self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
@@ -285,7 +289,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         bar = self.menuBar()
         file_menu = bar.addMenu("&File")
-        file_menu.addActions([self.act_new, self.act_open, self.act_import])
+        file_menu.addActions([self.act_new, self.act_open, self.act_import, self.act_import_folder])
         self.recent_projects_menu = file_menu.addMenu("Recent &Projects")
         self.recent_models_menu = file_menu.addMenu("Recent &Models")
         file_menu.addSeparator()
@@ -834,6 +838,13 @@ class MainWindow(QMainWindow):
 
     def _on_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import model", self.preferences.last_dir("model"), MODEL_FILTER)
+        if path:
+            # saved_model.pb or a HuggingFace config.json stands for the model folder holding it
+            self.import_model(Path(path).parent if Path(path).name in MODEL_FOLDER_MARKERS else path)
+
+    def _on_import_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Import model folder (SavedModel or HuggingFace)",
+                                                self.preferences.last_dir("model"))
         if path:
             self.import_model(path)
 

@@ -381,6 +381,17 @@ def test_mixed_sizes_name_sizes_and_files(photos):
         open_calibration_data(photos, [RGB224])
     assert_calibration_error(excinfo, "3 different sizes", "600x400 (1: a_coffee.png)",
                              "451x300 (1: b_chelsea.jpg)", '"op": "resize"')
+    assert excinfo.value.fields["resize_to"] == [224, 224]  # the workbench offers this resize in one click
+
+
+def test_many_sizes_are_summarised_and_every_file_is_listed(tmp_path):
+    for index, width in enumerate((40, 40, 41, 42, 43, 44)):
+        Image.new("L", (width, 30)).save(tmp_path / f"{index}.png")
+    with pytest.raises(CalibrationError) as excinfo:
+        open_calibration_data(tmp_path, [FASHION])
+    assert_calibration_error(excinfo, "5 different sizes", "takes 28x28", "40x30 (2: 0.png, 1.png)",
+                             "and 2 more size(s)")
+    assert "44x30" not in excinfo.value.message and len(excinfo.value.fields["files"]) == 6
 
 
 def test_wrong_image_size(tmp_path):

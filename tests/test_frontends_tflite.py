@@ -347,6 +347,61 @@ def test_ops_beyond_mediapipe_match_runtime(tmp_path: Path) -> None:
     _compare_with_runtime(path, 1e-5)
 
 
+def test_dynamic_batch_flatten_shape_and_pack_fold(tmp_path: Path) -> None:
+    """Keras's Flatten / SE-block Reshape with a dynamic batch: SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE.
+
+    Keras MobileNetV3 and EfficientNet saved as .keras were refused with SHAPE and PACK unconvertible.
+    """
+    int32 = tflite.TensorType.INT32
+    tensors = [
+        {"name": "x", "shape": [1, 4, 4, 2]},
+        {"name": "shape", "shape": [4], "type": int32},
+        {"name": "begin", "shape": [1], "type": int32, "data": np.array([0], np.int32)},
+        {"name": "end", "shape": [1], "type": int32, "data": np.array([1], np.int32)},
+        {"name": "strides", "shape": [1], "type": int32, "data": np.array([1], np.int32)},
+        {"name": "batch", "shape": [], "type": int32},
+        {"name": "minus_one", "shape": [], "type": int32, "data": np.array(-1, np.int32)},
+        {"name": "packed", "shape": [2], "type": int32},
+        {"name": "flat", "shape": [1, 32]},
+    ]
+    operators = [
+        {"op": "SHAPE", "inputs": [0], "outputs": [1], "options": ("ShapeOptions", {"OutType": int32})},
+        {"op": "STRIDED_SLICE", "inputs": [1, 2, 3, 4], "outputs": [5], "options": ("StridedSliceOptions", {
+            "ShrinkAxisMask": 1})},
+        {"op": "PACK", "inputs": [5, 6], "outputs": [7], "options": ("PackOptions", {"ValuesCount": 2, "Axis": 0})},
+        {"op": "RESHAPE", "inputs": [0, 7], "outputs": [8]},
+    ]
+    path = tmp_path / "flatten.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[8]))
+    model = _compare_with_runtime(path, 1e-6)
+    assert [node.op_type for node in model.graph] == ["Reshape"]
+
+
+def test_gather_of_activations_and_of_a_static_shape(tmp_path: Path) -> None:
+    """GATHER on data (channel reorder) runs as Gather; on a static shape (Keras Tensordot) it folds."""
+    int32 = tflite.TensorType.INT32
+    tensors = [
+        {"name": "x", "shape": [1, 4, 4, 3]},
+        {"name": "order", "shape": [3], "type": int32, "data": np.array([2, 0, 1], np.int32)},
+        {"name": "reordered", "shape": [1, 4, 4, 3]},
+        {"name": "shape", "shape": [4], "type": int32},
+        {"name": "pick", "shape": [4], "type": int32, "data": np.array([0, 3, 1, 2], np.int32)},
+        {"name": "picked", "shape": [4], "type": int32},
+        {"name": "folded", "shape": [1, 3, 4, 4]},
+    ]
+    operators = [
+        {"op": "GATHER", "inputs": [0, 1], "outputs": [2], "options": ("GatherOptions", {"Axis": 3})},
+        {"op": "SHAPE", "inputs": [2], "outputs": [3], "options": ("ShapeOptions", {"OutType": int32})},
+        {"op": "GATHER", "inputs": [3, 4], "outputs": [5], "options": ("GatherOptions", {"Axis": 0})},
+        {"op": "RESHAPE", "inputs": [2, 5], "outputs": [6]},
+    ]
+    path = tmp_path / "gather.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[6]))
+    model = _compare_with_runtime(path, 1e-6)
+    assert [node.op_type for node in model.graph].count("Gather") == 1  # the shape's gather folded away
+    assert "Shape" not in {node.op_type for node in model.graph}
+
+
 def test_full_integer_model_becomes_float_graph_with_hints(tmp_path: Path) -> None:
     """QUANTIZE -> int8 CONV_2D (per-channel weights, int32 bias) -> DEQUANTIZE: a float graph whose
     result matches the int8 runtime to within a few output quantization steps."""

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler_core.api import mblt_compile, parse_model, quantize
+from compiler_core.errors import MxqFormatError
 from compiler_core.mxq.schema import validate_program
 from compiler_core.quantization import executor, kernels
 from compiler_core.quantization.kernels.linear import convolution_weight_as_transposed, transposed_conv_weight
@@ -362,3 +363,37 @@ def test_max_against_an_infinite_constant(tmp_path):
                         "high": np.array([np.inf], np.float32)})
     mblt, program = quantized(tmp_path, model)
     assert golden_vs_qdq(mblt, program, feeds_for(model)) >= AGREEMENT
+
+
+# -- Softmax ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("weight_scale", "least_shift"), [(1e-4, 9), (3.0, 0)])
+def test_softmax_output_step_follows_the_calibrated_maximum(tmp_path, weight_scale, least_shift):
+    """1,000 near-uniform probabilities (~0.001) keep their resolution; a peaked softmax keeps 1/127.
+
+    With a fixed 1/127 output step every probability below 0.004 was code 0: the output of an
+    uncertain 1,000-class classifier was all zeros (cosine 0 to FP32).
+    """
+    weight = RNG.standard_normal((64, 1000)).astype(np.float32) * weight_scale
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["logits"]),
+                        helper.make_node("Softmax", ["logits"], ["y"], axis=-1)],
+                       {"x": [1, 64]}, {"y": [1, 1000]}, {"w": weight})
+    mblt, program = quantized(tmp_path, model)
+    op = only_op(program, "softmax")
+    assert op.attrs["shift"] >= least_shift
+    assert (op.attrs["shift"] == 0) == (least_shift == 0)
+    feeds = feeds_for(model)
+    assert golden_vs_qdq(mblt, program, feeds) >= AGREEMENT
+    logits = feeds["x"] @ weight
+    reference = np.exp(logits - logits.max())
+    reference /= reference.sum()
+    output = program.params("y").dequantize(executor.run_codes(program, feeds)["y"])
+    cosine = float((reference * output).sum() / (np.linalg.norm(reference) * np.linalg.norm(output)))
+    assert cosine >= 0.99
+    document, consts = to_document(program)
+    validate_program(document, consts)  # what an MXQ load checks
+    (entry,) = [entry for entry in document["ops"] if entry["kind"] == "softmax"]
+    entry["attrs"]["shift"] = 40  # int64 products would overflow
+    with pytest.raises(MxqFormatError, match="shift 40"):
+        validate_program(document, consts)

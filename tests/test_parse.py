@@ -286,3 +286,22 @@ def test_consumers_of_group_normalization_get_static_shapes(tmp_path):
                    tmp_path / "group_norm.onnx")
     model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
     assert list(model.graph.outputs[0].shape) == [1, 4, 1, 1]
+
+
+def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
+    """IR-3 model-zoo exports list every weight among the graph inputs; they are constants, so BN folds.
+
+    ShuffleNet from onnx's own backend test data (IR version 3): before, 48 BatchNormalization nodes
+    stayed (their parameters were run-time inputs) and parse refused the model.
+    """
+    source = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_shufflenet.onnx"
+    proto = onnx.load(str(source))
+    assert proto.ir_version < 4 and len(proto.graph.input) > 1
+    mblt = mblt_compile(source, tmp_path / "shufflenet.mblt")
+    graph = onnx.load(str(mblt)).graph
+    assert [value.name for value in graph.input] == [proto.graph.input[0].name]
+    assert not [node for node in graph.node if node.op_type == "BatchNormalization"]
+    x = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    expected = ort.InferenceSession(str(source)).run(None, {proto.graph.input[0].name: x})[0]
+    actual = ort.InferenceSession(str(mblt)).run(None, {graph.input[0].name: x})[0]
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)

@@ -327,3 +327,22 @@ def test_tooltips_come_from_the_config_schema():
     assert "MaxPercentile" in field_description("calibration.maxPercentile.percentile")
     assert set(choice_descriptions("calibration.mode")) == {0, 1, 2, 3}
     assert set(choice_descriptions("imageChannels")) == {0, 1, 3}
+
+
+def test_fit_to_model_resets_normalization_chosen_for_another_channel_count():
+    """The sample's one-value Fashion-MNIST mean/std would otherwise normalize a photo model's input."""
+    from qbstudio.state.calibration import PreprocessForm
+    from qbstudio.state.model_fit import fit_to_model
+
+    fashion = PreprocessForm(apply=True, normalize=True, mean=[0.286041], std=[0.353024]).to_preprocessing()
+    gray = [InputSpec("image", (1, 1, 28, 28), np.dtype("float32"), "NCHW")]
+    rgb = [InputSpec("input_1", (1, 256, 256, 3), np.dtype("float32"), "NHWC")]
+    rgb_other = [InputSpec("input_1", (1, 192, 192, 3), np.dtype("float32"), "NHWC")]
+    settings = CompileSettings()
+    settings.set("preprocessing", fashion)
+    notes = fit_to_model(settings, CalibrationSource(), rgb, gray)
+    assert not settings.preprocessing["pipeline"]
+    assert any(note.startswith("Preprocessing reset") for note in notes)
+    settings.set("preprocessing", fashion)
+    assert fit_to_model(settings, CalibrationSource(), rgb_other, rgb) == []  # same channels: kept
+    assert settings.preprocessing == fashion

@@ -46,10 +46,10 @@ def name_files(paths: Sequence[Path | str], limit: int = MAX_LISTED_FILES) -> st
     return ", ".join(names) + more
 
 
-def files_error(message: str, paths: Sequence[Path | str], hint: str) -> CalibrationError:
+def files_error(message: str, paths: Sequence[Path | str], hint: str, **fields) -> CalibrationError:
     """A CalibrationError whose ``file`` is the first offender and ``files`` lists them all."""
     return CalibrationError(message, hint=hint, file=str(paths[0]) if paths else None,
-                            files=[str(p) for p in paths])
+                            files=[str(p) for p in paths], **fields)
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -335,6 +335,10 @@ def _check_sizes(infos: Sequence[ImageInfo], spec: InputSpec, pipeline: Sequence
         _raise_wrong_size(output, group, spec, default)
 
 
+MIXED_SIZES_LISTED = 3
+"""Sizes named in a mixed-sizes message (the most common first); ``files`` lists every image."""
+
+
 def _size_text(size: tuple[int, int]) -> str:
     return f"{size[1]}x{size[0]}"
 
@@ -349,12 +353,16 @@ def _raise_mixed_sizes(infos: Sequence[ImageInfo], spec: InputSpec, default: boo
     by_size: dict[tuple[int, int], list[Path]] = defaultdict(list)
     for info in infos:
         by_size[info.size].append(info.path)
-    groups = "; ".join(f"{_size_text(size)} ({len(paths)}: {name_files(paths)})"
-                       for size, paths in sorted(by_size.items(), key=lambda item: -len(item[1])))
+    ranked = sorted(by_size.items(), key=lambda item: (-len(item[1]), item[0]))
+    groups = "; ".join(f"{_size_text(size)} ({len(paths)}: {name_files(paths, limit=2)})"
+                       for size, paths in ranked[:MIXED_SIZES_LISTED])
+    if len(ranked) > MIXED_SIZES_LISTED:
+        groups += f"; and {len(ranked) - MIXED_SIZES_LISTED} more size(s)"
     what = "no preprocessing pipeline is given" if default else "the preprocessing does not bring them to one size"
-    paths = [p for group in by_size.values() for p in group]
-    raise files_error(f"Calibration images have {len(by_size)} different sizes (width x height) and {what}: "
-                      f"{groups}.", paths, _resize_hint(spec))
+    paths = [p for _, group in ranked for p in group]
+    raise files_error(f"Calibration images have {len(by_size)} different sizes (width x height) and {what}; "
+                      f"model input '{spec.name}' takes {_size_text(spec.spatial_size)}: {groups}.", paths,
+                      _resize_hint(spec), resize_to=list(spec.spatial_size))
 
 
 def _raise_wrong_size(output: tuple[int, int], group: Sequence[ImageInfo], spec: InputSpec, default: bool) -> None:
@@ -362,7 +370,8 @@ def _raise_wrong_size(output: tuple[int, int], group: Sequence[ImageInfo], spec:
     after = "" if default else " after preprocessing"
     raise files_error(
         f"Calibration images are {_size_text(output)}{after} but model input '{spec.name}' takes "
-        f"{_size_text(spec.spatial_size)} (width x height): {name_files(paths)}.", paths, _resize_hint(spec))
+        f"{_size_text(spec.spatial_size)} (width x height): {name_files(paths)}.", paths, _resize_hint(spec),
+        resize_to=list(spec.spatial_size))
 
 
 def _layout_axes(pipeline: Sequence[PreprocessOp], spec: InputSpec, auto_convert: bool) -> tuple[int, ...] | None:

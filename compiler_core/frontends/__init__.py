@@ -9,6 +9,7 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core.errors import ArgumentError, ModelLoadError
+from compiler_core.formats import MODEL_FOLDER_MARKERS, SUFFIX_BACKENDS
 
 BACKENDS = ("onnx", "torch", "torchscript", "tf", "tflite")
 
@@ -65,15 +66,12 @@ def detect_backend(path: str | Path) -> str:
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    by_suffix = {".onnx": "onnx", ".mblt": "onnx", ".tflite": "tflite", ".pt2": "torch", ".pth": "torch",
-                 ".jit": "torchscript", ".keras": "tf", ".h5": "tf", ".hdf5": "tf", ".pb": "tf"}
-    if suffix in by_suffix:
-        return by_suffix[suffix]
+    if suffix in SUFFIX_BACKENDS:
+        return SUFFIX_BACKENDS[suffix]
     if path.is_dir():
-        if (path / "saved_model.pb").exists():
-            return "tf"
-        if (path / "config.json").exists():
-            return "torch"
+        for marker, backend in MODEL_FOLDER_MARKERS.items():
+            if (path / marker).exists():
+                return backend
     if path.is_file():
         with path.open("rb") as handle:
             head = handle.read(8)

@@ -8,6 +8,8 @@ quantization is applied: the compiler quantizes later. TensorFlow is an optional
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 from pathlib import Path
@@ -41,10 +43,15 @@ def load_tf(model: Any, **_: Any) -> ir.Model:
     tf = import_tensorflow()
     converter = _converter(tf, path)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    printed = io.StringIO()
     try:
-        flatbuffer = converter.convert()
+        with contextlib.redirect_stdout(printed):  # Keras prints the exported signature ("Endpoint 'serve' ...")
+            flatbuffer = converter.convert()
     except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
         raise _conversion_error(path, error) from error
+    finally:
+        if printed.getvalue().strip():
+            logger.debug("TensorFlow's converter printed:\n%s", printed.getvalue().rstrip())
     logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
     return load_tflite_bytes(flatbuffer, path)
 

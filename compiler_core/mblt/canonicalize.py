@@ -77,6 +77,7 @@ def canonicalize(
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
         ("check operators", _check_known_ops),
+        ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
         ("convert to opset 21", _convert_opset),
@@ -168,6 +169,19 @@ def _checked_requested_shape(value: ir.Value, requested: Sequence[int]) -> ir.Sh
                 f"input_shape_dict['{value.name}'] sets dim {index} to {size}, but the model fixes it to {dim}.",
                 hint=f"Use {_shape_text(declared)} (only dynamic dims can be chosen).", input=value.name)
     return ir.Shape(requested)
+
+
+def _initializer_inputs_to_constants(model: ir.Model) -> None:
+    # Exports of IR version < 4 (the classic model zoo) list every weight among the graph inputs too,
+    # which makes weights overridable at run time, so nothing folds (not even BatchNorm into Conv).
+    # A compiled model's weights are fixed: the initializer is the value.
+    listed = [value for value in model.graph.inputs if value.const_value is not None]
+    for value in listed:
+        model.graph.inputs.remove(value)
+    if listed:
+        logger.info("%d graph input(s) also have initializers (an IR version %s export convention); "
+                    "compiled as constants, e.g. %s", len(listed), model.ir_version,
+                    ", ".join(value.name for value in listed[:3]))
 
 
 def _bind_constant_inputs(model: ir.Model, constant_inputs: Mapping[str, np.ndarray]) -> None:

@@ -180,6 +180,15 @@ def _table_1d(name: str):
     return rule
 
 
+SOFTMAX_MAX_SHIFT = 16
+"""compiler_core.quantization.kernels.softmax.MAX_SHIFT (its int64 products rely on the bound)."""
+
+
+def _softmax_shift(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    shift = op["attrs"].get("shift", 0)
+    return None if 0 <= shift <= SOFTMAX_MAX_SHIFT else f"shift {shift} is outside 0..{SOFTMAX_MAX_SHIFT}"
+
+
 _REQUANT = ("multiplier", "shift")
 _QUANTIZED = {"zp_y": INT, "clamp": CLAMP}
 
@@ -235,7 +244,8 @@ SCHEMAS: dict[str, KindSchema] = {
                                _same_shape("negative_multiplier", "negative_shift"))),
     "interpolate": KindSchema(attrs={"axes": INTS, "zp": INT, "clamp": CLAMP}, optional_consts=("weight*",),
                               rules=(_resize_weights,)),
-    "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, consts=("exp_table",), rules=(_table_1d("exp_table"),)),
+    "softmax": KindSchema(attrs={"axis": INT, "qmax": INT}, optional_attrs={"shift": INT}, consts=("exp_table",),
+                          rules=(_table_1d("exp_table"), _softmax_shift)),
 }
 """Kernel kind -> what its kernel reads. Every kind in the executor's registry must have an entry."""
 

@@ -106,7 +106,7 @@ def _link_group(group: Group, context: LoweringContext, sets: _UnionFind, fixed:
         for value in outputs:
             sets.union(value.name, group.main.inputs[0].name)
     elif policy == kernels.FIXED and spec.fixed_params is not None:
-        fixed[outputs[0].name] = spec.fixed_params(group, context)
+        fixed[outputs[0].name] = lambda observed: spec.fixed_params(group, context, observed)
     elif group.main.op_type == "Concat" and options.multi_layer:
         for value in group.main.inputs:
             if value.name in context.tensors:
@@ -158,12 +158,13 @@ def _freeze_sets(records: dict[str, TensorQuant], sets: _UnionFind, fixed: dict,
 
 
 def _set_params(names: list[str], records: dict[str, TensorQuant], fixed: dict, options: DecisionOptions):
+    observed = [records[n].observed_range for n in names if records[n].observed_range is not None]
     for name in names:
         if name in fixed:
-            return fixed[name], f"fixed by {name}"
+            joint = (min(r[0] for r in observed), max(r[1] for r in observed)) if observed else None
+            return fixed[name](joint), f"fixed by {name}"
         if name in options.input_params:
             return options.input_params[name], "uint8 input"
-    observed = [records[n].observed_range for n in names if records[n].observed_range is not None]
     if not observed:
         raise InternalError(f"No calibration range for tensor(s) {', '.join(names[:3])}.",
                             hint="Please report this: statistics did not cover every quantized tensor.")

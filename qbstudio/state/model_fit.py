@@ -49,7 +49,7 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
     """
     notes = _fit_image_channels(settings, specs)
     if previous is not None and not same_inputs(previous, specs):
-        notes += _fit_preprocessing(settings, specs)
+        notes += _fit_preprocessing(settings, specs, previous)
         if calibration.path:
             notes.append(f"Calibration data cleared: '{calibration.path}' was chosen for the previous model's "
                          f"inputs.")
@@ -69,7 +69,12 @@ def _fit_image_channels(settings: CompileSettings, specs: Sequence[InputSpec]) -
     return [f"Image channels {wanted} -> keep the model's ({have}): the model takes {have}-channel input."]
 
 
-def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
+def _image_channels(specs: Sequence[InputSpec]) -> set[int]:
+    return {spec.channels for spec in specs if spec.is_image}
+
+
+def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec],
+                       previous: Sequence[InputSpec]) -> list[str]:
     from qbstudio.state.calibration import PreprocessForm  # imports the calibration readers (onnx)
 
     form = PreprocessForm.from_preprocessing(settings.preprocessing)
@@ -82,10 +87,13 @@ def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec]) ->
     if form.resize and not form.keep_aspect and not (form.crop or form.letterbox):
         sizes.append((form.resize_height, form.resize_width))
     means = {len(form.mean), len(form.std)} if form.normalize else set()
-    if all(size == (height, width) for size in sizes) and means <= {1, image.channels}:
+    # One mean/std value fits any channel count, but values chosen for a 1-channel model's data do
+    # not describe a 3-channel model's (the sample's Fashion-MNIST statistics on a photo model).
+    same_channels = not form.normalize or _image_channels(previous) == _image_channels(specs)
+    if all(size == (height, width) for size in sizes) and means <= {1, image.channels} and same_channels:
         return []
     settings.set("preprocessing", PreprocessForm().to_preprocessing())
-    return [f"Preprocessing reset: its sizes or channel values were for the previous model, not {height}x{width} "
+    return [f"Preprocessing reset: its sizes or normalization were for the previous model, not {height}x{width} "
             f"with {image.channels} channel(s). Choose a pipeline in the Calibration tab."]
 
 

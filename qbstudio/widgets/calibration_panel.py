@@ -283,8 +283,12 @@ class CalibrationPanel(QWidget):
         top = QHBoxLayout()
         self.preview_button = QPushButton("Refresh preview", clicked=self.refresh_preview)
         self.preview_status = QLabel("", wordWrap=True)
+        self.fix_size_button = QPushButton(clicked=self._on_fix_size, objectName="fixSize")
+        self.fix_size_button.hide()
+        self._fix_size: tuple[int, int] | None = None
         top.addWidget(self.preview_button)
         top.addWidget(self.preview_status, 1)
+        top.addWidget(self.fix_size_button)
         self.warning_label = QLabel("", wordWrap=True, objectName="calibWarnings")
         self.warning_label.setTextFormat(Qt.TextFormat.RichText)
         self.grid_holder = QWidget()
@@ -307,6 +311,7 @@ class CalibrationPanel(QWidget):
         self._rerun_preview = False
         self.runner.cancel("preview")
         self.preview, self.warnings = None, []
+        self._offer_size_fix(None)
         self._clear_grid()
         self.count_label.setText("")
         self.warning_label.setText("")
@@ -470,14 +475,39 @@ class CalibrationPanel(QWidget):
         self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
         self.count_label.setText("—")
         self.warning_label.setText("")
+        size = getattr(error, "fields", {}).get("resize_to")
+        self._offer_size_fix(tuple(size) if size else None)
         self.preview_failed.emit(error)
-        if self._report_errors:
+        if self._report_errors and size is None:  # a size mismatch is said here, with its one-click fix
             dialogs.show_error(self, "Calibration data", error)
+
+    def _offer_size_fix(self, size: tuple[int, int] | None) -> None:
+        self._fix_size = size
+        self.fix_size_button.setVisible(size is not None)
+        if size is not None:
+            self.fix_size_button.setText(f"Resize to {size[1]}×{size[0]} (model input)")
+            self.fix_size_button.setToolTip("Turn on Resize to the model's input size (width × height) and "
+                                            "turn off Center crop and Letterbox; edit the pipeline for other choices.")
+
+    def _on_fix_size(self) -> None:
+        if self._fix_size is None:
+            return
+        form = self.form()
+        if not form.apply:  # without a pipeline images are scaled to 0-1: keep that, now as a step
+            form.normalize, form.mean, form.std, form.scale = True, [0.0], [1.0], 1 / 255
+        form.apply, form.resize, form.keep_aspect, form.crop, form.letterbox = True, True, False, False, False
+        form.resize_height, form.resize_width = self._fix_size
+        self.settings.set("preprocessing", form.to_preprocessing())
+        self._offer_size_fix(None)
+        self.refresh()
+        self.changed.emit()
+        self.refresh_preview()
 
     def _show_preview(self, preview: Preview) -> None:
         if preview.spec not in self.specs or preview.source != self.source.path:  # of a model/project closed since
             return
         self.preview = preview
+        self._offer_size_fix(None)
         self.count_label.setText(f"{preview.total} sample(s), {preview.kind}")
         self.preview_status.setText("; ".join(preview.notes) or f"Showing {len(preview.stats)} of {preview.total}.")
         self.warnings = review_samples(preview.stats, preview.total, preview.spec, self.form(),

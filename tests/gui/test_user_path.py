@@ -635,3 +635,28 @@ def test_scripted_session_two_models_offload_and_reopen(qtbot, make_window, answ
     window.graph.node_selected.emit("Conv_0")
     assert "SQNR" in window.details.text()
     assert answers.errors == []
+
+
+def test_import_dialogs_offer_every_model_kind_and_folders(qtbot, make_window, answers, tmp_path, monkeypatch):
+    """Torch, TorchScript and Keras files are listed; saved_model.pb / config.json import their folder."""
+    from PySide6.QtWidgets import QFileDialog
+
+    from compiler_core.formats import SUFFIX_BACKENDS
+    from qbstudio import main_window as main_window_module
+
+    for suffix in (*SUFFIX_BACKENDS, ".pt"):
+        assert f"*{suffix}" in main_window_module.MODEL_FILTER and f"*{suffix}" in main_window_module.OPEN_FILTER
+    window = make_window()
+    assert window.act_import_folder in window.menuBar().actions()[0].menu().actions()
+    imported = []
+    monkeypatch.setattr(window, "import_model", lambda path, *args, **kwargs: imported.append(Path(path)))
+    saved_model = tmp_path / "exported"
+    saved_model.mkdir()
+    (saved_model / "saved_model.pb").write_bytes(b"")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(saved_model / "saved_model.pb"), ""))
+    window.act_import.trigger()
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(tmp_path / "net.pt"), ""))
+    window.act_import.trigger()
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "hf"))
+    window.act_import_folder.trigger()
+    assert imported == [saved_model, tmp_path / "net.pt", tmp_path / "hf"]

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from qbstudio import dialogs  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
+from qbstudio.state.calibration import NO_PRESET  # noqa: E402
 from qbstudio.state.preferences import AppDirs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,6 +207,51 @@ def test_preview_warns_about_missing_normalization(qtbot, make_window, errors):
         panel.mean_edit.editingFinished.emit()
     assert "3 mean/std values" in panel.preview_status.text()
     assert errors.calls == []  # live edits report in the panel, not in a dialog
+
+
+def test_images_of_other_sizes_offer_a_one_click_resize_to_the_model_input(qtbot, make_window, errors, tmp_path):
+    """Photos of several sizes for a 28x28 model: said in the panel with a fix, not in a modal dialog."""
+    from PIL import Image
+
+    window = make_window()
+    open_and_wait(qtbot, window, SAMPLE_PROJECT)
+    panel = window.calibration
+    window.tabs.setCurrentWidget(panel)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for index, size in enumerate([(64, 48), (64, 48), (50, 50), (30, 90), (33, 33)]):
+        Image.new("L", size, color=40 * index).save(photos / f"{index}.png")
+    with qtbot.waitSignal(panel.preview_failed, timeout=MODEL_TIMEOUT_MS):
+        panel.set_source(photos)  # report_errors=True: what choosing a folder does
+    assert errors.calls == [] and panel.fix_size_button.isVisible()
+    assert panel.fix_size_button.text() == "Resize to 28×28 (model input)"
+    assert "4 different sizes" in panel.preview_status.text() and "takes 28x28" in panel.preview_status.text()
+    with qtbot.waitSignal(panel.preview_ready, timeout=MODEL_TIMEOUT_MS):
+        panel.fix_size_button.click()
+    assert not panel.fix_size_button.isVisible() and panel.preview.total == 5
+    steps = window.project.settings.preprocessing["pipeline"]
+    assert [(step["height"], step["width"]) for step in steps if step["op"] == "resize"] == [(28, 28)]
+    assert panel.resize_check.isChecked() and not panel.keep_aspect_check.isChecked()
+    assert not any("far outside" in text for text in panel.warnings)  # the sample's normalization is kept
+
+
+def test_one_click_resize_keeps_the_0_1_scaling_of_no_pipeline(qtbot, make_window, errors, tmp_path):
+    from PIL import Image
+
+    window = make_window()
+    open_and_wait(qtbot, window, SAMPLE_PROJECT)
+    panel = window.calibration
+    panel.apply_preset(NO_PRESET)  # None (scale to 0-1): no pipeline
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for index, size in enumerate([(64, 48), (50, 50), (30, 90), (33, 33)]):
+        Image.new("L", size, color=60 * index).save(photos / f"{index}.png")
+    with qtbot.waitSignal(panel.preview_failed, timeout=MODEL_TIMEOUT_MS):
+        panel.set_source(photos)
+    with qtbot.waitSignal(panel.preview_ready, timeout=MODEL_TIMEOUT_MS):
+        panel.fix_size_button.click()
+    assert max(max(stats.maximum) for stats in panel.preview.stats) <= 1.0
+    assert not any("far outside" in text for text in panel.warnings)
 
 
 def test_make_calib_writes_a_list_and_uses_it(qtbot, make_window, errors, tmp_path):

@@ -419,3 +419,38 @@ def _cast(b: GraphBuilder, op: Operator) -> None:
     if dtype is None:
         raise NotConvertible(f"cast to {b.graph.tensors[op.outputs[0]].type_name}")
     _elementwise(b, op, "Cast", [b.input(op, 0)], to=helper.np_dtype_to_tensor_dtype(dtype))
+
+
+@converts("SHAPE")
+def _shape(b: GraphBuilder, op: Operator) -> None:
+    # Every tensor has a static shape here (inputs are pinned at import), so Shape is a constant;
+    # Keras's Flatten writes Shape -> StridedSlice -> Pack -> Reshape for a dynamic batch.
+    dtype = b.graph.tensors[op.outputs[0]].dtype or np.dtype(np.int32)
+    b.set_constant(op.outputs[0], np.asarray(b.shape(op.inputs[0]), dtype=dtype))
+
+
+@converts("PACK")
+def _pack(b: GraphBuilder, op: Operator) -> None:
+    axis = int(_option(op, "Axis"))
+    values = [b.constant(index) for index in op.inputs]
+    if all(value is not None for value in values):
+        b.set_constant(op.outputs[0], np.stack(values, axis=axis))
+        return
+    rank = len(b.shape(op.outputs[0]))
+    axes = b.int64_initializer(f"{_source(b, op)}/axes", [axis % rank])
+    pieces = [b.add_node("Unsqueeze", [b.input(op, i), axes], source=_source(b, op))[0] for i in range(len(op.inputs))]
+    _elementwise(b, op, "Concat", pieces, axis=axis % rank)
+
+
+@converts("GATHER")
+def _gather(b: GraphBuilder, op: Operator) -> None:
+    if _option(op, "BatchDims"):
+        raise NotConvertible("batch_dims > 0 has no ONNX Gather equivalent")
+    axis = int(_option(op, "Axis"))
+    data, indices = b.constant(op.inputs[0]), b.constant(op.inputs[1])
+    if data is not None and indices is not None:  # e.g. Keras Tensordot picking dims of a static shape
+        b.set_constant(op.outputs[0], np.take(data, indices.astype(np.int64), axis=axis))
+        return
+    indices_value = b.input(op, 1) if indices is None else \
+        b.add_initializer(f"{_source(b, op)}/indices", indices.astype(np.int64))
+    _elementwise(b, op, "Gather", [b.input(op, 0), indices_value], axis=axis)

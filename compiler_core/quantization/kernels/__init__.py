@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 Lowering = Callable[["Group", "LoweringContext"], "IntOp"]
 Kernel = Callable[["IntOp", list[np.ndarray]], list[np.ndarray]]
-FixedParams = Callable[["Group", "LoweringContext"], "QuantParams"]
+FixedParams = Callable[["Group", "LoweringContext", "tuple[float, float] | None"], "QuantParams"]
 
 OBSERVE, SAME_AS_INPUT, FIXED, EXACT = "observe", "same_as_input", "fixed", "exact"
 
@@ -36,8 +36,10 @@ class OpSpec:
         kind: kernel name (several op types may share one kernel).
         lower: builds the IntOp from a group.
         output_policy: ``observe`` (calibrated range), ``same_as_input`` (data movement keeps the
-            input's parameters), ``fixed`` (e.g. Softmax's ``1/127``) or ``exact`` (no float output).
-        fixed_params: parameters for the ``fixed`` policy.
+            input's parameters), ``fixed`` (the kernel sets them, e.g. Softmax's ``1/(127 * 2^k)``) or
+            ``exact`` (no float output).
+        fixed_params: parameters for the ``fixed`` policy, given the calibrated range of the output's
+            set (None when there is none).
     """
 
     kind: str

@@ -1,8 +1,11 @@
 """Integer Softmax (docs/numerics.md, "Softmax").
 
 ``d = max(x) - x`` per row (integer codes), ``e = EXP[min(d, last)]`` with
-``EXP[d] = round(2**20 * exp(-d * s_x))``, ``y = round_half_away(e * Q / sum(e))`` with ``Q = qmax``
-of the output, whose scale is fixed to ``1/Q`` and zero point to 0.
+``EXP[d] = round(2**20 * exp(-d * s_x))``, ``y = min(round_half_away(e * K / sum(e)), qmax)`` with
+``K = qmax * 2**shift``: the output scale is ``1/K``, the zero point 0. ``shift`` is the largest
+power of two (up to :data:`MAX_SHIFT`) by which the calibrated maximum probability can be scaled
+and stay at most 1, so a 1,000-class output whose probabilities stay near 0.001 keeps its
+resolution instead of rounding to 0 with a fixed ``1/qmax`` step.
 """
 
 from __future__ import annotations
@@ -17,14 +20,23 @@ from compiler_core.quantization.params import QuantParams, code_range
 from compiler_core.quantization.program import IntOp
 
 EXP_BITS = 20
+MAX_SHIFT = 16
+"""Finest output step ``1/(qmax * 2**16)``; int64 products stay below 2**60 (int16 outputs)."""
 
 
-def softmax_output_params(group: Group, ctx: LoweringContext) -> QuantParams:
-    """Output parameters: scale ``1/qmax``, zero point 0, width of the input."""
+def output_shift(observed: tuple[float, float] | None) -> int:
+    """The largest ``k <= MAX_SHIFT`` with ``observed_max * 2**k <= 1`` (0 without a calibrated range)."""
+    if observed is None or not np.isfinite(observed[1]) or observed[1] <= 0:
+        return 0
+    return int(min(max(np.floor(-np.log2(min(observed[1], 1.0))), 0), MAX_SHIFT))
+
+
+def softmax_output_params(group: Group, ctx: LoweringContext, observed: tuple[float, float] | None) -> QuantParams:
+    """Output parameters: scale ``1/(qmax * 2**shift)`` from the calibrated range, zero point 0."""
     record = ctx.tensors.get(group.output.name)
     bits = record.bits if record is not None else 8
     qmax = code_range(bits)[1]
-    return QuantParams(np.float64(1.0 / qmax), np.int64(0), bits)
+    return QuantParams(np.float64(1.0 / (qmax << output_shift(observed))), np.int64(0), bits)
 
 
 def lower_softmax(group: Group, ctx: LoweringContext) -> IntOp:
@@ -39,8 +51,10 @@ def lower_softmax(group: Group, ctx: LoweringContext) -> IntOp:
     last = int(np.nonzero(table)[0].max()) + 1 if table.any() else 1
     rank = len(ctx.view.shape(x))
     axis = attr_int(main, "axis", -1) % rank
+    shift = int(round(np.log2(1.0 / (float(scalar(out)[0]) * out.qmax))))
     return IntOp(main.name, "softmax", "Softmax", [x.name], [group.output.name],
-                 attrs={"axis": axis, "qmax": out.qmax}, consts={"exp_table": table[:last].astype(np.int32)},
+                 attrs={"axis": axis, "qmax": out.qmax, "shift": shift},
+                 consts={"exp_table": table[:last].astype(np.int32)},
                  precision=describe_bits(params_in, out))
 
 
@@ -51,7 +65,8 @@ def run_softmax(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     distance = np.minimum(x.max(axis=axis, keepdims=True) - x, len(table))
     exp = np.where(distance < len(table), table[np.minimum(distance, len(table) - 1)], 0)
     total = exp.sum(axis=axis, keepdims=True)
-    return [rounding_divide(exp * op.attrs["qmax"], total)]
+    qmax = op.attrs["qmax"]
+    return [np.minimum(rounding_divide(exp * (qmax << op.attrs.get("shift", 0)), total), qmax)]
 
 
 register("softmax", lower_softmax, run_softmax, output_policy=FIXED, fixed_params=softmax_output_params)

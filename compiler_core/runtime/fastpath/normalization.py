@@ -24,11 +24,12 @@ def rounding_divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarra
 
 @register_fast("softmax")
 def build_softmax(op: IntOp, context: PlanContext) -> Step | None:
-    """``rdiv(EXP[min(max - x, last)] * Q, sum)`` with the table gathered once per element."""
+    """``min(rdiv(EXP[min(max - x, last)] * K, sum), qmax)`` with the table gathered once per element."""
     table = op.consts["exp_table"].astype(np.float64)
     shape = context.shape(op.inputs[0])
     axis, qmax = op.attrs["axis"], float(op.attrs["qmax"])
-    if shape is None or 2 * table.max(initial=0) * qmax + shape[axis] * table.max(initial=0) >= FLOAT64_EXACT:
+    multiplier = float(op.attrs["qmax"] << op.attrs.get("shift", 0))
+    if shape is None or 2 * table.max(initial=0) * multiplier + shape[axis] * table.max(initial=0) >= FLOAT64_EXACT:
         return None
     extended = np.append(table, 0.0)  # distances past the table read 0
     last = float(table.size)
@@ -38,7 +39,7 @@ def build_softmax(op: IntOp, context: PlanContext) -> Step | None:
         distance = np.minimum(x.max(axis=axis, keepdims=True) - x, last)
         exp = np.take(extended, distance.astype(np.intp))
         total = exp.sum(axis=axis, keepdims=True)
-        return [np.floor((2 * qmax * exp + total) / (2 * total)).astype(np.float32)]
+        return [np.minimum(np.floor((2 * multiplier * exp + total) / (2 * total)), qmax).astype(np.float32)]
 
     return Step(run, batch_safe=axis != 0, method="softmax")
 
