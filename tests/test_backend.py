@@ -1,8 +1,8 @@
 """Backend lowering: the tile-level program of every core mode computes exactly the golden codes.
 
 - The tile-level simulator (every DMA, every tile, through the activation arena) against the golden
-  executor: one small model per op family, the Fashion sample CNN (compiled to an MXQ, read back)
-  and MobileNetV2, in single, multi, global4 and global8.
+  executor: one small model per op family, the Fashion sample CNN (compiled to an MXQ, read back),
+  MobileNetV2, PP-OCR cls and Silero VAD, in single, multi, global4 and global8.
 - A corrupted memory plan (two live buffers overlapping) changes the codes and is refused at load.
 - A layer whose smallest tile exceeds the core SRAM is refused with the layer and the numbers.
 - The MXQ holds a different program per core mode; ``qbcompiler profile`` reports each.
@@ -195,6 +195,7 @@ def test_tampered_tile_program_is_rejected_at_load(sample_mxq, tmp_path):
         read_mxq(path)
 
 
+@pytest.mark.slow
 def test_mobilenet_v2_tile_programs_match_golden_codes(tmp_path):
     import realmodels
 
@@ -221,3 +222,17 @@ def test_check_refuses_a_layer_whose_smallest_tile_exceeds_sram(tmp_path, capsys
     error = capsys.readouterr().err
     assert "WideConv" in error and "4,194,304" in error and "DOES_NOT_FIT" in error
     assert run(["check", "--model", str(SAMPLE_DIR / "model.onnx"), "--target-device", "aries-rb"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppocr_cls", "silero_ifless"])
+def test_corpus_models_tile_programs_match_golden_codes(name, tmp_path):
+    import realmodels
+
+    path, shapes, constants = realmodels.real_models()[name]()
+    mblt = mblt_compile(path, tmp_path / "m.mblt", input_shape_dict=shapes or None, constant_inputs=constants or None)
+    model = quantize(mblt, use_random_calib=True, analysis=False, compile_config={"calibration": {"numSamples": 4}}).model
+    feeds = realmodels.sample_inputs(path, shapes or None, seed=1, constant_inputs=constants or None)
+    feeds = {spec.name: feeds[spec.name] for spec in model.inputs}
+    _assert_tile_program_exact(model, decode(lower(model, ARIES, MODES)), executor.quantize_inputs(model, feeds),
+                               executor.run_codes(model, feeds))
