@@ -341,3 +341,19 @@ def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None,
 def mxq_compile_with_callback(model: Any, callback: ProgressCallback, **kwargs: Any):
     """:func:`mxq_compile` with the progress callback first (vendor spelling)."""
     return mxq_compile(model, callback=callback, **kwargs)
+
+
+def profile(mxq_path: str | Path, core_mode: str | None = None) -> dict[str, Any]:
+    """Per-layer performance report of a compiled MXQ (``qbcompiler profile``), per core mode.
+
+    Args:
+        mxq_path: The compiled model.
+        core_mode: Only this mode (default: every mode the MXQ was compiled for).
+
+    Returns:
+        ``{"device", "arena_bytes", "sram_bytes_per_core", "modes": {mode: {latency_ms, throughput_fps,
+        macs, cycles, dram_bytes, sram_peak_bytes, layers: [...]}}}``.
+    """
+    from compiler_core.runtime.profile import profile_mxq
+
+    return profile_mxq(mxq_path, [core_mode] if core_mode else None)

@@ -213,6 +213,15 @@ def cmd_info(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     return payload
 
 
+def cmd_profile(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.runtime.profile import format_profile, profile_mxq
+
+    report = profile_mxq(args.mxq, [args.core_mode] if args.core_mode else None)
+    payload = {"command": "profile", **report}
+    out.result(payload, json.dumps(payload, indent=2) if args.json else format_profile(report, args.top))
+    return payload
+
+
 def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     path = Path(args.file)
     if path.suffix.lower() == ".mxq":
@@ -617,21 +626,26 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _support_report(mblt_path: str | Path, device: str):
+    from compiler_core.backend.fit import check_fit
     from compiler_core.mblt.io import load_mblt
     from compiler_core.targets import check_support, get_device
 
-    get_device(device)  # validate the string before reading the model
-    return check_support(load_mblt(mblt_path), device)
+    profile = get_device(device)  # validate the string before reading the model
+    graph = load_mblt(mblt_path)
+    check_fit(graph, profile)
+    return check_support(graph, device)
 
 
 def _support_report_for_model(args: argparse.Namespace, out: Output):
     from compiler_core.api import parse_model
+    from compiler_core.backend.fit import check_fit
     from compiler_core.targets import check_support, get_device
 
-    get_device(args.target_device)
+    profile = get_device(args.target_device)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
                            constant_inputs=_bind_pairs(args.bind_input), callback=out.progress,
                            **_frontend_options(args))
+    check_fit(graph, profile)
     return check_support(graph, args.target_device)
 
 
@@ -783,6 +797,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--mblt", help="MBLT file")
     info.add_argument("--mxq", help="MXQ file")
     info.set_defaults(handler=cmd_info)
+
+    profile = sub.add_parser("profile", help="per-layer performance report of an MXQ, per core mode")
+    profile.add_argument("--mxq", required=True, help="compiled model")
+    profile.add_argument("--core-mode", choices=["single", "multi", "global4", "global8"], help="only this mode")
+    profile.add_argument("--top", type=int, help="only the N slowest layers per mode")
+    profile.add_argument("--json", action="store_true", help="print the report as JSON")
+    profile.set_defaults(handler=cmd_profile)
 
     validate = sub.add_parser("validate", help="check the integrity of an MXQ or MBLT file")
     validate.add_argument("file", help=".mxq or .mblt file")

@@ -1,7 +1,8 @@
 """End-to-end compile: source model or MBLT -> MXQ, as straight-line stages with progress and cancel.
 
 parse (source only) -> support check (and CPU-offload split) -> calibration statistics -> decisions
-and integer program -> accuracy analysis on held-out samples -> schedule per core mode -> MXQ
+and integer program -> accuracy analysis on held-out samples -> backend lowering (tiling, memory plan,
+schedule per core mode: compiler_core/backend) and its cost estimate -> MXQ
 (atomic) + analysis JSON beside it + the resolved config (``config_save_path``).
 """
 
@@ -16,7 +17,11 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core import __version__
+from compiler_core.backend.fit import check_fit
 from compiler_core.backend.partition import Partition, partition
+from compiler_core.backend.program import from_document as npu_from_document
+from compiler_core.backend.program import lower
+from compiler_core.backend.program import to_document as npu_to_document
 from compiler_core.config import CompileConfig
 from compiler_core.errors import ArgumentError, ConfigError, UnsupportedOpsError
 from compiler_core.fileio import atomic_write_text
@@ -81,13 +86,18 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
                            body_path=parts.body if parts is not None else None,
                            head=parts.head if parts is not None else None)
-    with reporter.stage("schedule", total=len(core_modes), message="estimating each core mode"):
-        schedule = {mode: estimate(result.model, device, mode).to_dict() for mode in core_modes}
+    with reporter.stage("schedule", total=len(core_modes), message="tiling, memory plan and schedule per core mode"):
+        npu = lower(result.model, device, core_modes)
+        npu_document, npu_consts = npu_to_document(npu)
+        decoded = npu_from_document(npu_document, npu_consts)
+        schedule = {mode: estimate(result.model, device, mode, decoded).to_dict() for mode in core_modes}
         reporter.advance(len(core_modes))
     if mixed is not None:
         result.analysis["mixed_precision"] = mixed.to_dict()
     document, consts = to_document(result.model)
     document["schedule"] = schedule
+    document["npu"] = npu_document
+    consts.update(npu_consts)
     meta = _meta(session, device, core_modes, config, result, parts)
     # write_mxq checks for cancellation until the rename; after it the MXQ exists and nothing may cancel.
     written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
@@ -144,6 +154,7 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
+        check_fit(graph, device)
         reporter.advance()
     if report.all_supported:
         return None, report.counts()

@@ -78,6 +78,16 @@ class UnsupportedOpsError(QBCompilerError):
     code = "UNSUPPORTED_OPS"
 
 
+class DoesNotFitError(QBCompilerError):
+    """A layer's smallest tile does not fit the core SRAM of the target device.
+
+    ``fields`` names the layer (``layer``), the bytes its minimum tile needs (``needed_bytes``,
+    with ``weights_bytes``, ``activation_bytes``, ``lut_bytes``) and the SRAM per core (``sram_bytes``).
+    """
+
+    code = "DOES_NOT_FIT"
+
+
 class CalibrationError(QBCompilerError):
     """Calibration data is missing, unreadable or does not fit the model inputs."""
 

@@ -77,6 +77,13 @@ PRELOAD_MODULES = ("numpy", "onnx", "sympy", "onnx_ir", "onnxscript", "compiler_
 """What the deferred build imports, one per event-loop turn, before building the panels (heaviest first)."""
 
 
+def _profile_job(path: str, *, callback=None, cancel_token=None) -> dict:
+    """Per-layer performance report of an MXQ (run in a worker thread)."""
+    from compiler_core.runtime.profile import profile_mxq
+
+    return profile_mxq(path)
+
+
 class MainWindow(QMainWindow):
     """The qb Studio main window.
 
@@ -618,6 +625,31 @@ class MainWindow(QMainWindow):
         layer = run.layer_row(name) if run else None
         precision = run.precisions.get(name) if run else None
         self.details.show_node(info, entry.to_dict() if entry else None, layer, precision)
+        self._update_performance(run)
+
+    def _update_performance(self, run) -> None:
+        """Profile the run's MXQ in the background once; the Performance tab shows it."""
+        path = str(run.mxq_path) if run else None
+        if path == getattr(self, "_profiled", None):
+            return
+        self._profiled = path
+        if path is None:
+            self.details.performance.set_report(None, "Compile the model to see where the time goes.")
+            return
+        self.details.performance.set_report(None, "Profiling the compiled program…")
+        if self.runner.is_busy("profile"):
+            self._profiled = None  # retried on the next node shown, once the running profile ends
+            return
+        worker = Worker("profile", _profile_job, path)
+        worker.succeeded.connect(lambda report: self._on_profiled(path, report))
+        worker.failed.connect(lambda error: self._on_profiled(path, None, error))
+        self.runner.start("profile", worker)
+
+    def _on_profiled(self, path: str, report, error: Exception | None = None) -> None:
+        if path != getattr(self, "_profiled", None):
+            return  # a newer run was selected meanwhile
+        message = "" if report else f"No performance report: {getattr(error, 'message', error)}"
+        self.details.performance.set_report(report, message)
 
     def node_menu(self, name: str) -> QMenu:
         """The context menu of a graph node."""

@@ -445,6 +445,12 @@ def validate_program(document: Mapping[str, Any], consts: Mapping[str, np.ndarra
         problem = _params_problem(record["params"])
         if problem:
             raise _error(f"{where}tensor {name!r} has invalid quantization parameters: {problem}.")
+    if "npu" in document:
+        from compiler_core.backend.verify import npu_problem
+
+        problem = npu_problem(document["npu"], consts, len(ops))
+        if problem:
+            raise _error(f"{where}the tile-level program is invalid: {problem}.")
 
 
 def _params_problem(params: Mapping[str, Any]) -> str | None:

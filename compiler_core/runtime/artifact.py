@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from compiler_core.backend.program import DecodedProgram
+from compiler_core.backend.program import from_document as npu_from_document
 from compiler_core.errors import MxqFormatError
 from compiler_core.mxq import read_mxq
 from compiler_core.quantization import executor
@@ -35,6 +37,7 @@ class CompiledArtifact:
     schedule: dict[str, Any]
     cpu_models: dict[str, bytes] = field(default_factory=dict)
     file_size: int = 0
+    npu: DecodedProgram | None = None
     _sessions: dict[str, Any] = field(default_factory=dict, repr=False)
     _fast: FastExecutor | None = field(default=None, repr=False)
 
@@ -148,5 +151,6 @@ def load_artifact(path: Path) -> CompiledArtifact:
     schedule = dict(schedule)
     program = from_document(document, dict(mxq.consts), mblt_sha256=meta.get("mblt_sha256", ""),
                             config=meta.get("config"))
+    npu = npu_from_document(document["npu"], mxq.consts) if "npu" in document else None
     return CompiledArtifact(path, mxq.target_device, core_modes, program, meta, schedule, dict(mxq.cpu or {}),
-                            mxq.file_size)
+                            mxq.file_size, npu)

@@ -1,30 +1,45 @@
-"""Cost model of the virtual NPU: estimated latency and throughput per core mode.
+"""Cost model of the virtual NPU, read from the tile-level program (``qbtile-1``) of a core mode.
 
-Per operation: MAC work at the device's peak times an efficiency that depends on the kind of
-layer (dense convolutions and matrix products keep the MAC array busy; depthwise convolutions and
-element-wise work do not), plus a fixed per-operation overhead (dispatch, DMA set-up). Weights
-stream from DRAM once per inference unless they fit in the cores' SRAM.
+Per tile, ``cycles = max(compute, DMA)``: the tile's transfers stream through the second SRAM
+buffer set while the previous tile computes (double buffering), so only the first tile's input
+transfer of each layer is not hidden. Compute runs on the unit of the layer:
 
-The constants were fitted to the published ARIES throughput (third-party figures): ResNet-50
-about 3,082 FPS and MobileNetV2 about 11,551 FPS with all 8 cores. These are estimates of a
-virtual device, not measurements of hardware.
+- MAC array: ``int8_macs_per_cycle_per_core`` MACs arranged as ``LANES x LANES`` (reduction x
+  output channels, 64 x 64 for 4,096 MACs). A convolution tile is a matrix product (im2col): it takes
+  ``pixels x ceil(Cin x taps / LANES) x ceil(Cout / LANES)`` cycles; a depthwise one maps channels
+  onto the output lanes only (``pixels x taps x ceil(C / LANES)``), so its utilisation is at most
+  ``1 / LANES``.
+- MFU and vector unit: ``LANES`` elements per cycle (a fused epilogue streams behind the MAC array,
+  so a fused layer costs the larger of the two).
+- DMA-only layers (data movement): no compute.
+
+DMA runs at the DRAM bandwidth of the device profile divided by the cores that are active (all of
+them: the estimate is for a fully loaded device); a weight transfer broadcast to the four cores of
+a cluster (``multi``) is charged once per batch. Latency is the sum of the layers, each the slowest
+of its cores (the barrier). Throughput is the inputs in flight (:class:`~compiler_core.targets.CoreMode`)
+over the latency. Nothing here is fitted to a published throughput; the MAC array geometry and the
+vector width are assumptions of the virtual device (docs/cost-model.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from compiler_core.backend.fusion import DMA, MAC, Layer
+from compiler_core.backend.program import DecodedProgram, decode, lower
+from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT
 from compiler_core.quantization.program import IntOp, QuantizedModel
-from compiler_core.targets import DeviceProfile
+from compiler_core.targets import CORE_MODES, DeviceProfile
 
-DENSE_EFFICIENCY = 0.35
-DEPTHWISE_EFFICIENCY = 0.03
-VECTOR_ELEMENTS_PER_CYCLE = 256
-OP_OVERHEAD_S = 5e-6
-MODE_CORES = {"single": 1, "multi": 4, "global4": 4, "global8": 8}
-MODE_SCALING = {"single": 1.0, "multi": 1.0, "global4": 0.85, "global8": 0.75}
+logger = logging.getLogger(__name__)
+
+VECTOR_LANES = 64
+"""Elements per cycle of the MFU and the vector unit (one per MAC-array lane)."""
 
 
 @dataclass(frozen=True)
@@ -35,50 +50,143 @@ class Estimate:
     latency_ms: float
     throughput_fps: float
     macs: int
+    dram_bytes: int = 0
+    layers: list[dict[str, Any]] = field(default_factory=list, compare=False)
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form."""
+        """JSON-serialisable summary (without the per-layer rows)."""
         return {"mode": self.mode, "latency_ms": round(self.latency_ms, 4),
-                "throughput_fps": round(self.throughput_fps, 1), "macs": self.macs}
+                "throughput_fps": round(self.throughput_fps, 1), "macs": self.macs, "dram_bytes": self.dram_bytes}
+
+
+def lanes(device: DeviceProfile) -> int:
+    """Side of the square MAC array (64 for 4,096 MACs per cycle)."""
+    return max(1, math.isqrt(device.int8_macs_per_cycle_per_core))
 
 
 def op_macs(op: IntOp, shapes: dict[str, list[int]]) -> int:
     """Multiply-accumulates of one operation (0 for data movement)."""
     out = int(np.prod(shapes.get(op.outputs[0], [0]))) if op.outputs else 0
     if op.kind == "linear":
-        weight = op.consts["weight"]
-        per_output = int(np.prod(weight.shape[1:]))
-        return out * per_output
+        return out * int(np.prod(op.consts["weight"].shape[1:]))
     if op.kind == "matmul":
-        a_shape = shapes.get(op.inputs[0], [1])
-        return out * int(a_shape[-1])
+        return out * int(shapes.get(op.inputs[0], [1])[-1])
     return 0
 
 
-def _op_seconds(op: IntOp, shapes: dict[str, list[int]], device: DeviceProfile) -> float:
-    macs = op_macs(op, shapes)
-    peak = device.int8_macs_per_cycle_per_core * device.clock_hz
-    if macs:
-        depthwise = op.attrs.get("group", 1) > 1 and op.consts["weight"].shape[1] == 1
-        return macs / (peak * (DEPTHWISE_EFFICIENCY if depthwise else DENSE_EFFICIENCY)) + OP_OVERHEAD_S
-    elements = int(np.prod(shapes.get(op.outputs[0], [0]))) if op.outputs else 0
-    return elements / (VECTOR_ELEMENTS_PER_CYCLE * device.clock_hz) + OP_OVERHEAD_S
+def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, rows: tuple[int, int],
+                 channels: tuple[int, int], tiled_rows: bool, side: int) -> tuple[float, int]:
+    """Compute cycles and MACs of one tile."""
+    op = layer.main(model)
+    out = program.layouts[layer.outputs[0]]
+    share = 1.0
+    if tiled_rows:
+        share = (rows[1] - rows[0]) / max(out.rows, 1)
+    total_channels = out.shape[1] if out.layout == "NHWC" else (out.shape[-1] if out.shape else 1)
+    channel_share = (channels[1] - channels[0]) / max(total_channels, 1)
+    elements = int(np.prod(out.shape, dtype=np.int64)) * share * channel_share
+    macs = int(op_macs(op, model.shapes) * share * channel_share)
+    if layer.unit == DMA:
+        return 0.0, 0
+    if layer.unit != MAC:
+        return elements / VECTOR_LANES, 0
+    mac_cycles = _mac_cycles(op, model, elements, channels, side)
+    epilogue = elements / VECTOR_LANES if len(layer.ops) > 1 else 0.0
+    return max(mac_cycles, epilogue), macs
 
 
-def estimate(model: QuantizedModel, device: DeviceProfile, mode: str) -> Estimate:
-    """Latency of one inference and throughput of the whole device in ``mode``."""
-    compute = sum(_op_seconds(op, model.shapes, device) for op in model.ops)
-    weight_bytes = sum(op.consts["weight"].nbytes for op in model.ops if "weight" in op.consts)
-    cores = MODE_CORES[mode]
-    parallel = cores if mode.startswith("global") else 1  # global modes split one inference over cores
-    sram = device.sram_bytes_per_core * parallel  # single/multi: each core holds its own instance
-    transfer = 0.0 if weight_bytes <= sram else weight_bytes / device.dram_bandwidth_bytes_per_s
-    latency = compute / (parallel * MODE_SCALING[mode]) + transfer
-    instances = max(1, (device.clusters * device.cores_per_cluster) // parallel)
-    throughput = instances / latency
+def _mac_cycles(op: IntOp, model: QuantizedModel, elements: float, channels: tuple[int, int], side: int) -> float:
+    if op.kind == "matmul":
+        a, b = model.shapes[op.inputs[0]], model.shapes[op.inputs[1]]
+        rows = int(np.prod(a[:-1]))
+        return rows * math.ceil(a[-1] / side) * math.ceil(b[-1] / side)
+    weight = op.consts["weight"]
+    cout = channels[1] - channels[0]
+    pixels = elements / max(cout, 1)
+    if op.attrs.get("layout") == "dense":
+        return pixels * math.ceil(weight.shape[1] / side) * math.ceil(cout / side)
+    cin_group, taps = weight.shape[1], int(np.prod(weight.shape[2:]))
+    groups = op.attrs.get("group", 1)
+    if groups > 1 and cin_group == 1:  # depthwise: channels on the output lanes, one input lane each
+        return pixels * taps * math.ceil(cout / side)
+    cout_group = max(1, math.ceil(cout / groups))
+    # im2col: the reduction K = Cin/group x taps runs down the input lanes, output channels across
+    return pixels * groups * math.ceil(cin_group * taps / side) * math.ceil(cout_group / side)
+
+
+def estimate(model: QuantizedModel, device: DeviceProfile, mode: str,
+             program: DecodedProgram | None = None) -> Estimate:
+    """Latency and throughput of ``mode`` from its tile-level program, with the per-layer breakdown.
+
+    Args:
+        model: the integer program (op graph) the tile program refers to.
+        device: the target device's profile.
+        mode: a core mode compiled in ``program``.
+        program: the decoded ``qbtile-1`` program; lowered on the fly when None.
+    """
+    if program is None or mode not in program.commands:
+        program = decode(lower(model, device, [mode]))
+    core_mode = CORE_MODES[mode]
+    side = lanes(device)
+    bytes_per_cycle = device.dram_bandwidth_bytes_per_s / device.total_cores / device.clock_hz
+    info = program.modes[mode]
+    per_layer: dict[int, dict[int, dict[str, float]]] = {}
+    for command in program.commands[mode]:
+        opcode, core, index = int(command[0]), int(command[1]), int(command[2])
+        stats = per_layer.setdefault(index, {}).setdefault(core, {"cycles": 0.0, "dram": 0.0, "pending": 0.0,
+                                                                   "tiles": 0, "compute": 0.0})
+        moved = _moved_bytes(opcode, command)
+        stats["dram"] += moved
+        stats["pending"] += moved
+        if opcode == COMPUTE:
+            compute, _ = _tile_cycles(model, program, program.layers[index], (int(command[5]), int(command[6])),
+                                      (int(command[7]), int(command[8])), info["layers"][index]["rows"], side)
+            transfer = stats["pending"] / bytes_per_cycle
+            # the first tile's transfers are not hidden; later ones overlap the previous tile's compute
+            stats["cycles"] += compute + transfer if stats["tiles"] == 0 else max(compute, transfer)
+            stats["compute"] += compute
+            stats["pending"] = 0.0
+            stats["tiles"] += 1
+    for cores in per_layer.values():  # the last tile's output transfer
+        for stats in cores.values():
+            stats["cycles"] += stats["pending"] / bytes_per_cycle
+    return _summarise(model, program, device, core_mode, per_layer)
+
+
+def _moved_bytes(opcode: int, command: np.ndarray) -> float:
+    """DRAM bytes one command moves for one input (broadcast weight transfers split over their inputs)."""
+    if opcode in (DMA_IN, DMA_OUT):
+        return 0.0 if command[10] & RESIDENT else float(command[6] * command[7])
+    if opcode == DMA_W:
+        return float(command[7] + command[8]) / max(int(command[11]), 1)
+    if opcode == DMA_T:
+        return float(command[7]) / max(int(command[11]), 1)
+    return 0.0
+
+
+def _summarise(model, program, device, core_mode, per_layer) -> Estimate:
+    rows, total_cycles, dram = [], 0.0, 0
+    info = program.modes[core_mode.name]
+    for index, layer in enumerate(program.layers):
+        cores = per_layer.get(index, {})
+        cycles = max((stats["cycles"] for stats in cores.values()), default=0.0)
+        macs = sum(op_macs(model.ops[i], model.shapes) for i in layer.ops)
+        layer_dram = int(sum(stats["dram"] for stats in cores.values()))
+        peak = device.int8_macs_per_cycle_per_core * max(len(cores), 1)
+        tiling = info["layers"][index]
+        rows.append({"layer": layer.main(model).name, "kind": layer.main(model).kind, "unit": layer.unit,
+                     "fused": layer.fused, "tiles": tiling["tiles"], "split": tiling["split"], "cores": len(cores),
+                     "sram": tiling["sram"], "macs": macs, "cycles": int(round(cycles)), "dram_bytes": layer_dram,
+                     "utilisation": round(macs / (cycles * peak), 4) if cycles and macs else 0.0})
+        total_cycles += cycles
+        dram += layer_dram
+    for row in rows:
+        row["share"] = round(row["cycles"] / total_cycles, 4) if total_cycles else 0.0
+    latency = total_cycles / device.clock_hz
+    throughput = core_mode.instances(device.total_cores) / latency if latency else 0.0
     throughput = _io_limited(model, device, throughput)
     macs = sum(op_macs(op, model.shapes) for op in model.ops)
-    return Estimate(mode, latency * 1e3, throughput, macs)
+    return Estimate(core_mode.name, latency * 1e3, throughput, macs, dram, rows)
 
 
 def _io_limited(model: QuantizedModel, device: DeviceProfile, throughput: float) -> float:

@@ -20,11 +20,12 @@ from compiler_core.runtime.artifact import CompiledArtifact, load_artifact
 from compiler_core.runtime.checks import host_io
 from compiler_core.runtime.cost import estimate
 from compiler_core.runtime.fastpath import executor_for
+from compiler_core.targets import CORE_MODES as _MODES
 from compiler_core.targets import get_device
 
 logger = logging.getLogger(__name__)
 
-CORE_MODES = ("single", "multi", "global4", "global8")
+CORE_MODES = tuple(_MODES)
 LAYOUTS = ("NHWC", "NCHW")
 
 
@@ -184,7 +185,7 @@ class Model:
         """Estimated latency and throughput of the launched core mode on its device (cost model)."""
         device = get_device(self.artifact.device)
         mode = self.core_mode or self.artifact.core_modes[0]
-        return estimate(self.program, device, mode).to_dict()
+        return estimate(self.program, device, mode, self.artifact.npu).to_dict()
 
     def dispose(self) -> None:
         """Release the device binding (the MXQ can be launched again)."""

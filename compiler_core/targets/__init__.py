@@ -1,7 +1,9 @@
 """Target devices and op support: device profiles, support reports (from the op registry), CPU offload."""
 
 from compiler_core.targets.devices import (
+    CORE_MODES,
     DEVICES,
+    CoreMode,
     DeviceProfile,
     devices_for_chip,
     get_device,
@@ -18,7 +20,9 @@ from compiler_core.targets.support import (
 )
 
 __all__ = [
+    "CORE_MODES",
     "DEVICES",
+    "CoreMode",
     "DeviceProfile",
     "NodeSupport",
     "OffloadPlan",

@@ -24,10 +24,42 @@ ARIES = "ARIES"
 REGULUS = "REGULUS"
 
 SCHEME_ALL = "all"
-ARIES_CORE_MODES = ("single", "multi", "global4", "global8")
 
 _MIB = 1024 * 1024
 
+
+@dataclass(frozen=True)
+class CoreMode:
+    """How one inference maps onto the local cores; the single definition every part reads.
+
+    Attributes:
+        name: ``single``, ``multi``, ``global4`` or ``global8``.
+        cores_per_instance: Cores that work together on one input (the tile schedule splits each
+            layer across them, spatially or by output channel, with a barrier after the layer).
+        batch: Inputs one group of cores processes together; ``multi`` runs four inputs on the four
+            cores of a cluster and broadcasts each weight transfer to all four.
+        description: One line for the CLI and the GUI.
+    """
+
+    name: str
+    cores_per_instance: int
+    batch: int
+    description: str
+
+    def instances(self, total_cores: int) -> int:
+        """Inputs in flight on a device with ``total_cores`` cores when every core is busy."""
+        return max(1, total_cores // self.cores_per_instance)
+
+
+CORE_MODES: Mapping[str, CoreMode] = MappingProxyType({mode.name: mode for mode in (
+    CoreMode("single", 1, 1, "each local core runs its own model instance"),
+    CoreMode("multi", 1, 4, "the four cores of a cluster run a batch of four, sharing each weight transfer"),
+    CoreMode("global4", 4, 1, "four cores of a cluster split every layer of one input"),
+    CoreMode("global8", 8, 1, "all eight cores split every layer of one input"),
+)})
+"""Core modes by name, in canonical order."""
+
+ARIES_CORE_MODES = tuple(CORE_MODES)
 
 @dataclass(frozen=True)
 class DeviceProfile:

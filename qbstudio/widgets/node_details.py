@@ -1,4 +1,4 @@
-"""Node details: op, shapes, attributes, support verdict and, after a compile, precision and SQNR."""
+"""Node details: op, shapes, attributes, support verdict and, after a compile, precision, SQNR and performance."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import html
 import logging
 from typing import Any
 
-from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QTabWidget, QTextBrowser, QVBoxLayout, QWidget
 
 from qbstudio.netron.palette import SUPPORT_PALETTE
+from qbstudio.widgets.performance_view import PerformanceView
 
 logger = logging.getLogger(__name__)
 
@@ -70,21 +71,27 @@ class NodeDetails(QWidget):
         super().__init__(parent)
         self.browser = QTextBrowser(self)
         self.browser.setOpenLinks(False)
+        self.performance = PerformanceView(self)
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.browser, "Details")
+        self.tabs.addTab(self.performance, "Performance")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.browser)
+        layout.addWidget(self.tabs)
         self.clear()
 
     def clear(self) -> None:
         """Show the hint instead of a node."""
         self.node: str | None = None
         self.browser.setHtml("<p style='color:#666'>Select a node in the graph or in the Layer support list.</p>")
+        self.performance.select_layer(None)
 
     def show_node(self, info: dict[str, Any], support: dict[str, str] | None = None,
                   layer: dict[str, Any] | None = None, precision: str | None = None) -> None:
         """Show one node (see :func:`details_html`)."""
         self.node = info["name"]
         self.browser.setHtml(details_html(info, support, layer, precision))
+        self.performance.select_layer(info["name"])
 
     def text(self) -> str:
         """Plain text shown (for tests)."""

@@ -1,0 +1,247 @@
+"""Backend pass 3, tiling: each layer is cut into tiles whose working set fits one core's SRAM.
+
+A tile is a band of output rows ``[r0, r1)`` and a range of output channels ``[c0, c1)``. Layers
+whose output is one NHWC tensor and whose main operation is a 2-D convolution or point-wise work
+tile by rows (a convolution reads its input rows with the halo its kernel needs); a ``linear`` with
+one group may also split its output channels, so that only a slice of the weights is resident.
+Every other layer is one tile holding its whole tensors. A tile's working set is the resident
+weights slice (with its per-channel bias, multiplier and shift) + LUTs + twice the input and output
+tile buffers (double-buffered DMA: the next tile streams in while this one computes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
+from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc, slice_keeps_axis
+from compiler_core.errors import DoesNotFitError
+from compiler_core.quantization.program import IntOp, QuantizedModel
+
+PER_CHANNEL_BYTES = 12
+"""int32 bias, multiplier and shift per output channel of a ``linear``."""
+ALIGN = 64
+PIPELINE_TILES = 4
+"""Row bands cut into at least this many tiles (when rows allow), so transfers overlap computation."""
+
+
+def align(value: int) -> int:
+    """``value`` rounded up to a multiple of 64 bytes."""
+    return (value + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Output rows ``[r0, r1)`` and channels ``[c0, c1)`` computed by one core in one step."""
+
+    core: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+
+@dataclass
+class LayerTiling:
+    """How one layer is tiled and split across the cores of a core mode.
+
+    Attributes:
+        rows: ``True`` when the layer tiles by output rows (else each tile covers all rows).
+        split: ``spatial`` (row bands per core), ``channel`` (output channels per core) or ``none``.
+        tiles: the tiles, grouped by channel chunk, in execution order per core.
+        sram: bytes of the largest tile's working set: ``weights``, ``luts``, ``activations``, ``total``.
+    """
+
+    rows: bool
+    split: str
+    tiles: list[Tile]
+    sram: dict[str, int] = field(default_factory=dict)
+
+
+def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
+    """Whether the layer can be computed band of output rows by band of output rows."""
+    op = layer.main(model)
+    if len(layer.outputs) != 1:
+        return False
+    out = layouts[layer.outputs[0]]
+    rank, axis = len(out.shape), out.row_axis
+    if out.layout == NHWC and op.kind == "linear":
+        return native_nhwc(op)
+    row_local = op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
+    if rank < 3 or out.shape[0] != 1 or not row_local:
+        return False
+    if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
+        return False
+    inputs = [layouts[name] for name in layer.inputs]
+    if any(len(item.shape) != rank or item.layout != out.layout or item.shape[axis] not in (1, out.rows)
+           for item in inputs):
+        return False
+    # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
+    return op.kind == "move" or all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
+                                    for index in layer.ops for array in model.ops[index].consts.values())
+
+
+def channel_splittable(op: IntOp) -> bool:
+    """A ``linear`` with one group can compute any range of its output channels from the whole input."""
+    if op.kind != "linear" or op.attrs.get("group", 1) != 1:
+        return False
+    return op.attrs.get("layout") == "dense" or op.attrs.get("layout") == "conv" and len(op.attrs["kernel"]) == 2
+
+
+def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> tuple[int, int, int, int]:
+    """Input rows ``[start, end)`` an output band needs, and the zero rows to pad above and below."""
+    if op.kind == "linear":
+        top = op.attrs["pads"][0]
+        stride, dilation, kernel = op.attrs["strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
+        start = r0 * stride - top
+        end = (r1 - 1) * stride - top + (kernel - 1) * dilation + 1
+        return max(start, 0), min(end, in_height), max(-start, 0), max(end - in_height, 0)
+    if in_height == out_height:
+        return r0, r1, 0, 0
+    return 0, in_height, 0, 0
+
+
+def weight_bytes(op: IntOp, c0: int, c1: int) -> int:
+    """Resident weight bytes of output channels ``[c0, c1)`` of a MAC layer (0 for other kinds)."""
+    if op.kind != "linear":
+        return 0
+    weight = op.consts["weight"]
+    c0, c1 = weight_channels(op, c0, c1)
+    per_channel = weight.nbytes // weight.shape[0]
+    return align((c1 - c0) * (per_channel + PER_CHANNEL_BYTES))
+
+
+def weight_channels(op: IntOp, c0: int, c1: int) -> tuple[int, int]:
+    """Weight rows a tile of output channels ``[c0, c1)`` needs (all of them unless the layer splits by channel)."""
+    return (c0, c1) if channel_splittable(op) else (0, int(op.consts["weight"].shape[0]))
+
+
+def lut_bytes(model: QuantizedModel, layer: Layer) -> int:
+    """Bytes of the LUTs (``lut`` operations) the layer uses, resident for the whole layer.
+
+    An embedding table (``gather_table``) stays in DRAM: the rows a tile needs are gathered by index.
+    """
+    return align(sum(array.nbytes for index in layer.ops for array in model.ops[index].consts.values()
+                     if model.ops[index].kind == "lut"))
+
+
+def out_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
+    """Channels of the output (axis 1 of NHWC tensors, the last axis otherwise)."""
+    layout = layouts[layer.outputs[0]]
+    return layout.shape[1] if layout.layout == NHWC else (layout.shape[-1] if layout.shape else 1)
+
+
+def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout], rows: bool,
+                     r0: int, r1: int, c0: int, c1: int) -> int:
+    """Input and output tile bytes of one tile (one buffer set; double buffering doubles it)."""
+    op = layer.main(model)
+    total = 0
+    out = layouts[layer.outputs[0]]
+    for name in layer.inputs:
+        layout = layouts[name]
+        if rows:
+            start, end, _, _ = input_rows(op, r0, r1, layout.rows, out.rows)
+            total += align((end - start) * layout.row_bytes())
+        else:
+            total += align(layout.nbytes)
+    channels = out_channels(model, layer, layouts)
+    for name in layer.outputs:
+        layout = layouts[name]
+        whole = (r1 - r0) * layout.row_bytes() if rows else layout.nbytes
+        total += align(whole * (c1 - c0) // max(channels, 1)) if name == layer.outputs[0] else align(layout.nbytes)
+    return total
+
+
+def working_set(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout], rows: bool,
+                r0: int, r1: int, c0: int, c1: int) -> dict[str, int]:
+    """SRAM bytes of one tile: weights slice, LUTs and double-buffered activation tiles.
+
+    A layer that is one tile (not row-tiled, no channel split) has nothing to overlap: one buffer set.
+    """
+    op = layer.main(model)
+    weights = weight_bytes(op, c0, c1)
+    luts = lut_bytes(model, layer)
+    sets = 2 if rows or channel_splittable(op) else 1
+    activations = sets * activation_bytes(model, layer, layouts, rows, r0, r1, c0, c1)
+    return {"weights": weights, "luts": luts, "activations": activations, "total": weights + luts + activations}
+
+
+def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout], sram: int,
+               cores: int) -> LayerTiling:
+    """Tile one layer for ``cores`` cores working on it together.
+
+    Raises:
+        DoesNotFitError: even the smallest tile (one row, one output channel) exceeds ``sram``.
+    """
+    op = layer.main(model)
+    rows = row_tiled(model, layer, layouts)
+    height = layouts[layer.outputs[0]].rows if rows else 1
+    channels = max(out_channels(model, layer, layouts), 1)
+    splittable = channel_splittable(op)
+    if rows and height >= cores:
+        split, bands, chunk_groups = "spatial", _even(height, cores), [(0, channels)]
+    elif splittable and channels >= cores > 1:
+        split, bands, chunk_groups = "channel", [(0, height)], _even(channels, cores)
+    else:
+        split, bands, chunk_groups = "none", [(0, height)], [(0, channels)]
+    tiles: list[Tile] = []
+    largest: dict[str, int] = {"total": 0}
+    for core_index in range(max(len(bands), len(chunk_groups))):
+        band = bands[core_index] if len(bands) > 1 else bands[0]
+        group = chunk_groups[core_index] if len(chunk_groups) > 1 else chunk_groups[0]
+        core_tiles, need = _fit(model, layer, layouts, rows, band, group, sram, core_index, splittable)
+        tiles.extend(core_tiles)
+        largest = need if need["total"] > largest["total"] else largest
+    return LayerTiling(rows, split, tiles, largest)
+
+
+def _even(count: int, parts: int) -> list[tuple[int, int]]:
+    edges = [count * i // parts for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool) -> tuple[list[Tile], dict[str, int]]:
+    """Largest tiles of ``band`` x ``group`` that fit: fewest channel chunks first, then most rows."""
+    (r0, r1), (c0, c1) = band, group
+    channels = c1 - c0
+    chunks = 1
+    while True:
+        width = math.ceil(channels / chunks)
+        row_count = _max_rows(model, layer, layouts, rows, r0, r1, c0, c0 + width, sram)
+        if row_count:
+            row_count = min(row_count, math.ceil((r1 - r0) / PIPELINE_TILES)) if rows else row_count
+            break
+        if chunks >= channels or not splittable:
+            need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0,
+                               c0 + 1 if splittable else c1)
+            raise DoesNotFitError(
+                f"Layer {layer.main(model).name} does not fit the core SRAM: its smallest tile needs "
+                f"{need['total']:,} bytes (weights {need['weights']:,}, activations {need['activations']:,}, "
+                f"LUTs {need['luts']:,}) and a core has {sram:,}.",
+                hint="Reduce the input resolution or the layer's width, or use a device with more SRAM per core.",
+                layer=layer.main(model).name, needed_bytes=need["total"], weights_bytes=need["weights"],
+                activation_bytes=need["activations"], lut_bytes=need["luts"], sram_bytes=sram)
+        chunks = min(chunks * 2, channels)
+    width = math.ceil(channels / chunks)
+    tiles = []
+    for start in range(c0, c1, width):
+        end = min(start + width, c1)
+        for row in range(r0, r1, row_count):
+            tiles.append(Tile(core, row, min(row + row_count, r1), start, end))
+    first = tiles[0]
+    return tiles, working_set(model, layer, layouts, rows, first.r0, first.r1, first.c0, first.c1)
+
+
+def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
+    """Most output rows per tile (0 when not even one fits); all rows when the layer is not row-tiled."""
+    if not rows:
+        return r1 - r0 if working_set(model, layer, layouts, False, r0, r1, c0, c1)["total"] <= sram else 0
+    low, high = 0, r1 - r0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if working_set(model, layer, layouts, True, r0, r0 + middle, c0, c1)["total"] <= sram:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -1,0 +1,238 @@
+"""Backend lowering: the tile-level program of every core mode computes exactly the golden codes.
+
+- The tile-level simulator (every DMA, every tile, through the activation arena) against the golden
+  executor: one small model per op family, the Fashion sample CNN (compiled to an MXQ, read back),
+  MobileNetV2, PP-OCR cls and Silero VAD, in single, multi, global4 and global8.
+- A corrupted memory plan (two live buffers overlapping) changes the codes and is refused at load.
+- A layer whose smallest tile exceeds the core SRAM is refused with the layer and the numbers.
+- The MXQ holds a different program per core mode; ``qbcompiler profile`` reports each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from test_fast_executor import FAMILIES
+
+from compiler_core.api import mblt_compile, mxq_compile, quantize
+from compiler_core.backend.fusion import fuse
+from compiler_core.backend.layout import assign_layouts
+from compiler_core.backend.memplan import overlapping, plan_memory, plan_resident
+from compiler_core.backend.program import NpuProgram, decode, lower, to_document
+from compiler_core.backend.schedule import RESIDENT_SHARE, schedule_mode
+from compiler_core.backend.tiling import tile_layer
+from compiler_core.backend.verify import npu_problem
+from compiler_core.cli import run
+from compiler_core.errors import DoesNotFitError, MxqFormatError
+from compiler_core.mxq import read_mxq, write_mxq
+from compiler_core.quantization import executor
+from compiler_core.runtime.artifact import load_artifact
+from compiler_core.runtime.tilesim import run_tiles
+from compiler_core.targets import CORE_MODES, get_device
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_DIR = ROOT / "resources" / "samples" / "fashion_cnn"
+ARIES = get_device("aries-rb")
+MODES = list(CORE_MODES)
+
+
+def _codes(model, seed: int = 0, amplitude: float = 1.0):
+    rng = np.random.default_rng(seed)
+    feeds = {spec.name: (rng.standard_normal(spec.shape) * amplitude).astype(np.float32) for spec in model.inputs}
+    return executor.quantize_inputs(model, feeds), executor.run_codes(model, feeds)
+
+
+def _assert_tile_program_exact(model, program, codes, golden):
+    for mode in MODES:
+        outputs = run_tiles(model, program, ARIES, mode, codes)
+        for name, expected in golden.items():
+            assert np.array_equal(outputs[name], expected), (mode, name)
+
+
+def _channel_slices():
+    """Split along channels (C2f/C3k2 style) and a flattened concat: both tile by rows."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    init = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+            *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("s0", [0]), ("e0", [4]), ("s1", [4]), ("e1", [8]), ("ax", [1]), ("shape", [1, 4, -1])))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Slice", ["c", "s0", "e0", "ax"], ["a"]),
+             helper.make_node("Slice", ["c", "s1", "e1", "ax"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["g"]),
+             helper.make_node("Reshape", ["a", "shape"], ["fa"]), helper.make_node("Reshape", ["g", "shape"], ["fg"]),
+             helper.make_node("Concat", ["fa", "fg"], ["y"], axis=2)]
+    graph = helper.make_graph(nodes, "slices", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.fixture(scope="module", params=sorted([*FAMILIES, "channel_slices"]))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    build = _channel_slices if request.param == "channel_slices" else FAMILIES[request.param]
+    onnx.save(build(), str(folder / "model.onnx"))
+    mblt = mblt_compile(folder / "model.onnx", folder / "model.mblt", backend="onnx")
+    return quantize(mblt, use_random_calib=True, analysis=False).model
+
+
+def test_tile_programs_of_every_mode_match_golden_codes(family):
+    lowered = lower(family, ARIES, MODES)
+    program = decode(lowered)
+    if any(op.op_type == "Slice" and np.asarray(op.consts.get("input3", [2])).tolist() == [1] for op in family.ops):
+        sliced = [t for layer, t in zip(lowered.layers, lowered.modes["global4"].tilings)
+                  if layer.main(family).op_type == "Slice"]
+        assert any(t.rows and t.split == "spatial" for t in sliced)
+    for seed, amplitude in ((0, 1.0), (1, 30.0)):
+        _assert_tile_program_exact(family, program, *_codes(family, seed, amplitude))
+
+
+@pytest.fixture(scope="module")
+def residual_model(tmp_path_factory):
+    """The conv family: a residual Add keeps a tensor live while later layers write theirs."""
+    folder = tmp_path_factory.mktemp("residual")
+    onnx.save(FAMILIES["conv"](), str(folder / "model.onnx"))
+    mblt = mblt_compile(folder / "model.onnx", folder / "model.mblt", backend="onnx")
+    return quantize(mblt, use_random_calib=True, analysis=False).model
+
+
+def _clobber(buffers):
+    """A memory-plan bug: a tensor written while another is still to be read gets the other's address."""
+    kept, written = next((a, b) for a in buffers.values() for b in buffers.values() if a.first < b.first < a.last)
+    buffers[written.name] = dataclasses.replace(written, offset=kept.offset)
+    assert overlapping(buffers)
+
+
+def _scheduled(model, buffers, resident):
+    layers = fuse(model)
+    layouts = assign_layouts(model, layers)
+    programs = {mode: schedule_mode(model, layers, layouts, buffers, ARIES, CORE_MODES[mode], resident=resident)
+                for mode in MODES}
+    return NpuProgram(layers, layouts, buffers, programs, [[] for _ in layers])
+
+
+def test_overlapping_live_buffers_change_the_codes_and_are_refused(residual_model):
+    model = residual_model
+    layers = fuse(model)
+    layouts = assign_layouts(model, layers)
+    buffers = plan_memory(model, layers, layouts)
+    resident = plan_resident(model, layers, layouts, ARIES.sram_bytes_per_core // RESIDENT_SHARE)
+    assert not overlapping(buffers) and not overlapping(resident)
+    assert {len(program.resident) > 0 for program in _scheduled(model, buffers, resident).modes.values()} == {True, False}
+    _clobber(buffers)  # the DRAM arena (global modes) ...
+    _clobber(resident)  # ... and the SRAM-resident region (single, multi)
+    lowered = _scheduled(model, buffers, resident)
+    program = decode(lowered)
+    codes, golden = _codes(model, 0, 1.0)
+    wrong = [mode for mode in MODES
+             if any(not np.array_equal(run_tiles(model, program, ARIES, mode, codes)[name], value)
+                    for name, value in golden.items())]
+    assert wrong == MODES
+    document, consts = to_document(lowered)
+    problem = npu_problem(document, consts, len(model.ops))
+    assert problem and "overlaps live buffers" in problem
+    document, consts = to_document(_scheduled(model, plan_memory(model, layers, layouts), resident))
+    problem = npu_problem(document, consts, len(model.ops))
+    assert problem and "SRAM plan overlaps live buffers" in problem
+
+
+def test_smallest_tile_over_sram_is_refused_with_layer_and_numbers(residual_model):
+    model = residual_model
+    lowered = lower(model, ARIES, ["single"])
+    layer = next(layer for layer in lowered.layers if layer.main(model).kind == "linear")
+    with pytest.raises(DoesNotFitError) as caught:
+        tile_layer(model, layer, lowered.layouts, 64, 1)
+    fields = caught.value.fields
+    assert fields["layer"] == layer.main(model).name and fields["sram_bytes"] == 64
+    assert fields["needed_bytes"] > 64 and f"{fields['needed_bytes']:,} bytes" in caught.value.message
+
+
+@pytest.fixture(scope="module")
+def sample_mxq(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sample")
+    mblt = mblt_compile(SAMPLE_DIR / "model.onnx", folder / "model.mblt")
+    return mxq_compile(mblt, "aries-rb", SAMPLE_DIR / "calib", folder / "all.mxq",
+                       compile_config=SAMPLE_DIR / "compile_config.yaml", inference_scheme="all").mxq_path
+
+
+def test_sample_mxq_programs_differ_per_mode_and_run_exactly(sample_mxq):
+    artifact = load_artifact(sample_mxq)
+    commands = artifact.npu.commands
+    assert sorted(commands) == sorted(MODES)
+    assert len({commands[mode].tobytes() for mode in MODES}) == len(MODES)
+    _assert_tile_program_exact(artifact.program, artifact.npu, *_codes(artifact.program, 3, 2.0))
+
+
+def test_profile_reports_every_mode(sample_mxq, capsys):
+    assert run(["profile", "--mxq", str(sample_mxq), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["modes"]) == MODES
+    for entry in report["modes"].values():
+        assert entry["throughput_fps"] > 0 and entry["layers"]
+        assert sum(row["macs"] for row in entry["layers"]) == entry["macs"]
+        assert abs(sum(row["share"] for row in entry["layers"]) - 1) < 0.01
+        assert all(row["sram"]["total"] <= ARIES.sram_bytes_per_core for row in entry["layers"])
+    assert run(["profile", "--mxq", str(sample_mxq), "--top", "3"]) == 0
+    assert "[global8]" in capsys.readouterr().out
+
+
+def test_tampered_tile_program_is_rejected_at_load(sample_mxq, tmp_path):
+    mxq = read_mxq(sample_mxq)
+    program = json.loads(json.dumps(mxq.program))
+    tensors = program["npu"]["tensors"]
+    layer = program["npu"]["layers"][0]
+    tensors[layer["outputs"][0]]["offset"] = tensors[layer["inputs"][0]]["offset"]  # both live at layer 0
+    path = tmp_path / "tampered.mxq"
+    write_mxq(path, target_device=mxq.target_device, meta=mxq.meta, program=program, consts=dict(mxq.consts),
+              calib=mxq.calib)
+    with pytest.raises(MxqFormatError, match="tile-level program"):
+        read_mxq(path)
+
+
+@pytest.mark.slow
+def test_mobilenet_v2_tile_programs_match_golden_codes(tmp_path):
+    import realmodels
+
+    mblt = mblt_compile(realmodels.mobilenet_v2_onnx(), tmp_path / "m.mblt")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    program = decode(lower(model, ARIES, MODES))
+    image = realmodels.photo(0)
+    feeds = {model.inputs[0].name: realmodels.imagenet_tensor(image) if image is not None
+             else np.random.default_rng(0).standard_normal(model.inputs[0].shape).astype(np.float32)}
+    _assert_tile_program_exact(model, program, executor.quantize_inputs(model, feeds),
+                               executor.run_codes(model, feeds))
+
+
+def test_check_refuses_a_layer_whose_smallest_tile_exceeds_sram(tmp_path, capsys):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.zeros((16, 512, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="WideConv")], "wide",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 8, 2048])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 2048])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "wide.onnx"))
+    assert run(["check", "--model", str(tmp_path / "wide.onnx"), "--target-device", "aries-rb"]) == 1
+    error = capsys.readouterr().err
+    assert "WideConv" in error and "4,194,304" in error and "DOES_NOT_FIT" in error
+    assert run(["check", "--model", str(SAMPLE_DIR / "model.onnx"), "--target-device", "aries-rb"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppocr_cls", "silero_ifless"])
+def test_corpus_models_tile_programs_match_golden_codes(name, tmp_path):
+    import realmodels
+
+    path, shapes, constants = realmodels.real_models()[name]()
+    mblt = mblt_compile(path, tmp_path / "m.mblt", input_shape_dict=shapes or None, constant_inputs=constants or None)
+    model = quantize(mblt, use_random_calib=True, analysis=False, compile_config={"calibration": {"numSamples": 4}}).model
+    feeds = realmodels.sample_inputs(path, shapes or None, seed=1, constant_inputs=constants or None)
+    feeds = {spec.name: feeds[spec.name] for spec in model.inputs}
+    _assert_tile_program_exact(model, decode(lower(model, ARIES, MODES)), executor.quantize_inputs(model, feeds),
+                               executor.run_codes(model, feeds))
