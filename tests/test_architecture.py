@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,17 @@ def test_core_sources_never_mention_qt():
                  if any(line.lstrip().startswith(("import PySide6", "from PySide6", "import qbstudio", "from qbstudio"))
                         for line in p.read_text().splitlines())]
     assert offenders == []
+
+
+_HEAVY_AT_START = ("numpy", "onnx", "onnx_ir", "sympy", "onnxscript", "onnxruntime", "pyqtgraph", "torch")
+
+
+def test_main_window_module_loads_without_the_heavy_libraries():
+    """The window is shown before numpy/onnx load (they come one per event-loop turn afterwards);
+    a module-level import of one of them in a widget the main window imports delays the first paint."""
+    code = ("import sys, qbstudio.main_window; "
+            f"print(sorted(name for name in {_HEAVY_AT_START!r} if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

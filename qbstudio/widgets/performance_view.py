@@ -11,7 +11,6 @@ import html
 import logging
 from typing import Any
 
-import numpy as np
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 logger = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class PerformanceView(QWidget):
             self._bars = pg.BarGraphItem(x=[], height=[], width=0.8)
             self._plot.addItem(self._bars)
             self._layout.insertWidget(2, self._plot, 1)
+        import numpy as np  # here, not at import: the main window is shown before numpy loads
+
         x = np.arange(len(rows), dtype=float)
         heights = np.asarray([row["cycles"] for row in rows], dtype=float)
         brushes = [SELECTED if i == selected else BAR for i in range(len(rows))]
