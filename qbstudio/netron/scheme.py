@@ -10,6 +10,7 @@ today (Netron otherwise refuses to run 180 days after its release date) and a
 from __future__ import annotations
 
 import html
+import importlib.util
 import logging
 import re
 import urllib.parse
@@ -66,10 +67,17 @@ def register_scheme() -> None:
 
 
 def netron_static_dir() -> Path:
-    """Folder of the installed ``netron`` package, which holds Netron's whole web UI."""
-    import netron
+    """Folder of the installed ``netron`` package, which holds Netron's whole web UI.
 
-    return Path(netron.__file__).resolve().parent
+    Found without importing the package: ``netron/__init__`` imports its HTTP server (http.server,
+    ssl: about 0.2 s at start-up) that the workbench never uses.
+    """
+    spec = importlib.util.find_spec("netron")
+    if spec is None or not spec.submodule_search_locations:
+        import netron  # raises the ImportError the callers report
+
+        return Path(netron.__file__).resolve().parent
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def model_url_path(name: str) -> str:
