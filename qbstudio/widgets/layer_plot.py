@@ -80,6 +80,8 @@ class LayerPlot(QWidget):
             delta.setXLink(values)
             for plot in (values, delta):
                 _style_axes(plot)
+                # the finest tick level drew ~5x the grid lines (13 ms per axis paint): the 100 ms compare switch missed
+                plot.getAxis("left").setStyle(maxTickLevel=1)
                 plot.scene().sigMouseClicked.connect(lambda event, p=plot: self._on_click(p, event))
             delta.setLabel("left", "Δ to baseline", color="#222")
             delta.addItem(pg.InfiniteLine(pos=0, angle=0, pen=pg.mkPen("#888", width=1)))
