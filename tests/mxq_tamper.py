@@ -69,6 +69,19 @@ def tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield (f"{label}: output redefines an existing tensor",
                    _edit(parts, index, lambda o, t=defined[0]: o["outputs"].__setitem__(0, t)))
         defined.extend(op["outputs"])
+    yield from _npu_tamperings(parts)
+
+
+def _npu_tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The tile program's layer list with JSON values of the wrong type (the long fuzz's two findings)."""
+    if not parts["program"].get("npu", {}).get("layers"):
+        return
+    for label, key, value in (("inputs null", "inputs", None), ("outputs nested", "outputs", [["x"]]),
+                              ("ops a string", "ops", "0")):
+        tampered = copy.deepcopy({k: v for k, v in parts.items() if k != "consts"})
+        tampered["consts"] = parts["consts"]
+        tampered["program"]["npu"]["layers"][0][key] = value
+        yield f"tile program layer 0: {label}", tampered
 
 
 def _reshaped(parts: dict[str, Any], name: str) -> dict[str, Any]:

@@ -22,7 +22,22 @@ _DTYPES = {"int8", "uint8", "int16", "int32", "int64", "bool", "float32"}
 
 
 def npu_problem(npu: Any, consts: Mapping[str, np.ndarray], op_count: int) -> str | None:
-    """What is wrong with the ``npu`` object, or ``None`` when it is sound."""
+    """What is wrong with the ``npu`` object, or ``None`` when it is sound.
+
+    The document comes from a file: a field of an unexpected JSON type anywhere (a list where a name
+    belongs, null where a list belongs) is a problem of the file, reported as such.
+    """
+    try:
+        return _npu_problem(npu, consts, op_count)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as error:
+        return f"the tile program is malformed ({type(error).__name__}: {error})"
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _npu_problem(npu: Any, consts: Mapping[str, np.ndarray], op_count: int) -> str | None:
     if not isinstance(npu, Mapping) or npu.get("encoding") != ENCODING:
         return f"the tile program's encoding must be {ENCODING!r}"
     if list(npu.get("fields", [])) != list(FIELDS):
@@ -64,6 +79,8 @@ def _layers_problem(layers: list, tensors: Mapping[str, Any], op_count: int) -> 
     for index, layer in enumerate(layers):
         if not isinstance(layer, Mapping) or not isinstance(layer.get("ops"), list) or not layer["ops"]:
             return f"tile-program layer {index} has no operations"
+        if not (_names(layer.get("inputs", [])) and _names(layer.get("outputs"))):
+            return f"tile-program layer {index} does not list its input and output tensors by name"
         covered.extend(layer["ops"])
         names = [*layer.get("inputs", []), *layer.get("outputs", [])]
         if not layer.get("outputs") or any(name not in tensors for name in names):
