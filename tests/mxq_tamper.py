@@ -77,7 +77,8 @@ def _npu_tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
     if not parts["program"].get("npu", {}).get("layers"):
         return
     for label, key, value in (("inputs null", "inputs", None), ("outputs nested", "outputs", [["x"]]),
-                              ("ops a string", "ops", "0")):
+                              ("ops a string", "ops", "0"), ("fused null", "fused", None),
+                              ("unknown unit", "unit", "gpu")):
         tampered = copy.deepcopy({k: v for k, v in parts.items() if k != "consts"})
         tampered["consts"] = parts["consts"]
         tampered["program"]["npu"]["layers"][0][key] = value

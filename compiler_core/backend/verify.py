@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from compiler_core.backend.fusion import DMA, MAC, MFU, VECTOR
 from compiler_core.backend.layout import NHWC, PLAIN
 from compiler_core.backend.memplan import Buffer, overlapping
 from compiler_core.backend.schedule import DMA_IN, DMA_OUT, FIELDS, OPCODES, RESIDENT
 from compiler_core.targets import CORE_MODES
 
 ENCODING = "qbtile-1"
+UNITS = (MAC, MFU, VECTOR, DMA)
 _DTYPES = {"int8", "uint8", "int16", "int32", "int64", "bool", "float32"}
 
 
@@ -79,8 +81,11 @@ def _layers_problem(layers: list, tensors: Mapping[str, Any], op_count: int) -> 
     for index, layer in enumerate(layers):
         if not isinstance(layer, Mapping) or not isinstance(layer.get("ops"), list) or not layer["ops"]:
             return f"tile-program layer {index} has no operations"
-        if not (_names(layer.get("inputs", [])) and _names(layer.get("outputs"))):
-            return f"tile-program layer {index} does not list its input and output tensors by name"
+        if not (_names(layer.get("inputs", [])) and _names(layer.get("outputs")) and _names(layer.get("fused", []))):
+            return f"tile-program layer {index} does not list its input, output and fused tensors by name"
+        if layer.get("unit") not in UNITS or not all(isinstance(op, int) and not isinstance(op, bool)
+                                                     for op in layer["ops"]):
+            return f"tile-program layer {index} names an unknown unit or a non-integer operation"
         covered.extend(layer["ops"])
         names = [*layer.get("inputs", []), *layer.get("outputs", [])]
         if not layer.get("outputs") or any(name not in tensors for name in names):
