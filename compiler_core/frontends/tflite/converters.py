@@ -303,7 +303,7 @@ def _reshape(b: GraphBuilder, op: Operator) -> None:
         _reshape_to_output(b, op)  # the output's static shape; TFLite may also give -1 in new_shape
         return
     # A shape computed from Shape/Gather/Prod/Pack (Keras Tensordot, dynamic batch) was folded at import;
-    # the converter recorded a placeholder output shape for it, so the computed one is the truth.
+    # TensorFlow's converter then records a made-up output shape (e.g. [1, 1]); the computed one is right.
     size = int(np.prod(b.shape(op.inputs[0])))
     dims = [int(d) for d in np.asarray(target).reshape(-1)]
     if dims.count(-1) == 1:
