@@ -3,7 +3,8 @@
 :func:`collect_statistics` copies the MBLT in memory, makes every float32 node output a graph output
 (graph inputs are read straight from the feeds), runs onnxruntime on one sample at a time and folds
 each tensor into a :class:`TensorAccumulator`: min / max, count, sum and sum of squares, per-channel
-min / max / sum, the max |x| of every sample, and a :class:`PowerOfTwoHistogram`. The result is a
+min / max / sum, the max |x| of every sample, and a :class:`PowerOfTwoHistogram`; for the data inputs of
+MatMul/Gemm also max |x| per feature (last axis), which SmoothQuant reads. The result is a
 :class:`StatisticsSet`, saved as one ``.npz`` and cached by ``compiler_core.calibration.cache``, from
 which every observer (``compiler_core.calibration.observers``) derives its range without rerunning the
 model.
@@ -35,7 +36,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,14 @@ from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 logger = logging.getLogger(__name__)
 
 STATISTICS_FORMAT = "qbcompiler.statistics"
-STATISTICS_FORMAT_VERSION = 2
+STATISTICS_FORMAT_VERSION = 3
 DEFAULT_BINS = 2048
 MIN_HISTOGRAM_RANGE = 2.0 ** -20
 _META_KEY = "meta"
-_ARRAY_FIELDS = ("per_channel_min", "per_channel_max", "per_channel_mean", "histogram", "sample_absmax")
+_ARRAY_FIELDS = ("per_channel_min", "per_channel_max", "per_channel_mean", "histogram", "sample_absmax",
+                 "feature_absmax")
+FEATURE_READERS = {"MatMul": 0, "Gemm": 0}
+"""Ops whose data input (by index) is reduced over its last axis: their inputs get :attr:`TensorStats.feature_absmax`."""
 
 
 def channel_axis(shape: Sequence[int]) -> int | None:
@@ -181,6 +185,10 @@ class TensorStats:
         sample_absmax: max |x| of every sample, in sample order (float64).
         nonfinite: Number of NaN / inf elements seen. They are left out of ``count``, ``mean`` and ``std``
             and enter the per-channel arrays and the histogram as 0 (a warning is logged).
+        feature_absmax: max |x| per index of the LAST axis (the features a MatMul/Gemm reduces over),
+            collected only for tensors a MatMul/Gemm reads as its data input (:func:`feature_tensors`);
+            empty otherwise. SmoothQuant reads it: a token-major ``[1, S, H]`` tensor with ``S < H`` has
+            its :attr:`channel_axis` on the tokens, not on the features.
     """
 
     name: str
@@ -198,6 +206,7 @@ class TensorStats:
     hist_range: float
     sample_absmax: np.ndarray
     nonfinite: int = 0
+    feature_absmax: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def absmax(self) -> float:
@@ -260,10 +269,13 @@ class TensorAccumulator:
     Args:
         name: Tensor name.
         bins: Histogram bins (power of two).
+        features: Also keep max |x| per index of the last axis (:attr:`TensorStats.feature_absmax`).
     """
 
-    def __init__(self, name: str, bins: int = DEFAULT_BINS) -> None:
+    def __init__(self, name: str, bins: int = DEFAULT_BINS, *, features: bool = False) -> None:
         self.name = name
+        self.features = features
+        self._feature_absmax = np.zeros(0)
         self.histogram = PowerOfTwoHistogram(bins)
         self.shape: tuple[int, ...] | None = None
         self._axis: int | None = None
@@ -325,6 +337,8 @@ class TensorAccumulator:
               scratch: Scratch | None) -> None:
         np.minimum(self._channel_min, low, out=self._channel_min)
         np.maximum(self._channel_max, high, out=self._channel_max)
+        if self.features and values.ndim:
+            self._fold_features(values)
         absmax = max(-float(low.min()), float(high.max()), 0.0)
         sums = self._channel_sums(grouped, absmax)
         self._channel_sum += sums
@@ -334,6 +348,11 @@ class TensorAccumulator:
         self.total_squares += float(np.vdot(flat, flat))
         self.sample_absmax.append(absmax)
         self.histogram.add(histogram_subsample(flat), absmax, scratch)
+
+    def _fold_features(self, values: np.ndarray) -> None:
+        rows = values.reshape(-1, values.shape[-1])
+        absmax = np.maximum(-rows.min(axis=0), rows.max(axis=0)).astype(np.float64)
+        self._feature_absmax = absmax if self._feature_absmax.size == 0 else np.maximum(self._feature_absmax, absmax)
 
     def _channel_sums(self, grouped: np.ndarray, absmax: float) -> np.ndarray:
         # A BLAS matrix-vector product is ~3x faster than numpy's pairwise sum and as accurate here.
@@ -359,7 +378,8 @@ class TensorAccumulator:
             mean=mean, std=math.sqrt(variance), per_channel_min=self._channel_min.copy(),
             per_channel_max=self._channel_max.copy(), per_channel_mean=self._channel_sum / per_channel,
             histogram=self.histogram.counts.copy(), hist_range=float(self.histogram.range),
-            sample_absmax=np.asarray(self.sample_absmax, dtype=np.float64), nonfinite=self.nonfinite)
+            sample_absmax=np.asarray(self.sample_absmax, dtype=np.float64), nonfinite=self.nonfinite,
+            feature_absmax=self._feature_absmax.copy())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -499,13 +519,28 @@ def collect_statistics(
     wanted_inputs = [name for name in input_specs if _is_float(input_specs[name]) and _selected(name, tensors)]
     session, outputs = _session(model, tensors, intra_op_threads)
     _check_selection(tensors, wanted_inputs + outputs)
-    accumulators = {name: TensorAccumulator(name, histogram_bins) for name in wanted_inputs + outputs}
+    features = feature_tensors(model)
+    accumulators = {name: TensorAccumulator(name, histogram_bins, features=name in features)
+                    for name in wanted_inputs + outputs}
     used = _run_samples(session, samples, input_specs, outputs, accumulators, num_samples, reporter)
     results = {name: stats for name, acc in accumulators.items() if (stats := acc.result()) is not None}
     fingerprint = dataset_fingerprint if dataset_fingerprint is not None else getattr(samples, "fingerprint", "")
     seconds = time.perf_counter() - started
     logger.info("Statistics of %d tensors over %d samples in %.2f s", len(results), used, seconds)
     return StatisticsSet(results, used, sha256, str(fingerprint or ""), seconds)
+
+
+def feature_tensors(model: ir.Model) -> set[str]:
+    """Names of the tensors a MatMul/Gemm of ``model`` reads as its data input (rank >= 2, not constant)."""
+    names = set()
+    for node in model.graph:
+        index = FEATURE_READERS.get(node.op_type)
+        if index is None or node.domain not in ("", "ai.onnx") or len(node.inputs) <= index:
+            continue
+        value = node.inputs[index]
+        if value is not None and value.const_value is None and value.shape is not None and len(value.shape) >= 2:
+            names.add(value.name)
+    return names
 
 
 def expose_tensors(model: ir.Model, tensors: Sequence[str] | None = None) -> list[str]:

@@ -268,6 +268,11 @@ class BitConfig(ConfigSection):
     output_bits: Literal[8, 16] = Field(
         8, description="Activation width of the model's outputs (and of the tensors that reach them only through "
                        "data movement or Concat); 16 keeps the output range's headroom from costing resolution.")
+    residual_bits: Literal[8, 16] = Field(
+        8, description="Activation width of the linear-layer outputs (MatMul/Gemm/Conv) that a residual Add sums "
+                       "into a stream read by a normalization: the attention output and FFN down-projection outputs "
+                       "of transformers, which carry the residual stream's outlier channels (MiniLM: 100-240x the "
+                       "median channel); 16 keeps those channels from costing the others their resolution.")
 
 
 # ---------------------------------------------------------------- other sections
@@ -292,7 +297,13 @@ class LayerBiasCorrectionConfig(ConfigSection):
 class EquivalentTransformationConfig(ConfigSection):
     """Scale migration between adjacent layers, SmoothQuant style (``equivalentTransformation``)."""
 
-    apply: bool = Field(False, description="Balance activation and weight ranges before quantizing.")
+    apply: bool = Field(
+        False, description="SmoothQuant before quantizing: divide the input features of MatMul/Gemm layers by "
+                           "s_j = max|X_j|^alpha / max|W_j|^(1-alpha) and multiply their weight rows by s_j, folded "
+                           "into the producing LayerNorm/RMSNorm (exact in float; skipped where the norm's output has "
+                           "other readers, e.g. the residual stream of post-norm encoders).")
+    alpha: float = Field(0.5, ge=0, le=1, description="Migration strength: 0 keeps the activation ranges, 1 moves "
+                                                       "them entirely into the weights.")
 
 
 class CrossLayerEqualizationConfig(ConfigSection):

@@ -42,6 +42,7 @@ class DecisionOptions:
             outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
         signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
             (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
+        residual_bits: activation width of the residual-branch outputs (see :func:`residual_branches`).
     """
 
     symmetric: bool = True
@@ -52,6 +53,7 @@ class DecisionOptions:
     output_bits: int = 8
     model_outputs: frozenset[str] | None = None
     signal_rms: Mapping[str, float] = field(default_factory=dict)
+    residual_bits: int = 8
 
 
 OUTPUT_MIN_SQNR_DB = 25.0
@@ -309,13 +311,17 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
     and so does any matched layer that reads a float model input directly (an 8-bit per-tensor input
     is coarser than the pixel step of a per-channel normalized image: PP-OCR det 0.978 -> 0.988).
     A uint8 input (``uint8Input``) keeps its fixed 8-bit parameters.
-    The output head (:func:`output_head`) gets ``options.output_bits``.
+    The output head (:func:`output_head`) gets ``options.output_bits``, the residual branches
+    (:func:`residual_branches`) ``options.residual_bits``.
     """
     bits = {name: 8 for name in quantized_tensors(view, groups)}
     inputs = {value.name for value in view.graph.inputs}
     if options.output_bits > 8:
         for name in output_head(view, groups, options.model_outputs) & set(bits):
             bits[name] = options.output_bits
+    if options.residual_bits > 8:
+        for name in residual_branches(view) & set(bits):
+            bits[name] = options.residual_bits
     for group in groups:
         main = group.main
         if not options.int16_layer(main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
@@ -327,6 +333,38 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
             if value.name in bits:
                 bits[value.name] = 16
     return bits
+
+
+NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})
+LINEAR_OPS = frozenset({"MatMul", "Gemm", "Conv"})
+
+
+def residual_branches(view: GraphView) -> set[str]:
+    """Outputs of linear layers (constant weights) that a residual Add sums into a stream read by a norm.
+
+    A residual Add adds two computed tensors and feeds a normalization (post-norm "Add & Norm", or the
+    pre-norm stream that the next norm reads). Its inputs produced by a MatMul/Gemm/Conv (with the bias
+    Add that follows it, when there is one) are the branch outputs: attention output projections and
+    FFN down-projections, whose few outlier channels match the residual stream's.
+    """
+    names = set()
+    for node in view.nodes:
+        if node.op_type != "Add" or len(node.inputs) != 2 or any(view.is_const(v) for v in node.inputs):
+            continue
+        if not any(user.op_type in NORM_OPS for user in view.consumers(node.outputs[0])):
+            continue
+        for value in node.inputs:
+            if _is_linear_output(view, value):
+                names.add(value.name)
+    return names
+
+
+def _is_linear_output(view: GraphView, value) -> bool:
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Add" and any(view.is_const(v) for v in producer.inputs):
+        producer = next((v.producer() for v in producer.inputs if not view.is_const(v)), None)
+    return (producer is not None and producer.op_type in LINEAR_OPS and len(producer.inputs) > 1
+            and producer.inputs[1] is not None and view.is_const(producer.inputs[1]))
 
 
 def uint8_input_params(mean: list[float], std: list[float], scale: float, channels: int) -> QuantParams:

@@ -25,6 +25,7 @@ from compiler_core.progress import Reporter
 from compiler_core.quantization.equalize import equalize, equalized_stats, find_pairs
 from compiler_core.quantization.pipeline import MODE_NAMES, quantize_graph
 from compiler_core.quantization.program import QuantizedModel
+from compiler_core.quantization.smoothquant import smooth, smoothed_stats
 from compiler_core.session import MbltSession
 
 logger = logging.getLogger(__name__)
@@ -87,11 +88,11 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
 def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: CompileConfig, *, mblt_sha256: str = "",
                              reporter: Reporter | None = None,
                              model_outputs: frozenset[str] | None = None) -> tuple[ir.Model, QuantizedModel]:
-    """Equalize (if configured) and quantize ``target`` with already collected statistics.
+    """Smooth and equalize (if configured) and quantize ``target`` with already collected statistics.
 
     Returns:
         ``(float graph, program)``: the float graph the program was quantized from (``target`` itself,
-        or an equalized copy; the FP32 reference of any comparison) and the integer program.
+        or a smoothed / equalized copy; the FP32 reference of any comparison) and the integer program.
     """
     quantized, stats, equalized = _equalized(target, stats, config)
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
@@ -126,21 +127,29 @@ def calibration_statistics(session: MbltSession, config: CompileConfig, *,
 
 
 def _equalized(target: ir.Model, stats: StatisticsSet, config: CompileConfig):
-    """With ``crossLayerEqualization``: a copy of ``target`` with equalized pairs, the statistics, the equalized tensors.
+    """With ``equivalentTransformation`` (SmoothQuant) and/or ``crossLayerEqualization``: a transformed copy of
+    ``target``, the statistics of the transformed tensors, the names of those tensors.
 
     ``target`` itself stays as it is: it is the FP32 reference of the analysis (and may be the compile
-    session's graph); equalization leaves the float function unchanged.
+    session's graph); both transformations leave the float function unchanged.
     """
-    if not config.cross_layer_equalization.apply or not find_pairs(target):
+    smooth_on = config.equivalent_transformation.apply
+    equalize_on = config.cross_layer_equalization.apply and bool(find_pairs(target))
+    if not smooth_on and not equalize_on:
         return target, stats, set()
     copy = ir.serde.deserialize_model(ir.serde.serialize_model(target))
-    pairs = equalize(copy, stats)
-    if not pairs:
+    tensors, changed = dict(stats.tensors), set()
+    if smooth_on:
+        for item in smooth(copy, stats, alpha=config.equivalent_transformation.alpha).smoothed:
+            tensors[item.tensor] = smoothed_stats(tensors[item.tensor], item.scales)
+            changed.add(item.tensor)
+    if equalize_on:
+        for pair in equalize(copy, dataclasses.replace(stats, tensors=tensors)):
+            tensors[pair.tensor] = equalized_stats(tensors[pair.tensor], pair.scales)
+            changed.add(pair.tensor)
+    if not changed:
         return target, stats, set()
-    tensors = dict(stats.tensors)
-    for pair in pairs:
-        tensors[pair.tensor] = equalized_stats(tensors[pair.tensor], pair.scales)
-    return copy, dataclasses.replace(stats, tensors=tensors), {pair.tensor for pair in pairs}
+    return copy, dataclasses.replace(stats, tensors=tensors), changed
 
 
 def _open_dataset(graph: ir.Model, config: CompileConfig, calib_data_path, reporter: Reporter) -> CalibrationDataset:
@@ -168,8 +177,9 @@ def _split(dataset: CalibrationDataset, config: CompileConfig) -> tuple[Calibrat
 def _range_function(stats: StatisticsSet, config: CompileConfig, equalized: set[str] = frozenset()):
     """``(names, bits) -> {name: (lo, hi)}`` with the config's mode, percentile and layer overrides.
 
-    Equalized tensors (:mod:`~compiler_core.quantization.equalize`) take their exact extremes: their
-    histogram describes the tensor before equalization.
+    Equalized and smoothed tensors (:mod:`~compiler_core.quantization.equalize`,
+    :mod:`~compiler_core.quantization.smoothquant`) take their exact extremes: their histogram describes
+    the tensor before the transformation.
     """
     calibration = config.calibration
     symmetric = int(calibration.method) in (0, 1)

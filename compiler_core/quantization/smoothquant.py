@@ -1,0 +1,223 @@
+"""SmoothQuant: move activation outlier channels of MatMul/Gemm inputs into the weights, folded into a norm.
+
+Transformer activations concentrate their range in a few feature channels (a LayerNorm's output with
+a few large gamma entries, an LLM's residual stream), so one 8-bit per-tensor scale sized for the
+widest channel leaves the others a handful of codes. For a linear layer ``Y = X W`` (``W`` of shape
+``[K, N]``), dividing input feature ``j`` by ``s_j`` and multiplying weight row ``j`` by ``s_j`` leaves
+``Y`` unchanged, and with
+
+``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)``
+
+the activation and the weights share the difficulty (Xiao et al., "SmoothQuant: Accurate and Efficient
+Post-Training Quantization for Large Language Models", 2022; ``alpha`` 0.5 by default). The weights
+are quantized per output channel, so a larger row costs them little.
+
+The division by ``s`` must cost nothing at run time: it is folded into the producer of ``X``. This
+module folds it into a normalization (LayerNormalization, SimplifiedLayerNormalization,
+RMSNormalization) over the last axis: its Scale (gamma) and B (beta) entries ``j`` are divided by ``s_j``.
+That is exact only when every reader of the norm's output is a linear layer that takes the same
+scaled input, so :func:`smooth` skips (and reports, with the reason) a norm output that
+
+- is also read by another op: in a post-norm encoder (BERT, MiniLM) each LayerNorm output is also the
+  residual stream that the next residual Add reads, and dividing it there would change the model;
+  no Mul is inserted instead (it would be one more int8/int16 operation on the NPU, not a free fold);
+- is a model output, or its norm shares Scale/B constants with another node;
+- has no per-feature statistics (:attr:`~compiler_core.calibration.statistics.TensorStats.feature_absmax`).
+
+QKV projections reading one norm get one scale vector from the max over their weight rows.
+
+The statistics of a smoothed tensor follow exactly at the extremes (``max|X_j| / s_j``); its histogram
+describes the tensor before smoothing, so the quantizer takes the Max observer for it
+(:func:`smoothed_stats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from compiler_core.calibration.statistics import StatisticsSet, TensorStats
+from compiler_core.errors import ArgumentError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ALPHA = 0.5
+"""Migration strength: 0 leaves the activation as is, 1 moves all of its range into the weights."""
+MAX_SCALE_RATIO = 1e4
+"""Scales are kept within ``[1 / MAX_SCALE_RATIO, MAX_SCALE_RATIO]`` (a dead channel would ask for any factor)."""
+NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})
+"""Producers that absorb ``1 / s``: per-feature Scale (input 1) and optional B (input 2) over the last axis."""
+_STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft")
+
+
+@dataclass(frozen=True)
+class SmoothedTensor:
+    """One smoothed activation: the tensor, the norm that absorbed ``1 / s``, the linears that took ``s``."""
+
+    tensor: str
+    producer: str
+    consumers: tuple[str, ...]
+    scales: np.ndarray
+
+
+@dataclass(frozen=True)
+class SmoothSkip:
+    """A MatMul/Gemm input that was left as it is, and why."""
+
+    tensor: str
+    reason: str
+
+
+@dataclass
+class SmoothQuantResult:
+    """What :func:`smooth` changed (``smoothed``) and which linear inputs it could not change (``skipped``)."""
+
+    smoothed: list[SmoothedTensor] = field(default_factory=list)
+    skipped: list[SmoothSkip] = field(default_factory=list)
+
+
+def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPHA) -> SmoothQuantResult:
+    """Apply SmoothQuant to ``model`` in place, from the calibration statistics ``stats``.
+
+    The float function of ``model`` is unchanged (up to float rounding). Callers that need the
+    original graph (the FP32 reference of an accuracy comparison) pass a copy.
+
+    Args:
+        model: the float graph (an MBLT, or an LLM graph in the same ONNX IR).
+        stats: statistics collected on ``model`` before smoothing; they must hold
+            ``feature_absmax`` for the MatMul/Gemm data inputs.
+        alpha: migration strength in ``[0, 1]``.
+
+    Returns:
+        The smoothed tensors and the skipped linear inputs with their reasons.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ArgumentError(f"SmoothQuant alpha must be within [0, 1], got {alpha}.", hint="0.5 is the usual value.")
+    result = SmoothQuantResult()
+    outputs = {value.name for value in model.graph.outputs}
+    for value, linears in _linear_inputs(model):
+        reason = _cannot_fold(value, linears, outputs)
+        scales = None if reason else _scales(value, linears, stats.tensors.get(value.name), alpha)
+        if reason or scales is None:
+            result.skipped.append(SmoothSkip(value.name, reason or "no per-feature statistics for this tensor"))
+            continue
+        producer = value.producer()
+        _scale_constant(producer.inputs[1], 1.0 / scales)
+        if len(producer.inputs) > 2 and producer.inputs[2] is not None:
+            _scale_constant(producer.inputs[2], 1.0 / scales)
+        for node in linears:
+            _scale_weight_rows(node, scales)
+        result.smoothed.append(SmoothedTensor(value.name, producer.name, tuple(node.name for node in linears), scales))
+    if result.smoothed or result.skipped:
+        logger.info("SmoothQuant (alpha %.2f): %d norm output(s) smoothed, %d linear input(s) left as they are",
+                    alpha, len(result.smoothed), len(result.skipped))
+    return result
+
+
+def smoothed_stats(tensor: TensorStats, scales: np.ndarray) -> TensorStats:
+    """The statistics of ``tensor`` after its features (last axis) are divided by ``scales`` (extremes only).
+
+    The range becomes the symmetric hull of ``feature_absmax / scales``; per-channel arrays follow
+    when the channel axis is the feature axis, otherwise (token-major ``[1, S, H]`` read on the tokens)
+    their extremes are clipped to that hull.
+    """
+    features = tensor.feature_absmax / scales
+    absmax = float(features.max())
+    changes = {"min": -absmax, "max": absmax, "feature_absmax": features}
+    if tensor.channel_axis is not None and tensor.channel_axis == len(tensor.shape) - 1:
+        changes.update(per_channel_min=tensor.per_channel_min / scales, per_channel_max=tensor.per_channel_max / scales,
+                       per_channel_mean=tensor.per_channel_mean / scales)
+    else:
+        changes.update(per_channel_min=np.maximum(tensor.per_channel_min, -absmax),
+                       per_channel_max=np.minimum(tensor.per_channel_max, absmax))
+    return dataclasses.replace(tensor, **changes)
+
+
+def _linear_inputs(model: ir.Model) -> list[tuple[ir.Value, list[ir.Node]]]:
+    """Every tensor read as the data input of a MatMul/Gemm with constant 2-D weights, with those readers."""
+    readers: dict[str, tuple[ir.Value, list[ir.Node]]] = {}
+    for node in model.graph:
+        if _weight(node) is not None:
+            value = node.inputs[0]
+            readers.setdefault(value.name, (value, []))[1].append(node)
+    return list(readers.values())
+
+
+def _weight(node: ir.Node) -> np.ndarray | None:
+    """The ``[K, N]`` weight of a linear MatMul/Gemm (rows = input features), or None for other nodes."""
+    if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2 or node.inputs[0] is None:
+        return None
+    if node.op_type == "Gemm":
+        attributes = node.attributes
+        if attributes.get("transA") is not None and attributes["transA"].as_int():
+            return None
+    elif node.op_type != "MatMul":
+        return None
+    weight = node.inputs[1]
+    if weight is None or weight.const_value is None or len(weight.const_value.shape) != 2:
+        return None
+    array = weight.const_value.numpy()
+    transposed = node.op_type == "Gemm" and node.attributes.get("transB") is not None and node.attributes["transB"].as_int()
+    return array.T if transposed else array
+
+
+def _cannot_fold(value: ir.Value, linears: list[ir.Node], outputs: set[str]) -> str:
+    """Why ``1 / s`` cannot be folded into the producer of ``value`` ("" when it can)."""
+    producer = value.producer()
+    if producer is None:
+        return "a graph input (no producer to absorb the scale)"
+    if producer.op_type not in NORM_OPS or producer.domain not in _STANDARD_DOMAINS:
+        return f"produced by {producer.op_type} {producer.name}, which cannot absorb a per-feature scale"
+    if value.name in outputs:
+        return "a model output"
+    others = [user for user, _ in value.uses() if user not in linears]
+    if others:
+        return (f"also read by {others[0].op_type} {others[0].name} (e.g. a residual Add): dividing the norm's "
+                "output would change that reader's input")
+    if _int_attr(producer, "axis", -1) not in (-1, len(value.shape) - 1 if value.shape is not None else -1):
+        return f"{producer.name} normalizes over another axis than the features"
+    constants = [item for item in producer.inputs[1:3] if item is not None]
+    features = value.shape[-1] if value.shape is not None else None
+    for item in constants:
+        if item.const_value is None or len(item.uses()) != 1 or tuple(item.const_value.shape) != (features,):
+            return f"{producer.name}'s Scale/B are not constants of this norm alone, shaped [{features}]"
+    if len({id(node.inputs[1]) for node in linears}) != len(linears) or any(len(node.inputs[1].uses()) != 1
+                                                                             for node in linears):
+        return "a weight is shared with another node"
+    return ""
+
+
+def _scales(value: ir.Value, linears: list[ir.Node], tensor: TensorStats | None, alpha: float) -> np.ndarray | None:
+    features = value.shape[-1]
+    if tensor is None or tensor.feature_absmax.size != features:
+        return None
+    activation = tensor.feature_absmax.astype(np.float64)
+    weight = np.max([np.abs(_weight(node).astype(np.float64)).max(axis=1) for node in linears], axis=0)
+    if activation.max() <= 0 or weight.max() <= 0:
+        return None
+    activation = np.maximum(activation, activation.max() / MAX_SCALE_RATIO)
+    weight = np.maximum(weight, weight.max() / MAX_SCALE_RATIO)
+    scales = activation ** alpha / weight ** (1.0 - alpha)
+    return np.clip(scales, 1.0 / MAX_SCALE_RATIO, MAX_SCALE_RATIO)
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attribute = node.attributes.get(name)
+    return default if attribute is None else int(attribute.as_int())
+
+
+def _scale_constant(value: ir.Value, factors: np.ndarray) -> None:
+    array = value.const_value.numpy()
+    value.const_value = ir.tensor((array * factors).astype(array.dtype), name=value.name)
+
+
+def _scale_weight_rows(node: ir.Node, scales: np.ndarray) -> None:
+    weight = node.inputs[1]
+    array = weight.const_value.numpy()
+    transposed = node.op_type == "Gemm" and node.attributes.get("transB") is not None and node.attributes["transB"].as_int()
+    factors = scales.reshape(1, -1) if transposed else scales.reshape(-1, 1)
+    weight.const_value = ir.tensor((array * factors).astype(array.dtype), name=weight.name)
