@@ -39,6 +39,7 @@ def _yolo(size: int) -> dict[str, Any]:
 
 _VIT_INT16 = ["*attention*output*", "*attn*proj*", "*mlp*", "*ffn*", "*intermediate*"]
 _LLM_INT16 = ["*norm*", "*softmax*"]
+_ENCODER_INT16 = ["LayerNormalization*", "Softmax*", "Gelu*", "*layer_norm*", "*layernorm*", "*softmax*", "*gelu*"]
 
 PRESETS: dict[str, Preset] = {
     "classification": Preset(
@@ -69,6 +70,12 @@ PRESETS: dict[str, Preset] = {
         "BERT/MiniLM-style encoders: a16w8 (int16 activations, int8 weights), WChAMulti, Max calibration.",
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
+    "transformer_encoder_int8": Preset(
+        "BERT/MiniLM-style encoders, lighter: a8w8 with int16 only for Softmax/LayerNorm/GELU and the residual "
+        "branch outputs (attention output, FFN down-projection), SmoothQuant where a norm can absorb it, Max "
+        "calibration.",
+        {"calibration": {"method": 1, "mode": 0}, "equivalentTransformation": {"apply": True},
+         "bit": {"residualBits": 16, "layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
     "ocr": Preset(
         "Text detectors and recognizers (PP-OCR class): a16w8; their activations have per-channel outliers "
         "that an 8-bit per-tensor scale cannot hold.",

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from compiler_core.fileio import atomic_write
 from compiler_core.mblt.io import load_mblt
+from compiler_core.quantization.kernels.normalization import FRACTION_BITS
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -225,8 +226,27 @@ def _select_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
                                                         params.zero_point))
 
 
+def _layernorm_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    """The program's gamma/beta where they differ from the MBLT's (SmoothQuant divided them; see smoothquant.py).
+
+    gamma comes back from the per-element multipliers (``M * 2**-S * 2**F * s_y``, 31-bit exact) and
+    beta from the integer offsets (``offset * s_y``, what the kernel adds).
+    """
+    main = nodes[op.name]
+    scale = main.inputs[1].const_value.numpy() if main.inputs[1] is not None and main.inputs[1].const_value else None
+    s_y = float(model.params(op.outputs[0]).scale)
+    gamma = op.consts["multiplier"].astype(np.float64) * np.exp2(-op.consts["shift"].astype(np.float64))
+    gamma *= (1 << FRACTION_BITS) * s_y
+    if scale is None or scale.size != gamma.size or np.allclose(gamma, scale.reshape(-1), rtol=1e-6, atol=0):
+        return
+    main.replace_input_with(1, _constant(graph, f"{op.name}.scale", gamma.reshape(scale.shape).astype(np.float32)))
+    beta = (op.consts["offset"].astype(np.float64) * s_y).reshape(scale.shape).astype(np.float32)
+    if len(main.inputs) > 2 and main.inputs[2] is not None:
+        main.replace_input_with(2, _constant(graph, f"{op.name}.bias", beta))
+
+
 _CONSTANT_HANDLERS = {"linear": _linear_constants, "add": _add_constants, "gather_table": _table_constants,
-                      "select": _select_constants}
+                      "select": _select_constants, "layernorm": _layernorm_constants}
 
 
 # -- cross-check ----------------------------------------------------------------------------------

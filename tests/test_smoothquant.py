@@ -1,0 +1,200 @@
+"""SmoothQuant and residual-branch widths on small synthetic transformer blocks.
+
+- The per-feature activation maxima of MatMul inputs are collected (and only for those tensors).
+- Pre-norm block (LayerNorm -> Q/K/V-style MatMuls): the smoothed float graph gives the same outputs
+  (1e-4 relative), the int8 program gets closer to FP32, and the QDQ export follows the smoothed norm.
+- Post-norm block (LayerNorm output also read by the residual Add): skipped, with the reason.
+- ``bit.residualBits`` widens exactly the linear outputs that a residual Add feeds into a norm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler_core.api import mblt_compile, quantize
+from compiler_core.calibration.statistics import collect_statistics
+from compiler_core.config import resolve_config
+from compiler_core.errors import ArgumentError
+from compiler_core.mblt.io import load_mblt
+from compiler_core.quantization import executor
+from compiler_core.quantization.decisions import residual_branches
+from compiler_core.quantization.graph import GraphView
+from compiler_core.quantization.qdq import export_qdq
+from compiler_core.quantization.run import quantize_from_statistics
+from compiler_core.quantization.smoothquant import smooth
+
+RNG = np.random.default_rng(12)
+TOKENS, HIDDEN, OUT = 16, 32, 24
+OUTLIERS = (3, 17)
+
+
+def _block(post_norm: bool) -> onnx.ModelProto:
+    """x -> LayerNorm (gamma 200x on two features, whose weight rows are 200x smaller) -> two MatMul+bias -> Mul -> y.
+
+    ``post_norm`` adds the norm's output to the sum (a residual read of the norm output).
+    """
+    gamma = np.ones(HIDDEN)
+    gamma[list(OUTLIERS)] = 200.0
+    weights = {f"w{i}": RNG.standard_normal((HIDDEN, OUT if not post_norm else HIDDEN)) * 0.2 for i in range(2)}
+    for weight in weights.values():
+        weight[list(OUTLIERS)] /= 200.0  # the wide features contribute like the others downstream
+    width = HIDDEN if post_norm else OUT
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="norm", axis=-1),
+             helper.make_node("MatMul", ["n", "w0"], ["m0"], name="mm0"),
+             helper.make_node("Add", ["m0", "b0"], ["a0"], name="bias0"),
+             helper.make_node("MatMul", ["n", "w1"], ["m1"], name="mm1"),
+             helper.make_node("Add", ["m1", "b1"], ["a1"], name="bias1"),
+             helper.make_node("Mul", ["a0", "a1"], ["y" if not post_norm else "p"], name="mix")]
+    if post_norm:
+        nodes += [helper.make_node("Add", ["p", "n"], ["r"], name="residual"),
+                  helper.make_node("LayerNormalization", ["r", "gamma2", "beta2"], ["y"], name="norm2", axis=-1)]
+    initializers = {"gamma": gamma, "beta": RNG.standard_normal(HIDDEN) * 0.1, **weights,
+                    "b0": RNG.standard_normal(width) * 0.1, "b1": RNG.standard_normal(width) * 0.1,
+                    "gamma2": np.ones(HIDDEN), "beta2": np.zeros(HIDDEN)}
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, width])],
+        [numpy_helper.from_array(np.asarray(v, dtype=np.float32), n) for n, v in initializers.items()
+         if post_norm or not n.endswith("2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _mblt(tmp_path: Path, post_norm: bool) -> Path:
+    source = tmp_path / "block.onnx"
+    onnx.save(_block(post_norm), str(source))
+    return mblt_compile(source, tmp_path / "block.mblt", backend="onnx")
+
+
+def _samples(count: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": RNG.standard_normal((1, TOKENS, HIDDEN)).astype(np.float32)} for _ in range(count)]
+
+
+def _run(model: ir.Model | Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    data = ir.to_proto(model).SerializeToString() if isinstance(model, ir.Model) else str(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # QDQ models run as written
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
+    noise = float(((reference.astype(np.float64) - test) ** 2).sum())
+    return 10 * np.log10(float((reference.astype(np.float64) ** 2).sum()) / max(noise, 1e-30))
+
+
+def test_feature_maxima_are_collected_for_matmul_inputs_only(tmp_path):
+    graph = load_mblt(_mblt(tmp_path, post_norm=False))
+    samples = _samples(4)
+    stats = collect_statistics(graph, samples, num_samples=4)
+    name = _norm_output(graph)
+    norm = stats[name]
+    expected = np.max([np.abs(_run(_with_output(graph, name), s)).reshape(-1, HIDDEN).max(0) for s in samples], 0)
+    np.testing.assert_allclose(norm.feature_absmax, expected, rtol=1e-6)
+    assert set(np.argsort(norm.feature_absmax)[-2:]) == set(OUTLIERS)
+    assert norm.channel_axis == 1  # [1, 16, 32] is read on the tokens: the per-channel arrays cannot serve
+    assert stats[graph.graph.outputs[0].name].feature_absmax.size == 0
+
+
+def _norm_output(graph: ir.Model) -> str:
+    return next(node.outputs[0].name for node in graph.graph if node.op_type == "LayerNormalization")
+
+
+def _with_output(graph: ir.Model, name: str) -> ir.Model:
+    copy = ir.serde.deserialize_model(ir.serde.serialize_model(graph))
+    value = next(node.outputs[0] for node in copy.graph if node.outputs[0].name == name)
+    copy.graph.outputs.clear()
+    copy.graph.outputs.append(value)
+    return copy
+
+
+def test_smoothing_a_pre_norm_block_keeps_the_float_function(tmp_path):
+    graph = load_mblt(_mblt(tmp_path, post_norm=False))
+    stats = collect_statistics(graph, _samples(8), num_samples=8)
+    feeds = _samples(3)
+    before = [_run(graph, sample) for sample in feeds]
+    result = smooth(graph, stats, alpha=0.5)
+    (item,) = result.smoothed
+    assert item.tensor == _norm_output(graph)
+    assert len(item.consumers) == 2 and not result.skipped
+    assert item.scales[list(OUTLIERS)].min() > 3 * np.median(item.scales)
+    for sample, reference in zip(feeds, before):
+        np.testing.assert_allclose(_run(graph, sample), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+
+
+def test_smoothquant_lifts_the_int8_block_and_the_qdq_export_follows(tmp_path):
+    mblt = _mblt(tmp_path, post_norm=False)
+    graph = load_mblt(mblt)
+    stats = collect_statistics(graph, _samples(16), num_samples=16)
+    feeds = _samples(4)
+    sqnr, programs = {}, {}
+    for apply in (False, True):
+        config = resolve_config(calibration_config={"method": 1, "mode": 0},
+                                equivalent_transformation_config={"apply": apply})
+        _, programs[apply] = quantize_from_statistics(graph, stats, config)
+        sqnr[apply] = np.mean([_sqnr(_run(graph, f), executor.run(programs[apply], f)[graph.graph.outputs[0].name]) for f in feeds])
+    assert sqnr[True] > sqnr[False] + 3, sqnr
+    qdq = export_qdq(mblt, programs[True])
+    output = graph.graph.outputs[0].name
+    params = programs[True].params(output)
+    for sample in feeds:
+        reference = params.quantize(_run(qdq, sample))
+        assert np.abs(reference - executor.run_codes(programs[True], sample)[output]).max() <= 1
+
+
+def test_post_norm_block_is_skipped_with_the_reason(tmp_path):
+    graph = load_mblt(_mblt(tmp_path, post_norm=True))
+    stats = collect_statistics(graph, _samples(4), num_samples=4)
+    weights = {node.name: node.inputs[1].const_value.numpy().copy() for node in graph.graph if node.op_type == "MatMul"}
+    result = smooth(graph, stats)
+    assert not result.smoothed
+    (skip,) = result.skipped
+    assert "residual" in skip.reason and "Add" in skip.reason
+    for node in graph.graph:
+        if node.op_type == "MatMul":
+            np.testing.assert_array_equal(node.inputs[1].const_value.numpy(), weights[node.name])
+
+
+def test_alpha_outside_zero_one_is_rejected(tmp_path):
+    graph = load_mblt(_mblt(tmp_path, post_norm=False))
+    stats = collect_statistics(graph, _samples(2), num_samples=2)
+    with pytest.raises(ArgumentError):
+        smooth(graph, stats, alpha=1.5)
+
+
+def _residual_block() -> onnx.ModelProto:
+    """Post-norm: n = LN(x); r = (n @ w + b) + n; y = LN(r)."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="norm", axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="bias"),
+             helper.make_node("Add", ["a", "n"], ["r"], name="residual"),
+             helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["y"], name="norm2", axis=-1)]
+    initializers = {"gamma": np.ones(HIDDEN), "beta": np.zeros(HIDDEN), "w": RNG.standard_normal((HIDDEN, HIDDEN)),
+                    "b": RNG.standard_normal(HIDDEN)}
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
+        [numpy_helper.from_array(np.asarray(v, dtype=np.float32), n) for n, v in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_residual_bits_widen_the_branch_outputs_that_feed_a_norm(tmp_path):
+    source = tmp_path / "residual.onnx"
+    onnx.save(_residual_block(), str(source))
+    mblt = mblt_compile(source, tmp_path / "residual.mblt", backend="onnx")
+    view = GraphView(load_mblt(mblt))
+    (branch,) = residual_branches(view)
+    producer = next(node for node in view.nodes if node.outputs[0].name == branch)
+    assert producer.op_type == "Add" and any(v.producer() is not None and v.producer().op_type == "MatMul"
+                                             for v in producer.inputs)
+    widths = {}
+    for bits in (8, 16):
+        program = quantize(mblt, use_random_calib=True, analysis=False, bit_config={"residualBits": bits}).model
+        widths[bits] = {name: params.bits for name, params in program.tensors.items()}
+    assert widths[8][branch] == 8 and widths[16][branch] == 16
+    assert {name for name in widths[16] if widths[16][name] != widths[8][name]} == {branch}
