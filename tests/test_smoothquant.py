@@ -160,6 +160,34 @@ def test_post_norm_block_is_skipped_with_the_reason(tmp_path):
             np.testing.assert_array_equal(node.inputs[1].const_value.numpy(), weights[node.name])
 
 
+def test_post_norm_block_gets_a_smoothed_norm_copy_with_duplicate_norms(tmp_path):
+    mblt = _mblt(tmp_path, post_norm=True)
+    graph = load_mblt(mblt)
+    stats = collect_statistics(graph, _samples(16), num_samples=16)
+    feeds = _samples(3)
+    copy = ir.serde.deserialize_model(ir.serde.serialize_model(graph))
+    result = smooth(copy, stats, duplicate_norms=True)
+    (item,) = result.smoothed
+    assert item.source == _norm_output(graph) and item.tensor != item.source and not result.skipped
+    assert sum(node.op_type == "LayerNormalization" for node in copy.graph) == 3  # two norms and the copy
+    for sample in feeds:
+        reference = _run(graph, sample)
+        np.testing.assert_allclose(_run(copy, sample), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+    widths = {}
+    for patterns in (["LayerNormalization*"], []):
+        config = resolve_config(calibration_config={"method": 1, "mode": 0},
+                                equivalent_transformation_config={"apply": True, "duplicateNorms": True},
+                                bit_config={"layerOverrides": {"activation16Bits": patterns}})
+        _, program = quantize_from_statistics(graph, stats, config)
+        widths[bool(patterns)] = (program.params(item.tensor).bits, program.params(item.source).bits)
+    assert widths == {True: (8, 16), False: (8, 8)}  # the copy feeds int8 MatMuls even when its norm is int16
+    output = graph.graph.outputs[0].name
+    qdq = export_qdq(mblt, program)  # the int8 program: int16 norm outputs differ from QDQ by more than a step
+    steps = np.concatenate([np.abs(program.params(output).quantize(_run(qdq, sample))
+                                   - executor.run_codes(program, sample)[output]).ravel() for sample in feeds])
+    assert np.mean(steps <= 1) >= 0.995 and steps.max() <= 3
+
+
 def test_alpha_outside_zero_one_is_rejected(tmp_path):
     graph = load_mblt(_mblt(tmp_path, post_norm=False))
     stats = collect_statistics(graph, _samples(2), num_samples=2)

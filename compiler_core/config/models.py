@@ -304,6 +304,10 @@ class EquivalentTransformationConfig(ConfigSection):
                            "other readers, e.g. the residual stream of post-norm encoders).")
     alpha: float = Field(0.5, ge=0, le=1, description="Migration strength: 0 keeps the activation ranges, 1 moves "
                                                        "them entirely into the weights.")
+    duplicate_norms: bool = Field(
+        False, description="Where a norm's output is also read by other ops (the residual stream of post-norm "
+                           "encoders such as BERT/MiniLM), give its MatMul readers a smoothed copy of the norm (one "
+                           "more norm per block, int8 output) instead of skipping them.")
 
 
 class CrossLayerEqualizationConfig(ConfigSection):

@@ -25,6 +25,8 @@ from compiler_core.quantization.params import QuantParams, TensorQuant, params_f
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME_KEY = "mblt.source_name"
+SMOOTHED_COPY_KEY = "qb.smoothquant_copy_of"
+"""A SmoothQuant norm copy (see smoothquant.py) feeds int8 MatMuls: int16 patterns do not widen it."""
 
 
 @dataclass
@@ -324,7 +326,8 @@ def activation_bits(view: GraphView, groups: list[Group], options: DecisionOptio
             bits[name] = options.residual_bits
     for group in groups:
         main = group.main
-        if not options.int16_layer(main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
+        if main.metadata_props.get(SMOOTHED_COPY_KEY) or not options.int16_layer(
+                main.name, main.metadata_props.get(SOURCE_NAME_KEY, "")):
             continue
         widened = list(group.outputs) + (list(main.inputs[:1]) if main.op_type in WIDENED_INPUT_OPS else [])
         widened += [value for value in main.inputs

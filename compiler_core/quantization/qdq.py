@@ -20,6 +20,7 @@ from compiler_core.mblt.io import load_mblt
 from compiler_core.quantization.kernels.normalization import FRACTION_BITS
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp, QuantizedModel
+from compiler_core.quantization.smoothquant import COPY_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ def export_qdq(mblt_path: str | Path, model: QuantizedModel) -> ir.Model:
     graph_model = load_mblt(mblt_path)
     graph = graph_model.graph
     nodes = {node.name: node for node in graph}
+    _add_norm_copies(graph, nodes, model)
     for op in model.ops:
         _integer_constants(graph, nodes, op, model)
     for name in model.tensors:
@@ -224,6 +226,34 @@ def _select_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
             codes = op.consts[key].astype(params.dtype)
             main.replace_input_with(index, _dequantized(graph, f"{op.name}.{key}", codes, params.scale,
                                                         params.zero_point))
+
+
+def _add_norm_copies(graph: ir.Graph, nodes: dict[str, ir.Node], model: QuantizedModel) -> None:
+    """Recreate the norm copies SmoothQuant added (``duplicateNorms``) and point their readers at them.
+
+    Their gamma/beta come from the program (:func:`_layernorm_constants`); everything else from the
+    norm they copy.
+    """
+    values = {value.name: value for node in graph for value in node.outputs}
+    for op in model.ops:
+        if op.name in nodes or op.kind != "layernorm" or not op.name.endswith(COPY_SUFFIX):
+            continue
+        norm = nodes.get(op.name[:-len(COPY_SUFFIX)])
+        if norm is None:
+            continue
+        copy = ir.node(norm.op_type, list(norm.inputs[:3]), attributes=dict(norm.attributes), domain=norm.domain,
+                       name=op.name, num_outputs=1)
+        output = copy.outputs[0]
+        output.name, output.shape, output.type = op.outputs[0], norm.outputs[0].shape, norm.outputs[0].type
+        graph.insert_after(norm, copy)
+        nodes[op.name] = copy
+        values[output.name] = output
+    for op in model.ops:
+        node = nodes.get(op.name)
+        if node is None or not op.inputs or not node.inputs or node.inputs[0] is None:
+            continue
+        if node.inputs[0].name != op.inputs[0] and op.inputs[0].endswith(COPY_SUFFIX) and op.inputs[0] in values:
+            node.replace_input_with(0, values[op.inputs[0]])
 
 
 def _layernorm_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:

@@ -140,8 +140,10 @@ def _equalized(target: ir.Model, stats: StatisticsSet, config: CompileConfig):
     copy = ir.serde.deserialize_model(ir.serde.serialize_model(target))
     tensors, changed = dict(stats.tensors), set()
     if smooth_on:
-        for item in smooth(copy, stats, alpha=config.equivalent_transformation.alpha).smoothed:
-            tensors[item.tensor] = smoothed_stats(tensors[item.tensor], item.scales)
+        transformation = config.equivalent_transformation
+        for item in smooth(copy, stats, alpha=transformation.alpha,
+                           duplicate_norms=transformation.duplicate_norms).smoothed:
+            tensors[item.tensor] = smoothed_stats(stats.tensors[item.source], item.scales)
             changed.add(item.tensor)
     if equalize_on:
         for pair in equalize(copy, dataclasses.replace(stats, tensors=tensors)):

@@ -52,16 +52,25 @@ MAX_SCALE_RATIO = 1e4
 NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})
 """Producers that absorb ``1 / s``: per-feature Scale (input 1) and optional B (input 2) over the last axis."""
 _STANDARD_DOMAINS = ("", "ai.onnx", "com.microsoft")
+COPY_SUFFIX = "_smoothed"
+"""Name suffix of a norm copy added by ``duplicate_norms`` (node, output and constants)."""
+COPY_OF_KEY = "qb.smoothquant_copy_of"
+"""Metadata key on a norm copy: the name of the norm it copies. Such a copy keeps 8-bit outputs."""
 
 
 @dataclass(frozen=True)
 class SmoothedTensor:
-    """One smoothed activation: the tensor, the norm that absorbed ``1 / s``, the linears that took ``s``."""
+    """One smoothed activation: the tensor, the norm that absorbed ``1 / s``, the linears that took ``s``.
+
+    ``source`` is the tensor before smoothing: ``tensor`` itself when the norm absorbed the scale in
+    place, the original norm output when a smoothed copy of the norm (``tensor``'s producer) was added.
+    """
 
     tensor: str
     producer: str
     consumers: tuple[str, ...]
     scales: np.ndarray
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,8 @@ class SmoothQuantResult:
     skipped: list[SmoothSkip] = field(default_factory=list)
 
 
-def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPHA) -> SmoothQuantResult:
+def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPHA,
+           duplicate_norms: bool = False) -> SmoothQuantResult:
     """Apply SmoothQuant to ``model`` in place, from the calibration statistics ``stats``.
 
     The float function of ``model`` is unchanged (up to float rounding). Callers that need the
@@ -91,6 +101,8 @@ def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPH
         stats: statistics collected on ``model`` before smoothing; they must hold
             ``feature_absmax`` for the MatMul/Gemm data inputs.
         alpha: migration strength in ``[0, 1]``.
+        duplicate_norms: where a norm's output has other readers (post-norm residual stream) or is a
+            model output, add a smoothed copy of the norm for its linear readers instead of skipping.
 
     Returns:
         The smoothed tensors and the skipped linear inputs with their reasons.
@@ -100,21 +112,27 @@ def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPH
     result = SmoothQuantResult()
     outputs = {value.name for value in model.graph.outputs}
     for value, linears in _linear_inputs(model):
-        reason = _cannot_fold(value, linears, outputs)
+        shared = _shared_reason(value, linears, outputs)
+        reason = _cannot_fold(value, linears) or ("" if duplicate_norms else shared)
         scales = None if reason else _scales(value, linears, stats.tensors.get(value.name), alpha)
         if reason or scales is None:
             result.skipped.append(SmoothSkip(value.name, reason or "no per-feature statistics for this tensor"))
             continue
         producer = value.producer()
-        _scale_constant(producer.inputs[1], 1.0 / scales)
-        if len(producer.inputs) > 2 and producer.inputs[2] is not None:
-            _scale_constant(producer.inputs[2], 1.0 / scales)
+        target = _duplicate(model, producer) if shared else producer
+        _scale_constant(target.inputs[1], 1.0 / scales)
+        if len(target.inputs) > 2 and target.inputs[2] is not None:
+            _scale_constant(target.inputs[2], 1.0 / scales)
         for node in linears:
             _scale_weight_rows(node, scales)
-        result.smoothed.append(SmoothedTensor(value.name, producer.name, tuple(node.name for node in linears), scales))
+            if target is not producer:
+                node.replace_input_with(0, target.outputs[0])
+        result.smoothed.append(SmoothedTensor(target.outputs[0].name, target.name, tuple(n.name for n in linears),
+                                              scales, source=value.name))
     if result.smoothed or result.skipped:
-        logger.info("SmoothQuant (alpha %.2f): %d norm output(s) smoothed, %d linear input(s) left as they are",
-                    alpha, len(result.smoothed), len(result.skipped))
+        logger.info("SmoothQuant (alpha %.2f): %d norm output(s) smoothed (%d through a norm copy), %d linear "
+                    "input(s) left as they are", alpha, len(result.smoothed),
+                    sum(item.tensor != item.source for item in result.smoothed), len(result.skipped))
     return result
 
 
@@ -165,19 +183,24 @@ def _weight(node: ir.Node) -> np.ndarray | None:
     return array.T if transposed else array
 
 
-def _cannot_fold(value: ir.Value, linears: list[ir.Node], outputs: set[str]) -> str:
-    """Why ``1 / s`` cannot be folded into the producer of ``value`` ("" when it can)."""
-    producer = value.producer()
-    if producer is None:
-        return "a graph input (no producer to absorb the scale)"
-    if producer.op_type not in NORM_OPS or producer.domain not in _STANDARD_DOMAINS:
-        return f"produced by {producer.op_type} {producer.name}, which cannot absorb a per-feature scale"
+def _shared_reason(value: ir.Value, linears: list[ir.Node], outputs: set[str]) -> str:
+    """Why the norm's own output cannot carry the smoothed values (other readers, a model output), or ""."""
     if value.name in outputs:
         return "a model output"
     others = [user for user, _ in value.uses() if user not in linears]
     if others:
         return (f"also read by {others[0].op_type} {others[0].name} (e.g. a residual Add): dividing the norm's "
                 "output would change that reader's input")
+    return ""
+
+
+def _cannot_fold(value: ir.Value, linears: list[ir.Node]) -> str:
+    """Why ``1 / s`` cannot be folded into the producer of ``value`` (or a copy of it), or ""."""
+    producer = value.producer()
+    if producer is None:
+        return "a graph input (no producer to absorb the scale)"
+    if producer.op_type not in NORM_OPS or producer.domain not in _STANDARD_DOMAINS:
+        return f"produced by {producer.op_type} {producer.name}, which cannot absorb a per-feature scale"
     if _int_attr(producer, "axis", -1) not in (-1, len(value.shape) - 1 if value.shape is not None else -1):
         return f"{producer.name} normalizes over another axis than the features"
     constants = [item for item in producer.inputs[1:3] if item is not None]
@@ -189,6 +212,26 @@ def _cannot_fold(value: ir.Value, linears: list[ir.Node], outputs: set[str]) -> 
                                                                              for node in linears):
         return "a weight is shared with another node"
     return ""
+
+
+def _duplicate(model: ir.Model, norm: ir.Node) -> ir.Node:
+    """A copy of ``norm`` (own Scale/B constants, one output) inserted after it, marked :data:`COPY_OF_KEY`."""
+    graph = model.graph
+    inputs = [norm.inputs[0]]
+    for index, suffix in ((1, "scale"), (2, "bias")):
+        if len(norm.inputs) > index and norm.inputs[index] is not None:
+            array = norm.inputs[index].const_value.numpy().copy()
+            value = ir.Value(name=f"{norm.name}{COPY_SUFFIX}.{suffix}", shape=ir.Shape(array.shape),
+                             type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
+            graph.register_initializer(value)
+            inputs.append(value)
+    copy = ir.node(norm.op_type, inputs, attributes=dict(norm.attributes), domain=norm.domain,
+                   name=f"{norm.name}{COPY_SUFFIX}", num_outputs=1, metadata_props={COPY_OF_KEY: norm.name})
+    original = norm.outputs[0]
+    output = copy.outputs[0]
+    output.name, output.shape, output.type = f"{original.name}{COPY_SUFFIX}", original.shape, original.type
+    graph.insert_after(norm, copy)
+    return copy
 
 
 def _scales(value: ir.Value, linears: list[ir.Node], tensor: TensorStats | None, alpha: float) -> np.ndarray | None:
