@@ -6,7 +6,8 @@
   at least 99.9 % of output elements (Fashion CNN and MobileNetV2).
 - MobileNetV2 calibrated on real photos keeps the FP32 top-1 class at least as often as
   onnxruntime's ``quantize_static`` (QDQ, per-channel, MinMax) on the same data, logit cosine >= 0.99.
-- all-MiniLM-L6-v2 (S=128): sentence-embedding cosine to FP32 >= 0.99 on held-out sentences.
+- all-MiniLM-L6-v2 (S=128): sentence-embedding cosine to FP32 >= 0.99 on held-out sentences, with the
+  a16w8 preset and with the int8 + SmoothQuant one (``transformer_encoder_int8``).
 - Switching the calibration mode reuses the cached statistics.
 
 Each model is parsed and quantized once per module; golden-executor runs are spread over two worker
@@ -40,6 +41,10 @@ MINILM_EVAL_SENTENCES = 32
 # calibration). Measured alternatives: int16 only for Softmax/LayerNorm/GELU with MaxPercentile 0.925;
 # plus Max calibration and int16 FFN down-projections 0.997; all int16 with Max 0.9996.
 MINILM_CONFIG = {"config_preset": "transformer_encoder"}
+# The lighter preset: int8 inputs into 30 of the 36 weight MatMuls (int16 only for Softmax/LayerNorm/GELU and the
+# residual-branch outputs), SmoothQuant through LayerNorm copies: 0.9960 (without SmoothQuant 0.957; without
+# residualBits 0.93; see docs/accuracy.md and bench/smoothquant.py).
+MINILM_INT8_CONFIG = {"config_preset": "transformer_encoder_int8"}
 
 
 def _available(builder, *args):
@@ -192,19 +197,30 @@ def _mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (hidden * weights).sum(1) / weights.sum(1)
 
 
-def test_minilm_sentence_embeddings_keep_cosine(tmp_path):
+@pytest.fixture(scope="module")
+def minilm_mblt(tmp_path_factory) -> Path:
+    """all-MiniLM-L6-v2 (S=128) parsed once for the module."""
     source = _available(realmodels.minilm_onnx, 128)
-    manifest = _available(realdata.minilm_calibration_manifest, 64)
-    mblt = mblt_compile(source, tmp_path / "minilm.mblt",
+    return mblt_compile(source, tmp_path_factory.mktemp("minilm") / "minilm.mblt",
                         input_shape_dict={name: [1, 128] for name in MINILM_INPUT_NAMES})
-    result = quantize(mblt, manifest, analysis_holdout=0, analysis=False, **MINILM_CONFIG)
+
+
+@pytest.mark.parametrize("config", [MINILM_CONFIG, MINILM_INT8_CONFIG], ids=["a16w8", "int8_smoothquant"])
+def test_minilm_sentence_embeddings_keep_cosine(minilm_mblt, config):
+    manifest = _available(realdata.minilm_calibration_manifest, 64)
+    mblt = minilm_mblt
+    result = quantize(mblt, manifest, analysis_holdout=0, analysis=False, **config)
     feeds = realmodels.tokenize(realdata.english_sentences(MINILM_EVAL_SENTENCES, "eval"))
     fp32 = _mean_pooled(run_float(mblt, feeds, "last_hidden_state"), feeds["attention_mask"])
     codes = golden_codes(result.model, feeds, chunk=MINILM_EVAL_SENTENCES // WORKERS, workers=WORKERS)
     quantized = _mean_pooled(_dequantized(result.model, "last_hidden_state", codes), feeds["attention_mask"])
     similarity = cosine(fp32, quantized)
     summary = result.model.summary()
-    print(f"\nall-MiniLM-L6-v2: {summary['int16_tensors']} of {summary['tensors']} tensors int16; "
+    int8_inputs = [op for op in result.model.ops if op.kind == "linear" and result.model.params(op.inputs[0]).bits == 8]
+    if config is MINILM_INT8_CONFIG:  # Q/K/V, FFN-up and attention-output projections of the 6 layers
+        assert len(int8_inputs) == 30
+    print(f"\nall-MiniLM-L6-v2 {config}: {len(int8_inputs)} MatMuls with int8 inputs; "
+          f"{summary['int16_tensors']} of {summary['tensors']} tensors int16; "
           f"sentence-embedding cosine on {len(similarity)} held-out sentences: mean {similarity.mean():.4f}, "
           f"min {similarity.min():.4f}")
     assert similarity.mean() >= 0.99

@@ -71,10 +71,11 @@ PRESETS: dict[str, Preset] = {
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "transformer_encoder_int8": Preset(
-        "BERT/MiniLM-style encoders, lighter: a8w8 with int16 only for Softmax/LayerNorm/GELU and the residual "
-        "branch outputs (attention output, FFN down-projection), SmoothQuant where a norm can absorb it, Max "
-        "calibration.",
-        {"calibration": {"method": 1, "mode": 0}, "equivalentTransformation": {"apply": True},
+        "BERT/MiniLM-style encoders, lighter than transformer_encoder: int8 activations into the Q/K/V, FFN-up and "
+        "attention-output MatMuls, int16 only for Softmax/LayerNorm/GELU and the residual-branch outputs "
+        "(residualBits); SmoothQuant (alpha 0.7) through a smoothed LayerNorm copy; Max calibration.",
+        {"calibration": {"method": 1, "mode": 0},
+         "equivalentTransformation": {"apply": True, "alpha": 0.7, "duplicateNorms": True},
          "bit": {"residualBits": 16, "layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
     "ocr": Preset(
         "Text detectors and recognizers (PP-OCR class): a16w8; their activations have per-channel outliers "
