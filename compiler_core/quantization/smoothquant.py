@@ -14,15 +14,18 @@ are quantized per output channel, so a larger row costs them little.
 
 The division by ``s`` must cost nothing at run time: it is folded into the producer of ``X``. This
 module folds it into a normalization (LayerNormalization, SimplifiedLayerNormalization,
-RMSNormalization) over the last axis: its Scale (gamma) and B (beta) entries ``j`` are divided by ``s_j``.
-That is exact only when every reader of the norm's output is a linear layer that takes the same
-scaled input, so :func:`smooth` skips (and reports, with the reason) a norm output that
-
-- is also read by another op: in a post-norm encoder (BERT, MiniLM) each LayerNorm output is also the
-  residual stream that the next residual Add reads, and dividing it there would change the model;
-  no Mul is inserted instead (it would be one more int8/int16 operation on the NPU, not a free fold);
-- is a model output, or its norm shares Scale/B constants with another node;
-- has no per-feature statistics (:attr:`~compiler_core.calibration.statistics.TensorStats.feature_absmax`).
+RMSNormalization) over the last axis, whose Scale (gamma) and B (beta) entries ``j`` are divided by
+``s_j``, or into a Mul by a per-feature constant (a decomposed RMSNorm's weight), whose constant is.
+That is exact only when every reader of that output is a linear layer that takes the same scaled
+input. Where the output has other readers (in a post-norm encoder such as BERT or MiniLM each
+LayerNorm output is also the residual stream that the next residual Add reads) or is a model output,
+:func:`smooth` either skips it and says why, or, with ``duplicate_norms``, adds a copy of the norm
+with the divided Scale/B for the linear readers alone: one more norm per block (an int16 MFU routine
+over ``S x H`` values, small beside the MatMuls it feeds) whose output can be int8 while the original
+keeps its width for the residual stream. No Mul is inserted anywhere: that would be one more
+requantizing operation, and its per-feature constant would need the very range int8 lacks. Outputs
+are also skipped when their producer's constants are shared with another node, or when there are no
+per-feature statistics (:attr:`~compiler_core.calibration.statistics.TensorStats.feature_absmax`).
 
 QKV projections reading one norm get one scale vector from the max over their weight rows.
 
@@ -113,16 +116,15 @@ def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPH
     outputs = {value.name for value in model.graph.outputs}
     for value, linears in _linear_inputs(model):
         shared = _shared_reason(value, linears, outputs)
-        reason = _cannot_fold(value, linears) or ("" if duplicate_norms else shared)
+        reason = _cannot_fold(value, linears, shared) or ("" if duplicate_norms else shared)
         scales = None if reason else _scales(value, linears, stats.tensors.get(value.name), alpha)
         if reason or scales is None:
             result.skipped.append(SmoothSkip(value.name, reason or "no per-feature statistics for this tensor"))
             continue
         producer = value.producer()
         target = _duplicate(model, producer) if shared else producer
-        _scale_constant(target.inputs[1], 1.0 / scales)
-        if len(target.inputs) > 2 and target.inputs[2] is not None:
-            _scale_constant(target.inputs[2], 1.0 / scales)
+        for index in _absorbing_inputs(target):
+            _scale_constant(target.inputs[index], 1.0 / scales)
         for node in linears:
             _scale_weight_rows(node, scales)
             if target is not producer:
@@ -194,37 +196,55 @@ def _shared_reason(value: ir.Value, linears: list[ir.Node], outputs: set[str]) -
     return ""
 
 
-def _cannot_fold(value: ir.Value, linears: list[ir.Node]) -> str:
+def _cannot_fold(value: ir.Value, linears: list[ir.Node], shared: str = "") -> str:
     """Why ``1 / s`` cannot be folded into the producer of ``value`` (or a copy of it), or ""."""
     producer = value.producer()
     if producer is None:
         return "a graph input (no producer to absorb the scale)"
-    if producer.op_type not in NORM_OPS or producer.domain not in _STANDARD_DOMAINS:
-        return f"produced by {producer.op_type} {producer.name}, which cannot absorb a per-feature scale"
-    if _int_attr(producer, "axis", -1) not in (-1, len(value.shape) - 1 if value.shape is not None else -1):
-        return f"{producer.name} normalizes over another axis than the features"
-    constants = [item for item in producer.inputs[1:3] if item is not None]
     features = value.shape[-1] if value.shape is not None else None
-    for item in constants:
-        if item.const_value is None or len(item.uses()) != 1 or tuple(item.const_value.shape) != (features,):
-            return f"{producer.name}'s Scale/B are not constants of this norm alone, shaped [{features}]"
+    if producer.domain not in _STANDARD_DOMAINS or producer.op_type not in NORM_OPS | {"Mul"}:
+        return f"produced by {producer.op_type} {producer.name}, which cannot absorb a per-feature scale"
+    if producer.op_type == "Mul" and shared:
+        return shared  # only norms are copied (the QDQ export recreates norm copies)
+    if producer.op_type in NORM_OPS and _int_attr(producer, "axis", -1) not in (-1, len(value.shape) - 1):
+        return f"{producer.name} normalizes over another axis than the features"
+    indices = _absorbing_inputs(producer)
+    if not indices or any(not _per_feature_constant(producer.inputs[i], features) for i in indices):
+        return (f"{producer.name} has no per-feature constant of its own to absorb the scale (norm Scale/B, or "
+                f"the constant operand of a Mul, shaped [{features}] and used by that node only)")
     if len({id(node.inputs[1]) for node in linears}) != len(linears) or any(len(node.inputs[1].uses()) != 1
                                                                              for node in linears):
         return "a weight is shared with another node"
     return ""
 
 
+def _absorbing_inputs(node: ir.Node) -> list[int]:
+    """Input indices whose constants take ``1 / s``: a norm's Scale and B; a Mul's one constant operand."""
+    if node.op_type in NORM_OPS:
+        return [index for index in (1, 2) if len(node.inputs) > index and node.inputs[index] is not None]
+    constants = [index for index, value in enumerate(node.inputs[:2]) if value is not None and value.const_value is not None]
+    return constants if len(constants) == 1 else []
+
+
+def _per_feature_constant(value: ir.Value, features: int | None) -> bool:
+    """A constant of ``features`` entries along its last axis only, read by one node."""
+    if value.const_value is None or len(value.uses()) != 1 or features is None:
+        return False
+    shape = tuple(value.const_value.shape)
+    return bool(shape) and shape[-1] == features and int(np.prod(shape)) == features
+
+
 def _duplicate(model: ir.Model, norm: ir.Node) -> ir.Node:
     """A copy of ``norm`` (own Scale/B constants, one output) inserted after it, marked :data:`COPY_OF_KEY`."""
     graph = model.graph
-    inputs = [norm.inputs[0]]
+    inputs = list(norm.inputs[:3])
     for index, suffix in ((1, "scale"), (2, "bias")):
         if len(norm.inputs) > index and norm.inputs[index] is not None:
             array = norm.inputs[index].const_value.numpy().copy()
             value = ir.Value(name=f"{norm.name}{COPY_SUFFIX}.{suffix}", shape=ir.Shape(array.shape),
                              type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
             graph.register_initializer(value)
-            inputs.append(value)
+            inputs[index] = value
     copy = ir.node(norm.op_type, inputs, attributes=dict(norm.attributes), domain=norm.domain,
                    name=f"{norm.name}{COPY_SUFFIX}", num_outputs=1, metadata_props={COPY_OF_KEY: norm.name})
     original = norm.outputs[0]
