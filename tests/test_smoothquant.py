@@ -192,23 +192,30 @@ def test_a_mul_by_a_per_feature_constant_absorbs_the_scale(tmp_path):
     """A decomposed RMSNorm ends in ``x * weight``: the weight takes ``1 / s``."""
     weight = np.ones(HIDDEN)
     weight[list(OUTLIERS)] = 100.0
-    graph_proto = helper.make_graph(
+    graph_proto = helper.make_graph(  # two norms share one weight, as exporters merge equal initializers
         [helper.make_node("Mul", ["x", "g"], ["n"], name="rms_weight"),
-         helper.make_node("MatMul", ["n", "w"], ["y"], name="mm")],
+         helper.make_node("MatMul", ["n", "w"], ["m"], name="mm"),
+         helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Mul", ["r", "g"], ["n2"], name="rms_weight2"),
+         helper.make_node("MatMul", ["n2", "w2"], ["m2"], name="mm2"),
+         helper.make_node("Add", ["m", "m2"], ["y"], name="sum")],
         "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, HIDDEN])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TOKENS, OUT])],
         [numpy_helper.from_array(weight.astype(np.float32), "g"),
-         numpy_helper.from_array(RNG.standard_normal((HIDDEN, OUT)).astype(np.float32), "w")])
+         numpy_helper.from_array(RNG.standard_normal((HIDDEN, OUT)).astype(np.float32), "w"),
+         numpy_helper.from_array(RNG.standard_normal((HIDDEN, OUT)).astype(np.float32), "w2")])
     source = tmp_path / "rms.onnx"
     onnx.save(helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), str(source))
     graph = load_mblt(mblt_compile(source, tmp_path / "rms.mblt", backend="onnx"))
     stats = collect_statistics(graph, _samples(8), num_samples=8)
     feeds = _samples(2)
     before = [_run(graph, sample) for sample in feeds]
-    (item,) = smooth(graph, stats).smoothed
-    mul = next(node for node in graph.graph if node.op_type == "Mul")
-    assert item.producer == mul.name
-    assert np.ptp(mul.inputs[1].const_value.numpy()) < np.ptp(weight) / 5  # the outliers moved into the MatMul
+    result = smooth(graph, stats)
+    muls = [node for node in graph.graph if node.op_type == "Mul"]
+    assert sorted(item.producer for item in result.smoothed) == sorted(node.name for node in muls)
+    assert muls[0].inputs[1] is not muls[1].inputs[1]  # each got its own copy of the shared weight
+    for mul in muls:
+        assert np.ptp(mul.inputs[1].const_value.numpy()) < np.ptp(weight) / 5  # the outliers moved into the MatMul
     for sample, reference in zip(feeds, before):
         np.testing.assert_allclose(_run(graph, sample), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
 

@@ -24,8 +24,9 @@ with the divided Scale/B for the linear readers alone: one more norm per block (
 over ``S x H`` values, small beside the MatMuls it feeds) whose output can be int8 while the original
 keeps its width for the residual stream. No Mul is inserted anywhere: that would be one more
 requantizing operation, and its per-feature constant would need the very range int8 lacks. Outputs
-are also skipped when their producer's constants are shared with another node, or when there are no
-per-feature statistics (:attr:`~compiler_core.calibration.statistics.TensorStats.feature_absmax`).
+are also skipped when there are no per-feature statistics
+(:attr:`~compiler_core.calibration.statistics.TensorStats.feature_absmax`). A Scale shared with other
+nodes (exporters merge equal initializers) is copied first, so only this producer's copy is divided.
 
 QKV projections reading one norm get one scale vector from the max over their weight rows.
 
@@ -120,11 +121,12 @@ def smooth(model: ir.Model, stats: StatisticsSet, *, alpha: float = DEFAULT_ALPH
         scales = None if reason else _scales(value, linears, stats.tensors.get(value.name), alpha)
         if reason or scales is None:
             result.skipped.append(SmoothSkip(value.name, reason or "no per-feature statistics for this tensor"))
+            logger.debug("SmoothQuant leaves %s as it is: %s", value.name, result.skipped[-1].reason)
             continue
         producer = value.producer()
         target = _duplicate(model, producer) if shared else producer
         for index in _absorbing_inputs(target):
-            _scale_constant(target.inputs[index], 1.0 / scales)
+            _scale_constant(_private_constant(model, target, index), 1.0 / scales)
         for node in linears:
             _scale_weight_rows(node, scales)
             if target is not producer:
@@ -210,8 +212,8 @@ def _cannot_fold(value: ir.Value, linears: list[ir.Node], shared: str = "") -> s
         return f"{producer.name} normalizes over another axis than the features"
     indices = _absorbing_inputs(producer)
     if not indices or any(not _per_feature_constant(producer.inputs[i], features) for i in indices):
-        return (f"{producer.name} has no per-feature constant of its own to absorb the scale (norm Scale/B, or "
-                f"the constant operand of a Mul, shaped [{features}] and used by that node only)")
+        return (f"{producer.name} has no per-feature constant to absorb the scale (norm Scale/B, or the constant "
+                f"operand of a Mul, shaped [{features}])")
     if len({id(node.inputs[1]) for node in linears}) != len(linears) or any(len(node.inputs[1].uses()) != 1
                                                                              for node in linears):
         return "a weight is shared with another node"
@@ -227,11 +229,28 @@ def _absorbing_inputs(node: ir.Node) -> list[int]:
 
 
 def _per_feature_constant(value: ir.Value, features: int | None) -> bool:
-    """A constant of ``features`` entries along its last axis only, read by one node."""
-    if value.const_value is None or len(value.uses()) != 1 or features is None:
+    """A constant of ``features`` entries along its last axis only."""
+    if value.const_value is None or features is None:
         return False
     shape = tuple(value.const_value.shape)
     return bool(shape) and shape[-1] == features and int(np.prod(shape)) == features
+
+
+def _private_constant(model: ir.Model, node: ir.Node, index: int) -> ir.Value:
+    """Input ``index`` of ``node``, first copied to a constant of its own if other nodes read it too.
+
+    Exporters merge equal initializers (freshly initialized norms all have weight 1), so a norm's
+    Scale can be shared by every norm of the model; only this node's copy is scaled.
+    """
+    value = node.inputs[index]
+    if len(value.uses()) == 1:
+        return value
+    array = value.const_value.numpy().copy()
+    private = ir.Value(name=f"{node.name}.smoothquant_{index}", shape=ir.Shape(array.shape),
+                       type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
+    model.graph.register_initializer(private)
+    node.replace_input_with(index, private)
+    return private
 
 
 def _duplicate(model: ir.Model, norm: ir.Node) -> ir.Node:
