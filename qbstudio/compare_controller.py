@@ -111,6 +111,7 @@ class CompareController(QObject):
     def _on_model(self) -> None:
         loaded = self.window.loaded
         self.compare.set_layer_order([node.name for node in loaded.model.graph] if loaded else [])
+        self.compare.model_name = str(getattr(self.window.project.model, "path", "") or "") if loaded else ""
         self.compare.histogram.mblt_path = str(self.window.project.mblt_path) if loaded else ""
 
     def _on_layer(self, name: str) -> None:
