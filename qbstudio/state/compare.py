@@ -78,13 +78,19 @@ def settings_diff(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
 
 
 def metric_rows(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
-    """``(label, value per run)``: output metrics per output, estimated latency/FPS per core mode, size, ..."""
+    """``(label, value per run)``: output metrics per output, estimated latency/FPS per core mode, size, ...
+
+    Top-1/top-5 agreement rows appear only for outputs holding class scores (some run has them).
+    """
     rows: list[tuple[str, list[Any]]] = []
     outputs = list(dict.fromkeys(name for run in runs for name in run.outputs))
     for output in outputs:
         for key, label in (("sqnr_db", "SQNR (dB)"), ("cosine_mean", "cosine"), ("top1_agreement", "top-1 agreement"),
                            ("top5_agreement", "top-5 agreement"), ("max_abs_error", "max |error|")):
-            rows.append((f"{output}: {label}", [run.outputs.get(output, {}).get(key) for run in runs]))
+            values = [run.outputs.get(output, {}).get(key) for run in runs]
+            if key.endswith("_agreement") and all(value is None for value in values):
+                continue  # not class scores (compiler_core.analysis.metrics.is_classifier_output)
+            rows.append((f"{output}: {label}", values))
     modes = list(dict.fromkeys(mode for run in runs for mode in run.estimate))
     for mode in modes:
         rows.append((f"{mode}: latency (ms, est.)", [run.estimate.get(mode, {}).get("latency_ms") for run in runs]))
