@@ -39,6 +39,7 @@ from qbstudio.state.compare import (
 )
 from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.widgets import compare_export
+from qbstudio.widgets.compare_graphs import TwinGraphs
 from qbstudio.widgets.histogram_view import HistogramView
 from qbstudio.widgets.layer_plot import RUN_COLOURS, LayerPlot
 from qbstudio.widgets.summary import human_size
@@ -256,6 +257,9 @@ class CompareView(QWidget):
         self.tabs.addTab(self.layers, "Per layer")
         self.tabs.addTab(self.histogram, "Why a layer differs")
         self.tabs.addTab(self.sweep, "Sweep && Pareto")
+        self.twin = TwinGraphs()
+        self.twin.node_selected.connect(self._on_layer_clicked)
+        self.tabs.addTab(self.twin, "Two graphs")
         self._build()
 
     def _make_table(self) -> QTableWidget:
@@ -372,6 +376,7 @@ class CompareView(QWidget):
         self.side.set_runs(runs, baseline)
         self.layers.set_runs(runs, self.layer_order, baseline)
         self.histogram.set_runs(runs)
+        self.twin.set_runs(runs, self.baseline_id)
         self.picks_changed.emit()
 
     def _on_selection(self) -> None:
@@ -400,6 +405,7 @@ class CompareView(QWidget):
     def show_layer(self, name: str) -> None:
         """Layer ``name`` was selected (here or elsewhere): mark it and load its histogram."""
         self.layers.select_layer(name)
+        self.twin.select_node(name)
         if any(run.layer_row(name) for run in self.picked_runs):
             self.histogram.show_layer(name)
 

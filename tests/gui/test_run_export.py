@@ -6,7 +6,8 @@ process (here called directly), into a project-like ``runs/run-001`` folder. The
 path, so a reproduction must write to that same path: the tests move the original MXQ aside, run the copied text
 in a fresh interpreter (``qbcompiler`` is the console script of ``python -m compiler_core``, so the copied command's
 first word is replaced by that; nothing else changes) and compare the new file with the original, byte for byte,
-without any normalisation. Screenshots: build/screenshots/runs_copy_menu.png, runs_report.png.
+without any normalisation. Also the *Two graphs* tab (selection and viewport synced). Screenshots:
+build/screenshots/runs_copy_menu.png, runs_report.png, compare_two_graphs.png.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from compiler_core.sweep import InProcessExecutor, run_sweep  # noqa: E402
 from compiler_core.sweep.report import LAYER_CSV_COLUMNS, SECTIONS  # noqa: E402
 from qbstudio.state.runs import RunHistory, RunRecord  # noqa: E402
 from qbstudio.tasks import compile_run  # noqa: E402
+from qbstudio.widgets.compare_graphs import SYNC_MS  # noqa: E402
 from qbstudio.widgets.compare_view import CompareView  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,3 +231,36 @@ def test_unwritable_export_paths_are_message_boxes(view, runs, tmp_path, dialog_
     assert view.export_csv(str(blocker / "layers.csv")) is None
     assert [title for title, _ in dialog_calls] == ["Report not written", "CSV not written"]
     assert "Cannot write" in dialog_calls[0][1]
+
+
+def _graph_js(qtbot, graph, expression: str):
+    return _run_js(qtbot, graph.web_view, expression)
+
+
+def test_two_graphs_side_by_side_with_synced_selection_and_viewport(qtbot, view, runs):
+    view.set_picks([1, 3], baseline=1)
+    view.twin.set_model(str(runs["mblt"]))
+    view.tabs.setCurrentWidget(view.twin)
+    left, right = view.twin.views
+    qtbot.waitUntil(lambda: left.is_ready and right.is_ready, timeout=60_000)
+    assert (left.colouring, right.colouring) == ("sqnr:1", "sqnr:3") and left.heat_active and right.heat_active
+    fill = "getComputedStyle(document.querySelector('#node-name-Conv_0 > g.node-item-type > path')).fill"
+    qtbot.waitUntil(lambda: _graph_js(qtbot, left, fill) != _graph_js(qtbot, right, fill), timeout=5000)
+
+    selected = "Array.from(window.__view__.target.selection).map(e => e.value.name)"
+    left.node_selected.emit("Conv_1")  # what a click on Conv_1 in the left graph sends (tests/gui/test_graph_view.py)
+    qtbot.waitUntil(lambda: _graph_js(qtbot, right, selected) == ["Conv_1"], timeout=5000)
+
+    viewport = "[window.__view__.target._zoom, document.getElementById('target').scrollTop]"
+    settled: list = []  # the right view's scroll to Conv_1 is over once two reads agree
+    qtbot.waitUntil(lambda: settled.append(_graph_js(qtbot, right, viewport)) or settled[-2:-1] == settled[-1:],
+                    timeout=5000)
+    qtbot.wait(2 * SYNC_MS)
+    _graph_js(qtbot, left, "(() => { window.__view__.target._updateZoom(1.3); "
+                           "document.getElementById('target').scrollTop = 150; return 1; })()")
+    moved = _graph_js(qtbot, left, viewport)
+    assert moved[0] == pytest.approx(1.3) and moved[1] > 0
+    qtbot.waitUntil(lambda: _graph_js(qtbot, right, viewport) == moved, timeout=5000)
+    qtbot.wait(300)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    assert view.grab().save(str(SCREENSHOTS / "compare_two_graphs.png"))
