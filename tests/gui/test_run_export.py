@@ -127,6 +127,8 @@ def test_copied_command_and_python_rebuild_the_mxq_byte_for_byte(qtbot, view, ru
     assert all(Path(path).is_absolute() and Path(path).exists() for path in paths)
     config = json.loads(Path(paths[2]).read_text())
     assert Path(paths[2]).parent == mxq.parent and config["savePaths"] == [str(mxq)]
+    if index == 0:  # the Compile button's run: its own compile_config.json is the recorded config, reused
+        assert Path(paths[2]).name == "compile_config.json" and not list(mxq.parent.glob("*.reproduce.json"))
     original = mxq.read_bytes()
     assert _rebuild(mxq, [sys.executable, "-m", "compiler_core", *argv[1:]], tmp_path) == original
 
