@@ -64,9 +64,9 @@ def report_data(runs: Sequence[RunRecord], baseline: int = 0, *, model: str = ""
 def _record(run: RunRecord, settings: dict[str, Any], on_front: bool) -> dict[str, Any]:
     try:
         command = copy_text(run, "command")
-    except QBCompilerError as error:
+    except (QBCompilerError, OSError) as error:
         logger.info("run #%d has no reproduction command: %s", run.run_id, error)
-        command = f"(not reproducible: {error.message})"
+        command = f"(not reproducible: {getattr(error, 'message', error)})"
     return {"name": run.label, "status": "ok", "summary": run.config_summary, "created": run.created,
             "settings": settings, "outputs": run.outputs, "worst_sqnr_db": run.accuracy(),
             "latency_ms": run.latency_ms(), "estimate": run.estimate, "mxq": run.mxq_path,
