@@ -60,7 +60,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
         session, names = _reference_session(mblt_path, model, per_layer)
         outputs = {spec.name: TensorComparison() for spec in model.outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
-        classifier = {spec.name: is_classifier_output(spec.shape) for spec in model.outputs}
+        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), len(model.outputs))
+                      for spec in model.outputs}
         fast = executor_for(model)
         batch = _batch_size(model, set(layers)) if fast.batchable else 1
         reporter.advance(0, "comparing FP32 and quantized outputs")
@@ -74,6 +75,20 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     report = _report(model, outputs, layers, classifier, count)
     report["warnings"] = _near_zero_warnings(report["outputs"], sample_names)
     return report
+
+
+_SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _head_op(model: QuantizedModel, tensor: str) -> str:
+    """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none)."""
+    producers = {name: op for op in model.ops for name in op.outputs}
+    op = producers.get(tensor)
+    for _ in range(len(model.ops)):
+        if op is None or op.op_type not in _SHAPE_OPS or not op.inputs:
+            break
+        op = producers.get(op.inputs[0])
+    return op.op_type if op is not None else ""
 
 
 def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | None) -> list[str]:
