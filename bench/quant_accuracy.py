@@ -313,6 +313,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=64, help="calibration photos (default 64)")
     parser.add_argument("--eval", type=int, default=40, help="held-out photos (default 40)")
+    parser.add_argument("--held-out", type=int, metavar="N",
+                        help="judge on N views of the 30 held-out scenes (realdata.HELD_OUT_SOURCES) instead")
     parser.add_argument("--runs", type=int, default=1, help="timed runs per tool; the median is shown")
     parser.add_argument("--executor", choices=("golden", "qdq"), default="golden",
                         help="run our quantized model with the golden executor or as QDQ in onnxruntime")
@@ -336,6 +338,8 @@ def main() -> None:
 
     source = realmodels.mobilenet_v2_onnx()
     calib, evaluation = realdata.imagenet_photo_sets(args.samples, args.eval)
+    if args.held_out:
+        evaluation = realdata.imagenet_held_out_views(args.held_out)
     feeds = {"input": realdata.imagenet_tensors(evaluation)}
     fp32 = realdata.run_float(source, feeds, "logits")
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as scratch:
