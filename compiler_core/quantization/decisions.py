@@ -42,6 +42,9 @@ class DecisionOptions:
             outputs feed the CPU tail, which reads them again: they get no headroom); ``None``: all.
         signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
             (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
+        int16_headroom: factor on the calibrated range of every int16 activation tensor (at least the
+            output headroom where that applies): 16 bits leave resolution to spare for inputs unlike the
+            calibration set.
     """
 
     symmetric: bool = True
@@ -52,6 +55,7 @@ class DecisionOptions:
     output_bits: int = 8
     model_outputs: frozenset[str] | None = None
     signal_rms: Mapping[str, float] = field(default_factory=dict)
+    int16_headroom: float = 1.0
 
 
 OUTPUT_MIN_SQNR_DB = 25.0
@@ -120,6 +124,8 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
             if name in head and factor < options.output_headroom:
                 logger.info("Output headroom of %s: %.2f instead of %.2f (values narrow for their range)", name,
                             factor, options.output_headroom)
+            if record.bits == 16:
+                factor = max(factor, options.int16_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records
