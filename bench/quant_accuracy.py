@@ -279,6 +279,7 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
                                                       "latency_increase", "pareto", "chosen")}
                                   for p in mixed["points"]]}
     if len(specs) == 1 and source.suffix == ".onnx":
+        source = _pinned(source, entry.input_shape_dict, folder / f"{name}_pinned.onnx")
         ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib[:corpus.N_CALIB]]
         ort_eval = [{_source_input(source): s[specs[0].name]} for s in evaluation]
         for method in ("MinMax", "Percentile", "Entropy"):
@@ -290,6 +291,21 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
             except Exception as error:  # a peer failure is a table cell, not the end of the bench
                 rows[f"onnxruntime {method}"] = {"error": f"{type(error).__name__}: {error}"[:200]}
     return rows
+
+
+def _pinned(source: Path, shapes: dict[str, list[int]], output: Path) -> Path:
+    """``source`` with the corpus entry's static input shapes (``quant_pre_process``'s symbolic shape
+    inference stops at PP-OCR det's dynamic height and width)."""
+    import onnx
+
+    if not shapes:
+        return source
+    model = onnx.load(str(source))
+    for value in model.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, [])):
+            dim.dim_value = size
+    onnx.save(model, str(output))
+    return output
 
 
 def _source_input(source: Path) -> str:
