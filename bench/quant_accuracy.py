@@ -11,7 +11,8 @@ Tools:
 
 - **ours**: ``quantize(mblt, calib, config_preset="classification")`` with every sample used for
   calibration (``analysisHoldout 0``, ``numSamples = --samples``), in a fresh statistics cache; then
-  calibration modes 0 (Max), 2 (Histogram) and 3 (MSE) on the cached statistics. Outputs come from
+  calibration modes 0 (Max), 2 (Histogram) and 3 (MSE) and :data:`EXTRA_CONFIGS` (preset ``a16w8`` with
+  layer bias correction) on the cached statistics. Outputs come from
   the golden executor (``executor.run_codes`` per photo, two worker processes); ``--executor qdq``
   runs the exported QDQ model in onnxruntime instead (within one step of the golden executor).
 - **onnxruntime**: ``quant_pre_process`` (shape inference and graph optimization, the documented step
@@ -25,8 +26,11 @@ reading included; onnxruntime: ``quantize_static``, and separately ``quant_pre_p
 ``--runs``; parsing to MBLT is reported apart. Ratios are ours / onnxruntime (below 1 is better for
 us); a cached mode switch is shown as a percentage of our first run.
 
-Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40] [--runs 1] [--executor golden|qdq]
-[--json out.json]``.
+``--held-out N`` judges on N views of the 30 held-out scenes of :func:`realdata.imagenet_held_out_views`
+(the 5 above and 25 photographs from Debian's wallpaper packages) instead of ``--eval`` views of 5.
+
+Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40 | --held-out 300] [--runs 1]
+[--executor golden|qdq] [--json out.json]``.
 
 **Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, the
 corpus entry's real calibration data (``tests/corpus.py``: ``N_CALIB`` samples, plus ``--amp-holdout``
@@ -65,6 +69,10 @@ import realdata  # noqa: E402
 import realmodels  # noqa: E402
 
 CACHED_MODES = {0: "Max", 2: "Histogram", 3: "MSE"}
+EXTRA_CONFIGS = {"a16w8 + layer bias correction": {"config_preset": "a16w8",
+                                                   "layer_bias_correction_config": {"apply": True}}}
+"""More configs of ours, on the cached statistics: int16 activations (with the preset's 2x range headroom) and
+the iterative bias correction the ``classification`` preset also applies."""
 
 
 def metrics(fp32: np.ndarray, logits: np.ndarray) -> dict[str, float]:
@@ -85,12 +93,13 @@ def timed(function, *args, **kwargs):
 # -- ours ---------------------------------------------------------------------------------------------
 
 
-def quantize_ours(mblt: Path, calib: Path, samples: int, mode: int | None = None):
+def quantize_ours(mblt: Path, calib: Path, samples: int, mode: int | None = None, config_preset: str = "classification",
+                  **config_args):
     from compiler_core.api import quantize
 
     calibration = {"numSamples": samples, **({"mode": mode} if mode is not None else {})}
-    return quantize(mblt, calib, config_preset="classification", preprocessing_config=realdata.IMAGENET_PREPROCESSING,
-                    calibration_config=calibration, analysis_holdout=0, analysis=False)
+    return quantize(mblt, calib, config_preset=config_preset, preprocessing_config=realdata.IMAGENET_PREPROCESSING,
+                    calibration_config=calibration, analysis_holdout=0, analysis=False, **config_args)
 
 
 def our_logits(mblt: Path, model, feeds: dict[str, np.ndarray], executor: str, folder: Path) -> np.ndarray:
@@ -118,6 +127,11 @@ def run_ours(mblt: Path, calib: Path, args, feeds, fp32, folder: Path) -> dict:
         rows[f"mode {mode} ({name}), cached"] = {
             "seconds": seconds, "from_cache": switched.statistics_from_cache, "stages": switched.timings,
             **metrics(fp32, our_logits(mblt, switched.model, feeds, args.executor, folder))}
+    for name, config in EXTRA_CONFIGS.items():
+        other, seconds = timed(quantize_ours, mblt, calib, args.samples, **config)
+        rows[f"{name}, cached"] = {
+            "seconds": seconds, "from_cache": other.statistics_from_cache, "stages": other.timings,
+            **metrics(fp32, our_logits(mblt, other.model, feeds, args.executor, folder))}
     return rows
 
 
@@ -265,6 +279,7 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
                                                       "latency_increase", "pareto", "chosen")}
                                   for p in mixed["points"]]}
     if len(specs) == 1 and source.suffix == ".onnx":
+        source = _pinned(source, entry.input_shape_dict, folder / f"{name}_pinned.onnx")
         ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib[:corpus.N_CALIB]]
         ort_eval = [{_source_input(source): s[specs[0].name]} for s in evaluation]
         for method in ("MinMax", "Percentile", "Entropy"):
@@ -276,6 +291,21 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
             except Exception as error:  # a peer failure is a table cell, not the end of the bench
                 rows[f"onnxruntime {method}"] = {"error": f"{type(error).__name__}: {error}"[:200]}
     return rows
+
+
+def _pinned(source: Path, shapes: dict[str, list[int]], output: Path) -> Path:
+    """``source`` with the corpus entry's static input shapes (``quant_pre_process``'s symbolic shape
+    inference stops at PP-OCR det's dynamic height and width)."""
+    import onnx
+
+    if not shapes:
+        return source
+    model = onnx.load(str(source))
+    for value in model.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, [])):
+            dim.dim_value = size
+    onnx.save(model, str(output))
+    return output
 
 
 def _source_input(source: Path) -> str:
@@ -313,6 +343,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=64, help="calibration photos (default 64)")
     parser.add_argument("--eval", type=int, default=40, help="held-out photos (default 40)")
+    parser.add_argument("--held-out", type=int, metavar="N",
+                        help="judge on N views of the 30 held-out scenes (realdata.HELD_OUT_SOURCES) instead")
     parser.add_argument("--runs", type=int, default=1, help="timed runs per tool; the median is shown")
     parser.add_argument("--executor", choices=("golden", "qdq"), default="golden",
                         help="run our quantized model with the golden executor or as QDQ in onnxruntime")
@@ -336,6 +368,8 @@ def main() -> None:
 
     source = realmodels.mobilenet_v2_onnx()
     calib, evaluation = realdata.imagenet_photo_sets(args.samples, args.eval)
+    if args.held_out:
+        evaluation = realdata.imagenet_held_out_views(args.held_out)
     feeds = {"input": realdata.imagenet_tensors(evaluation)}
     fp32 = realdata.run_float(source, feeds, "logits")
     with tempfile.TemporaryDirectory(prefix="bench-quant-") as scratch:

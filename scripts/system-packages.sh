@@ -8,6 +8,8 @@ set -e
 missing=""
 [ -d /usr/share/datasets/fashion-mnist ] || missing="$missing dataset-fashion-mnist"
 [ -d /usr/share/pocketsphinx/test/data/librivox ] || missing="$missing pocketsphinx-testdata"  # speech for the corpus
+[ -d /usr/share/backgrounds/mate/nature ] || missing="$missing mate-backgrounds"  # held-out photos (MobileNetV2)
+[ -f /usr/share/backgrounds/Bridge_by_Sander_Klootwijk.jpg ] || missing="$missing lomiri-wallpapers-16.04"  # held-out photos
 [ -d /usr/share/fonts/truetype/dejavu ] || missing="$missing fonts-dejavu-core"  # rendered text for OCR models
 [ -d /usr/share/fonts/truetype/wqy ] || missing="$missing fonts-wqy-microhei"  # a glyph for Netron's shape brackets
 command -v bible >/dev/null 2>&1 || missing="$missing bible-kjv"  # public-domain English text for the LLM bench

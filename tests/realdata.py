@@ -114,6 +114,45 @@ EVAL_SOURCES: dict[str, Callable[[], np.ndarray]] = {
     "flower": _sklearn("flower.jpg"),
     "grace_hopper": _matplotlib("grace_hopper.jpg"),
 }
+WALLPAPER_DIR = Path("/usr/share/backgrounds")
+WALLPAPER_SHORT_SIDE = 640
+MATE_NATURE = ("Aqua", "Blinds", "Dune", "FreshFlower", "Garden", "GreenMeadow", "LadyBird", "RainDrops", "Storm",
+               "TwoWings", "Wood", "YellowFlower")
+LOMIRI_PHOTOS = ("Bridge_by_Sander_Klootwijk", "Dragonfly_by_Bolly", "Picture_0B_by_freespace",
+                 "Picture_1A_by_freespace", "Wine_by_Jakkub_Mede", "aitzgorri_by_Aitzol_Berasategi",
+                 "free_by_Peter_Nerlich", "friends_by_Aitzol_Berasategi", "greentock_by_Peter_Nerlich",
+                 "life_by_Aitzol_Berasategi", "picosdeeuropa_by_Aitzol_Berasategi",
+                 "seeding_by_Clements_Engelhardt", "sunset_by_Aitzol_Berasategi")
+"""Photographs of the Debian wallpaper packages (their abstract and rendered wallpapers are left out)."""
+
+
+def _wallpaper(relative: str, package: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        from PIL import Image
+
+        path = WALLPAPER_DIR / relative
+        if not path.is_file():
+            raise RealModelUnavailable(f"{path} is missing: apt-get install -y {package} (as root)")
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            scale = WALLPAPER_SHORT_SIDE / min(image.size)
+            return np.asarray(image.resize((round(image.width * scale), round(image.height * scale)),
+                                           Image.Resampling.LANCZOS))
+    return load
+
+
+WALLPAPER_FILES: dict[str, tuple[str, str]] = {
+    **{f"mate_{name}": (f"mate/nature/{name}.jpg", "mate-backgrounds") for name in MATE_NATURE},
+    **{f"lomiri_{name.split('_by_')[0]}": (f"{name}.jpg", "lomiri-wallpapers-16.04") for name in LOMIRI_PHOTOS},
+}
+"""Source name -> (path under :data:`WALLPAPER_DIR`, Debian package)."""
+WALLPAPER_SOURCES: dict[str, Callable[[], np.ndarray]] = {
+    name: _wallpaper(relative, package) for name, (relative, package) in WALLPAPER_FILES.items()}
+"""25 held-out photos of 25 scenes from Debian packages, downscaled to a short side of 640 pixels (a 40 %
+window then still covers the model's 256-pixel resize): ``mate-backgrounds`` nature/ (12 photos, GPL-2+),
+``lomiri-wallpapers-16.04`` (13 photos, CC-BY-4.0 / CC-BY-SA-4.0)."""
+HELD_OUT_SOURCES: dict[str, Callable[[], np.ndarray]] = {**EVAL_SOURCES, **WALLPAPER_SOURCES}
+"""Every held-out scene: :data:`EVAL_SOURCES` and :data:`WALLPAPER_SOURCES` (30 scenes)."""
 CALIB_SOURCES: dict[str, Callable[[], np.ndarray]] = {
     "astronaut": _skimage("astronaut"),
     "motorcycle_left": _skimage("stereo_motorcycle", 0),
@@ -213,6 +252,23 @@ def imagenet_photo_sets(n_calib: int = 64, n_eval: int = 40) -> tuple[Path, Path
     calib = _photo_folder("calib" if n_calib == 64 else f"calib_{n_calib}", CALIB_SOURCES, n_calib)
     evaluation = _photo_folder("eval" if n_eval == 40 else f"eval_{n_eval}", EVAL_SOURCES, n_eval)
     return calib, evaluation
+
+
+def imagenet_held_out_views(count: int = 300) -> Path:
+    """JPEG folder of ``count`` views of the 30 held-out scenes (:data:`HELD_OUT_SOURCES`), round-robin.
+
+    No scene is a calibration scene of :func:`imagenet_photo_sets`. Cached as ``photos/heldout_<count>``.
+
+    Raises:
+        RealModelUnavailable: a Python package or a Debian wallpaper package is missing.
+    """
+    for module, pip_name in (("skimage", "scikit-image"), ("sklearn", "scikit-learn"),
+                             ("matplotlib", "matplotlib"), ("PIL", "Pillow")):
+        _require_module(module, pip_name)
+    for relative, package in WALLPAPER_FILES.values():
+        if not (WALLPAPER_DIR / relative).is_file():
+            raise RealModelUnavailable(f"{WALLPAPER_DIR / relative} is missing: apt-get install -y {package} (as root)")
+    return _photo_folder(f"heldout_{count}", HELD_OUT_SOURCES, count)
 
 
 def image_files(folder: Path) -> list[Path]:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 MIN_COSINE = {
     "mobilenet_v2": 0.99,
     "ppocr_cls": 0.98,
-    "blazeface_short": 0.97,
+    "blazeface_short": 0.99,  # a16w8 (int16 range headroom): 0.9968
     "mtcnn_pnet": 0.99,
 }
 """Floor of the worst output's mean cosine over the held-out samples, per fast model."""

@@ -1,4 +1,4 @@
-"""Accuracy mechanisms of the quantizer: output headroom and cross-layer equalization (small synthetic models)."""
+"""Accuracy mechanisms of the quantizer: output and int16 headroom, cross-layer equalization (small synthetic models)."""
 
 from __future__ import annotations
 
@@ -126,6 +126,27 @@ def test_quantize_graph_caps_the_headroom_of_a_narrow_output(tmp_path):
     narrow = quantize_graph(load_mblt(tmp_path / "model.mblt"), ranges, resolve_config(), signal_rms={"y": 0.01})
     assert float(full.params("y").scale) == pytest.approx(2.0 / 127)
     assert float(narrow.params("y").scale) == pytest.approx(1.0 / 127)
+
+
+def test_int16_headroom_keeps_inner_int16_tensors_past_the_calibrated_range(tmp_path):
+    """BlazeFace on a held-out face: inner activations 20-80 % past the calibrated range; int16 has steps to spare."""
+    model = _model([helper.make_node("Conv", ["x", "w0"], ["inner"], name="conv0"),
+                    helper.make_node("Conv", ["inner", "w1"], ["y"], name="conv1")],
+                   {"x": [1, 2, 4, 4]}, {"y": [1, 2, 4, 4]},
+                   {"w0": np.eye(2).reshape(2, 2, 1, 1), "w1": 0.5 * np.eye(2).reshape(2, 2, 1, 1)})
+    mblt = _mblt(tmp_path, model)
+    feeds = {"x": np.full((1, 2, 4, 4), 0.5, dtype=np.float32)}
+    feeds["x"][0, 0] = 1.8  # "inner" 1.8x past its calibrated range of ±1
+    reference = _fp32(mblt, feeds)
+    int16 = {"bit_config": {"layer_overrides": {"activation16_bits": ["*"]}}}
+    clipped = executor.run(_quantized_with_range(mblt, 1.0, **int16), feeds)["y"]
+    program = _quantized_with_range(mblt, 1.0, calibration_config={"int16_headroom": 2}, **int16)
+    kept = executor.run(program, feeds)["y"]
+    assert np.abs(clipped - reference).max() > 0.3  # clipped at the inner tensor: 0.5 * 1.0 instead of 0.5 * 1.8
+    assert float(program.params("Conv_0").scale) == pytest.approx(2.0 / 32767)
+    assert np.abs(kept - reference).max() < 1e-3
+    int8 = _quantized_with_range(mblt, 1.0, calibration_config={"int16_headroom": 2})
+    assert float(int8.params("Conv_0").scale) == pytest.approx(1.0 / 127)  # int8 tensors keep their range
 
 
 def _cache_model() -> onnx.ModelProto:

@@ -221,6 +221,11 @@ class CalibrationConfig(ConfigSection):
                     "only through data movement or Concat): inputs unlike the calibration set push final logits "
                     "and regressions past the calibrated maximum, and nothing reads an output again, so resolution "
                     "is traded for headroom there. 1 keeps the calibrated range.")
+    int16_headroom: float = Field(
+        1.0, ge=1, le=16,
+        description="Factor on the calibrated range of every int16 activation: 16 bits have resolution to spare, "
+                    "so held-out inputs past the calibration set's range (a larger, sharper face) are not "
+                    "clipped. 1 keeps the calibrated range.")
     layer_overrides: dict[str, LayerCalibrationOverride] = Field(
         default_factory=dict, description="Glob pattern of layer names -> settings for those layers.")
 

@@ -85,9 +85,15 @@ PRESETS: dict[str, Preset] = {
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "a16w8": Preset(
         "Any model that 8-bit activations cannot hold (recurrent state over many steps, dense regression "
-        "heads, image-to-image): int16 activations everywhere, int8 weights, WChAMulti, Max calibration.",
-        {"calibration": {"method": 1, "mode": 0},
+        "heads, image-to-image): int16 activations everywhere with 2x range headroom, int8 weights, WChAMulti, "
+        "Max calibration.",
+        {"calibration": {"method": 1, "mode": 0, "int16Headroom": 2},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
+    "a16w16": Preset(
+        "Regression models whose loss is the weight rounding of many layers (MediaPipe hand landmarks, pose "
+        "detector): as a16w8, and int16 weights everywhere (twice the weight memory).",
+        {"calibration": {"method": 1, "mode": 0, "int16Headroom": 2},
+         "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
     "llm": Preset(
         "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
         {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},

@@ -45,6 +45,9 @@ class DecisionOptions:
         signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
             (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
         residual_bits: activation width of the residual-branch outputs (see :func:`residual_branches`).
+        int16_headroom: factor on the calibrated range of every int16 activation tensor (at least the
+            output headroom where that applies): 16 bits leave resolution to spare for inputs unlike the
+            calibration set.
     """
 
     symmetric: bool = True
@@ -56,6 +59,7 @@ class DecisionOptions:
     model_outputs: frozenset[str] | None = None
     signal_rms: Mapping[str, float] = field(default_factory=dict)
     residual_bits: int = 8
+    int16_headroom: float = 1.0
 
 
 OUTPUT_MIN_SQNR_DB = 25.0
@@ -124,6 +128,8 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
             if name in head and factor < options.output_headroom:
                 logger.info("Output headroom of %s: %.2f instead of %.2f (values narrow for their range)", name,
                             factor, options.output_headroom)
+            if record.bits == 16:
+                factor = max(factor, options.int16_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
     return records

@@ -39,7 +39,8 @@ def decision_options(config: CompileConfig, view: GraphView | None = None,
                            input_params=uint8_inputs(config, view) if view is not None else {},
                            output_headroom=config.calibration.output_headroom, output_bits=config.bit.output_bits,
                            model_outputs=model_outputs, signal_rms=dict(signal_rms or {}),
-                           residual_bits=config.bit.residual_bits)
+                           residual_bits=config.bit.residual_bits,
+                           int16_headroom=config.calibration.int16_headroom)
 
 
 def uint8_inputs(config: CompileConfig, view: GraphView) -> dict:
