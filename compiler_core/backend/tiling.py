@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
-from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc, slice_keeps_axis, channel_local
+from compiler_core.backend.layout import NHWC, TensorLayout, channel_local, native_nhwc, slice_keeps_axis
 from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -190,7 +190,6 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
     Raises:
         DoesNotFitError: even the smallest tile (one row, one output channel) exceeds ``sram``.
     """
-    op = layer.main(model)
     rows = row_tiled(model, layer, layouts)
     height = layouts[layer.outputs[0]].rows if rows else 1
     channels = max(out_channels(model, layer, layouts), 1)
