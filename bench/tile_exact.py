@@ -9,7 +9,7 @@ compare the output codes bit for bit. A CPU head runs first (onnxruntime), as in
 
 Models refused before compiling (``UNSUPPORTED_OPS`` at parse or check) or whose package is
 missing are listed as skipped with the reason; anything else that stops a model is a failure.
-Results go to ``build/tile_exact/results.json``; the exit status is 1 when any mode of any model
+Results go to ``build/tile_exact/results.json`` (merged per model); the exit status is 1 when any mode of any model
 differs or fails.
 
 Usage: ``python bench/tile_exact.py [--models a,b] [--timeout 1800]`` (``make tile-exact``).
@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown model(s): {', '.join(unknown)}")
         names = [name for name in names if name in args.models.split(",")]
     started, rows = time.perf_counter(), {}
+    try:  # merged per model, so a subset run updates its rows
+        stored = json.loads(RESULTS.read_text())["models"]
+    except (OSError, ValueError, KeyError):
+        stored = {}
     for name in names:
         rows[name] = _run_child(name, args.timeout)
         print(_line(rows[name]), flush=True)
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (' + ', '.join(failed) + ')' if failed else ''}, "
           f"{sum('skipped' in row for row in rows.values())} skipped; {total:.0f} s")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"device": DEVICE, "seconds": round(total), "models": rows}, indent=1))
+    RESULTS.write_text(json.dumps({"device": DEVICE, "seconds": round(total), "models": {**stored, **rows}}, indent=1))
     return 1 if failed else 0
 
 

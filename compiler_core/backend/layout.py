@@ -2,7 +2,7 @@
 
 Rank-4 activations are stored channels-last (NHWC), so a band of output rows is one contiguous
 block and a range of channels is a strided run per pixel. Other ranks keep the ONNX order. Layers
-that the NPU runs natively on NHWC data (convolutions, point-wise work, channel concatenation,
+that the NPU runs natively on NHWC data (convolutions and transposed ones, point-wise work, channel concatenation,
 pooling, reductions over H and W, nearest Resize by scales) read and write the stored layout directly; every other layer reading or writing a rank-4
 tensor needs a transposing DMA, recorded per layer as ``transposes``.
 """
@@ -100,7 +100,7 @@ def assign_layouts(model: QuantizedModel, layers: list[Layer]) -> dict[str, Tens
 def native_nhwc(op: IntOp) -> bool:
     """Whether the NPU runs the operation directly on channels-last data."""
     if op.kind == "linear":
-        return op.attrs.get("layout") == "conv" and len(op.attrs.get("kernel", [])) == 2
+        return op.attrs.get("layout") in ("conv", "conv_transpose") and len(op.attrs.get("kernel", [])) == 2
     if op.kind == "concat":
         return op.attrs.get("axis") in (1, -3)
     if op.kind == "move":

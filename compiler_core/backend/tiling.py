@@ -105,7 +105,19 @@ def splits_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, Tens
 
 
 def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> tuple[int, int, int, int]:
-    """Input rows ``[start, end)`` an output band needs, and the zero rows to pad above and below."""
+    """Input rows ``[start, end)`` an output band needs, and the zero rows to pad above and below.
+
+    A ConvTranspose runs as a stride-1 convolution of its zero-inserted input: the band's rows of
+    that input are the real rows ``[start, end)`` with zeros inserted, padded (or, when negative,
+    cropped) by ``top`` and ``bottom``.
+    """
+    if op.kind == "linear" and op.attrs.get("layout") == "conv_transpose":
+        step, dilation, kernel = op.attrs["input_strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
+        first = r0 - op.attrs["pads"][0]  # rows of the zero-inserted input, before its padding
+        last = r1 - 1 - op.attrs["pads"][0] + (kernel - 1) * dilation + 1
+        start = min(max(0, -(-first // step)), in_height - 1)
+        end = max(min(in_height, (last - 1) // step + 1), start + 1)
+        return start, end, start * step - first, last - ((end - 1) * step + 1)
     if op.kind == "linear":
         top = op.attrs["pads"][0]
         stride, dilation, kernel = op.attrs["strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
@@ -244,8 +256,8 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
         end = min(start + width, c1)
         for row in range(r0, r1, row_count):
             tiles.append(Tile(core, row, min(row + row_count, r1), start, end))
-    first = tiles[0]
-    return tiles, working_set(model, layer, layouts, rows, first.r0, first.r1, first.c0, first.c1)
+    needs = [working_set(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1) for tile in tiles[:2]]
+    return tiles, max(needs, key=lambda need: need["total"])
 
 
 def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
@@ -255,8 +267,19 @@ def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
     low, high = 0, r1 - r0
     while low < high:
         middle = (low + high + 1) // 2
-        if working_set(model, layer, layouts, True, r0, r0 + middle, c0, c1)["total"] <= sram:
+        if _band_need(model, layer, layouts, r0, r1, middle, c0, c1)["total"] <= sram:
             low = middle
         else:
             high = middle - 1
     return low
+
+
+def _band_need(model, layer, layouts, r0: int, r1: int, count: int, c0: int, c1: int) -> dict[str, int]:
+    """The larger working set of the first band of ``count`` rows and of the next one: an inner band reads
+    the halo rows on both sides, where the first band at the edge of the map has padding instead."""
+    first = working_set(model, layer, layouts, True, r0, r0 + count, c0, c1)
+    start = min(r0 + count, r1 - count)
+    if start <= r0:
+        return first
+    inner = working_set(model, layer, layouts, True, start, start + count, c0, c1)
+    return inner if inner["total"] > first["total"] else first

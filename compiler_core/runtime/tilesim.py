@@ -162,7 +162,7 @@ class TileSimulator:
             return main
         op = copy.copy(main)
         op.attrs, op.consts = dict(main.attrs), dict(main.consts)
-        if pads is not None and main.attrs.get("layout") == "conv":
+        if pads is not None and main.attrs.get("layout") in ("conv", "conv_transpose"):
             rank = len(main.attrs["kernel"])
             op.attrs["pads"] = [pads[0], *main.attrs["pads"][1:rank], pads[1], *main.attrs["pads"][rank + 1:]]
         offset, w0, w1 = state["weights"]
