@@ -197,7 +197,7 @@ def _summarise(model, program, device, core_mode, per_layer) -> Estimate:
         peak = device.int8_macs_per_cycle_per_core * max(len(cores), 1)
         tiling = info["layers"][index]
         rows.append({"layer": layer.main(model).name, "kind": layer.main(model).kind, "unit": layer.unit,
-                     "fused": layer.fused, "tiles": tiling["tiles"], "split": tiling["split"], "cores": len(cores),
+                     "fused": layer.fused, "outputs": list(layer.outputs), "tiles": tiling["tiles"], "split": tiling["split"], "cores": len(cores),
                      "sram": tiling["sram"], "macs": macs, "cycles": int(round(cycles)), "dram_bytes": layer_dram,
                      "utilisation": round(macs / (cycles * peak), 4) if cycles and macs else 0.0})
         total_cycles += cycles

@@ -117,7 +117,8 @@ class PerformanceView(QWidget):
 
     def _index(self, rows: list[dict[str, Any]]) -> int | None:
         for index, row in enumerate(rows):
-            if self.layer and (row["layer"] == self.layer or self.layer in row.get("fused", [])):
+            if self.layer and (row["layer"] == self.layer or self.layer in row.get("fused", [])
+                               or self.layer in row.get("outputs", [])):
                 return index
         return None
 
