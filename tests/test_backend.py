@@ -273,3 +273,18 @@ def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_
     for mode in MODES:
         outputs = run_tiles(model, program, small, mode, codes)
         assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+@pytest.mark.parametrize("name", ["mtcnn_pnet", "silero_vad"])
+def test_tile_exact_bench_on_corpus_models(name):
+    """The fast subset of ``make tile-exact``: compiled with every core mode (CPU offload, presets) and bit-exact."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tile_exact", ROOT / "bench" / "tile_exact.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.check_model(name)
+    if "skipped" in row:
+        pytest.skip(row["skipped"])
+    assert "error" not in row, row
+    assert sorted(row["modes"]) == sorted(MODES) and all(entry["exact"] for entry in row["modes"].values()), row
