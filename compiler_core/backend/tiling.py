@@ -256,8 +256,18 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
         end = min(start + width, c1)
         for row in range(r0, r1, row_count):
             tiles.append(Tile(core, row, min(row + row_count, r1), start, end))
-    needs = [working_set(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1) for tile in tiles[:2]]
-    return tiles, max(needs, key=lambda need: need["total"])
+    sets = [working_set(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1) for tile in tiles]
+    return tiles, max(sets, key=lambda need: need["total"])
+
+
+def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
+    """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
+
+    A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
+    either side), so the first, a middle and the last position bound every tile of the band.
+    """
+    starts = {r0, r0 + max(r1 - r0 - count, 0) // 2, max(r1 - count, r0)}
+    return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
 
 
 def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
@@ -267,19 +277,8 @@ def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
     low, high = 0, r1 - r0
     while low < high:
         middle = (low + high + 1) // 2
-        if _band_need(model, layer, layouts, r0, r1, middle, c0, c1)["total"] <= sram:
+        if _row_tile_set(model, layer, layouts, r0, r1, c0, c1, middle) <= sram:
             low = middle
         else:
             high = middle - 1
     return low
-
-
-def _band_need(model, layer, layouts, r0: int, r1: int, count: int, c0: int, c1: int) -> dict[str, int]:
-    """The larger working set of the first band of ``count`` rows and of the next one: an inner band reads
-    the halo rows on both sides, where the first band at the edge of the map has padding instead."""
-    first = working_set(model, layer, layouts, True, r0, r0 + count, c0, c1)
-    start = min(r0 + count, r1 - count)
-    if start <= r0:
-        return first
-    inner = working_set(model, layer, layouts, True, start, start + count, c0, c1)
-    return inner if inner["total"] > first["total"] else first
