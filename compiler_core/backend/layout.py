@@ -3,7 +3,7 @@
 Rank-4 activations are stored channels-last (NHWC), so a band of output rows is one contiguous
 block and a range of channels is a strided run per pixel. Other ranks keep the ONNX order. Layers
 that the NPU runs natively on NHWC data (convolutions and transposed ones, point-wise work, channel concatenation,
-pooling, reductions over H and W, nearest Resize by scales) read and write the stored layout directly; every other layer reading or writing a rank-4
+pooling, reductions over H and W, nearest Resize by scales, spatial Pad) read and write the stored layout directly; every other layer reading or writing a rank-4
 tensor needs a transposing DMA, recorded per layer as ``transposes``.
 """
 
@@ -112,7 +112,7 @@ def channel_local(op: IntOp) -> bool:
     """Every output channel depends only on the same input channel, with nothing per channel in the operation.
 
     Reductions over H and/or W that keep the reduced axes (global pooling), and Resize by constant
-    scales that leave N and C alone.
+    scales and Pad by constant pads that leave N and C alone.
     """
     if op.kind in ("reduce_sum", "reduce_l2"):
         axes = op.attrs.get("axes") or []
@@ -120,6 +120,9 @@ def channel_local(op: IntOp) -> bool:
     if op.kind == "move" and op.op_type == "Resize" and len(op.inputs) == 3 and "input2" in op.consts:
         scales = np.asarray(op.consts["input2"]).reshape(-1)
         return scales.size == 4 and bool(np.all(scales[:2] == 1))
+    if op.kind == "move" and op.op_type == "Pad" and len(op.inputs) <= 3 and "input1" in op.consts:
+        pads = np.asarray(op.consts["input1"]).reshape(-1)  # a scalar pad value: the same for every channel
+        return pads.size == 8 and not pads[[0, 1, 4, 5]].any() and np.asarray(op.consts.get("input2", 0)).size <= 1
     return False
 
 
