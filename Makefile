@@ -78,7 +78,7 @@ corpus: setup
 	$(PY) bench/corpus.py --markdown --write docs/models.md
 
 # Tile-level simulator vs golden executor, bit for bit, on every corpus model and every core mode
-# (build/tile_exact/results.json; about 25 minutes on this 2-core machine; two models run in `make test`).
+# (build/tile_exact/results.json; 57 minutes on the shared 2-core machine under load; two models run in `make test`).
 tile-exact: setup
 	$(PY) bench/tile_exact.py
 
