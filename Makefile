@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus clean wheel package package-test desktop-validate
+.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus tile-exact cost-model clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -77,6 +77,15 @@ bench: setup
 corpus: setup
 	$(PY) bench/corpus.py
 	$(PY) bench/corpus.py --markdown --write docs/models.md
+
+# Tile-level simulator vs golden executor, bit for bit, on every corpus model and every core mode
+# (build/tile_exact/results.json; 57 minutes on the shared 2-core machine under load; two models run in `make test`).
+tile-exact: setup
+	$(PY) bench/tile_exact.py
+
+# Cost model vs the published ARIES throughputs (docs/cost-model.md).
+cost-model: setup
+	$(PY) bench/cost_model.py
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache

@@ -356,6 +356,8 @@ class MainWindow(QMainWindow):
         from qbstudio.compare_controller import CompareController
 
         self.compare_controller = CompareController(self)
+        self.details.performance.colour_by_cycles.connect(self.colour_graph_by_cycles)
+        self.graph.colouring_changed.connect(lambda _key: self.details.performance.stop_colouring())
 
     # ================================================================== project lifecycle
 
@@ -650,6 +652,18 @@ class MainWindow(QMainWindow):
             return  # a newer run was selected meanwhile
         message = "" if report else f"No performance report: {getattr(error, 'message', error)}"
         self.details.performance.set_report(report, message)
+
+    def colour_graph_by_cycles(self, mode: str) -> None:
+        """Colour the graph by each layer's share of ``mode``'s estimated latency (``""``: back to the chosen colouring)."""
+        from qbstudio.state.performance import cycle_heat
+
+        report = self.details.performance.report
+        if not mode or not report or mode not in report["modes"]:
+            self.compare_controller.apply_colouring(self.graph.colouring)
+            return
+        heat = cycle_heat(report, mode)
+        self.graph.set_heatmap(heat.colours, heat.tooltips, title=heat.title, stops=heat.scale.stops(),
+                               low=heat.scale.low, high=heat.scale.high, ticks=heat.scale.ticks)
 
     def node_menu(self, name: str) -> QMenu:
         """The context menu of a graph node."""

@@ -268,3 +268,57 @@ def test_corpus_models_tile_programs_match_golden_codes(name, tmp_path):
     feeds = {spec.name: feeds[spec.name] for spec in model.inputs}
     _assert_tile_program_exact(model, decode(lower(model, ARIES, MODES)), executor.quantize_inputs(model, feeds),
                                executor.run_codes(model, feeds))
+
+
+def _channel_local():
+    """Global pooling, a reflection Pad, nearest Resize by scales and a ConvTranspose (stride 2, PP-OCR det's head),
+    each with tensors larger than a small core SRAM."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    init = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal((3, 16, 6, 6)).astype(np.float32), "wt"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+            numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+             helper.make_node("Mul", ["c", "g"], ["m"]),
+             helper.make_node("Pad", ["m", "pads"], ["pm"], mode="reflect"),
+             helper.make_node("Resize", ["pm", "", "scales"], ["r"], mode="nearest"),
+             helper.make_node("ConvTranspose", ["x", "wt"], ["t"], strides=[2, 2]),
+             helper.make_node("Add", ["r", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "channel_local", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_path):
+    onnx.save(_channel_local(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=64 * 1024)  # 16 x 64 x 64 is 64 KiB, 256 KiB resized
+    lowered = lower(model, small, MODES)
+    kinds = {layer.main(model).op_type: tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)}
+    for op_type in ("GlobalAveragePool", "Pad", "Resize"):  # channel ranges, each reading its channels of the input
+        assert len({(t.c0, t.c1) for t in kinds[op_type].tiles}) > 1, op_type
+    assert kinds["ConvTranspose"].rows and len(kinds["ConvTranspose"].tiles) > 1  # bands of the zero-inserted input
+    program = decode(lowered)
+    codes, golden = _codes(model, 2, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+@pytest.mark.parametrize("name", ["mtcnn_pnet", "silero_vad"])
+def test_tile_exact_bench_on_corpus_models(name):
+    """The fast subset of ``make tile-exact``: compiled with every core mode (CPU offload, presets) and bit-exact."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tile_exact", ROOT / "bench" / "tile_exact.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.check_model(name)
+    if "skipped" in row:
+        pytest.skip(row["skipped"])
+    assert "error" not in row, row
+    assert sorted(row["modes"]) == sorted(MODES) and all(entry["exact"] for entry in row["modes"].values()), row

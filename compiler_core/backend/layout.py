@@ -2,8 +2,8 @@
 
 Rank-4 activations are stored channels-last (NHWC), so a band of output rows is one contiguous
 block and a range of channels is a strided run per pixel. Other ranks keep the ONNX order. Layers
-that the NPU runs natively on NHWC data (convolutions, point-wise work, channel concatenation,
-pooling) read and write the stored layout directly; every other layer reading or writing a rank-4
+that the NPU runs natively on NHWC data (convolutions and transposed ones, point-wise work, channel concatenation,
+pooling, reductions over H and W, nearest Resize by scales, spatial Pad) read and write the stored layout directly; every other layer reading or writing a rank-4
 tensor needs a transposing DMA, recorded per layer as ``transposes``.
 """
 
@@ -100,12 +100,30 @@ def assign_layouts(model: QuantizedModel, layers: list[Layer]) -> dict[str, Tens
 def native_nhwc(op: IntOp) -> bool:
     """Whether the NPU runs the operation directly on channels-last data."""
     if op.kind == "linear":
-        return op.attrs.get("layout") == "conv" and len(op.attrs.get("kernel", [])) == 2
+        return op.attrs.get("layout") in ("conv", "conv_transpose") and len(op.attrs.get("kernel", [])) == 2
     if op.kind == "concat":
         return op.attrs.get("axis") in (1, -3)
     if op.kind == "move":
-        return slice_keeps_axis(op, 4, 2)
-    return op.kind in POINTWISE_KINDS or op.kind == "average_pool"
+        return slice_keeps_axis(op, 4, 2) or channel_local(op)
+    return op.kind in POINTWISE_KINDS or op.kind == "average_pool" or channel_local(op)
+
+
+def channel_local(op: IntOp) -> bool:
+    """Every output channel depends only on the same input channel, with nothing per channel in the operation.
+
+    Reductions over H and/or W that keep the reduced axes (global pooling), and Resize by constant
+    scales and Pad by constant pads that leave N and C alone.
+    """
+    if op.kind in ("reduce_sum", "reduce_l2"):
+        axes = op.attrs.get("axes") or []
+        return bool(op.attrs.get("keepdims")) and bool(axes) and set(axes) <= {2, 3}
+    if op.kind == "move" and op.op_type == "Resize" and len(op.inputs) == 3 and "input2" in op.consts:
+        scales = np.asarray(op.consts["input2"]).reshape(-1)
+        return scales.size == 4 and bool(np.all(scales[:2] == 1))
+    if op.kind == "move" and op.op_type == "Pad" and len(op.inputs) <= 3 and "input1" in op.consts:
+        pads = np.asarray(op.consts["input1"]).reshape(-1)  # a scalar pad value: the same for every channel
+        return pads.size == 8 and not pads[[0, 1, 4, 5]].any() and np.asarray(op.consts.get("input2", 0)).size <= 1
+    return False
 
 
 def slice_keeps_axis(op: IntOp, rank: int, axis: int) -> bool:

@@ -27,6 +27,7 @@ from compiler_core.backend.tiling import (
     Tile,
     activation_bytes,
     align,
+    channel_sliced,
     input_rows,
     lut_bytes,
     tile_layer,
@@ -152,6 +153,9 @@ def _set_bytes(model: QuantizedModel, layer: Layer, layouts, rows: bool, tile: T
 
 def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
     layout, (offset, _) = layouts[name], places[name]
+    if not rows and channel_sliced(model, layer, layouts) and tile.c1 - tile.c0 < layout.shape[1]:
+        item, channels = layout.itemsize, layout.shape[1]  # NHWC: the tile's channels of every pixel
+        return offset + tile.c0 * item, (tile.c1 - tile.c0) * item, layout.nbytes // (channels * item), channels * item
     if not rows:
         return offset, layout.nbytes, 1, 0
     out = layouts[layer.outputs[0]]

@@ -3,7 +3,9 @@
 A tile is a band of output rows ``[r0, r1)`` and a range of output channels ``[c0, c1)``. Layers
 whose output is one NHWC tensor and whose main operation is a 2-D convolution or point-wise work
 tile by rows (a convolution reads its input rows with the halo its kernel needs); a ``linear`` with
-one group may also split its output channels, so that only a slice of the weights is resident.
+one group may also split its output channels, so that only a slice of the weights is resident, and a
+channel-local layer (global pooling, Resize) splits its channels, each tile reading only its channels
+of the input (:func:`channel_sliced`).
 Every other layer is one tile holding its whole tensors. A tile's working set is the resident
 weights slice (with its per-channel bias, multiplier and shift) + LUTs + twice the input and output
 tile buffers (double-buffered DMA: the next tile streams in while this one computes).
@@ -15,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
-from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc, slice_keeps_axis
+from compiler_core.backend.layout import NHWC, TensorLayout, channel_local, native_nhwc, slice_keeps_axis
 from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -86,11 +88,36 @@ def channel_splittable(op: IntOp) -> bool:
     """A ``linear`` with one group can compute any range of its output channels from the whole input."""
     if op.kind != "linear" or op.attrs.get("group", 1) != 1:
         return False
-    return op.attrs.get("layout") == "dense" or op.attrs.get("layout") == "conv" and len(op.attrs["kernel"]) == 2
+    return op.attrs.get("layout") == "dense" or (op.attrs.get("layout") in ("conv", "conv_transpose")
+                                                 and len(op.attrs["kernel"]) == 2)
+
+
+def channel_sliced(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
+    """A channel-local layer on NHWC tensors: a tile of output channels reads only those channels of the input."""
+    if len(layer.inputs) != 1 or len(layer.outputs) != 1 or not channel_local(layer.main(model)):
+        return False
+    return layouts[layer.inputs[0]].layout == NHWC and layouts[layer.outputs[0]].layout == NHWC
+
+
+def splits_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
+    """Whether tiles may cover a range of the output channels (weights slice or input channels slice)."""
+    return channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
 
 
 def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> tuple[int, int, int, int]:
-    """Input rows ``[start, end)`` an output band needs, and the zero rows to pad above and below."""
+    """Input rows ``[start, end)`` an output band needs, and the zero rows to pad above and below.
+
+    A ConvTranspose runs as a stride-1 convolution of its zero-inserted input: the band's rows of
+    that input are the real rows ``[start, end)`` with zeros inserted, padded (or, when negative,
+    cropped) by ``top`` and ``bottom``.
+    """
+    if op.kind == "linear" and op.attrs.get("layout") == "conv_transpose":
+        step, dilation, kernel = op.attrs["input_strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
+        first = r0 - op.attrs["pads"][0]  # rows of the zero-inserted input, before its padding
+        last = r1 - 1 - op.attrs["pads"][0] + (kernel - 1) * dilation + 1
+        start = min(max(0, -(-first // step)), in_height - 1)
+        end = max(min(in_height, (last - 1) // step + 1), start + 1)
+        return start, end, start * step - first, last - ((end - 1) * step + 1)
     if op.kind == "linear":
         top = op.attrs["pads"][0]
         stride, dilation, kernel = op.attrs["strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
@@ -138,14 +165,15 @@ def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, Ten
     op = layer.main(model)
     total = 0
     out = layouts[layer.outputs[0]]
+    channels = out_channels(model, layer, layouts)
+    sliced = channel_sliced(model, layer, layouts)
     for name in layer.inputs:
         layout = layouts[name]
         if rows:
             start, end, _, _ = input_rows(op, r0, r1, layout.rows, out.rows)
             total += align((end - start) * layout.row_bytes())
         else:
-            total += align(layout.nbytes)
-    channels = out_channels(model, layer, layouts)
+            total += align(layout.nbytes * (c1 - c0) // channels if sliced else layout.nbytes)
     for name in layer.outputs:
         layout = layouts[name]
         whole = (r1 - r0) * layout.row_bytes() if rows else layout.nbytes
@@ -162,7 +190,7 @@ def working_set(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLa
     op = layer.main(model)
     weights = weight_bytes(op, c0, c1)
     luts = lut_bytes(model, layer)
-    sets = 2 if rows or channel_splittable(op) else 1
+    sets = 2 if rows or splits_channels(model, layer, layouts) else 1
     activations = sets * activation_bytes(model, layer, layouts, rows, r0, r1, c0, c1)
     return {"weights": weights, "luts": luts, "activations": activations, "total": weights + luts + activations}
 
@@ -174,11 +202,10 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
     Raises:
         DoesNotFitError: even the smallest tile (one row, one output channel) exceeds ``sram``.
     """
-    op = layer.main(model)
     rows = row_tiled(model, layer, layouts)
     height = layouts[layer.outputs[0]].rows if rows else 1
     channels = max(out_channels(model, layer, layouts), 1)
-    splittable = channel_splittable(op)
+    splittable = splits_channels(model, layer, layouts)
     if rows and height >= cores:
         split, bands, chunk_groups = "spatial", _even(height, cores), [(0, channels)]
     elif splittable and channels >= cores > 1:

@@ -8,9 +8,12 @@ transfer of each layer is not hidden. Compute runs on the unit of the layer:
   output channels, 64 x 64 for 4,096 MACs). A convolution tile is a matrix product (im2col): it takes
   ``pixels x ceil(Cin x taps / LANES) x ceil(Cout / LANES)`` cycles; a depthwise one maps channels
   onto the output lanes only (``pixels x taps x ceil(C / LANES)``), so its utilisation is at most
-  ``1 / LANES``.
-- MFU and vector unit: ``LANES`` elements per cycle (a fused epilogue streams behind the MAC array,
-  so a fused layer costs the larger of the two).
+  ``1 / LANES``. The multipliers are ``DeviceProfile.multiplier_bits`` (8) wide: a 16-bit operand
+  takes two passes, int16 x int16 four (:meth:`~compiler_core.targets.DeviceProfile.mac_passes`).
+- MFU and vector unit: ``LANES`` 8-bit lanes per cycle, so ``LANES`` int8 or ``LANES / 2`` int16
+  elements; it streams the larger of what it reads and writes (a reduction reads more). A fused
+  epilogue streams behind the MAC array, so a fused layer costs the larger of the two.
+- int16 tensors also move twice the DMA bytes and take twice the SRAM (the tile program's sizes).
 - DMA-only layers (data movement): no compute.
 
 DMA runs at the DRAM bandwidth of the device profile divided by the cores that are active (all of
@@ -75,7 +78,7 @@ def op_macs(op: IntOp, shapes: dict[str, list[int]]) -> int:
 
 
 def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, rows: tuple[int, int],
-                 channels: tuple[int, int], tiled_rows: bool, side: int) -> tuple[float, int]:
+                 channels: tuple[int, int], tiled_rows: bool, side: int, device: DeviceProfile) -> tuple[float, int]:
     """Compute cycles and MACs of one tile."""
     op = layer.main(model)
     out = program.layouts[layer.outputs[0]]
@@ -88,11 +91,29 @@ def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, r
     macs = int(op_macs(op, model.shapes) * share * channel_share)
     if layer.unit == DMA:
         return 0.0, 0
-    if layer.unit != MAC:
-        return elements / VECTOR_LANES, 0
-    mac_cycles = _mac_cycles(op, model, elements, channels, side)
-    epilogue = elements / VECTOR_LANES if len(layer.ops) > 1 else 0.0
+    if layer.unit != MAC:  # the vector unit streams the larger of what it reads and writes (a reduction reads more)
+        read = max((int(np.prod(program.layouts[name].shape, dtype=np.int64)) for name in layer.inputs), default=0)
+        return max(elements, read * share * channel_share) * _vector_passes(program, layer, device) / VECTOR_LANES, 0
+    mac_cycles = _mac_cycles(op, model, elements, channels, side) * _mac_passes(op, program, layer, device)
+    epilogue = elements * _vector_passes(program, layer, device) / VECTOR_LANES if len(layer.ops) > 1 else 0.0
     return max(mac_cycles, epilogue), macs
+
+
+def _bits(program: DecodedProgram, name: str) -> int:
+    return 8 * program.layouts[name].itemsize
+
+
+def _mac_passes(op: IntOp, program: DecodedProgram, layer: Layer, device: DeviceProfile) -> int:
+    """Passes of the MAC array per product for the layer's operand widths (int16 x int8: 2, int16 x int16: 4)."""
+    activation = _bits(program, layer.inputs[0])  # int4 weights are stored (and multiplied) as int8
+    weight = 8 * op.consts["weight"].dtype.itemsize if "weight" in op.consts else _bits(program, layer.inputs[-1])
+    return device.mac_passes(min(activation, 16), min(weight, 16))
+
+
+def _vector_passes(program: DecodedProgram, layer: Layer, device: DeviceProfile) -> int:
+    """Passes of the vector unit's ``multiplier_bits``-wide lanes for the layer's widest quantized tensor."""
+    widest = max(_bits(program, name) for name in (*layer.inputs, *layer.outputs))
+    return max(1, -(-min(widest, 16) // device.multiplier_bits))
 
 
 def _mac_cycles(op: IntOp, model: QuantizedModel, elements: float, channels: tuple[int, int], side: int) -> float:
@@ -140,7 +161,8 @@ def estimate(model: QuantizedModel, device: DeviceProfile, mode: str,
         stats["pending"] += moved
         if opcode == COMPUTE:
             compute, _ = _tile_cycles(model, program, program.layers[index], (int(command[5]), int(command[6])),
-                                      (int(command[7]), int(command[8])), info["layers"][index]["rows"], side)
+                                      (int(command[7]), int(command[8])), info["layers"][index]["rows"], side,
+                                      device)
             transfer = stats["pending"] / bytes_per_cycle
             # the first tile's transfers are not hidden; later ones overlap the previous tile's compute
             stats["cycles"] += compute + transfer if stats["tiles"] == 0 else max(compute, transfer)
@@ -175,7 +197,7 @@ def _summarise(model, program, device, core_mode, per_layer) -> Estimate:
         peak = device.int8_macs_per_cycle_per_core * max(len(cores), 1)
         tiling = info["layers"][index]
         rows.append({"layer": layer.main(model).name, "kind": layer.main(model).kind, "unit": layer.unit,
-                     "fused": layer.fused, "tiles": tiling["tiles"], "split": tiling["split"], "cores": len(cores),
+                     "fused": layer.fused, "outputs": list(layer.outputs), "tiles": tiling["tiles"], "split": tiling["split"], "cores": len(cores),
                      "sram": tiling["sram"], "macs": macs, "cycles": int(round(cycles)), "dram_bytes": layer_dram,
                      "utilisation": round(macs / (cycles * peak), 4) if cycles and macs else 0.0})
         total_cycles += cycles

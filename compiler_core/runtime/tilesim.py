@@ -22,7 +22,7 @@ import numpy as np
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
 from compiler_core.backend.program import DecodedProgram
 from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT, SYNC, TRANSPOSE
-from compiler_core.backend.tiling import align, input_rows
+from compiler_core.backend.tiling import align, channel_sliced, input_rows
 from compiler_core.errors import ArgumentError
 from compiler_core.quantization import kernels
 from compiler_core.quantization.program import IntOp, QuantizedModel
@@ -65,7 +65,7 @@ class TileSimulator:
     def _load(self, name: str) -> np.ndarray:
         layout, buffer = self.program.layouts[name], self.program.buffers[name]
         raw = self.arena[buffer.offset:buffer.offset + layout.nbytes]
-        return _decode(raw, layout, layout.stored_shape, nhwc=layout.layout == NHWC).astype(np.int64)
+        return _decode(raw, layout, layout.stored_shape, nhwc=layout.layout == NHWC)
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -131,6 +131,7 @@ class TileSimulator:
         tiling = self.program.modes[self.mode]["layers"][layer.index]
         out_layout = self.program.layouts[layer.outputs[0]]
         inputs, pads = [], None
+        sliced = channel_sliced(self.model, layer, self.program.layouts)
         for slot, name in enumerate(layer.inputs):
             offset, size, logical = state["inputs"][slot]
             layout = self.program.layouts[name]
@@ -139,10 +140,12 @@ class TileSimulator:
                 start, end, top, bottom = input_rows(main, r0, r1, layout.rows, out_layout.rows)
                 pads = (top, bottom)
                 inputs.append(_decode(raw, layout, layout.tile_shape(end - start),
-                                      nhwc=layout.layout == NHWC).astype(np.int64))
+                                      nhwc=layout.layout == NHWC))
+            elif sliced and not logical:  # the tile's channels of every pixel
+                inputs.append(_decode(raw, layout, (*layout.stored_shape[:3], c1 - c0), nhwc=True))
             else:
                 inputs.append(_decode(raw, layout, layout.shape if logical else layout.stored_shape,
-                                      nhwc=layout.layout == NHWC and not logical).astype(np.int64))
+                                      nhwc=layout.layout == NHWC and not logical))
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
         values = self._run(layer, op, inputs, state, memory)
         offset = base + sum(align(size) for _, size, _ in state["inputs"].values())
@@ -159,7 +162,7 @@ class TileSimulator:
             return main
         op = copy.copy(main)
         op.attrs, op.consts = dict(main.attrs), dict(main.consts)
-        if pads is not None and main.attrs.get("layout") == "conv":
+        if pads is not None and main.attrs.get("layout") in ("conv", "conv_transpose"):
             rank = len(main.attrs["kernel"])
             op.attrs["pads"] = [pads[0], *main.attrs["pads"][1:rank], pads[1], *main.attrs["pads"][rank + 1:]]
         offset, w0, w1 = state["weights"]
@@ -205,14 +208,17 @@ def _encode(value: np.ndarray, layout: TensorLayout, *, nhwc: bool) -> np.ndarra
 
 
 def _decode(raw: np.ndarray, layout: TensorLayout, shape, *, nhwc: bool) -> np.ndarray:
+    """Stored bytes -> values as the golden executor holds them (int64 codes; bool and float values as they are)."""
     array = np.ascontiguousarray(raw).view(layout.dtype).reshape(shape)
-    return array.transpose(0, 3, 1, 2) if nhwc else array
+    array = array.transpose(0, 3, 1, 2) if nhwc else array
+    return array.astype(np.int64) if array.dtype.kind in "iu" else array
 
 
 def _transpose_bytes(data: np.ndarray, layout: TensorLayout, *, to_logical: bool) -> np.ndarray:
     """NHWC bytes -> NCHW bytes (``to_logical``) or back: what a transposing DMA does."""
     array = np.ascontiguousarray(data).view(layout.dtype)
-    n, c, h, w = layout.shape
+    n, _, h, w = layout.shape
+    c = array.size // max(n * h * w, 1)  # a tile of output channels moves only its channels
     moved = array.reshape(n, h, w, c).transpose(0, 3, 1, 2) if to_logical else array.reshape(n, c, h, w).transpose(0, 2, 3, 1)
     return np.ascontiguousarray(moved).view(np.uint8).reshape(-1)
 

@@ -82,6 +82,10 @@ class DeviceProfile:
             host to quantize inputs and dequantize outputs.
         usb_transfer_bytes_per_s: Effective host link bandwidth for USB-attached devices, else None.
         description: One line for ``qbcompiler presets``/the GUI device picker.
+        multiplier_bits: Operand width of the MAC array's multipliers and of the vector unit's lanes
+            (8: ``int8_macs_per_cycle_per_core`` is the int8 x int8 rate; wider operands take
+            :meth:`mac_passes` passes). Mobilint publishes INT8 figures only; this is the virtual
+            device's assumption (docs/cost-model.md, "int16").
     """
 
     name: str
@@ -99,11 +103,20 @@ class DeviceProfile:
     float_io: bool = True
     usb_transfer_bytes_per_s: float | None = None
     description: str = ""
+    multiplier_bits: int = 8
 
     @property
     def total_cores(self) -> int:
         """Local cores on the device (clusters x cores per cluster)."""
         return self.clusters * self.cores_per_cluster
+
+    def mac_passes(self, activation_bits: int, weight_bits: int) -> int:
+        """Passes of the MAC array per product: each operand is split into ``multiplier_bits`` limbs.
+
+        int8 x int8 (and int4 weights) 1, int16 x int8 2, int16 x int16 4.
+        """
+        limbs = [max(1, -(-bits // self.multiplier_bits)) for bits in (activation_bits, weight_bits)]
+        return limbs[0] * limbs[1]
 
     @property
     def peak_tops(self) -> float:

@@ -32,6 +32,8 @@ DELTA_SCALE = 10.0
 
 _SQNR_STOPS = ((0.0, (198, 40, 40)), (0.4, (255, 179, 0)), (0.75, (67, 160, 71)), (1.0, (27, 94, 32)))
 _DELTA_STOPS = ((0.0, (198, 40, 40)), (0.5, (245, 245, 245)), (1.0, (21, 101, 192)))
+_SHARE_STOPS = ((0.0, (245, 245, 245)), (0.35, (255, 213, 79)), (0.7, (245, 124, 0)), (1.0, (183, 28, 28)))
+_STOPS = {"sqnr": _SQNR_STOPS, "delta": _DELTA_STOPS, "share": _SHARE_STOPS}
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -178,8 +180,9 @@ class HeatScale:
     """How values map to colours: a gradient over ``[low, high]`` (values outside are clamped).
 
     Attributes:
-        kind: ``sqnr`` (red = low SQNR) or ``delta`` (red = worse than the baseline, blue = better).
-        low / high: Values at the two ends of the gradient (dB).
+        kind: ``sqnr`` (red = low SQNR), ``delta`` (red = worse than the baseline, blue = better) or
+            ``share`` (share of the estimated latency in %: white = none, red = the most).
+        low / high: Values at the two ends of the gradient (dB, or % for ``share``).
         ticks: Values to label on the legend.
     """
 
@@ -198,14 +201,19 @@ class HeatScale:
         """The delta-to-baseline scale."""
         return cls("delta", -DELTA_SCALE, DELTA_SCALE, (-10.0, -5.0, 0.0, 5.0, 10.0))
 
+    @classmethod
+    def share(cls, largest: float) -> HeatScale:
+        """Share of latency in %, from 0 to a round value at or above the ``largest`` share."""
+        high = next((step for step in (1.0, 2.0, 5.0, 10.0, 20.0, 25.0, 50.0) if largest <= step), 100.0)
+        return cls("share", 0.0, high, (0.0, high / 4, high / 2, 3 * high / 4, high))
+
     def rgb(self, value: float) -> tuple[int, int, int]:
         """Colour of ``value``."""
-        stops = _SQNR_STOPS if self.kind == "sqnr" else _DELTA_STOPS
-        return _gradient(stops, (value - self.low) / (self.high - self.low))
+        return _gradient(_STOPS[self.kind], (value - self.low) / (self.high - self.low))
 
     def stops(self) -> list[tuple[float, str]]:
         """``(position 0..1, #rrggbb)`` of the gradient (for the legend)."""
-        return [(t, _hex(c)) for t, c in (_SQNR_STOPS if self.kind == "sqnr" else _DELTA_STOPS)]
+        return [(t, _hex(c)) for t, c in _STOPS[self.kind]]
 
 
 def heat_colours(values: Mapping[str, float], scale: HeatScale, *, unit: str = "dB",

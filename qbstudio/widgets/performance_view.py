@@ -3,6 +3,8 @@
 Reads :func:`compiler_core.runtime.profile.profile_mxq` (the cost model over the tile-level
 program). A bar per layer (cycles), the selected node's layer highlighted, and its row: tiles,
 split across cores, SRAM (weights, activations, LUTs), MACs, cycles, DRAM bytes, utilisation.
+"Colour the graph by cycles" asks the window to colour the Netron graph by each layer's share of the
+chosen core mode's latency (:attr:`PerformanceView.colour_by_cycles`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import html
 import logging
 from typing import Any
 
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +23,13 @@ SELECTED = "#e07b00"
 
 
 class PerformanceView(QWidget):
-    """Per-layer cycles of one core mode, with the selected layer highlighted."""
+    """Per-layer cycles of one core mode, with the selected layer highlighted.
+
+    Signals:
+        colour_by_cycles(str): The graph should be coloured by the cycles of this core mode (``""``: no longer).
+    """
+
+    colour_by_cycles = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -28,6 +37,10 @@ class PerformanceView(QWidget):
         self.layer: str | None = None
         self.mode = QComboBox(objectName="performanceMode")
         self.mode.currentIndexChanged.connect(self.refresh)
+        self.mode.currentIndexChanged.connect(self._on_mode)
+        self.colour = QCheckBox("Colour the graph by cycles", objectName="performanceColour")
+        self.colour.setToolTip("Colour each graph node by its layer's share of the estimated latency of this core mode")
+        self.colour.toggled.connect(lambda _checked: self.colour_by_cycles.emit(self.colouring_mode))
         self.summary = QLabel(objectName="performanceSummary")
         self.summary.setWordWrap(True)
         self.row = QLabel(objectName="performanceLayer")
@@ -37,6 +50,7 @@ class PerformanceView(QWidget):
         top = QHBoxLayout()
         top.addWidget(QLabel("Core mode:"))
         top.addWidget(self.mode, 1)
+        top.addWidget(self.colour)
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(4, 4, 4, 4)
         self._layout.addLayout(top)
@@ -53,8 +67,25 @@ class PerformanceView(QWidget):
             self.mode.addItems(list(report["modes"]))
         self.mode.blockSignals(False)
         self.mode.setEnabled(bool(report))
+        self.colour.setEnabled(bool(report))
         self.summary.setText(html.escape(message) if not report else "")
         self.refresh()
+        self._on_mode()
+
+    @property
+    def colouring_mode(self) -> str:
+        """The core mode the graph should be coloured by (``""``: none)."""
+        return self.mode.currentText() if self.report and self.colour.isChecked() else ""
+
+    def stop_colouring(self) -> None:
+        """Uncheck "colour by cycles" without a signal (another colouring took the graph)."""
+        self.colour.blockSignals(True)
+        self.colour.setChecked(False)
+        self.colour.blockSignals(False)
+
+    def _on_mode(self, *_args) -> None:
+        if self.colour.isChecked():
+            self.colour_by_cycles.emit(self.colouring_mode)
 
     def select_layer(self, name: str | None) -> None:
         """Highlight the layer whose main operation (or fused epilogue) is node ``name``."""
@@ -86,7 +117,8 @@ class PerformanceView(QWidget):
 
     def _index(self, rows: list[dict[str, Any]]) -> int | None:
         for index, row in enumerate(rows):
-            if self.layer and (row["layer"] == self.layer or self.layer in row.get("fused", [])):
+            if self.layer and (row["layer"] == self.layer or self.layer in row.get("fused", [])
+                               or self.layer in row.get("outputs", [])):
                 return index
         return None
 
