@@ -4,8 +4,8 @@ A ``LlamaForCausalLM`` (a live module, a transformers folder or a llama.cpp ``.g
 in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own parameters:
 
 - :class:`PrefillGraph` ``forward(input_ids[1, N], position_ids[1, N])`` returns
-  ``logits[1, N, V]`` and, per layer ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after
-  RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
+  ``logits[1, N, V]`` (``[1, 1, V]`` of position N-1 with ``LlmShape.last_logits``) and, per layer
+  ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
   keeps the padding out of the real positions).
 - :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], cache_mask[1, 1, 1, L+1], past_key_i[1, KVH,
   L, D], ..., past_value_i[...])`` returns ``logits[1, 1, V]`` and the new token's ``key_i``/``value_i``
@@ -48,10 +48,14 @@ class LlmShape:
     Attributes:
         prefill_len: N, tokens per prefill call.
         max_len: L, KV-cache positions (the longest prompt + generation).
+        last_logits: the prefill graph returns the logits of its last position only (``[1, 1, V]``),
+            which is all a prompt of exactly N tokens needs for its first new token; the LM head then
+            runs on one row instead of N (the time-to-first-token estimate of a large vocabulary).
     """
 
     prefill_len: int = DEFAULT_PREFILL_LEN
     max_len: int = DEFAULT_MAX_LEN
+    last_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_len < 1 or self.max_len < self.prefill_len:
@@ -222,6 +226,8 @@ def _modules():
             for block in self.layers:
                 hidden, k, v = block(hidden, cos, sin, None, None, self.causal_mask)
                 present += [k, v]
+            if self.shape.last_logits:
+                hidden = hidden[:, -1:]
             return (self.lm_head(self.norm(hidden)), *present)
 
     class DecodeGraph(LlmGraph):
