@@ -51,29 +51,62 @@ def llama_1b_config(layers: int, vocab: int = VOCAB):
                       "original_max_position_embeddings": 8192})
 
 
-def schedules(layers: int, vocab: int, folder: Path) -> dict[str, dict[str, float]]:
-    """Per core mode, the prefill and decode latency (ms) of the ``layers``-layer, ``vocab``-token model."""
+def schedule(layers: int, vocab: int, folder: Path, kind: str) -> dict[str, float] | str:
+    """Per core mode, the latency (ms) of the ``kind`` graph (prefill, decode); or the compile error's message.
+
+    Each graph is compiled on its own (the calibration samples and ONNX exports of
+    :mod:`compiler_core.llm`, then :func:`compiler_core.api.mxq_compile`), so a prefill graph that
+    does not fit the device still leaves the decode estimate.
+    """
+    from compiler_core.errors import QBCompilerError
+    from compiler_core.runtime.artifact import load_artifact
+
+    stem = f"llama1b_{layers}l_{vocab}v"
+    mxq, failure = folder / f"{stem}.{kind}.mxq", folder / f"{stem}.{kind}.error.txt"
+    if not mxq.is_file() and not failure.is_file():
+        try:
+            _compile(layers, vocab, folder, stem, kind)
+        except QBCompilerError as error:
+            failure.write_text(f"{error.code}: {error}")
+    if failure.is_file():
+        return failure.read_text()
+    return {mode: row["latency_ms"] for mode, row in load_artifact(mxq).schedule.items()}
+
+
+def _compile(layers: int, vocab: int, folder: Path, stem: str, kind: str) -> None:
     import torch
     import transformers
 
-    from compiler_core.llm import compile_llm
-    from compiler_core.runtime.artifact import load_artifact
+    from compiler_core.api import mxq_compile
+    from compiler_core.frontends.llm import LlmShape
+    from compiler_core.llm import export_graphs, token_chunks, write_calibration
 
-    manifest = folder / f"llama1b_{layers}l_{vocab}v.llm.json"
-    if not manifest.is_file():
+    shape = LlmShape(PUBLISHED["prompt_tokens"], PUBLISHED["prompt_tokens"] + 10, last_logits=True)
+    onnx = folder / f"{stem}.{kind}.onnx"
+    calib = folder / f"{stem}.calib" / f"{kind}.json"
+    if not onnx.is_file() or not calib.is_file():
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(llama_1b_config(layers, vocab)).eval()
-        tokens = np.random.default_rng(0).integers(0, vocab, 2 * PUBLISHED["prompt_tokens"])
-        start = time.perf_counter()
-        compile_llm(model, manifest, prefill_len=PUBLISHED["prompt_tokens"], max_len=PUBLISHED["prompt_tokens"] + 10,
-                    calib_token_ids=tokens, num_samples=2, inference_scheme="all", last_logits=True)
-        print(f"compiled {layers} layer(s), vocabulary {vocab} in {time.perf_counter() - start:.0f} s")
+        tokens = np.random.default_rng(0).integers(0, vocab, 2 * shape.prefill_len)
+        write_calibration(model, shape, token_chunks(tokens, shape.prefill_len, 2), folder / f"{stem}.calib")
+        export_graphs(model, shape, folder, stem)
         del model
-    data = json.loads(manifest.read_text())
-    prefill = load_artifact(folder / data["prefill"]).schedule
-    decode = load_artifact(folder / data["decode"]).schedule
-    return {mode: {"prefill_ms": prefill[mode]["latency_ms"], "decode_ms": decode[mode]["latency_ms"]}
-            for mode in prefill}
+    start = time.perf_counter()
+    mxq_compile(str(onnx), target_device="aries-rb", calib_data_path=str(calib), save_path=folder / f"{stem}.{kind}.mxq",
+                config_preset="llm", inference_scheme="all")
+    print(f"compiled the {kind} graph of {layers} layer(s), vocabulary {vocab} in {time.perf_counter() - start:.0f} s")
+
+
+def extrapolate(points: dict[tuple[int, int], dict], kind: str) -> dict[str, float] | str:
+    """Per core mode, ``kind``'s latency at 16 layers and the full vocabulary; or why there is none."""
+    rows = [points[point][kind] for point in POINTS]
+    failed = next((row for row in rows if isinstance(row, str)), None)
+    if failed is not None:
+        return failed
+    base, deeper, wider = rows
+    layer_step, vocab_step = POINTS[1][0] - POINTS[0][0], POINTS[2][1] - POINTS[0][1]
+    return {mode: base[mode] + (LAYERS - POINTS[0][0]) * (deeper[mode] - base[mode]) / layer_step
+            + (VOCAB - POINTS[0][1]) * (wider[mode] - base[mode]) / vocab_step for mode in base}
 
 
 def main() -> None:
@@ -86,31 +119,38 @@ def main() -> None:
 
     from compiler_core.llm import generation_estimate, llama_parameters, memory_fit
 
-    points = {point: schedules(*point, folder) for point in POINTS}
-    base, deeper, wider = (points[point] for point in POINTS)
-    layer_step, vocab_step = POINTS[1][0] - POINTS[0][0], POINTS[2][1] - POINTS[0][1]
-    results = {"published": PUBLISHED, "modes": {}, "points": {f"{n}l_{v}v": s for (n, v), s in points.items()},
+    points = {point: {} for point in POINTS}
+    for kind in ("decode", "prefill"):  # decode first: it is the quicker compile and always fits
+        for point in POINTS:
+            points[point][kind] = schedule(*point, folder, kind)
+    full = {kind: extrapolate(points, kind) for kind in ("prefill", "decode")}
+    results = {"published": PUBLISHED, "points": {f"{n}l_{v}v": found for (n, v), found in points.items()},
+               "extrapolated_ms": full, "modes": {},
                "memory": memory_fit(llama_1b_config(LAYERS), "aries-rb", PUBLISHED["prompt_tokens"] + 10),
                "parameters": llama_parameters(llama_1b_config(LAYERS))}
     print(f"Llama-3.2-1B shapes ({results['parameters'] / 1e9:.2f} B parameters), ARIES, "
-          f"{PUBLISHED['prompt_tokens']}-token prompt:")
-    for (layers, vocab), schedule in points.items():
-        print(f"  compiled {layers} layer(s), vocabulary {vocab:6d}: " + ", ".join(
-            f"{mode} prefill {s['prefill_ms']:.2f} / decode {s['decode_ms']:.2f} ms" for mode, s in schedule.items()))
+          f"{PUBLISHED['prompt_tokens']}-token prompt, `llm` preset:")
+    for (layers, vocab), found in points.items():
+        print(f"  compiled {layers} layer(s), vocabulary {vocab:6d}: " + "; ".join(
+            f"{kind} " + (value if isinstance(value, str) else ", ".join(f"{m} {ms:.2f} ms" for m, ms in value.items()))
+            for kind, value in found.items()))
     print(f"  published      TTFT {PUBLISHED['ttft_ms']:8.2f} ms   {PUBLISHED['tokens_per_s']:6.2f} tokens/s")
-    for mode in base:
-        per_layer = {key: (deeper[mode][key] - base[mode][key]) / layer_step for key in base[mode]}
-        per_token = {key: (wider[mode][key] - base[mode][key]) / vocab_step for key in base[mode]}
-        full = {key: base[mode][key] + (LAYERS - POINTS[0][0]) * per_layer[key]
-                + (VOCAB - POINTS[0][1]) * per_token[key] for key in base[mode]}
-        estimate = generation_estimate(full["prefill_ms"], full["decode_ms"], PUBLISHED["prompt_tokens"],
-                                       PUBLISHED["prompt_tokens"])
-        estimate.update(ttft_ratio=estimate["ttft_ms"] / PUBLISHED["ttft_ms"],
-                        tokens_per_s_ratio=estimate["tokens_per_s"] / PUBLISHED["tokens_per_s"])
-        results["modes"][mode] = {**estimate, "per_layer_ms": per_layer,
-                                  "per_1k_vocabulary_ms": {k: v * 1000 for k, v in per_token.items()}}
-        print(f"  ours {mode:9s} TTFT {estimate['ttft_ms']:8.2f} ms ({estimate['ttft_ratio']:.2f}x)   "
-              f"{estimate['tokens_per_s']:6.2f} tokens/s ({estimate['tokens_per_s_ratio']:.2f}x)")
+    if isinstance(full["decode"], str):
+        print(f"  ours: no estimate: {full['decode']}")
+    for mode in full["decode"] if isinstance(full["decode"], dict) else ():
+        decode_ms = full["decode"][mode]
+        row = {"tokens_per_s": 1e3 / decode_ms, "tokens_per_s_ratio": 1e3 / decode_ms / PUBLISHED["tokens_per_s"]}
+        if isinstance(full["prefill"], dict):
+            row.update(generation_estimate(full["prefill"][mode], decode_ms, PUBLISHED["prompt_tokens"],
+                                           PUBLISHED["prompt_tokens"]))
+            row["ttft_ratio"] = row["ttft_ms"] / PUBLISHED["ttft_ms"]
+            ttft = f"TTFT {row['ttft_ms']:8.2f} ms ({row['ttft_ratio']:.2f}x)"
+        else:
+            ttft = "TTFT   (none)"
+        results["modes"][mode] = row
+        print(f"  ours {mode:9s} {ttft}   {row['tokens_per_s']:6.2f} tokens/s ({row['tokens_per_s_ratio']:.2f}x)")
+    if isinstance(full["prefill"], str):
+        print(f"  no TTFT: the prefill graph did not compile: {full['prefill']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
