@@ -104,6 +104,15 @@ def test_not_a_llama_is_refused():
         graphs.load_causal_lm(torch.nn.Linear(2, 2))
 
 
+def test_rms_norm_is_one_layer_normalization(compiled):
+    import onnx
+
+    graph = onnx.load(compiled[0].parent / "small.prefill.onnx", load_external_data=False).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("LayerNormalization") == 2 * 4 + 1  # two per layer and the final norm
+    assert "Pow" not in ops and "ReduceMean" not in ops
+
+
 def test_compiled_logits_match_fp32(model, compiled):
     from compiler_core.runtime.llm import LlmModel
 
