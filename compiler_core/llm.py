@@ -163,7 +163,7 @@ def _large(model: Any) -> bool:
 # -- memory and cost -------------------------------------------------------------------------------
 
 
-def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 8,
+def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 16,
                shared_weights: bool = False) -> dict[str, Any]:
     """Device memory the LLM needs: weights (both graphs) + KV cache, against the device's memory.
 
@@ -172,7 +172,7 @@ def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, 
         device: the target device.
         max_len: KV-cache positions.
         weight_bits: bits per weight (8; 4 for ``llm_fast`` FFN weights is not modelled per layer).
-        kv_bits: bits per cached key/value element.
+        kv_bits: bits per cached key/value element (16: the `llm` preset keeps activations in int16).
         shared_weights: one copy of the weights for prefill and decode (today's MXQs hold one each).
 
     Returns:

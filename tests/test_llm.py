@@ -219,7 +219,7 @@ def test_estimate_gives_ttft_and_tokens_per_second(compiled):
     for mode in estimate.values():  # 20 tokens: one prefill call of 16, then 4 decode steps
         assert mode["ttft_ms"] > 0 and mode["tokens_per_s"] > 0
     assert estimate["global8"]["ttft_ms"] < estimate["single"]["ttft_ms"]
-    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len
+    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len * 2
 
 
 def test_check_refuses_what_does_not_fit_with_the_numbers(model, tmp_path, capsys):
