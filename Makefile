@@ -71,6 +71,7 @@ desktop-validate:
 
 bench: setup
 	$(PY) bench/parse.py
+	$(PY) bench/gui_compile.py
 
 # The real-model corpus on aries-rb: check, compile, cosine to FP32 (build/corpus/results.json, docs/models.md).
 corpus: setup

@@ -7,7 +7,8 @@ onnxruntime's recommended ``quant_pre_process`` + ``quantize_static`` (QDQ, per-
 weights and activations, MinMax) saving an int8 QDQ model. Both read the same calibration samples
 through the compiler's own calibration reader (photos through the ImageNet pipeline, or the
 tokenized sentences of a JSON manifest). Each child uses an empty statistics cache, so every run
-really calibrates. Peak memory is the child's ``VmHWM`` (as in ``bench/parse.py``), whole and as the
+really calibrates. Beside the wall time, the child's CPU time (user + system, every thread: on a loaded
+machine it is the steadier number). Peak memory is the child's ``VmHWM`` (as in ``bench/parse.py``), whole and as the
 growth over the post-import high-water mark. The accuracy analysis on held-out samples is off by
 default (``--analysis-holdout``), since the peer has none; its share shows in our stage timings.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -191,10 +193,17 @@ def measure_in_child(tool: str, spec: dict, output: Path, analysis_holdout: int)
     output.mkdir(parents=True, exist_ok=True)
     os.environ["QBCOMPILER_CACHE_DIR"] = str(output / "statistics-cache")
     baseline = _peak_rss_mb()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     record = compile_with(spec, output, analysis_holdout)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - baseline, **record}
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
+    return {"seconds": seconds, "cpu_s": cpu, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - baseline,
+            **record}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process, all its threads (onnxruntime's and BLAS's workers included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # -- parent process: compiles ----------------------------------------------------------------------
@@ -221,7 +230,7 @@ def compile_both(spec: dict, runs: int, scratch: Path, analysis_holdout: int) ->
             result[tool] = {"error": errors[0]}
             continue
         result[tool] = {key: statistics.median(r[key] for r in records)
-                        for key in ("seconds", "peak_rss_mb", "growth_mb", "size_mb")}
+                        for key in ("seconds", "cpu_s", "peak_rss_mb", "growth_mb", "size_mb")}
         result[tool].update({key: records[-1][key] for key in ("artifact", "timings", "samples") if key in records[-1]})
     return result
 
@@ -307,7 +316,8 @@ def _ratio(ours: float | None, peer: float | None) -> str:
 
 
 def format_compile_table(results: list[dict]) -> str:
-    header = (f"{'model':<14}{'ours s':>8}{'ort s':>8}{'ratio':>7}  {'ours MB':>8}{'ort MB':>8}{'ratio':>7}  "
+    header = (f"{'model':<14}{'ours s':>8}{'ort s':>8}{'ratio':>7}  {'ours cpu':>9}{'ort cpu':>8}{'ratio':>7}  "
+              f"{'ours MB':>8}{'ort MB':>8}{'ratio':>7}  "
               f"{'ours +MB':>9}{'ort +MB':>9}{'ratio':>7}  {'ours file':>10}{'ort file':>9}")
     rows = [header, "-" * len(header)]
     for result in results:
@@ -315,11 +325,12 @@ def format_compile_table(results: list[dict]) -> str:
         if "error" in ours or "error" in peer:
             rows.append(f"{result['model']:<14}{ours.get('error') or peer.get('error')}")
             if "error" not in ours:
-                rows.append(f"{'':<14}ours {ours['seconds']:.1f} s; by stage: " + ", ".join(
+                rows.append(f"{'':<14}ours {ours['seconds']:.1f} s ({ours['cpu_s']:.1f} s CPU); by stage: " + ", ".join(
                     f"{stage} {seconds:.1f} s" for stage, seconds in ours.get("timings", {}).items()))
             continue
         rows.append(f"{result['model']:<14}{ours['seconds']:>8.1f}{peer['seconds']:>8.1f}"
-                    f"{_ratio(ours['seconds'], peer['seconds']):>7}  {ours['peak_rss_mb']:>8.0f}"
+                    f"{_ratio(ours['seconds'], peer['seconds']):>7}  {ours['cpu_s']:>9.1f}{peer['cpu_s']:>8.1f}"
+                    f"{_ratio(ours['cpu_s'], peer['cpu_s']):>7}  {ours['peak_rss_mb']:>8.0f}"
                     f"{peer['peak_rss_mb']:>8.0f}{_ratio(ours['peak_rss_mb'], peer['peak_rss_mb']):>7}  "
                     f"{ours['growth_mb']:>9.0f}{peer['growth_mb']:>9.0f}{_ratio(ours['growth_mb'], peer['growth_mb']):>7}"
                     f"  {ours['size_mb']:>8.1f}MB{peer['size_mb']:>7.1f}MB")
@@ -380,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
     print(f"compile benchmark, median of {args.runs} fresh process(es) per cell, from the source ONNX: ours = "
           f"mxq_compile (aries-rb, every core mode, analysis holdout {args.analysis_holdout}); ort = quant_pre_process "
-          "+ quantize_static (QDQ int8, per-channel, MinMax); same calibration samples; MB = peak RSS (VmHWM)")
+          "+ quantize_static (QDQ int8, per-channel, MinMax); same calibration samples; s = wall, cpu = user + "
+          "system CPU seconds of the child (all threads); MB = peak RSS (VmHWM)")
     print(format_compile_table(results))
     print(f"\nruntime, median wall time of one inference (batch 1) on {EVAL_SAMPLES} held-out inputs: ours = "
           f"Model.infer on the simulator ({args.infer_runs} calls), onnxruntime FP32 / int8 QDQ "

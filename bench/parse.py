@@ -8,7 +8,8 @@ when tensorflow imports). onnxsim only runs where the source is ONNX; other rows
 
 For every model and tool, each of ``--runs`` measurements runs in a fresh Python subprocess that
 imports the tool, then times load + transform + save of the source file (wall clock,
-``time.perf_counter``). Peak memory is the subprocess's own peak resident set size, the kernel's
+``time.perf_counter``) and CPU time (user + system, ``getrusage``: on a loaded machine the steadier
+number). Peak memory is the subprocess's own peak resident set size, the kernel's
 high-water mark ``VmHWM`` from ``/proc/self/status`` (so it covers C++ and Python allocations alike;
 not tracemalloc, not ``ru_maxrss``, which on Linux carries the parent's peak across ``exec``), reported
 whole and as the growth over the post-import high-water mark. Medians of
@@ -117,11 +118,17 @@ def measure_in_child(tool: str, spec: dict) -> dict:
     source, options = _child_source(spec)
     baseline = _peak_rss_mb()
     with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu_seconds()
         nodes_after = runner(source, spec["shapes"], constants, Path(folder) / "model.out", spec["backend"], **options)
-        seconds = time.perf_counter() - started
-    return {"seconds": seconds, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - baseline,
+        seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
+    return {"seconds": seconds, "cpu_s": cpu, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - baseline,
             "nodes_after": nodes_after}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _child_source(spec: dict):
@@ -265,7 +272,7 @@ def benchmark(model_name: str, runs: int) -> dict:
             result[tool] = {"error": errors[0]}
             continue
         result[tool] = {key: statistics.median(r[key] for r in records)
-                        for key in ("seconds", "peak_rss_mb", "growth_mb", "nodes_after")}
+                        for key in ("seconds", "cpu_s", "peak_rss_mb", "growth_mb", "nodes_after")}
     return result
 
 
@@ -282,7 +289,7 @@ def _cell(record: dict | None, key: str, width: int, digits: int) -> str:
 def format_table(results: list[dict]) -> str:
     """Plain-text table, one row per model (onnxsim columns ``-`` where the source is not ONNX)."""
     header = (f"{'model':<28}{'backend':<12}{'nodes':>7}{'ours':>7}{'sim':>7}  {'ours s':>7}{'sim s':>7}{'ratio':>7}  "
-              f"{'ours MB':>8}{'sim MB':>8}{'ratio':>7}  {'ours +MB':>9}{'sim +MB':>9}{'ratio':>7}")
+              f"{'our cpu':>8}{'sim cpu':>8}{'ratio':>7}  {'ours MB':>8}{'sim MB':>8}{'ratio':>7}  {'ours +MB':>9}{'sim +MB':>9}{'ratio':>7}")
     rows = [header, "-" * len(header)]
     for result in results:
         ours, sim = result["ours"], result.get("onnxsim")
@@ -293,6 +300,7 @@ def format_table(results: list[dict]) -> str:
             continue
         rows.append(f"{prefix}{_cell(ours, 'nodes_after', 7, 0)}{_cell(sim, 'nodes_after', 7, 0)}  "
                     f"{_cell(ours, 'seconds', 7, 2)}{_cell(sim, 'seconds', 7, 2)}{_ratio(result, 'seconds'):>7}  "
+                    f"{_cell(ours, 'cpu_s', 8, 2)}{_cell(sim, 'cpu_s', 8, 2)}{_ratio(result, 'cpu_s'):>7}  "
                     f"{_cell(ours, 'peak_rss_mb', 8, 0)}{_cell(sim, 'peak_rss_mb', 8, 0)}"
                     f"{_ratio(result, 'peak_rss_mb'):>7}  {_cell(ours, 'growth_mb', 9, 0)}"
                     f"{_cell(sim, 'growth_mb', 9, 0)}{_ratio(result, 'growth_mb'):>7}")
@@ -321,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(benchmark(name, args.runs))
         except realmodels.RealModelUnavailable as error:
             print(f"{name}: skipped ({error})", file=sys.stderr)
-    print(f"parse benchmark, median of {args.runs} fresh processes per cell; time = load + transform + save; "
-          "MB = peak RSS (VmHWM), +MB = growth over the post-import peak; onnxsim only for ONNX sources")
+    print(f"parse benchmark, median of {args.runs} fresh processes per cell; time = load + transform + save "
+          "(s = wall, cpu = user + system CPU seconds of the child); MB = peak RSS (VmHWM), +MB = growth over "
+          "the post-import peak; onnxsim only for ONNX sources")
     print(format_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

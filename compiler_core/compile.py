@@ -23,10 +23,18 @@ from compiler_core.backend.program import from_document as npu_from_document
 from compiler_core.backend.program import lower
 from compiler_core.backend.program import to_document as npu_to_document
 from compiler_core.config import CompileConfig
-from compiler_core.errors import ArgumentError, ConfigError, UnsupportedOpsError
+from compiler_core.errors import (
+    ArgumentError,
+    ConfigError,
+    InternalError,
+    MxqFormatError,
+    UnsupportedOpsError,
+)
 from compiler_core.fileio import atomic_write_text
 from compiler_core.mblt.io import describe_inputs
 from compiler_core.mxq import write_mxq
+from compiler_core.mxq.schema import validate_program
+from compiler_core.mxq.writer import encode_json
 from compiler_core.progress import Reporter
 from compiler_core.quantization.run import QuantizeResult, calibration_statistics, quantize_mblt
 from compiler_core.quantization.serialize import to_document
@@ -98,6 +106,7 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     document["schedule"] = schedule
     document["npu"] = npu_document
     consts.update(npu_consts)
+    _check_program(document, consts, save_path)
     meta = _meta(session, device, core_modes, config, result, parts)
     # write_mxq checks for cancellation until the rename; after it the MXQ exists and nothing may cancel.
     written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
@@ -107,6 +116,16 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
         config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
     return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
                          parts.to_dict() if parts else {}, schedule, mixed.to_dict() if mixed is not None else {})
+
+
+def _check_program(document: dict[str, Any], consts: dict[str, Any], save_path: Path) -> None:
+    """Run the MXQ reader's program checks before writing: never write a file the runtime refuses to load."""
+    try:
+        validate_program(json.loads(encode_json(document, "program")), consts, path=str(save_path))
+    except MxqFormatError as error:
+        raise InternalError(f"The compiled program fails the MXQ reader's checks, so nothing was written: "
+                            f"{error.message}", hint="Please report this with the model; "
+                            "`qbcompiler check` and a smaller input resolution may help meanwhile.") from error
 
 
 def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partition | None, reporter: Reporter,

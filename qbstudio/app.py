@@ -114,8 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, dirs: AppDirs) -> int:
     from qbstudio._compat import guard_none_refcount, skip_feature_source_scan
+    from qbstudio.deferred_imports import defer_sympy
 
     guard_none_refcount()
+    defer_sympy()  # before onnx-ir is imported: SymPy loads on the first symbolic shape expression only
     from PySide6 import QtWebEngineWidgets  # noqa: F401  (must be imported before the QApplication)
 
     skip_feature_source_scan()
@@ -157,8 +159,12 @@ def _when_graph_ready(window, action) -> None:
 def _smoke_exit(window, app) -> None:
     elapsed = time.perf_counter() - _STARTED
     shown = (window.shown_at or time.perf_counter()) - _STARTED
+    from qbstudio.deferred_imports import DEFERRED, is_deferred
+
+    deferred = ", ".join(name for name in DEFERRED if is_deferred(name)) or "none"
     sys.stdout.write(f"qbstudio window shown after {shown:.2f} s\n"
-                     f"qbstudio ready: window shown={window.isVisible()} after {elapsed:.2f} s in-process\n")
+                     f"qbstudio ready: window shown={window.isVisible()} after {elapsed:.2f} s in-process\n"
+                     f"qbstudio modules not imported yet: {deferred}\n")
     sys.stdout.flush()
     window.close()
     app.quit()

@@ -15,8 +15,9 @@ from PySide6.QtCore import QObject, Signal
 
 from compiler_core.progress import ProgressEvent
 from qbstudio import dialogs
-from qbstudio.state.compare import HeatScale, delta_values, heat_colours, node_values
+from qbstudio.state.compare import colouring_choices
 from qbstudio.state.runs import RunRecord
+from qbstudio.widgets.compare_graphs import apply_colouring
 from qbstudio.workers import Worker
 
 if TYPE_CHECKING:
@@ -79,39 +80,22 @@ class CompareController(QObject):
 
     def update_colourings(self) -> None:
         """Offer the picked runs' SQNR and their deltas to the baseline as graph colourings."""
-        runs, baseline = self.compare.picked_runs, self.compare.baseline_id
-        choices = [(f"sqnr:{run.run_id}", f"Colours: SQNR of {run.label}") for run in runs]
-        choices += [(f"delta:{run.run_id}:{baseline}", f"Colours: Δ SQNR {run.label} vs #{baseline}")
-                    for run in runs if run.run_id != baseline]
-        self.graph.set_colourings(choices)
+        self.graph.set_colourings(colouring_choices(self.compare.picked_runs, self.compare.baseline_id))
         if self.graph.colouring != "support":
             self.apply_colouring(self.graph.colouring)
 
     def apply_colouring(self, key: str) -> None:
         """Colour the graph by ``key``: ``support``, ``sqnr:<run>`` or ``delta:<run>:<baseline>``."""
-        parts = key.split(":")
-        runs = self.window.session.runs
-        run = runs.get(int(parts[1])) if len(parts) > 1 else None
-        if run is None:
-            self.graph.clear_heatmap()
-            return
-        if parts[0] == "delta" and runs.get(int(parts[2])) is not None:
-            base = runs.get(int(parts[2]))
-            scale, values = HeatScale.delta(), delta_values(run, base)
-            title, label = f"Δ SQNR {run.label} − #{base.run_id} (dB)", f"Δ SQNR vs #{base.run_id}"
-        else:
-            scale, values = HeatScale.sqnr(), node_values(run)
-            title, label = f"SQNR of {run.label} (dB)", f"SQNR of {run.label}"
-        colours, tips = heat_colours(values, scale, label=label)
-        self.graph.set_heatmap(colours, tips, title=title, stops=scale.stops(), low=scale.low, high=scale.high,
-                               ticks=scale.ticks)
+        apply_colouring(self.graph, key, self.window.session.runs.get)
 
     # -- layers, runs -----------------------------------------------------------------------------
 
     def _on_model(self) -> None:
         loaded = self.window.loaded
         self.compare.set_layer_order([node.name for node in loaded.model.graph] if loaded else [])
+        self.compare.model_name = str(getattr(self.window.project.model, "path", "") or "") if loaded else ""
         self.compare.histogram.mblt_path = str(self.window.project.mblt_path) if loaded else ""
+        self.compare.twin.set_model(self.compare.histogram.mblt_path)
 
     def _on_layer(self, name: str) -> None:
         self.window.support.select_node(name)

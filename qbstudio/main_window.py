@@ -70,7 +70,7 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
-PRELOAD_MODULES = ("numpy", "onnx", "sympy", "onnx_ir", "onnxscript", "compiler_core.calibration",
+PRELOAD_MODULES = ("numpy", "onnx", "onnx_ir", "onnxscript", "compiler_core.calibration",
                    "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
                    "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
                    "qbstudio.tasks")

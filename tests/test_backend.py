@@ -25,10 +25,10 @@ from compiler_core.backend.layout import assign_layouts
 from compiler_core.backend.memplan import overlapping, plan_memory, plan_resident
 from compiler_core.backend.program import NpuProgram, decode, lower, to_document
 from compiler_core.backend.schedule import RESIDENT_SHARE, schedule_mode
-from compiler_core.backend.tiling import tile_layer
+from compiler_core.backend.tiling import row_tiled, tile_layer, working_set
 from compiler_core.backend.verify import npu_problem
 from compiler_core.cli import run
-from compiler_core.errors import DoesNotFitError, MxqFormatError
+from compiler_core.errors import DoesNotFitError, InternalError, MxqFormatError
 from compiler_core.mxq import read_mxq, write_mxq
 from compiler_core.quantization import executor
 from compiler_core.runtime.artifact import load_artifact
@@ -151,6 +151,38 @@ def test_smallest_tile_over_sram_is_refused_with_layer_and_numbers(residual_mode
     fields = caught.value.fields
     assert fields["layer"] == layer.main(model).name and fields["sram_bytes"] == 64
     assert fields["needed_bytes"] > 64 and f"{fields['needed_bytes']:,} bytes" in caught.value.message
+
+
+def test_every_tile_fits_the_sram_it_was_tiled_for(residual_model):
+    """Interior tiles read a halo on both sides: the largest tile, not the first, must fit (a real export
+    compiled to a program the reader refused before)."""
+    model = residual_model
+    lowered = lower(model, ARIES, ["single"])
+    checked = 0
+    for layer in lowered.layers:
+        if not row_tiled(model, layer, lowered.layouts):
+            continue
+        whole = working_set(model, layer, lowered.layouts, True, 0, lowered.layouts[layer.outputs[0]].rows, 0, 1 << 30)
+        for sram in np.unique(np.geomspace(256, whole["total"], 120).astype(int)):
+            try:
+                tiling = tile_layer(model, layer, lowered.layouts, int(sram), 1)
+            except DoesNotFitError:
+                continue
+            sets = [working_set(model, layer, lowered.layouts, True, t.r0, t.r1, t.c0, t.c1)["total"] for t in tiling.tiles]
+            assert max(sets) <= sram and tiling.sram["total"] == max(sets), (layer.index, int(sram))
+            checked += len(tiling.tiles) > 2
+    assert checked  # some budgets give interior tiles
+
+
+def test_compile_writes_no_program_the_reader_would_refuse(tmp_path, monkeypatch):
+    """The reader's checks run before the MXQ is written: a backend bug is an INTERNAL_ERROR at compile, no file."""
+    import compiler_core.backend.verify as verify
+
+    monkeypatch.setattr(verify, "_commands_problem", lambda mode, *args: f"the {mode} command 7 is made up")
+    mblt = mblt_compile(SAMPLE_DIR / "model.onnx", tmp_path / "model.mblt")
+    with pytest.raises(InternalError, match="fails the MXQ reader's checks.*command 7 is made up"):
+        mxq_compile(mblt, "aries-rb", None, tmp_path / "out.mxq", use_random_calib=True)
+    assert not (tmp_path / "out.mxq").exists()
 
 
 @pytest.fixture(scope="module")

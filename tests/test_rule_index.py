@@ -1,4 +1,5 @@
-"""Rewrite rules indexed by their pattern's root op type rewrite exactly as the full rule sets do."""
+"""Rewrite rules indexed by their pattern's root op type rewrite exactly as the full rule sets do, and our
+constant lifting lifts exactly as the library's pass does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from onnxscript import rewriter
 
 from compiler_core.api import parse_model
 from compiler_core.mblt import canonicalize
-from compiler_core.mblt.rule_index import indexed_rules, input_op_types, root_op_type
+from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, input_op_types, root_op_type
 
 
 def test_every_rule_we_apply_has_a_root_op_type():
@@ -67,10 +68,33 @@ def test_an_indexed_rule_skips_a_root_whose_input_comes_from_another_op_type():
 def _unindexed(monkeypatch):
     monkeypatch.setattr(canonicalize, "indexed_rules", list)
     monkeypatch.setattr(canonicalize, "optimize", onnxscript.optimizer.optimize_ir)
+    monkeypatch.setattr(canonicalize, "LiftConstants", ir.passes.common.LiftConstantsToInitializersPass)
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_cls"])
+def test_lift_constants_lifts_as_the_library_pass_does():
+    nodes = [helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.arange(6, dtype=np.float32))),
+             helper.make_node("Constant", [], ["i"], value_ints=[2, 3]),
+             helper.make_node("Constant", [], ["f"], value_float=0.5),
+             helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(np.zeros(0, np.int64))),
+             helper.make_node("Reshape", ["t", "i"], ["r"]), helper.make_node("Mul", ["r", "f"], ["m"]),
+             helper.make_node("Concat", ["e", "i"], ["c"], axis=0),
+             helper.make_node("Constant", [], ["out"], value=numpy_helper.from_array(np.ones(2, np.float32)))]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
+                                               for name in ("m", "c", "out")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    lifted = {}
+    for size_limit in (0, 4):  # 4: the 2-element ints, the scalar and the empty tensor stay Constant nodes
+        ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+        LiftConstants(lift_all_constants=True, size_limit=size_limit)(ours)
+        ir.passes.common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=size_limit)(library)
+        assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+        lifted[size_limit] = sorted(ours.graph.initializers)
+    assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_det", "ppocr_rec", "ppocr_cls", "minilm_l6", "silero_ifless"])
 def test_real_models_canonicalize_to_the_same_graph_with_and_without_the_index(name, monkeypatch):
+    """Every parse-bench model: our indexed rules, folder and constant lifting give the library's graph, byte for byte."""
     source, shapes, constants = realmodels.real_models()[name]()
     indexed, _ = parse_model(source, input_shape_dict=shapes or None, constant_inputs=constants)
     _unindexed(monkeypatch)

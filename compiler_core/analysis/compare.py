@@ -53,24 +53,42 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
         input), "summary": {...}, "warnings": [...]}``.
     """
     reporter = as_reporter(reporter)
-    session, names = _reference_session(mblt_path, model, per_layer)
-    outputs = {spec.name: TensorComparison() for spec in model.outputs if spec.name in model.tensors}
-    layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
-    classifier = {spec.name: is_classifier_output(spec.shape) for spec in model.outputs}
-    fast = executor_for(model)
-    batch = _batch_size(model, set(layers)) if fast.batchable else 1
     count = 0
-    with reporter.stage("analyze", total=num_samples, message="comparing FP32 and quantized outputs"), \
-            threadpool_limits(limits=1, user_api="blas"):
-        for chunk in _chunks(samples, batch):
-            quantized = _quantized_chunk(fast, model, chunk, set(layers))
-            for index, sample in enumerate(chunk):
-                _compare_sample(session, names, model, sample, quantized, index, outputs, layers, classifier)
-                count += 1
-                reporter.advance()
+    # The stage opens before the FP32 session and the simulator are built (seconds on a large model), so
+    # the user sees the analysis start at once; then one event per compared sample.
+    with reporter.stage("analyze", total=num_samples, message="preparing the FP32 reference and the simulator"):
+        session, names = _reference_session(mblt_path, model, per_layer)
+        outputs = {spec.name: TensorComparison() for spec in model.outputs if spec.name in model.tensors}
+        layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
+        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), len(model.outputs))
+                      for spec in model.outputs}
+        fast = executor_for(model)
+        batch = _batch_size(model, set(layers)) if fast.batchable else 1
+        reporter.advance(0, "comparing FP32 and quantized outputs")
+        with threadpool_limits(limits=1, user_api="blas"):
+            for chunk in _chunks(samples, batch):
+                quantized = _quantized_chunk(fast, model, chunk, set(layers))
+                for index, sample in enumerate(chunk):
+                    _compare_sample(session, names, model, sample, quantized, index, outputs, layers, classifier)
+                    count += 1
+                    reporter.advance()
     report = _report(model, outputs, layers, classifier, count)
     report["warnings"] = _near_zero_warnings(report["outputs"], sample_names)
     return report
+
+
+_SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _head_op(model: QuantizedModel, tensor: str) -> str:
+    """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none)."""
+    producers = {name: op for op in model.ops for name in op.outputs}
+    op = producers.get(tensor)
+    for _ in range(len(model.ops)):
+        if op is None or op.op_type not in _SHAPE_OPS or not op.inputs:
+            break
+        op = producers.get(op.inputs[0])
+    return op.op_type if op is not None else ""
 
 
 def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | None) -> list[str]:

@@ -168,9 +168,30 @@ def verdict(sqnr: float, warn_db: float = WARN_SQNR_DB, flag_db: float = FLAG_SQ
     return "warn" if sqnr < warn_db else "ok"
 
 
-def is_classifier_output(shape: list[int]) -> bool:
-    """A ``[1, C]`` output with at least 10 classes is treated as classifier logits."""
-    return len(shape) == 2 and shape[0] == 1 and shape[1] >= 10
+PROBABILITY_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid"})
+LOGIT_OPS = frozenset({"Gemm", "MatMul", "Add", "Conv"})
+
+
+def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> bool:
+    """Whether an output holds class scores, so that top-1/top-5 agreement is reported for it.
+
+    The one rule (every report, table and chart follows it): a ``[1, C]`` output is class scores when
+    it comes from ``Softmax``/``LogSoftmax``/``Sigmoid`` (probabilities, ``C >= 2``), or when it is
+    the model's only output and comes from a linear layer (``Gemm``/``MatMul``/``Add``/``Conv``:
+    logits, ``C >= 10``). A linear ``[1, C]`` output next to other outputs is treated as a regression
+    (MediaPipe hand/pose landmarks beside a presence score, MTCNN box and landmark offsets): the arg-max
+    of coordinates means nothing.
+
+    Args:
+        shape: The output's shape.
+        head_op: ONNX op type of the operation producing it (shape-only ops such as Reshape skipped).
+        model_outputs: How many outputs the model has.
+    """
+    if len(shape) != 2 or shape[0] != 1:
+        return False
+    if head_op in PROBABILITY_OPS:
+        return shape[1] >= 2
+    return head_op in LOGIT_OPS and model_outputs == 1 and shape[1] >= 10
 
 
 def _finite(value: float) -> float | None:

@@ -229,8 +229,18 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
         end = min(start + width, c1)
         for row in range(r0, r1, row_count):
             tiles.append(Tile(core, row, min(row + row_count, r1), start, end))
-    first = tiles[0]
-    return tiles, working_set(model, layer, layouts, rows, first.r0, first.r1, first.c0, first.c1)
+    sets = [working_set(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1) for tile in tiles]
+    return tiles, max(sets, key=lambda need: need["total"])
+
+
+def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
+    """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
+
+    A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
+    either side), so the first, a middle and the last position bound every tile of the band.
+    """
+    starts = {r0, r0 + max(r1 - r0 - count, 0) // 2, max(r1 - count, r0)}
+    return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
 
 
 def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
@@ -240,7 +250,7 @@ def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
     low, high = 0, r1 - r0
     while low < high:
         middle = (low + high + 1) // 2
-        if working_set(model, layer, layouts, True, r0, r0 + middle, c0, c1)["total"] <= sram:
+        if _row_tile_set(model, layer, layouts, r0, r1, c0, c1, middle) <= sram:
             low = middle
         else:
             high = middle - 1

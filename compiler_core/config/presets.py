@@ -45,7 +45,8 @@ PRESETS: dict[str, Preset] = {
         "Image classifiers: MaxPercentile calibration, per-layer output, bias correction.",
         {"calibration": {"mode": 1, "output": 0}, "layerBiasCorrection": {"apply": True}}),
     "detection": Preset(
-        "Object detectors: MaxPercentile calibration, per-channel output.",
+        "Object detectors: MaxPercentile calibration; asks for per-channel output quantization (the vendor's "
+        "preset), which is not implemented yet: outputs are quantized per layer, with a warning.",
         {"calibration": {"mode": 1, "output": 1}}),
     "classification_torchvision": Preset(
         "torchvision classifiers on raw uint8 RGB: resize 256, crop 224, ImageNet normalize fused.",

@@ -35,7 +35,7 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
-from compiler_core.mblt.rule_index import indexed_rules, optimize
+from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -226,7 +226,7 @@ def _lift_constants(model: ir.Model) -> InvalidModelError | None:
         when ONNX's strict inference fails here, else None. Parsing goes on (the optimizer may
         remove the offending node); :func:`_verify` uses it to blame the model instead of the compiler.
     """
-    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    LiftConstants(lift_all_constants=True, size_limit=0)(model)
     failure = _strict_inference(model)
     _check_reshapes(model)
     if failure is None:

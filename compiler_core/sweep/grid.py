@@ -24,7 +24,7 @@ import copy
 import itertools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,12 +121,15 @@ def load_grid(grid: str | os.PathLike | Mapping[str, Any] | SweepGrid) -> tuple[
         raise config_error_from_validation(error, source, model=SweepGrid) from error
 
 
-def expand_grid(grid: SweepGrid, *, folder: Path | None = None, **explicit_args: Any) -> list[SweepPoint]:
+def expand_grid(grid: SweepGrid, *, folder: Path | None = None,
+                on_duplicate: Callable[[dict[str, Any]], None] | None = None, **explicit_args: Any) -> list[SweepPoint]:
     """Every point of ``grid`` (cartesian product of the axes, identical configs kept once).
 
     Args:
         grid: The validated grid.
         folder: Where a relative ``baseConfig`` path is resolved (the grid file's folder).
+        on_duplicate: Receives the axis values of each combination whose config equals an earlier
+            point's (instead of the INFO log line saying so).
         **explicit_args: ``resolve_config`` arguments applied to every point (``target_device`` ...).
 
     Raises:
@@ -153,7 +156,10 @@ def expand_grid(grid: SweepGrid, *, folder: Path | None = None, **explicit_args:
             config = _point_config(grid, base, settings, values, explicit_args)
         identity = config.model_dump_json(by_alias=True)
         if identity in seen:
-            logger.info("Sweep point %s has the same config as an earlier point; kept once", values)
+            if on_duplicate is None:
+                logger.info("Sweep point %s has the same config as an earlier point; kept once", values)
+            else:
+                on_duplicate(values)
             continue
         seen.add(identity)
         points.append(SweepPoint(len(points), f"point-{len(points):02d}", values, config))

@@ -1,4 +1,4 @@
-"""A self-contained HTML report of a sweep: settings diff, metrics, per-layer SQNR plot, Pareto chart.
+"""A self-contained HTML report of a sweep or of compared runs: settings diff, metrics, per-layer plot, Pareto chart.
 
 One file with inline CSS and inline SVG charts drawn here (no script, no external resource, no
 Qt), so it opens in any browser offline and can be mailed around. Sections (each a ``<section>``
@@ -6,11 +6,18 @@ with a stable ``id``): ``summary``, ``settings`` (only the keys that differ from
 the base config itself folded), ``metrics`` (per point and output), ``layers`` (per-layer SQNR of
 every point in graph order, from each point's ``.analysis.json``), ``pareto`` (worst output SQNR
 vs estimated latency, the front highlighted) and ``commands`` (the command reproducing each point).
+
+The same renderer draws the workbench's "Export report" of up to four compared runs
+(:func:`write_runs_report`): the data then has the format ``qbstudio-runs``, each record is a run,
+its ``settings`` hold every key that differs between the runs, and the base config is the baseline
+run's. :func:`layers_csv` writes the per-layer metrics of several runs or points as CSV.
 """
 
 from __future__ import annotations
 
+import csv
 import html
+import io
 import json
 import logging
 import math
@@ -24,6 +31,8 @@ from compiler_core.fileio import atomic_write_text
 logger = logging.getLogger(__name__)
 
 SECTIONS = ("summary", "settings", "metrics", "layers", "pareto", "commands")
+SWEEP_FORMAT, RUNS_FORMAT = "qbcompiler-sweep", "qbstudio-runs"
+LAYER_CSV_COLUMNS = ("run", "position", "layer", "tensor", "op", "precision", "sqnr_db", "cosine_mean", "verdict")
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf", "#393b79", "#637939")
 WIDTH, HEIGHT, MARGIN = 860, 320, 56
@@ -52,15 +61,51 @@ def write_report(sweep: str | Path | Mapping[str, Any], path: str | Path) -> Pat
     return Path(atomic_write_text(path, render_report(data, layers)))
 
 
+def write_runs_report(runs: Mapping[str, Any], layers: Mapping[str, Sequence[Mapping[str, Any]]],
+                      path: str | Path) -> Path:
+    """Write the HTML report of compared runs (format ``qbstudio-runs``, see the module docstring) to ``path``.
+
+    Args:
+        runs: ``{"format": "qbstudio-runs", "model", "baseline" (a record name), "base_config",
+            "pareto_axes", "records": [...]}``; each record like a sweep record (``name``, ``status``,
+            ``settings``, ``outputs``, ``worst_sqnr_db``, ``latency_ms``, ``pareto``, ``command`` ...).
+        layers: Record name -> analysis layer rows in graph order.
+        path: The ``.html`` file.
+
+    Raises:
+        OutputWriteError: ``path`` cannot be written.
+    """
+    return Path(atomic_write_text(path, render_report(runs, layers)))
+
+
 def render_report(sweep: Mapping[str, Any], layers: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
-    """The report as an HTML string; ``layers`` maps point names to their analysis layer rows."""
+    """The report as an HTML string; ``layers`` maps point (or run) names to their analysis layer rows."""
     records = list(sweep["records"])
+    noun = _noun(sweep)
     colours = {record["name"]: PALETTE[i % len(PALETTE)] for i, record in enumerate(records)}
-    body = [_summary(sweep), _settings(sweep, records), _metrics(records), _layers(records, layers or {}, colours),
-            _pareto(sweep, records, colours), _commands(records)]
+    body = [_summary(sweep), _settings(sweep, records), _metrics(records, noun),
+            _layers(records, layers or {}, colours), _pareto(sweep, records, colours), _commands(records, noun)]
+    title = "Runs report" if noun == "run" else "Sweep report"
+    model = Path(str(sweep.get("model") or sweep.get("mblt", ""))).name
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>Sweep report: {_e(Path(str(sweep.get('mblt', ''))).name)}</title><style>{_CSS}</style></head>"
-            f"<body><h1>Sweep report</h1>{''.join(body)}</body></html>\n")
+            f"<title>{title}: {_e(model)}</title><style>{_CSS}</style></head>"
+            f"<body><h1>{title}</h1>{''.join(body)}</body></html>\n")
+
+
+def layers_csv(layers: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """One CSV row per layer per run (or point): :data:`LAYER_CSV_COLUMNS`, numbers as the analysis has them."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(LAYER_CSV_COLUMNS)
+    for name, rows in layers.items():
+        for position, row in enumerate(rows):
+            writer.writerow([name, position, *("" if row.get(key) is None else row.get(key)
+                                               for key in LAYER_CSV_COLUMNS[2:])])
+    return buffer.getvalue()
+
+
+def _noun(data: Mapping[str, Any]) -> str:
+    return "run" if data.get("format") == RUNS_FORMAT else "point"
 
 
 def _load(sweep: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -72,7 +117,7 @@ def _load(sweep: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         except (OSError, ValueError) as error:
             raise ArgumentError(f"Cannot read the sweep result '{sweep}': {error}.",
                                 hint="Give the sweep.json a `qbcompiler sweep` wrote.") from error
-    if data.get("format") != "qbcompiler-sweep" or not isinstance(data.get("records"), list):
+    if data.get("format") != SWEEP_FORMAT or not isinstance(data.get("records"), list):
         raise ArgumentError("Not a sweep result (no 'qbcompiler-sweep' format with records).",
                             hint="Give the sweep.json a `qbcompiler sweep` wrote.")
     return data
@@ -99,6 +144,8 @@ def _section(key: str, title: str, content: str) -> str:
 
 
 def _summary(sweep: Mapping[str, Any]) -> str:
+    if _noun(sweep) == "run":
+        return _runs_summary(sweep)
     seconds = sweep.get("seconds", {})
     stages = ", ".join(f"{_e(stage)} {value:.1f} s" for stage, value in seconds.items())
     items = [f"Model: <code>{_e(sweep.get('mblt', ''))}</code>",
@@ -110,9 +157,21 @@ def _summary(sweep: Mapping[str, Any]) -> str:
     return _section("summary", "Summary", "<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>")
 
 
+def _runs_summary(runs: Mapping[str, Any]) -> str:
+    records = runs["records"]
+    items = [f"Model: <code>{_e(runs.get('model', ''))}</code>",
+             f"{len(records)} run(s) compared; baseline: {_e(runs.get('baseline', ''))}"]
+    items += [f"{_e(r['name'])}: {_e(r.get('summary', ''))} (finished {_e(r.get('created', ''))})" for r in records]
+    axes = runs.get("pareto_axes", {})
+    if axes:
+        items.append(f"Pareto axes: {_e(axes.get('accuracy', ''))} vs {_e(axes.get('latency', ''))}")
+    return _section("summary", "Summary", "<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>")
+
+
 def _settings(sweep: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str:
     keys = sorted({key for record in records for key in record.get("settings", {})})
-    head = "<tr><th>point</th>" + "".join(f"<th>{_e(key)}</th>" for key in keys) + "</tr>"
+    noun = _noun(sweep)
+    head = f"<tr><th>{noun}</th>" + "".join(f"<th>{_e(key)}</th>" for key in keys) + "</tr>"
     rows = []
     for record in records:
         settings = record.get("settings", {})
@@ -120,14 +179,20 @@ def _settings(sweep: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) ->
                         '<td class="note">base</td>' for key in keys)
         rows.append(f"<tr><td>{_e(record['name'])}</td>{cells}</tr>")
     base = json.dumps(sweep.get("base_config", {}), indent=2, sort_keys=True)
-    note = ("<p class=\"note\">Only the settings that differ from the base config are shown (highlighted); "
-            "empty columns mean every point uses the base value.</p>")
+    if noun == "run":
+        note = ("<p class=\"note\">Only the settings that differ between the compared runs are shown "
+                f"({len(keys)}, highlighted); the baseline's full resolved config is folded below.</p>")
+        folded = f"Full config of the baseline ({_e(sweep.get('baseline', ''))})"
+    else:
+        note = ("<p class=\"note\">Only the settings that differ from the base config are shown (highlighted); "
+                "empty columns mean every point uses the base value.</p>")
+        folded = "Base config"
     return _section("settings", "Settings diff", note + f"<table>{head}{''.join(rows)}</table>"
-                    f"<details><summary>Base config</summary><pre>{_e(base)}</pre></details>")
+                    f"<details><summary>{folded}</summary><pre>{_e(base)}</pre></details>")
 
 
-def _metrics(records: Sequence[Mapping[str, Any]]) -> str:
-    head = ("<tr><th>point</th><th>status</th><th>output</th><th>SQNR dB</th><th>cosine</th><th>top-1</th>"
+def _metrics(records: Sequence[Mapping[str, Any]], noun: str = "point") -> str:
+    head = (f"<tr><th>{noun}</th><th>status</th><th>output</th><th>SQNR dB</th><th>cosine</th><th>top-1</th>"
             "<th>top-5</th><th>max |err|</th><th>latency ms (est.)</th><th>MXQ bytes</th><th>int16 layers</th>"
             "<th>compile s</th><th>Pareto</th></tr>")
     rows = []
@@ -205,11 +270,12 @@ def _pareto(sweep: Mapping[str, Any], records: Sequence[Mapping[str, Any]], colo
     return _section("pareto", "Pareto chart", note + _svg("pareto-chart", parts))
 
 
-def _commands(records: Sequence[Mapping[str, Any]]) -> str:
-    rows = "".join(f"<tr><td>{_e(r['name'])}</td><td><code>{_e(r.get('command', ''))}</code></td></tr>"
+def _commands(records: Sequence[Mapping[str, Any]], noun: str = "point") -> str:
+    rows = "".join(f"<tr><td>{_e(r['name'])}</td><td><code>{_e(r.get('command') or '-')}</code></td></tr>"
                    for r in records)
-    return _section("commands", "Reproduce a point", "<p class=\"note\">Each command rebuilds the point's MXQ "
-                    f"byte for byte.</p><table><tr><th>point</th><th>command</th></tr>{rows}</table>")
+    return _section("commands", f"Reproduce a {noun}", f"<p class=\"note\">Each command rebuilds the {noun}'s "
+                    f"MXQ byte for byte (at its recorded path).</p><table><tr><th>{noun}</th><th>command</th></tr>"
+                    f"{rows}</table>")
 
 
 # -- SVG helpers -----------------------------------------------------------------------------------

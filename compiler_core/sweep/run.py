@@ -13,7 +13,6 @@ import csv
 import io
 import json
 import logging
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from compiler_core.sweep.grid import (
     load_grid,
 )
 from compiler_core.sweep.pareto import pareto_front
+from compiler_core.sweep.reproduce import Reproduction
 
 logger = logging.getLogger(__name__)
 
@@ -257,17 +257,16 @@ def _worst(outputs: Mapping[str, Mapping[str, Any]], key: str) -> float | None:
 
 def reproduce_command(task: PointTask) -> str:
     """The ``qbcompiler compile`` command that rebuilds the point's MXQ byte for byte."""
-    calib = [arg for path in task.calib_data_path or () for arg in ("--calib-data-path", path)]
-    return shlex.join(["qbcompiler", "compile", "--model", task.mblt, *calib, "--compile-config", task.config_path,
-                       "--output", task.save_path])
+    return _reproduction(task).command()
 
 
 def reproduce_python(task: PointTask) -> str:
     """The Python call that rebuilds the point's MXQ byte for byte."""
-    calib = list(task.calib_data_path) if task.calib_data_path else None
-    return (f"from compiler_core.api import mxq_compile\n"
-            f"mxq_compile({task.mblt!r}, calib_data_path={calib!r}, save_path={task.save_path!r}, "
-            f"compile_config={task.config_path!r})")
+    return _reproduction(task).python()
+
+
+def _reproduction(task: PointTask) -> Reproduction:
+    return Reproduction(task.mblt, task.config_path, task.save_path, tuple(task.calib_data_path or ()))
 
 
 def _mark_front(records: list[dict[str, Any]]) -> list[int]:

@@ -78,13 +78,19 @@ def settings_diff(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
 
 
 def metric_rows(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
-    """``(label, value per run)``: output metrics per output, estimated latency/FPS per core mode, size, ..."""
+    """``(label, value per run)``: output metrics per output, estimated latency/FPS per core mode, size, ...
+
+    Top-1/top-5 agreement rows appear only for outputs holding class scores (some run has them).
+    """
     rows: list[tuple[str, list[Any]]] = []
     outputs = list(dict.fromkeys(name for run in runs for name in run.outputs))
     for output in outputs:
         for key, label in (("sqnr_db", "SQNR (dB)"), ("cosine_mean", "cosine"), ("top1_agreement", "top-1 agreement"),
                            ("top5_agreement", "top-5 agreement"), ("max_abs_error", "max |error|")):
-            rows.append((f"{output}: {label}", [run.outputs.get(output, {}).get(key) for run in runs]))
+            values = [run.outputs.get(output, {}).get(key) for run in runs]
+            if key.endswith("_agreement") and all(value is None for value in values):
+                continue  # not class scores (compiler_core.analysis.metrics.is_classifier_output)
+            rows.append((f"{output}: {label}", values))
     modes = list(dict.fromkeys(mode for run in runs for mode in run.estimate))
     for mode in modes:
         rows.append((f"{mode}: latency (ms, est.)", [run.estimate.get(mode, {}).get("latency_ms") for run in runs]))
@@ -240,6 +246,42 @@ def delta_values(run: RunRecord, baseline: RunRecord, metric: str = "sqnr_db") -
     """Node name -> ``run`` minus ``baseline`` for the layers both have."""
     mine, theirs = node_values(run, metric), node_values(baseline, metric)
     return {name: mine[name] - theirs[name] for name in mine if name in theirs}
+
+
+@dataclass
+class Colouring:
+    """A graph heatmap ready for ``GraphView.set_heatmap``: node colours, tooltips and the legend."""
+
+    colours: dict[str, list[str]]
+    tooltips: dict[str, str]
+    title: str
+    scale: HeatScale
+
+
+def colouring_choices(runs: Sequence[RunRecord], baseline: int | None) -> list[tuple[str, str]]:
+    """``(key, label)`` graph colourings of the compared ``runs``: each run's SQNR, each other run's delta."""
+    choices = [(f"sqnr:{run.run_id}", f"Colours: SQNR of {run.label}") for run in runs]
+    choices += [(f"delta:{run.run_id}:{baseline}", f"Colours: Δ SQNR {run.label} vs #{baseline}")
+                for run in runs if run.run_id != baseline]
+    return choices
+
+
+def colouring(key: str, find) -> Colouring | None:
+    """The heatmap of colouring ``key`` (``sqnr:<run>`` or ``delta:<run>:<baseline>``); ``find(run_id)`` gives a
+    run or None. None for ``support`` or a run that no longer exists."""
+    parts = key.split(":")
+    run = find(int(parts[1])) if len(parts) > 1 and parts[1].isdigit() else None
+    if run is None:
+        return None
+    base = find(int(parts[2])) if parts[0] == "delta" and len(parts) > 2 and parts[2].isdigit() else None
+    if base is not None:
+        scale, values = HeatScale.delta(), delta_values(run, base)
+        title, label = f"Δ SQNR {run.label} − #{base.run_id} (dB)", f"Δ SQNR vs #{base.run_id}"
+    else:
+        scale, values = HeatScale.sqnr(), node_values(run)
+        title, label = f"SQNR of {run.label} (dB)", f"SQNR of {run.label}"
+    colours, tips = heat_colours(values, scale, label=label)
+    return Colouring(colours, tips, title, scale)
 
 
 # ---------------------------------------------------------------------------------------------- clip ranges

@@ -88,6 +88,7 @@ class RunRecord:
         config = dict(record.get("config") or {})
         config.pop("savePaths", None)
         config.pop("modelPaths", None)
+        config.pop("calibDataPaths", None)  # the data is the run's calibration, as for Compile-button runs
         settings = ", ".join(f"{key}={value}" for key, value in (record.get("axes") or {}).items())
         return cls(run_id=run_id, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    device=str(config.get("targetDevice", "")), core_modes=list(record.get("estimate", {})),

@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from PySide6.QtCore import QItemSelectionModel, Qt, Signal
+from PySide6.QtCore import QItemSelectionModel, QPoint, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -17,11 +17,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMenu,
     QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -36,6 +38,8 @@ from qbstudio.state.compare import (
     settings_diff,
 )
 from qbstudio.state.runs import RunHistory, RunRecord
+from qbstudio.widgets import compare_export
+from qbstudio.widgets.compare_graphs import TwinGraphs
 from qbstudio.widgets.histogram_view import HistogramView
 from qbstudio.widgets.layer_plot import RUN_COLOURS, LayerPlot
 from qbstudio.widgets.summary import human_size
@@ -85,6 +89,10 @@ class SideBySide(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setWordWrap(True)
+        header = self.table.horizontalHeader()
+        header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        header.customContextMenuRequested.connect(self._on_header_menu)
+        header.setToolTip("Right-click a run's header to copy it as a command or as Python")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.full_config)
@@ -131,6 +139,20 @@ class SideBySide(QWidget):
             else:
                 self._metric_row(row, label, values)
         self.table.setVerticalHeaderLabels(labels)
+
+    def header_menu(self, column: int) -> QMenu | None:
+        """The context menu of run column ``column``: copy the run as a command or as Python."""
+        if not 0 <= column < len(self._runs):
+            return None
+        menu = QMenu(self)
+        compare_export.add_copy_actions(menu, self, self._runs[column], prefix=f"{self._runs[column].label}: ")
+        return menu
+
+    def _on_header_menu(self, position: QPoint) -> None:
+        header = self.table.horizontalHeader()
+        menu = self.header_menu(header.logicalIndexAt(position))
+        if menu is not None:
+            menu.popup(header.mapToGlobal(position))
 
     def _section(self, row: int, title: str) -> None:
         item = QTableWidgetItem(title)
@@ -199,6 +221,7 @@ class CompareView(QWidget):
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.history = RunHistory()
+        self.model_name = ""
         self.layer_order: list[str] = []
         self.picks: list[int] = []
         self.table = self._make_table()
@@ -210,6 +233,18 @@ class CompareView(QWidget):
         self.import_button = QPushButton("Import sweep results…", objectName="importSweep")
         self.import_button.setToolTip("Add the points of a `qbcompiler sweep` of this model (its sweep.json) as runs")
         self.import_button.clicked.connect(self.import_requested)
+        self.copy_button = QToolButton(objectName="copyRun", text="Copy run as…", enabled=False)
+        self.copy_button.setToolTip("Copy a compared run as the command or the Python call that rebuilds its MXQ")
+        self.copy_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.copy_button.setMenu(QMenu(self.copy_button))
+        self.copy_button.menu().aboutToShow.connect(self._fill_copy_menu)
+        self.report_button = QPushButton("Export report…", objectName="exportReport", enabled=False)
+        self.report_button.setToolTip("Write a self-contained HTML report of the compared runs (settings diff, "
+                                      "metrics, per-layer plot, Pareto chart, commands)")
+        self.report_button.clicked.connect(lambda: self.export_report())
+        self.csv_button = QPushButton("Export per-layer CSV…", objectName="exportCsv", enabled=False)
+        self.csv_button.setToolTip("Write one CSV row per layer per compared run (SQNR, cosine, precision ...)")
+        self.csv_button.clicked.connect(lambda: self.export_csv())
         self.picks_label = QLabel(objectName="picksLabel")
         self.side = SideBySide()
         self.layers = LayerPlot()
@@ -222,6 +257,9 @@ class CompareView(QWidget):
         self.tabs.addTab(self.layers, "Per layer")
         self.tabs.addTab(self.histogram, "Why a layer differs")
         self.tabs.addTab(self.sweep, "Sweep && Pareto")
+        self.twin = TwinGraphs()
+        self.twin.node_selected.connect(self._on_layer_clicked)
+        self.tabs.addTab(self.twin, "Two graphs")
         self._build()
 
     def _make_table(self) -> QTableWidget:
@@ -235,6 +273,8 @@ class CompareView(QWidget):
         table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         table.itemSelectionChanged.connect(self._on_selection)
+        table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        table.customContextMenuRequested.connect(self._on_table_menu)
         return table
 
     def _build(self) -> None:
@@ -243,6 +283,9 @@ class CompareView(QWidget):
         controls.addWidget(QLabel("Baseline"))
         controls.addWidget(self.baseline_combo)
         controls.addWidget(self.delete_button)
+        controls.addWidget(self.copy_button)
+        controls.addWidget(self.report_button)
+        controls.addWidget(self.csv_button)
         controls.addWidget(self.import_button)
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
@@ -300,7 +343,8 @@ class CompareView(QWidget):
         if wanted is not None:
             self.baseline_combo.setCurrentIndex(self.picks.index(wanted))
         self.baseline_combo.blockSignals(False)
-        self.delete_button.setEnabled(bool(self.picks))
+        for button in (self.delete_button, self.copy_button, self.report_button, self.csv_button):
+            button.setEnabled(bool(self.picks))
         self._refresh_views()
 
     @property
@@ -332,6 +376,7 @@ class CompareView(QWidget):
         self.side.set_runs(runs, baseline)
         self.layers.set_runs(runs, self.layer_order, baseline)
         self.histogram.set_runs(runs)
+        self.twin.set_runs(runs, self.baseline_id)
         self.picks_changed.emit()
 
     def _on_selection(self) -> None:
@@ -360,8 +405,48 @@ class CompareView(QWidget):
     def show_layer(self, name: str) -> None:
         """Layer ``name`` was selected (here or elsewhere): mark it and load its histogram."""
         self.layers.select_layer(name)
+        self.twin.select_node(name)
         if any(run.layer_row(name) for run in self.picked_runs):
             self.histogram.show_layer(name)
+
+    # -- exporting --------------------------------------------------------------------------------
+
+    def run_menu(self, run_id: int) -> QMenu:
+        """The runs table's context menu on run ``run_id``: copy it, export the compared runs, delete."""
+        menu = QMenu(self)
+        run = self.history.get(run_id)
+        if run is not None:
+            compare_export.add_copy_actions(menu, self, run)
+        menu.addSeparator()
+        menu.addAction("Export report of the compared runs…").triggered.connect(lambda: self.export_report())
+        menu.addAction("Export per-layer CSV of the compared runs…").triggered.connect(lambda: self.export_csv())
+        menu.addSeparator()
+        menu.addAction("Delete run…").triggered.connect(self.ask_delete)
+        return menu
+
+    def _on_table_menu(self, position: QPoint) -> None:
+        item = self.table.itemAt(position)
+        if item is None:
+            return
+        run_id = self.table.item(item.row(), 0).data(Qt.ItemDataRole.UserRole)
+        if run_id not in self.picks:
+            self.set_picks([run_id])
+        self.run_menu(run_id).popup(self.table.viewport().mapToGlobal(position))
+
+    def _fill_copy_menu(self) -> None:
+        menu = self.copy_button.menu()
+        menu.clear()
+        for run in self.picked_runs:
+            compare_export.add_copy_actions(menu, self, run, prefix=f"{run.label}: ")
+
+    def export_report(self, path: str | None = None):
+        """Write the HTML report of the compared runs (asks where when ``path`` is None); the file or None."""
+        return compare_export.export_report(self, self.picked_runs, baseline=self._baseline_index(),
+                                            order=self.layer_order, model=self.model_name, path=path)
+
+    def export_csv(self, path: str | None = None):
+        """Write the per-layer CSV of the compared runs (asks where when ``path`` is None); the file or None."""
+        return compare_export.export_csv(self, self.picked_runs, order=self.layer_order, path=path)
 
     # -- deleting ---------------------------------------------------------------------------------
 

@@ -62,10 +62,12 @@ class SweepEditor(QGroupBox):
     """The grid's axes as check lists and fields; :meth:`grid` returns the grid mapping.
 
     Signals:
-        changed(): an axis changed (the point count is updated).
+        changed(): the user changed an axis (the point count is updated).
+        restored(): :meth:`set_checked` set the axes (the point count is updated, nothing is logged).
     """
 
     changed = Signal()
+    restored = Signal()
 
     def __init__(self, presets: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
         super().__init__("Sweep grid", parent)
@@ -97,7 +99,10 @@ class SweepEditor(QGroupBox):
 
     def set_checked(self, modes: list[int], bias: tuple[bool, ...] = (False, True), outputs: list[int] = (0,),
                     percentiles: str = "0.999, 0.9999", presets: list[str] = ()) -> None:
-        """Set the axes (for tests and for restoring a grid)."""
+        """Set the axes (for tests and for restoring a grid); emits :attr:`restored` once, not :attr:`changed`."""
+        fields = (self.modes, self.outputs, self.presets, self.bias_off, self.bias_on, self.percentiles)
+        for field in fields:
+            field.blockSignals(True)
         for widget, values in ((self.modes, modes), (self.outputs, outputs), (self.presets, presets)):
             for i in range(widget.count()):
                 item = widget.item(i)
@@ -106,6 +111,9 @@ class SweepEditor(QGroupBox):
         self.bias_off.setChecked(False in bias)
         self.bias_on.setChecked(True in bias)
         self.percentiles.setText(percentiles)
+        for field in fields:
+            field.blockSignals(False)
+        self.restored.emit()
 
     def grid(self) -> dict[str, Any]:
         """The grid mapping (``axes`` in camelCase, as a grid file holds it).
@@ -266,7 +274,8 @@ class SweepPanel(QWidget):
         self.chart = ParetoChart()
         self.run_button.clicked.connect(self._on_run)
         self.cancel_button.clicked.connect(self.cancel_requested)
-        self.editor.changed.connect(self._update_count)
+        self.editor.changed.connect(lambda: self._update_count(edited=True))
+        self.editor.restored.connect(self._update_count)
         left = QWidget()
         column = QVBoxLayout(left)
         column.setContentsMargins(0, 0, 0, 0)
@@ -287,22 +296,33 @@ class SweepPanel(QWidget):
         layout.addWidget(splitter)
         self._update_count()
 
-    def point_count(self) -> int | str:
-        """How many points the grid expands to, or the reason it is not valid."""
+    def point_count(self, duplicates: list[dict[str, Any]] | None = None) -> int | str:
+        """How many points the grid expands to, or the reason it is not valid.
+
+        Args:
+            duplicates: Receives the axis values of the combinations kept once (same config as an earlier point).
+        """
         from compiler_core.errors import QBCompilerError
         from compiler_core.sweep import expand_grid, load_grid
 
+        found = duplicates if duplicates is not None else []
         try:
             spec, folder = load_grid({**self.editor.grid(), "baseConfig": {"targetDevice": "aries-rb"}})
-            return len(expand_grid(spec, folder=folder))
+            return len(expand_grid(spec, folder=folder, on_duplicate=found.append))
         except (ValueError, QBCompilerError) as error:
             return str(getattr(error, "message", error))
 
-    def _update_count(self) -> None:
-        count = self.point_count()
+    def _update_count(self, edited: bool = False) -> None:
+        """Show the point count; the combinations kept once are logged only after the user's own edit."""
+        duplicates: list[dict[str, Any]] = []
+        count = self.point_count(duplicates)
         ok = isinstance(count, int)
-        self.editor.count_label.setText(f"<b>{count} point(s)</b>" if ok else f"<span style='color:#c62828'>{count}"
-                                                                              "</span>")
+        same = f" ({len(duplicates)} same-config combination(s) kept once)" if ok and duplicates else ""
+        self.editor.count_label.setText(f"<b>{count} point(s)</b>{same}" if ok else
+                                        f"<span style='color:#c62828'>{count}</span>")
+        if edited:
+            for values in duplicates:
+                logger.info("Sweep point %s has the same config as an earlier point; kept once", values)
         self.run_button.setEnabled(ok and not self.cancel_button.isEnabled())
 
     def _on_run(self) -> None:

@@ -240,6 +240,23 @@ def test_sweep_editor_counts_points_and_rejects_bad_input(qtbot, view):
     assert "calibration mode" in view.sweep.point_count()
 
 
+def test_sweep_editor_logs_same_config_points_only_after_the_users_edit(qtbot, caplog):
+    """The default grid has same-config combinations (Max and KL ignore the percentile): building the panel (as
+    opening a project does) or restoring a grid says so in the count label, not in the log dock; a user's edit logs."""
+    from qbstudio.widgets.sweep_panel import SweepPanel
+
+    caplog.set_level(logging.INFO)
+    panel = SweepPanel()
+    panel.editor.set_checked([0, 1, 2], bias=(False,), percentiles="0.999, 0.9999")
+    assert "kept once" in panel.editor.count_label.text()
+    assert not [r for r in caplog.records if "kept once" in r.getMessage()]
+    item = panel.editor.outputs.item(1)
+    item.setCheckState(Qt.CheckState.Checked)  # what a click on the check box does
+    logged = [r.getMessage() for r in caplog.records if "kept once" in r.getMessage()]
+    assert len(logged) == 4  # Max and KL, each with the second percentile, for both outputs
+    delete_now(qtbot, panel)
+
+
 # ---------------------------------------------------------------------------------------------- heatmap
 
 

@@ -1,0 +1,73 @@
+"""Top-1/top-5 agreement only for outputs holding class scores (the rule in compiler_core.analysis.metrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper, save
+
+from compiler_core.analysis.metrics import is_classifier_output
+
+
+@pytest.mark.parametrize(("shape", "head", "outputs", "expected"), [
+    ([1, 1000], "Gemm", 1, True),        # MobileNetV2 logits
+    ([1, 10], "Gemm", 1, True),          # the Fashion-MNIST sample
+    ([1, 2], "Softmax", 3, True),        # MTCNN face probability beside box and landmark regressions
+    ([1, 360], "Sigmoid", 1, True),      # CREPE pitch bins
+    ([1, 63], "Add", 4, False),          # MediaPipe hand landmarks beside the presence score
+    ([1, 10], "Gemm", 3, False),         # MTCNN landmark offsets
+    ([1, 1], "Sigmoid", 4, False),       # a single score has no ranking
+    ([1, 256], "Div", 1, False),         # an L2-normalised embedding
+    ([1, 4], "Gemm", 1, False),          # too few values for logits without a softmax
+    ([1, 8, 8, 10], "Conv", 1, False),   # a feature map
+])
+def test_class_score_rule(shape, head, outputs, expected):
+    assert is_classifier_output(shape, head, outputs) is expected
+
+
+def _landmark_model(path: Path) -> Path:
+    """Like a landmark network's head: one linear layer feeding 63 coordinates and a sigmoid presence score."""
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((16, 63)).astype(np.float32), "b": np.zeros(63, np.float32),
+               "v": rng.standard_normal((16, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["landmarks"], name="Landmarks"),
+             helper.make_node("MatMul", ["x", "v"], ["score_logit"], name="Score"),
+             helper.make_node("Sigmoid", ["score_logit"], ["score"], name="Presence")]
+    graph = helper.make_graph(nodes, "landmarks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("landmarks", TensorProto.FLOAT, [1, 63]),
+                               helper.make_tensor_value_info("score", TensorProto.FLOAT, [1, 1])],
+                              [numpy_helper.from_array(value, name) for name, value in weights.items()])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def test_a_landmark_regression_gets_no_top_k_and_a_classifier_does(tmp_path, monkeypatch):
+    from compiler_core.api import mxq_compile
+
+    monkeypatch.setenv("QBCOMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    landmarks = mxq_compile(str(_landmark_model(tmp_path / "landmarks.onnx")), target_device="aries-rb",
+                            save_path=tmp_path / "landmarks.mxq", use_random_calib=True).to_dict()["outputs"]
+    assert set(landmarks) == {"landmarks", "score"}
+    assert not any("top1_agreement" in metrics for metrics in landmarks.values())
+    sample = Path(__file__).resolve().parents[1] / "resources" / "samples" / "fashion_cnn"
+    logits = mxq_compile(str(sample / "model.onnx"), target_device="aries-rb", save_path=tmp_path / "fashion.mxq",
+                         calib_data_path=str(sample / "calib"),
+                         compile_config=str(sample / "compile_config.yaml")).to_dict()["outputs"]["logits"]
+    assert 0 <= logits["top1_agreement"] <= logits["top5_agreement"] <= 1
+
+
+def test_compare_table_shows_agreement_rows_only_for_class_score_outputs():
+    from qbstudio.state.compare import metric_rows
+    from qbstudio.state.runs import RunRecord
+
+    outputs = {"landmarks": {"sqnr_db": 30.0, "cosine_mean": 0.99, "max_abs_error": 0.1},
+               "logits": {"sqnr_db": 25.0, "cosine_mean": 0.98, "max_abs_error": 0.2, "top1_agreement": 0.9,
+                          "top5_agreement": 1.0}}
+    runs = [RunRecord(run_id, "", "aries-rb", ["single"], f"/r{run_id}.mxq", 1, {}, outputs=outputs)
+            for run_id in (1, 2)]
+    labels = [label for label, _ in metric_rows(runs)]
+    assert "logits: top-1 agreement" in labels and "logits: top-5 agreement" in labels
+    assert not [label for label in labels if label.startswith("landmarks:") and "agreement" in label]
+    assert "landmarks: SQNR (dB)" in labels
