@@ -21,7 +21,8 @@ The prefill graph of Llama-3.2-1B at N = 240 does not compile today: its attenti
 core's 4 MB (the backend does not tile a MatMul of two activations). The script records the compile
 error and prints tokens/s without TTFT; ``--graphs decode`` skips the prefill compiles.
 
-Usage: ``python bench/llm_estimate.py [--graphs decode] [--folder build/llm/llama1b] [--json out.json]``.
+Usage: ``python bench/llm_estimate.py [--graphs decode | --one-layer] [--folder build/llm/llama1b] [--json out.json]``
+(``--one-layer``: tokens/s from the 1-layer decode compile alone, see its help).
 """
 
 from __future__ import annotations
@@ -132,10 +133,38 @@ def extrapolate(points: dict[tuple[int, int], dict], kind: str) -> dict[str, flo
             + (VOCAB / vocab - 1) * base[mode]["vocabulary_ms"] for mode in base}
 
 
+def one_layer_estimate(folder: Path) -> None:
+    """tokens/s from the 1-layer decode compile alone (see ``--one-layer``)."""
+    from compiler_core.runtime.artifact import load_artifact
+    from compiler_core.runtime.cost import estimate
+    from compiler_core.targets.devices import get_device
+
+    layers, vocab = POINTS[0]
+    artifact = load_artifact(folder / f"llama1b_{layers}l_{vocab}v.decode.mxq")
+    device = get_device(artifact.device)
+    model = artifact.program
+    sized = {op.name for op in model.ops if any(vocab in array.shape for array in op.consts.values())}
+    print(f"Llama-3.2-1B shapes, ARIES, decode from the 1-layer compile; published {PUBLISHED['tokens_per_s']} tokens/s")
+    for mode in artifact.schedule:
+        rows = estimate(model, device, mode, artifact.npu).layers
+        total = sum(row["cycles"] for row in rows) / device.clock_hz * 1e3
+        vocabulary = sum(row["cycles"] for row in rows if row["layer"] in sized) / device.clock_hz * 1e3
+        final_norm = [row for row in rows if row["kind"] == "layernorm"][-1]["cycles"] / device.clock_hz * 1e3
+        layer = total - vocabulary - final_norm
+        full = total + (LAYERS - layers) * layer + (VOCAB / vocab - 1) * vocabulary
+        print(f"  ours {mode:9s} decode {full:7.2f} ms  {1e3 / full:6.2f} tokens/s "
+              f"({1e3 / full / PUBLISHED['tokens_per_s']:.2f}x)   [1 layer {total:.2f} ms: layer <= {layer:.2f}, "
+              f"LM head + lookup {vocabulary:.2f} at V/4]")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", default=str(REPO_ROOT / "build" / "llm" / "llama1b"))
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--one-layer", action="store_true",
+                        help="decode only, from the 1-layer compile alone: its latency minus the vocabulary-sized "
+                             "operations and the final norm is taken as one decoder layer (an upper bound: the "
+                             "token and RoPE lookups count as layer work)")
     parser.add_argument("--graphs", choices=("both", "decode"), default="both",
                         help="decode: tokens/s only (skips the prefill compiles, which do not fit today)")
     args = parser.parse_args()
@@ -144,6 +173,9 @@ def main() -> None:
 
     from compiler_core.llm import generation_estimate, llama_parameters, memory_fit
 
+    if args.one_layer:
+        one_layer_estimate(folder)
+        return
     points = {point: {} for point in POINTS}
     kinds = ("decode", "prefill") if args.graphs == "both" else ("decode",)
     for kind in kinds:  # decode first: it is the quicker compile and fits
