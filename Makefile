@@ -43,7 +43,7 @@ test: setup lint
 # then the cost-model estimate for Llama-3.2-1B's shapes beside the published ARIES figures.
 bench-llm: setup
 	$(PY) bench/llm.py --json build/llm/smollm2_results.json
-	$(PY) bench/llm_estimate.py --json build/llm/llama1b_estimate.json
+	$(PY) bench/llm_estimate.py --graphs decode --json build/llm/llama1b_estimate.json
 
 # Reader fuzzing, long profile: 10,000 cases per reader (the fast profile, 300 per reader, is in `make test`).
 fuzz: setup

@@ -163,7 +163,7 @@ def _large(model: Any) -> bool:
 # -- memory and cost -------------------------------------------------------------------------------
 
 
-def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 8,
+def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, kv_bits: int = 16,
                shared_weights: bool = False) -> dict[str, Any]:
     """Device memory the LLM needs: weights (both graphs) + KV cache, against the device's memory.
 
@@ -172,7 +172,7 @@ def memory_fit(config: Any, device: str, max_len: int, *, weight_bits: int = 8, 
         device: the target device.
         max_len: KV-cache positions.
         weight_bits: bits per weight (8; 4 for ``llm_fast`` FFN weights is not modelled per layer).
-        kv_bits: bits per cached key/value element.
+        kv_bits: bits per cached key/value element (16: the `llm` preset keeps activations in int16).
         shared_weights: one copy of the weights for prefill and decode (today's MXQs hold one each).
 
     Returns:
@@ -245,7 +245,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                 prefill_len: int = graphs.DEFAULT_PREFILL_LEN, max_len: int = graphs.DEFAULT_MAX_LEN,
                 calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
                 num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
-                **compile_kwargs: Any) -> dict[str, Any]:
+                last_logits: bool = False, **compile_kwargs: Any) -> dict[str, Any]:
     """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
 
     Args:
@@ -259,6 +259,9 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
         num_samples: calibration chunks of N tokens (each gives one prefill and one decode sample).
         config_preset: the compile preset (``llm`` or ``llm_fast``).
         tokenizer: a tokenizer to use instead of the source's.
+        last_logits: the prefill graph computes the logits of position N-1 only
+            (:class:`~compiler_core.frontends.llm.LlmShape`); the runtime then takes prompts of N tokens
+            or more.
         **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
 
     Returns:
@@ -274,7 +277,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     folder.mkdir(parents=True, exist_ok=True)
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
-    shape = graphs.LlmShape(prefill_len, max_len)
+    shape = graphs.LlmShape(prefill_len, max_len, last_logits)
     fit = check_memory_fit(model.config, target_device, max_len)
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
@@ -314,7 +317,8 @@ def _manifest(model: Any, shape: graphs.LlmShape, stem: str, results: dict, devi
     eos = config.eos_token_id
     return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "device": device, "preset": preset,
             "architecture": type(model).__name__, "prefill": f"{stem}.prefill.mxq", "decode": f"{stem}.decode.mxq",
-            "prefill_len": shape.prefill_len, "max_len": shape.max_len, "layers": layers, "kv_heads": kv_heads,
+            "prefill_len": shape.prefill_len, "max_len": shape.max_len,
+            "last_logits": shape.last_logits, "layers": layers, "kv_heads": kv_heads,
             "head_dim": head_dim, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
             "eos_token_id": eos[0] if isinstance(eos, list) else eos, "bos_token_id": config.bos_token_id,
             "parameters": int(sum(p.numel() for p in model.parameters())),

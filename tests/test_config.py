@@ -307,8 +307,7 @@ EXPECTED_PRESET_CHANGES = {
     "a16w8": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits"},
     "a16w16": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits",
                "bit.layerOverrides.weight16Bits"},
-    "llm": {"llm.apply", "equivalentTransformation.apply", "calibration.method", "calibration.mode",
-            "bit.layerOverrides.activation16Bits"},
+    "llm": {"llm.apply", "calibration.method", "bit.layerOverrides.activation16Bits"},
     "llm_fast": {"llm.apply", "calibration.method", "calibration.numSamples", "bit.transformer.ffnBits"},
     "multimodal": {"llm.apply", "equivalentTransformation.apply", "calibration.method", "calibration.mode",
                    "bit.layerOverrides.activation16Bits"},
@@ -433,7 +432,7 @@ def test_resolve_with_nothing_is_the_default():
 def test_resolve_with_a_dict_in_grouped_spelling():
     config = resolve_config({"quantization": {"bit": {"transformer": {"ffnBits": 4}}}}, config_preset="llm")
     assert config.bit.transformer.ffn_bits == 4
-    assert config.bit.layer_overrides.activation16_bits == ["*norm*", "*softmax*"]
+    assert config.bit.layer_overrides.activation16_bits == ["*"]
 
 
 def test_invalid_explicit_argument_value_is_a_config_error():

@@ -81,6 +81,19 @@ def test_graphs_match_the_transformers_model(model):
                 slot[:, :, position] = present[:, :, 0]
 
 
+def test_last_logits_prefill_gives_the_last_row_and_the_same_cache(model):
+    ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(16)[None]
+    last = graphs.LlmShape(SHAPE.prefill_len, SHAPE.max_len, last_logits=True)
+    with torch.no_grad():
+        full = graphs.prefill_graph(model, SHAPE)(ids, positions)
+        short = graphs.prefill_graph(model, last)(ids, positions)
+    assert tuple(short[0].shape) == (1, 1, 512)
+    torch.testing.assert_close(short[0][0, 0], full[0][0, -1])
+    for a, b in zip(short[1:], full[1:]):
+        torch.testing.assert_close(a, b)
+
+
 def test_shapes_are_checked():
     with pytest.raises(ArgumentError, match="prefill_len"):
         graphs.LlmShape(prefill_len=32, max_len=16)
@@ -89,6 +102,15 @@ def test_shapes_are_checked():
 def test_not_a_llama_is_refused():
     with pytest.raises(ArgumentError, match="not a Llama-family"):
         graphs.load_causal_lm(torch.nn.Linear(2, 2))
+
+
+def test_rms_norm_is_one_layer_normalization(compiled):
+    import onnx
+
+    graph = onnx.load(compiled[0].parent / "small.prefill.onnx", load_external_data=False).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("LayerNormalization") == 2 * 4 + 1  # two per layer and the final norm
+    assert "Pow" not in ops and "ReduceMean" not in ops
 
 
 def test_compiled_logits_match_fp32(model, compiled):
@@ -132,6 +154,17 @@ def test_prompt_longer_than_the_cache_is_refused(compiled):
         lm.prompt_logits(list(range(SHAPE.max_len)))
     with pytest.raises(ArgumentError, match="empty"):
         lm.prompt_logits([])
+
+
+def test_last_logits_model_refuses_a_short_prompt(compiled):
+    from compiler_core.runtime.llm import LlmModel
+
+    data = json.loads(compiled[0].read_text())
+    data["last_logits"] = True
+    path = compiled[0].parent / "last.llm.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArgumentError, match="at least 16 tokens"):
+        LlmModel(path).prompt_logits([1, 2, 3])
 
 
 def test_manifest_is_checked(tmp_path, compiled):
@@ -186,7 +219,7 @@ def test_estimate_gives_ttft_and_tokens_per_second(compiled):
     for mode in estimate.values():  # 20 tokens: one prefill call of 16, then 4 decode steps
         assert mode["ttft_ms"] > 0 and mode["tokens_per_s"] > 0
     assert estimate["global8"]["ttft_ms"] < estimate["single"]["ttft_ms"]
-    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len
+    assert manifest["memory"]["fits"] and manifest["memory"]["kv_cache_bytes"] == 2 * 4 * 2 * 32 * SHAPE.max_len * 2
 
 
 def test_check_refuses_what_does_not_fit_with_the_numbers(model, tmp_path, capsys):

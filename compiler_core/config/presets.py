@@ -95,10 +95,10 @@ PRESETS: dict[str, Preset] = {
         {"calibration": {"method": 1, "mode": 0, "int16Headroom": 2},
          "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
     "llm": Preset(
-        "Decoder LLMs: equivalent transformation, MaxPercentile, int16 norm/softmax, 8-bit weights.",
-        {"llm": {"apply": True}, "equivalentTransformation": {"apply": True},
-         "calibration": {"method": 1, "mode": 1},
-         "bit": {"layerOverrides": {"activation16Bits": _LLM_INT16}}}),
+        "Decoder LLMs: int16 activations (residual stream with its massive first-token values, norms, "
+        "softmax, KV cache), 8-bit per-channel weights, Max calibration.",
+        {"llm": {"apply": True}, "calibration": {"method": 1, "mode": 0},
+         "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm_fast": Preset(
         "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples.",
         {"llm": {"apply": True}, "calibration": {"method": 1, "mode": 0, "numSamples": 32},

@@ -4,8 +4,8 @@ A ``LlamaForCausalLM`` (a live module, a transformers folder or a llama.cpp ``.g
 in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own parameters:
 
 - :class:`PrefillGraph` ``forward(input_ids[1, N], position_ids[1, N])`` returns
-  ``logits[1, N, V]`` and, per layer ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after
-  RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
+  ``logits[1, N, V]`` (``[1, 1, V]`` of position N-1 with ``LlmShape.last_logits``) and, per layer
+  ``i``, ``key_i``/``value_i`` of shape ``[1, KVH, N, D]`` (keys after RoPE). A causal mask is a constant; a prompt shorter than N is padded on the right (the causal mask
   keeps the padding out of the real positions).
 - :class:`DecodeGraph` ``forward(input_ids[1, 1], position_ids[1, 1], cache_mask[1, 1, 1, L+1], past_key_i[1, KVH,
   L, D], ..., past_value_i[...])`` returns ``logits[1, 1, V]`` and the new token's ``key_i``/``value_i``
@@ -15,7 +15,8 @@ in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own p
 
 RoPE is a constant cos/sin table over the L positions (computed by the model's own rotary embedding,
 so RoPE scaling is honoured) gathered by ``position_ids``; GQA groups the query heads of one KV head
-into the rows of a single MatMul (no repeated keys); RMSNorm is the model's own module; masked scores
+into the rows of a single MatMul (no repeated keys); RMSNorm is one LayerNormalization over ``[x, -x]``
+(:class:`RmsNorm` inside :func:`_modules`: exact, and quantized as one integer normalization); masked scores
 are ``Where(mask, scores, float32 min)``, which the quantizer saturates to the smallest code.
 """
 
@@ -48,10 +49,14 @@ class LlmShape:
     Attributes:
         prefill_len: N, tokens per prefill call.
         max_len: L, KV-cache positions (the longest prompt + generation).
+        last_logits: the prefill graph returns the logits of its last position only (``[1, 1, V]``),
+            which is all a prompt of exactly N tokens needs for its first new token; the LM head then
+            runs on one row instead of N (the time-to-first-token estimate of a large vocabulary).
     """
 
     prefill_len: int = DEFAULT_PREFILL_LEN
     max_len: int = DEFAULT_MAX_LEN
+    last_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_len < 1 or self.max_len < self.prefill_len:
@@ -130,6 +135,28 @@ def _modules():
     import torch
     from torch import nn
 
+    class RmsNorm(nn.Module):
+        """The model's RMSNorm as one LayerNormalization over ``[x, -x]``, first half kept.
+
+        ``[x, -x]`` has mean 0 and variance ``mean(x**2)``, so the LayerNorm of it is exactly
+        ``x / sqrt(mean(x**2) + eps)`` on each half. Written out (``Pow``, ``ReduceMean``, ``Rsqrt``),
+        the squares of a residual stream with Llama's massive activations (~2e4 on the first token)
+        leave every other token's mean square below one quantization step; the fused normalization
+        computes the statistics from the input codes in 64-bit integers instead.
+        """
+
+        def __init__(self, norm: Any) -> None:
+            super().__init__()
+            weight = norm.weight.detach().float()
+            self.register_buffer("weight", torch.cat([weight, weight]), persistent=False)
+            self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+        def forward(self, hidden):
+            width = hidden.shape[-1]
+            doubled = torch.cat([hidden, hidden * -1.0], dim=-1)
+            normed = nn.functional.layer_norm(doubled, (2 * width,), self.weight, None, self.eps)
+            return normed[..., :width]
+
     class Attention(nn.Module):
         """Llama attention over explicit keys/values; query heads of one KV head share one MatMul."""
 
@@ -167,8 +194,8 @@ def _modules():
 
         def __init__(self, layer: Any, config: Any) -> None:
             super().__init__()
-            self.input_layernorm = layer.input_layernorm
-            self.post_attention_layernorm = layer.post_attention_layernorm
+            self.input_layernorm = RmsNorm(layer.input_layernorm)
+            self.post_attention_layernorm = RmsNorm(layer.post_attention_layernorm)
             self.self_attn = Attention(layer.self_attn, config)
             self.mlp = layer.mlp
 
@@ -190,7 +217,7 @@ def _modules():
             self.shape = shape
             self.embed_tokens = model.model.embed_tokens
             self.layers = nn.ModuleList(Block(layer, config) for layer in model.model.layers)
-            self.norm = model.model.norm
+            self.norm = RmsNorm(model.model.norm)
             self.lm_head = model.lm_head
             cos, sin = rope_tables(model, shape.max_len)
             group = config.num_attention_heads // config.num_key_value_heads
@@ -222,6 +249,8 @@ def _modules():
             for block in self.layers:
                 hidden, k, v = block(hidden, cos, sin, None, None, self.causal_mask)
                 present += [k, v]
+            if self.shape.last_logits:
+                hidden = hidden[:, -1:]
             return (self.lm_head(self.norm(hidden)), *present)
 
     class DecodeGraph(LlmGraph):

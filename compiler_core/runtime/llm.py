@@ -61,7 +61,8 @@ class LlmModel:
     def __init__(self, manifest_path: str | Path, device: str | None = None, *, reference: bool = False) -> None:
         self.path = Path(manifest_path)
         self.manifest = read_manifest(self.path)
-        self.shape = LlmShape(self.manifest["prefill_len"], self.manifest["max_len"])
+        self.shape = LlmShape(self.manifest["prefill_len"], self.manifest["max_len"],
+                              bool(self.manifest.get("last_logits", False)))
         self.reference = reference
         self._runners = self._reference_runners() if reference else self._npu_runners(device)
         self.layers = int(self.manifest["layers"])
@@ -92,10 +93,17 @@ class LlmModel:
     # -- single steps --------------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Run up to N tokens from position 0 through the prefill graph; fill the cache; logits ``[T, V]``."""
+        """Run up to N tokens from position 0 through the prefill graph; fill the cache; logits ``[T, V]``.
+
+        A ``last_logits`` model takes exactly N tokens and gives the last position's logits, ``[1, V]``.
+        """
         count = len(token_ids)
         if not 1 <= count <= self.shape.prefill_len:
             raise ArgumentError(f"prefill takes 1 to {self.shape.prefill_len} tokens, got {count}.")
+        if self.shape.last_logits and count < self.shape.prefill_len:
+            raise ArgumentError(f"This model's prefill graph gives the logits of position {self.shape.prefill_len - 1} "
+                                f"only, so it needs prompts of at least {self.shape.prefill_len} tokens, got {count}.",
+                                hint="Compile without last_logits to generate from shorter prompts.")
         outputs = self._run("prefill", prefill_feed(np.asarray(token_ids), self.shape))
         for slot, value in zip(self.cache, (outputs[name] for name in self._names)):
             slot[:, :, :count] = value[:, :, :count]
