@@ -267,5 +267,6 @@ def executor_for(model: QuantizedModel) -> FastExecutor:
     if entry is not None and entry[0]() is model:
         return entry[1]
     executor = FastExecutor(model)
-    _CACHE[key] = (weakref.ref(model, lambda _: _CACHE.pop(key, None)), executor)
+    # The callback holds the dict itself: at interpreter exit the module global may already be None.
+    _CACHE[key] = (weakref.ref(model, lambda _, cache=_CACHE: cache.pop(key, None)), executor)
     return executor
