@@ -272,16 +272,17 @@ def _interleaved_medians(runners: dict[str, Callable[[dict], object]], feeds: li
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _similarity(output: np.ndarray, reference: np.ndarray, feed: dict) -> float:
-    """Cosine to FP32: of mean-pooled token embeddings for text, of the whole output otherwise."""
+def _similarity(output: np.ndarray, reference: np.ndarray, feed: dict) -> float | None:
+    """Cosine to FP32: of mean-pooled token embeddings for text, of the whole output otherwise (None: undefined)."""
     if "attention_mask" in feed:
         weights = feed["attention_mask"][..., None].astype(np.float64)
         output, reference = (output * weights).sum(1), (reference * weights).sum(1)
     a, b = np.ravel(output).astype(np.float64), np.ravel(reference).astype(np.float64)
-    norms = np.linalg.norm(a) * np.linalg.norm(b)
-    if norms == 0:  # e.g. a blank page: the FP32 text map underflows to exact zeros
-        return 1.0 if not a.any() and not b.any() else 0.0
-    return float(a @ b / norms)
+    if not b.any():  # undefined, e.g. a blank page whose FP32 text map underflows to exact zeros: left out
+        return None
+    if not a.any():  # a collapsed output (all zeros) against a real reference
+        return 0.0
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def infer_all(spec: dict, compiled: dict, runs: int) -> dict:
@@ -303,8 +304,11 @@ def infer_all(spec: dict, compiled: dict, runs: int) -> dict:
     stacked = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
     latency["ours_batched"] = _median_seconds(lambda batch: model.infer(batch)[0], [stacked], 3) / len(feeds)
     references = [runners["ort_fp32"](feed) for feed in feeds]
-    cosine = {name: statistics.mean(_similarity(runners[name](feed), reference, feed)
-                                    for feed, reference in zip(feeds, references)) for name in ("ours", "ort_int8")}
+    cosine = {}
+    for name in ("ours", "ort_int8"):
+        values = [_similarity(runners[name](feed), reference, feed) for feed, reference in zip(feeds, references)]
+        defined = [value for value in values if value is not None]
+        cosine[name] = statistics.mean(defined) if defined else float("nan")
     compiled_modes = get_model_summary(compiled["ours"]["artifact"])["schedule"]
     schedule = {mode: compiled_modes[mode] for mode in model.artifact.core_modes}  # single, multi, global4, global8
     schedule["regulus-rb single"] = estimate(model.program, get_device("regulus-rb"), "single").to_dict()
