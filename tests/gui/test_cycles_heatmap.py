@@ -9,6 +9,9 @@ import pytest
 
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
+from test_compare import _node_fill as _fill  # noqa: E402  (Netron node fill and tooltip)
+from test_compare import _rgb  # noqa: E402
+
 from compiler_core.api import mxq_compile  # noqa: E402
 from compiler_core.runtime.profile import profile_mxq  # noqa: E402
 from qbstudio.state.performance import cycle_heat  # noqa: E402
@@ -18,21 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DIR = ROOT / "resources" / "samples" / "fashion_cnn"
 SCREENSHOTS = ROOT / "build" / "screenshots"
 TIMEOUT_MS = 180_000
-
-
-def _fill(qtbot, graph, name: str) -> str:
-    result: list[str] = []
-    script = (f"(() => {{ const e = document.getElementById('node-name-{name}'); if (!e) return 'none';"
-              " const p = e.querySelector(':scope > g.node-item-type > path');"
-              " const t = e.querySelector(':scope > title.qb-tooltip');"
-              " return getComputedStyle(p).fill + '|' + (t ? t.textContent : ''); })()")
-    graph._page.runJavaScript(script, 0, result.append)
-    qtbot.waitUntil(lambda: bool(result), timeout=5000)
-    return result[0]
-
-
-def _rgb(hex_colour: str) -> str:
-    return "rgb({}, {}, {})".format(*(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)))
 
 
 def test_cycle_heat_covers_layers_and_fused_nodes(tmp_path):
