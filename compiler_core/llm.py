@@ -37,6 +37,8 @@ DEVICE_MEMORY_BYTES = {"aries-rb": 16 * 1024**3}
 MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
 """Longest sequence/KV cache a device's LLM runtime supports (REGULUS: 1024)."""
 
+PREFIX_WINDOWS = 4
+"""Calibration windows the prefix selection measures on (FP32 forward passes)."""
 MANIFEST_FORMAT = "qb-llm"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".llm.json"
@@ -77,11 +79,12 @@ def token_chunks(token_ids: Sequence[int], length: int, count: int) -> list[np.n
 
 
 def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.ndarray], folder: Path,
-                      seed: int = 0) -> tuple[Path, Path]:
+                      seed: int = 0, prefix: graphs.LlmPrefix | None = None) -> tuple[Path, Path]:
     """Write prefill and decode calibration samples (``.npy`` + JSON manifests) into ``folder``.
 
     Each chunk gives one prefill sample (its N tokens) and one decode sample: the token at a random
-    position ``p`` in ``[1, N)`` with the FP32 keys/values of the tokens before it in cache slots ``< p``.
+    index ``i`` in ``[1, N)`` of the chunk with the FP32 keys/values of the tokens before it (and of
+    the ``prefix``, in the first slots) in the cache.
 
     Returns:
         ``(prefill_manifest, decode_manifest)``.
@@ -93,7 +96,8 @@ def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.nd
                                hint="Give a longer text, or a smaller prefill_len.")
     folder.mkdir(parents=True, exist_ok=True)
     layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
-    prefill = graphs.prefill_graph(model, shape)
+    prefill = graphs.prefill_graph(model, shape, prefix)
+    start = shape.prefix_len
     rng = np.random.default_rng(seed)
     prefill_rows, decode_rows = [], []
     for index, chunk in enumerate(chunks):
@@ -101,12 +105,16 @@ def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.nd
         prefill_rows.append(_save_row(folder, f"prefill{index}", feed))
         with torch.no_grad():
             present = prefill(*(torch.from_numpy(v) for v in feed.values()))[1:]
-        position = int(rng.integers(1, len(chunk)))
-        decode = {"input_ids": chunk[None, position:position + 1].astype(np.int64),
+        index = int(rng.integers(1, len(chunk)))
+        position = start + index
+        decode = {"input_ids": chunk[None, index:index + 1].astype(np.int64),
                   "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
-        for name, tensor in zip(graphs.cache_names(layers, "past_"), present):
+        prefix_cache = prefix.cache if prefix else [None] * len(present)
+        for name, tensor, fixed in zip(graphs.cache_names(layers, "past_"), present, prefix_cache):
             cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
-            cache[:, :, :position] = tensor[:, :, :position].numpy()
+            if fixed is not None:
+                cache[:, :, :start] = fixed
+            cache[:, :, start:position] = tensor[:, :, :index].numpy()
             decode[name] = cache
         decode_rows.append(_save_row(folder, f"decode{index}", decode))
     return (_write_manifest(folder / "prefill.json", ["input_ids", "position_ids"], prefill_rows),
@@ -130,8 +138,9 @@ def _write_manifest(path: Path, names: list[str], rows: list[list[str]]) -> Path
 # -- export ----------------------------------------------------------------------------------------
 
 
-def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str) -> tuple[Path, Path]:
-    """Export the prefill and decode graphs to ``folder/stem.{prefill,decode}.onnx``."""
+def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str,
+                  prefix: graphs.LlmPrefix | None = None) -> tuple[Path, Path]:
+    """Export the prefill and decode graphs to ``folder/stem.{prefill,decode}.onnx`` (``prefix``: constants)."""
     import onnx_ir as ir
     import torch
 
@@ -139,14 +148,15 @@ def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str) -
 
     layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
     n = shape.prefill_len
-    prefill_args = (torch.zeros(1, n, dtype=torch.int64), torch.arange(n)[None])
+    prefill_args = (torch.zeros(1, n, dtype=torch.int64), torch.arange(shape.prefix_len, shape.prefix_len + n)[None])
     cache = [torch.zeros(1, kv_heads, shape.max_len, head_dim) for _ in range(2 * layers)]
-    mask = torch.from_numpy(graphs.decode_mask(n, shape))
-    decode_args = (torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[n]]), mask, *cache)
+    position = min(shape.prefix_len + n, shape.max_len - 1)
+    mask = torch.from_numpy(graphs.decode_mask(position, shape))
+    decode_args = (torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[position]]), mask, *cache)
     outputs = ["logits", *graphs.cache_names(layers)]
     paths = []
     for kind, module, args, inputs in (
-            ("prefill", graphs.prefill_graph(model, shape), prefill_args, ["input_ids", "position_ids"]),
+            ("prefill", graphs.prefill_graph(model, shape, prefix), prefill_args, ["input_ids", "position_ids"]),
             ("decode", graphs.decode_graph(model, shape), decode_args,
              ["input_ids", "position_ids", "cache_mask", *graphs.cache_names(layers, "past_")])):
         exported = export_graph(module, args, inputs, outputs, name=f"{type(model).__name__} {kind}")
@@ -245,7 +255,8 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                 prefill_len: int = graphs.DEFAULT_PREFILL_LEN, max_len: int = graphs.DEFAULT_MAX_LEN,
                 calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
                 num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
-                last_logits: bool = False, **compile_kwargs: Any) -> dict[str, Any]:
+                last_logits: bool = False, outlier_prefix: bool | Sequence[int] | None = None,
+                **compile_kwargs: Any) -> dict[str, Any]:
     """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
 
     Args:
@@ -262,6 +273,12 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
         last_logits: the prefill graph computes the logits of position N-1 only
             (:class:`~compiler_core.frontends.llm.LlmShape`); the runtime then takes prompts of N tokens
             or more.
+        outlier_prefix: fixed tokens in front of every sequence, their KV cache computed once in FP32
+            (PrefixQuant: the attention sink's massive activations stay out of the quantized graphs);
+            ``True`` chooses them on the calibration text
+            (:func:`compiler_core.quantization.llm_prefix.select_prefix`), a list of token ids gives
+            them, ``False`` uses none; ``None`` follows the config's ``llm.outlierPrefix`` (on in the
+            ``llm`` presets).
         **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
 
     Returns:
@@ -277,12 +294,14 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     folder.mkdir(parents=True, exist_ok=True)
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
-    shape = graphs.LlmShape(prefill_len, max_len, last_logits)
     fit = check_memory_fit(model.config, target_device, max_len)
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
-    prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib")
-    prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem)
+    selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
+    prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
+    shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
+    prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
+    prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
     results = {}
     for kind, onnx_path, calib in (("prefill", prefill_onnx, prefill_calib), ("decode", decode_onnx, decode_calib)):
         logger.info("Compiling the %s graph of %s", kind, stem)
@@ -291,12 +310,34 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                                     **compile_kwargs)
     manifest = _manifest(model, shape, stem, results, target_device, config_preset)
     manifest["memory"] = fit
+    if prefix is not None:
+        prefix.save(folder / f"{stem}.prefix.npz")
+        manifest["prefix"] = {**selection, "cache": f"{stem}.prefix.npz"}
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / f"{stem}.tokenizer"))
         manifest["tokenizer"] = f"{stem}.tokenizer"
     atomic_write_text(save_path, json.dumps(manifest, indent=2))
     manifest["results"] = results
     return manifest
+
+
+def _prefix_tokens(choice, model, tokenizer, chunks, preset: str, compile_kwargs: dict) -> dict[str, Any]:
+    """The prefix: given, chosen on the calibration chunks, or none (``{"token_ids": [...], ...}``)."""
+    from compiler_core.config.resolve import resolve_config
+    from compiler_core.quantization import llm_prefix
+
+    if choice is None:
+        config = resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
+        choice = config.llm.outlier_prefix
+    if choice is False:
+        return {"token_ids": []}
+    if choice is not True:
+        ids = [int(t) for t in choice]
+        if any(not 0 <= t < model.config.vocab_size for t in ids):
+            raise ArgumentError(f"Prefix tokens {ids} are outside the vocabulary of {model.config.vocab_size}.")
+        return {"token_ids": ids}
+    windows = [chunk.tolist() for chunk in chunks[:PREFIX_WINDOWS]]
+    return llm_prefix.select_prefix(model, windows, llm_prefix.candidate_tokens(model.config, tokenizer))
 
 
 def _calibration_tokens(token_ids, text, tokenizer) -> list[int]:
@@ -317,7 +358,7 @@ def _manifest(model: Any, shape: graphs.LlmShape, stem: str, results: dict, devi
     eos = config.eos_token_id
     return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "device": device, "preset": preset,
             "architecture": type(model).__name__, "prefill": f"{stem}.prefill.mxq", "decode": f"{stem}.decode.mxq",
-            "prefill_len": shape.prefill_len, "max_len": shape.max_len,
+            "prefill_len": shape.prefill_len, "max_len": shape.max_len, "prefix_len": shape.prefix_len,
             "last_logits": shape.last_logits, "layers": layers, "kv_heads": kv_heads,
             "head_dim": head_dim, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
             "eos_token_id": eos[0] if isinstance(eos, list) else eos, "bos_token_id": config.bos_token_id,

@@ -18,6 +18,8 @@ from compiler_core.errors import ArgumentError  # noqa: E402
 from compiler_core.frontends import llm as graphs  # noqa: E402
 
 SHAPE = graphs.LlmShape(prefill_len=16, max_len=48)
+PREFIX = [1, 7]
+"""The compiled fixture's prefix tokens (a random model has no massive activations to choose them by)."""
 
 
 def small_llama():
@@ -58,8 +60,15 @@ def compiled(model, tmp_path_factory):
     tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)
     manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
                            calib_token_ids=tokens, num_samples=12, tokenizer=word_tokenizer(),
-                           inference_scheme="all")
+                           inference_scheme="all", outlier_prefix=PREFIX)
     return folder / "small.llm.json", manifest
+
+
+def with_prefix(model, ids) -> np.ndarray:
+    """FP32 logits of ``ids`` after the fixture's prefix (the sequence the compiled model computes)."""
+    sequence = torch.cat([torch.tensor(PREFIX), torch.as_tensor(ids)])[None]
+    with torch.no_grad():
+        return model(sequence).logits[0, len(PREFIX):].numpy()
 
 
 def test_graphs_match_the_transformers_model(model):
@@ -97,6 +106,67 @@ def test_last_logits_prefill_gives_the_last_row_and_the_same_cache(model):
 def test_shapes_are_checked():
     with pytest.raises(ArgumentError, match="prefill_len"):
         graphs.LlmShape(prefill_len=32, max_len=16)
+    with pytest.raises(ArgumentError, match="prefix_len"):
+        graphs.LlmShape(prefill_len=16, max_len=17, prefix_len=2)
+
+
+def test_prefix_graphs_continue_the_model_after_the_prefix(model, tmp_path):
+    prefix = graphs.prefix_cache(model, PREFIX, SHAPE.max_len)
+    shape = graphs.LlmShape(SHAPE.prefill_len, SHAPE.max_len, prefix_len=len(PREFIX))
+    ids = torch.randint(0, 512, (1, 18), generator=torch.Generator().manual_seed(7))
+    reference = torch.from_numpy(with_prefix(model, ids[0]))
+    start = len(PREFIX)
+    with torch.no_grad():
+        out = graphs.prefill_graph(model, shape, prefix)(ids[:, :16], torch.arange(start, start + 16)[None])
+        torch.testing.assert_close(out[0][0], reference[:16], atol=1e-4, rtol=1e-4)
+        cache = [torch.zeros(1, 2, SHAPE.max_len, 32) for _ in out[1:]]
+        for slot, fixed, present in zip(cache, prefix.cache, out[1:]):
+            slot[:, :, :start], slot[:, :, start:start + 16] = torch.from_numpy(fixed), present
+        position = start + 16
+        mask = torch.from_numpy(graphs.decode_mask(position, shape))
+        step = graphs.decode_graph(model, shape)(ids[:, 16:17], torch.tensor([[position]]), mask, *cache)
+        torch.testing.assert_close(step[0][0, 0], reference[16], atol=1e-4, rtol=1e-4)
+    prefix.save(tmp_path / "p.npz")
+    loaded = graphs.LlmPrefix.load(tmp_path / "p.npz")
+    assert loaded.token_ids == tuple(PREFIX) and len(loaded.cache) == 2 * 4
+    np.testing.assert_array_equal(loaded.cache[-1], prefix.cache[-1])
+    with pytest.raises(ArgumentError, match="prefix"):
+        graphs.prefill_graph(model, SHAPE, prefix)
+
+
+class SinkModel:
+    """A stand-in LM whose residual stream has massive activations where Llama-family models have them.
+
+    The first token of a sequence (the attention sink) reaches 1000 in every layer, and the first
+    occurrence of token 9 (a delimiter) 500; every other token 1.
+    """
+
+    def __call__(self, ids, output_hidden_states=True):
+        tokens = ids[0].tolist()
+        peaks = [1000.0 if i == 0 else 500.0 if t == 9 and 9 not in tokens[:i] else 1.0 for i, t in enumerate(tokens)]
+        state = torch.tensor(peaks)[None, :, None].repeat(1, 1, 4)
+        return type("Out", (), {"hidden_states": (state,) * 5})()
+
+
+def test_prefix_selection_takes_the_sink_and_the_outlier_delimiter():
+    from compiler_core.quantization.llm_prefix import select_prefix
+
+    windows = [[4, 5, 9, 6, 9, 8], [7, 9, 5, 5, 9, 4]]
+    chosen = select_prefix(SinkModel(), windows, [2, 3])
+    assert chosen["token_ids"] == [2, 9]  # the first candidate (a tie), then the delimiter
+    assert chosen["largest_without"] == 1000 and chosen["largest_with"] == 1
+    assert chosen["candidates"] == {2: 500, 3: 500}
+    # one token only takes 1000 down to 500: not the 4x a prefix must gain
+    assert select_prefix(SinkModel(), windows, [2], max_tokens=1)["token_ids"] == []
+
+
+def test_prefix_selection_skips_a_model_without_massive_activations(model):
+    from compiler_core.quantization.llm_prefix import candidate_tokens, select_prefix
+
+    candidates = candidate_tokens(model.config, word_tokenizer())
+    assert candidates == [1, 2, 511]  # BOS, EOS, then the tokenizer's [UNK]
+    windows = np.random.default_rng(8).integers(0, 511, (3, 16)).tolist()
+    assert select_prefix(model, windows, candidates)["token_ids"] == []
 
 
 def test_not_a_llama_is_refused():
@@ -121,9 +191,9 @@ def test_compiled_logits_match_fp32(model, compiled):
     assert manifest["results"]["prefill"].support["unsupported"] == 0
     assert manifest["results"]["decode"].support["unsupported"] == 0
     lm = LlmModel(path)
+    assert manifest["prefix"]["token_ids"] == PREFIX and lm.start == len(PREFIX)
     ids = np.random.default_rng(3).integers(0, 512, 24)
-    with torch.no_grad():
-        reference = model(torch.from_numpy(ids)[None]).logits[0].numpy()
+    reference = with_prefix(model, ids)
     lm.reset()
     prefill = lm.prefill(ids[:16])
     assert min(cosine(prefill[i], reference[i]) for i in range(16)) >= 0.99
@@ -141,9 +211,11 @@ def test_generate_streams_and_keeps_the_cache(compiled):
     assert seen == result.tokens and len(seen) == 6
     assert len(result.decode_seconds) == 5
     assert list(lm.stream(prompt, 6, stop_at_eos=False)) == result.tokens  # deterministic, cache reset
-    # the cache holds the prompt and the generated tokens fed back (all but the last one)
+    # the cache holds the prefix, the prompt and the generated tokens fed back (all but the last one)
     filled = np.abs(lm.cache[0][0, 0]).sum(axis=-1) > 0
-    assert filled[: len(prompt) + 5].all() and not filled[len(prompt) + 5:].any()
+    end = len(PREFIX) + len(prompt) + 5
+    assert filled[:end].all() and not filled[end:].any()
+    np.testing.assert_array_equal(lm.cache[0][:, :, :len(PREFIX)], lm.prefix.cache[0])
 
 
 def test_prompt_longer_than_the_cache_is_refused(compiled):
@@ -238,9 +310,7 @@ def test_reference_runs_the_fp32_exports(model, compiled):
 
     reference = LlmModel(compiled[0], reference=True)
     ids = np.random.default_rng(4).integers(0, 511, 20)
-    with torch.no_grad():
-        expected = model(torch.from_numpy(ids)[None]).logits[0, -1].numpy()
-    np.testing.assert_allclose(reference.prompt_logits(ids), expected, atol=1e-4)
+    np.testing.assert_allclose(reference.prompt_logits(ids), with_prefix(model, ids)[-1], atol=1e-4)
     assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
 
 

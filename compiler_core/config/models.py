@@ -350,6 +350,10 @@ class LlmConfig(ConfigSection):
     """Large-language-model handling (``llm``)."""
 
     apply: bool = Field(False, description="Treat the model as a decoder LLM (KV cache, per-token inputs).")
+    outlier_prefix: bool = Field(
+        False, description="Put fixed tokens in front of every sequence, their KV cache computed once in FP32 "
+                           "(PrefixQuant), so the attention sink's massive activations never reach the quantized "
+                           "graphs; the tokens are chosen on the calibration text.")
 
 
 class SaveSampleConfig(ConfigSection):

@@ -95,13 +95,15 @@ PRESETS: dict[str, Preset] = {
         {"calibration": {"method": 1, "mode": 0, "int16Headroom": 2},
          "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
     "llm": Preset(
-        "Decoder LLMs: int16 activations (residual stream with its massive first-token values, norms, "
-        "softmax, KV cache), 8-bit per-channel weights, Max calibration.",
-        {"llm": {"apply": True}, "calibration": {"method": 1, "mode": 0},
+        "Decoder LLMs: int16 activations (residual stream, norms, softmax, KV cache), 8-bit per-channel "
+        "weights, Max calibration, a prefix token with an FP32 KV cache that takes the attention sink's massive "
+        "activations (PrefixQuant).",
+        {"llm": {"apply": True, "outlierPrefix": True}, "calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm_fast": Preset(
-        "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples.",
-        {"llm": {"apply": True}, "calibration": {"method": 1, "mode": 0, "numSamples": 32},
+        "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples, a prefix token "
+        "(PrefixQuant).",
+        {"llm": {"apply": True, "outlierPrefix": True}, "calibration": {"method": 1, "mode": 0, "numSamples": 32},
          "bit": {"transformer": {"ffnBits": 4}}}),
     "multimodal": Preset(
         "Vision-language models: LLM handling, equivalent transformation, int16 vision attention/MLP.",

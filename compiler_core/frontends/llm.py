@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,47 @@ class LlmShape:
     prefill_len: int = DEFAULT_PREFILL_LEN
     max_len: int = DEFAULT_MAX_LEN
     last_logits: bool = False
+    prefix_len: int = 0
 
     def __post_init__(self) -> None:
-        if self.prefill_len < 1 or self.max_len < self.prefill_len:
-            raise ArgumentError(f"LLM shapes need 1 <= prefill_len <= max_len, got prefill_len={self.prefill_len}, "
+        if self.prefill_len < 1 or self.max_len < self.prefill_len + self.prefix_len or self.prefix_len < 0:
+            raise ArgumentError(f"LLM shapes need 1 <= prefill_len and prefix_len + prefill_len <= max_len, got "
+                                f"prefill_len={self.prefill_len}, prefix_len={self.prefix_len}, "
                                 f"max_len={self.max_len}.")
+
+
+@dataclass(frozen=True)
+class LlmPrefix:
+    """Fixed tokens in front of every sequence, with their FP32 keys/values (PrefixQuant, Chen et al. 2024).
+
+    The prefill graph holds ``cache`` as constants; the runtime writes it into the first cache slots
+    before a decode step. Prompts start at position ``len(token_ids)``.
+
+    Attributes:
+        token_ids: the prefix tokens (positions ``0 .. P-1``).
+        cache: per layer key then value (the order of :func:`cache_names`), each ``[1, KVH, P, D]``.
+    """
+
+    token_ids: tuple[int, ...]
+    cache: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def save(self, path: Path) -> None:
+        """Write the tokens and the cache to an ``.npz`` file."""
+        layers = len(self.cache) // 2
+        arrays = dict(zip(cache_names(layers), self.cache))
+        with open(path, "wb") as stream:  # np.savez on a handle: no ".npz" appended to the name
+            np.savez(stream, token_ids=np.asarray(self.token_ids, np.int64), **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> LlmPrefix:
+        """Read a prefix written by :meth:`save`."""
+        with np.load(path) as data:
+            layers = sum(1 for name in data.files if name.startswith("key_"))
+            return cls(tuple(int(t) for t in data["token_ids"]),
+                       tuple(np.asarray(data[name], np.float32) for name in cache_names(layers)))
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -234,20 +271,37 @@ def _modules():
             return mask.repeat(self.group, 1)[None, None]  # rank 4, as the scores
 
     class PrefillGraph(LlmGraph):
-        """``input_ids[1, N], position_ids[1, N] -> logits[1, N, V], key_i, value_i [1, KVH, N, D]``."""
+        """``input_ids[1, N], position_ids[1, N] -> logits[1, N, V], key_i, value_i [1, KVH, N, D]``.
 
-        def __init__(self, model: Any, shape: LlmShape) -> None:
+        With a :class:`LlmPrefix`, its keys/values are constants every token attends to (mask columns
+        ``0 .. P-1``); ``key_i``/``value_i`` are still the N new tokens' only.
+        """
+
+        def __init__(self, model: Any, shape: LlmShape, prefix: LlmPrefix | None = None) -> None:
             super().__init__(model, shape)
-            n = shape.prefill_len
+            n, p = shape.prefill_len, len(prefix) if prefix else 0
+            if p != shape.prefix_len:
+                raise ArgumentError(f"The shape has a prefix of {shape.prefix_len} tokens, the prefix given {p}.")
             causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            causal = torch.cat([torch.ones(n, p, dtype=torch.bool), causal], dim=1)
             self.register_buffer("causal_mask", self.group_rows(causal), persistent=False)
+            self.prefix_names = []
+            for index, value in enumerate(prefix.cache if prefix else ()):
+                self.prefix_names.append(f"prefix_{index}")
+                self.register_buffer(self.prefix_names[-1], torch.from_numpy(value), persistent=False)
+
+        def past(self, index):
+            """The prefix key and value of layer ``index`` (``None, None`` without a prefix)."""
+            if not self.prefix_names:
+                return None, None
+            return getattr(self, self.prefix_names[2 * index]), getattr(self, self.prefix_names[2 * index + 1])
 
         def forward(self, input_ids, position_ids):
             hidden = self.embed_tokens(input_ids)
             cos, sin = self.rope(position_ids)
             present = []
-            for block in self.layers:
-                hidden, k, v = block(hidden, cos, sin, None, None, self.causal_mask)
+            for index, block in enumerate(self.layers):
+                hidden, k, v = block(hidden, cos, sin, *self.past(index), self.causal_mask)
                 present += [k, v]
             if self.shape.last_logits:
                 hidden = hidden[:, -1:]
@@ -288,9 +342,9 @@ def rope_tables(model: Any, positions: int):
     return cos[0].float(), sin[0].float()
 
 
-def prefill_graph(model: Any, shape: LlmShape):
-    """The prefill :class:`torch.nn.Module` over ``model``'s parameters."""
-    return _modules()[0](model, shape).eval()
+def prefill_graph(model: Any, shape: LlmShape, prefix: LlmPrefix | None = None):
+    """The prefill :class:`torch.nn.Module` over ``model``'s parameters (``prefix``: its cache as constants)."""
+    return _modules()[0](model, shape, prefix).eval()
 
 
 def decode_graph(model: Any, shape: LlmShape):
@@ -321,9 +375,26 @@ def decode_mask(position: int, shape: LlmShape) -> np.ndarray:
     return mask
 
 
-def prefill_feed(token_ids: np.ndarray, shape: LlmShape, start: int = 0) -> dict[str, np.ndarray]:
-    """``input_ids``/``position_ids`` for one prefill call: ``token_ids`` (<= N) padded on the right with 0."""
+def prefill_feed(token_ids: np.ndarray, shape: LlmShape, start: int | None = None) -> dict[str, np.ndarray]:
+    """``input_ids``/``position_ids`` for one prefill call: ``token_ids`` (<= N) padded on the right with 0.
+
+    Positions start at ``start`` (default: right after the prefix, ``shape.prefix_len``).
+    """
+    start = shape.prefix_len if start is None else start
     ids = np.zeros((1, shape.prefill_len), np.int64)
     ids[0, :len(token_ids)] = token_ids
     positions = np.arange(start, start + shape.prefill_len, dtype=np.int64)[None]
     return {"input_ids": ids, "position_ids": np.minimum(positions, shape.max_len - 1)}
+
+
+def prefix_cache(model: Any, token_ids: Sequence[int], max_len: int) -> LlmPrefix:
+    """The FP32 keys/values of ``token_ids`` at positions ``0 .. P-1``, computed by the prefill graph."""
+    import torch
+
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise ArgumentError("An LLM prefix needs at least one token.")
+    graph = prefill_graph(model, LlmShape(len(ids), max_len))
+    with torch.no_grad():
+        outputs = graph(torch.tensor([ids], dtype=torch.int64), torch.arange(len(ids))[None])
+    return LlmPrefix(tuple(ids), tuple(tensor.numpy().astype(np.float32) for tensor in outputs[1:]))

@@ -5,6 +5,9 @@ the prompt's first N tokens go through the prefill graph at once (a shorter prom
 right; the causal mask keeps padding out), later prompt tokens and every generated token through the
 decode graph, one at a time, each new key/value written into the cache slot of its position.
 
+A model compiled with a prefix (:class:`~compiler_core.frontends.llm.LlmPrefix`) has its FP32 keys/values
+in the first P cache slots after every reset; prompts start at position P.
+
 ``LlmModel(path, reference=True)`` runs the same loop on the FP32 ONNX exports in onnxruntime: the
 float reference that the MXQ generation is compared with (the workbench's "Try it" shows both).
 """
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from compiler_core.errors import ArgumentError
-from compiler_core.frontends.llm import LlmShape, cache_names, decode_mask, prefill_feed
+from compiler_core.frontends.llm import LlmPrefix, LlmShape, cache_names, decode_mask, prefill_feed
 from compiler_core.llm import read_manifest
 from compiler_core.runtime.model import Accelerator, Model
 
@@ -61,8 +64,9 @@ class LlmModel:
     def __init__(self, manifest_path: str | Path, device: str | None = None, *, reference: bool = False) -> None:
         self.path = Path(manifest_path)
         self.manifest = read_manifest(self.path)
+        self.prefix = self._read_prefix()
         self.shape = LlmShape(self.manifest["prefill_len"], self.manifest["max_len"],
-                              bool(self.manifest.get("last_logits", False)))
+                              bool(self.manifest.get("last_logits", False)), len(self.prefix) if self.prefix else 0)
         self.reference = reference
         self._runners = self._reference_runners() if reference else self._npu_runners(device)
         self.layers = int(self.manifest["layers"])
@@ -70,6 +74,11 @@ class LlmModel:
         self._past = cache_names(self.layers, "past_")
         self.cache: list[np.ndarray] = []
         self.reset()
+
+    @property
+    def start(self) -> int:
+        """The position of a prompt's first token (the prefix length)."""
+        return self.shape.prefix_len
 
     @property
     def eos_token_id(self) -> int | None:
@@ -89,11 +98,23 @@ class LlmModel:
         """Empty the KV cache."""
         kv_heads, head_dim = int(self.manifest["kv_heads"]), int(self.manifest["head_dim"])
         self.cache = [np.zeros((1, kv_heads, self.shape.max_len, head_dim), np.float32) for _ in self._names]
+        for slot, fixed in zip(self.cache, self.prefix.cache if self.prefix else ()):
+            slot[:, :, :self.start] = fixed
+
+    def _read_prefix(self) -> LlmPrefix | None:
+        entry = self.manifest.get("prefix")
+        if not entry:
+            return None
+        path = self.path.parent / entry["cache"]
+        if not path.is_file():
+            raise ArgumentError(f"The prefix cache {path.name} named by {self.path.name} is missing.",
+                                hint="Keep the files compile_llm writes beside the manifest, or compile again.")
+        return LlmPrefix.load(path)
 
     # -- single steps --------------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Run up to N tokens from position 0 through the prefill graph; fill the cache; logits ``[T, V]``.
+        """Run up to N tokens from :attr:`start` through the prefill graph; fill the cache; logits ``[T, V]``.
 
         A ``last_logits`` model takes exactly N tokens and gives the last position's logits, ``[1, V]``.
         """
@@ -106,12 +127,15 @@ class LlmModel:
                                 hint="Compile without last_logits to generate from shorter prompts.")
         outputs = self._run("prefill", prefill_feed(np.asarray(token_ids), self.shape))
         for slot, value in zip(self.cache, (outputs[name] for name in self._names)):
-            slot[:, :, :count] = value[:, :, :count]
+            slot[:, :, self.start:self.start + count] = value[:, :, :count]
         return outputs["logits"][0, :count]
 
     def decode(self, token_id: int, position: int) -> np.ndarray:
-        """One token at ``position`` (cache slots below it are filled); writes its key/value; logits ``[V]``."""
-        if not 0 <= position < self.shape.max_len:
+        """One token at ``position`` (cache slots below it are filled); writes its key/value; logits ``[V]``.
+
+        ``position`` counts the prefix: a prompt's first token is at :attr:`start`.
+        """
+        if not self.start <= position < self.shape.max_len:
             raise ArgumentError(f"Position {position} is past the KV cache ({self.shape.max_len} positions).",
                                 hint="Compile with a larger max_len, or generate fewer tokens.")
         feed = {"input_ids": np.array([[token_id]], np.int64), "position_ids": np.array([[position]], np.int64),
@@ -156,13 +180,14 @@ class LlmModel:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ArgumentError("The prompt is empty.", hint="Give at least one token.")
-        if len(ids) >= self.shape.max_len:
-            raise ArgumentError(f"The prompt has {len(ids)} tokens; the KV cache holds {self.shape.max_len}.")
+        room = self.shape.max_len - self.start
+        if len(ids) >= room:
+            raise ArgumentError(f"The prompt has {len(ids)} tokens; the KV cache holds {room} after the prefix.")
         self.reset()
         head = ids[: self.shape.prefill_len]
         logits = self.prefill(head)[-1]
-        for position in range(len(head), len(ids)):
-            logits = self.decode(ids[position], position)
+        for index in range(len(head), len(ids)):
+            logits = self.decode(ids[index], self.start + index)
         return logits
 
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, *, stop_at_eos: bool = True,
@@ -172,7 +197,7 @@ class LlmModel:
         start = time.perf_counter()
         logits = self.prompt_logits(prompt_ids)
         timings.prefill_seconds = time.perf_counter() - start
-        position = len(prompt_ids)
+        position = self.start + len(prompt_ids)
         for step in range(max_new_tokens):
             token = int(np.argmax(logits))
             timings.tokens.append(token)
