@@ -13,6 +13,10 @@ in two ``torch.nn.Module`` graphs with fixed shapes that reuse the model's own p
   last, the new token; the runtime writes each new entry into slot ``position`` (the cache is an
   explicit input; the graph never copies it).
 
+With an :class:`LlmPrefix` (PrefixQuant: fixed tokens whose FP32 keys/values are computed once at
+compile time), the prefill graph holds the prefix's keys/values as constants and every sequence starts
+at position P; the decode graph reads them from the first P cache slots, where the runtime writes them.
+
 RoPE is a constant cos/sin table over the L positions (computed by the model's own rotary embedding,
 so RoPE scaling is honoured) gathered by ``position_ids``; GQA groups the query heads of one KV head
 into the rows of a single MatMul (no repeated keys); RMSNorm is one LayerNormalization over ``[x, -x]``

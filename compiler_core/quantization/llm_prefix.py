@@ -55,21 +55,20 @@ def token_peaks(model: Any, windows: Sequence[Sequence[int]], prefix: Sequence[i
     return peaks
 
 
-def largest_value(model: Any, windows: Sequence[Sequence[int]], prefix: Sequence[int]) -> float:
-    """The largest absolute residual-stream value of the non-prefix tokens: what sets a per-tensor scale."""
-    return float(max(peak.max() for peak in token_peaks(model, windows, prefix)))
+def largest_value(peaks: Sequence[np.ndarray]) -> float:
+    """The largest of :func:`token_peaks`: the value that sets a per-tensor scale."""
+    return float(max(peak.max() for peak in peaks))
 
 
-def outlier_tokens(model: Any, windows: Sequence[Sequence[int]], prefix: Sequence[int],
+def outlier_tokens(windows: Sequence[Sequence[int]], peaks: Sequence[np.ndarray], with_prefix: bool,
                    ratio: float = OUTLIER_RATIO) -> Counter:
-    """How often each token id is an outlier (peak > ``ratio`` x the median peak) after ``prefix``.
+    """How often each token id is an outlier (peak > ``ratio`` x the median peak), from :func:`token_peaks`.
 
     Without a prefix the first token of a window is left out: any token there is the attention sink.
     """
-    peaks = token_peaks(model, windows, prefix)
     median = float(np.median(np.concatenate(peaks)))
     counts: Counter = Counter()
-    skip = 0 if prefix else 1
+    skip = 0 if with_prefix else 1
     for window, peak in zip(windows, peaks):
         counts.update(int(window[i]) for i in np.nonzero(peak > ratio * median)[0] if i >= skip)
     return counts
@@ -91,27 +90,30 @@ def select_prefix(model: Any, windows: Sequence[Sequence[int]], candidates: Sequ
         ``{"token_ids": [...] (empty: no prefix), "largest_without": float, "largest_with": float,
         "candidates": {token_id: largest value after it}}``.
     """
-    without = largest_value(model, windows, [])
-    scores = {int(token): largest_value(model, windows, [int(token)]) for token in dict.fromkeys(candidates)}
+    peaks = {(): token_peaks(model, windows, [])}
+    without = largest_value(peaks[()])
+    for token in dict.fromkeys(int(t) for t in candidates):
+        peaks[(token,)] = token_peaks(model, windows, [token])
+    scores = {key[0]: largest_value(value) for key, value in peaks.items() if key}
     report = {"token_ids": [], "largest_without": without, "largest_with": without, "candidates": scores}
     if not scores:
         return report
-    prefix = [min(scores, key=scores.get)]
+    prefix = (min(scores, key=scores.get),)
     largest = scores[prefix[0]]
     while len(prefix) < max_tokens:
-        counts = outlier_tokens(model, windows, prefix, ratio)
+        counts = outlier_tokens(windows, peaks[prefix], True, ratio)
         if not counts:
             break
-        token = counts.most_common(1)[0][0]
-        longer = largest_value(model, windows, [*prefix, token])
-        if longer > largest / 2:
+        longer = (*prefix, counts.most_common(1)[0][0])
+        peaks[longer] = token_peaks(model, windows, longer)
+        if largest_value(peaks[longer]) > largest / 2:
             break
-        prefix, largest = [*prefix, token], longer
+        prefix, largest = longer, largest_value(peaks[longer])
     if largest * min_gain > without:
         logger.info("No LLM prefix: the best (%s) leaves the largest value at %.3g of %.3g", prefix, largest, without)
         return report
     logger.info("LLM prefix %s: largest residual value %.3g -> %.3g", prefix, without, largest)
-    return {**report, "token_ids": prefix, "largest_with": largest}
+    return {**report, "token_ids": list(prefix), "largest_with": largest}
 
 
 def candidate_tokens(config: Any, tokenizer: Any = None, limit: int = 8) -> list[int]:
