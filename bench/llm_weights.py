@@ -1,0 +1,109 @@
+"""How far greedy generation drifts when only SmolLM2's weights are rounded: the floor a weight format sets.
+
+Runs SmolLM2-135M-Instruct in torch FP32 with the weights of every Linear and the embedding rounded
+(activations stay FP32) and compares its greedy generations with the unrounded model on the 10 prompts
+of ``bench/llm.py``, after the same prefix token as the ``llm`` preset's MXQ (``<|endoftext|>``):
+
+- ``int8``: per-output-channel symmetric int8 (the ``llm`` preset's weight format);
+- ``int8-body``: the same, the tied embedding / LM head kept in FP32;
+- ``int8-g64``: int8 with one scale per 64 input weights (group-wise);
+- ``int16``: per-output-channel int16;
+- ``fp16``: IEEE half precision (a control: how often a tiny perturbation flips a near-tie).
+
+Prints, per format, the free-running first divergences (the issue's measure: mean position and share
+of tokens before it) and the teacher-forced top-1 agreement along FP32's continuation.
+
+Usage: ``python bench/llm_weights.py [int8 int16 fp16 ...]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+FORMATS = ("fp16", "int8", "int8-body", "int8-g64", "int16")
+PREFIX = [0]  # <|endoftext|>: the prefix the llm preset chooses for SmolLM2
+NEW_TOKENS = 32
+
+
+def rounded(model, kind: str):
+    """A copy of ``model`` with its Linear/Embedding weights rounded to ``kind``."""
+    import torch
+
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in copied.named_modules():
+            if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                continue
+            if kind == "int8-body" and (isinstance(module, torch.nn.Embedding) or name == "lm_head"):
+                continue
+            module.weight.copy_(round_weight(module.weight, kind))
+    return copied
+
+
+def round_weight(weight, kind: str):
+    """``weight`` rounded to ``kind`` (per output channel, or per group of 64 inputs for ``int8-g64``)."""
+    import torch
+
+    if kind == "fp16":
+        return weight.half().float()
+    qmax = 32767 if kind == "int16" else 127
+    grouped = weight.view(weight.shape[0], -1, 64) if kind == "int8-g64" else weight[:, None]
+    scale = grouped.abs().amax(-1, keepdim=True).clamp_min(1e-12) / qmax
+    return (torch.round(grouped / scale) * scale).view_as(weight)
+
+
+def greedy(model, ids: list[int]) -> list[int]:
+    """``NEW_TOKENS`` greedy tokens after the prefix and ``ids`` (transformers' KV cache)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PREFIX + ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                             do_sample=False)
+    return out[0, len(PREFIX) + len(ids):].tolist()
+
+
+def forced(model, ids: list[int], reference: list[int]) -> int:
+    """Positions along ``reference`` where ``model``'s argmax is the reference token."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([PREFIX + ids + reference])).logits[0, len(PREFIX) + len(ids) - 1:-1]
+    return sum(int(a) == b for a, b in zip(logits.argmax(-1).tolist(), reference))
+
+
+def main() -> None:
+    import torch
+    from llm import PROMPTS
+
+    from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
+
+    kinds = sys.argv[1:] or list(FORMATS)
+    unknown = set(kinds) - set(FORMATS)
+    if unknown:
+        sys.exit(f"unknown format(s) {sorted(unknown)}; choose from {FORMATS}")
+    torch.set_num_threads(1)
+    model, tokenizer = load_causal_lm(smollm2_gguf_path())
+    prompts = [tokenizer(prompt)["input_ids"] for prompt in PROMPTS]
+    references = [greedy(model, ids) for ids in prompts]
+    for kind in kinds:
+        other = rounded(model, kind)
+        firsts, agree = [], 0
+        for ids, reference in zip(prompts, references):
+            ours = greedy(other, ids)
+            firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
+            agree += forced(other, ids, reference)
+        total = NEW_TOKENS * len(prompts)
+        print(f"{kind:10s} first divergences {firsts}: mean {np.mean(firsts):.1f}, {sum(firsts) / total:.1%} before "
+              f"it; teacher-forced agreement {agree / total:.1%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
