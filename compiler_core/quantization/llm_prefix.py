@@ -49,7 +49,8 @@ def token_peaks(model: Any, windows: Sequence[Sequence[int]], prefix: Sequence[i
     with torch.no_grad():
         for window in windows:
             ids = torch.tensor([[*prefix, *window]], dtype=torch.int64)
-            hidden = model(ids, output_hidden_states=True).hidden_states[1:-1]  # after each layer, before the norm
+            states = model(ids, output_hidden_states=True).hidden_states
+            hidden = states[1:-1] or states[1:]  # after each layer (the last one is after the final norm)
             peak = torch.stack([state[0].abs().amax(-1) for state in hidden]).amax(0)
             peaks.append(peak[len(prefix):].numpy())
     return peaks
