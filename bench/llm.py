@@ -73,6 +73,8 @@ def compile_model(args, folder: Path) -> Path:
     return manifest
 
 
+WITHOUT_PREFIX = True
+"""Also generate with FP32 without the prefix (``--no-plain`` turns it off to save time)."""
 NEAR_TIE = 0.5
 """FP32 top-1/top-2 logit gap below which a divergence is called a near-tie (FP32 odds under 1.65:1)."""
 
@@ -84,17 +86,14 @@ def prefix_ids(lm) -> list[int]:
 
 
 def fp32_generate(model, ids: list[int], new_tokens: int, prefix: list[int]) -> tuple[list[int], list[float]]:
-    """Greedy tokens from the FP32 model after ``prefix`` (full recompute each step) and each step's top-1/top-2 gap."""
+    """Greedy tokens from the FP32 model after ``prefix`` (transformers' KV cache) and each step's top-1/top-2 gap."""
     import torch
 
-    tokens, gaps = [*prefix, *ids], []
     with torch.no_grad():
-        for _ in range(new_tokens):
-            logits = model(torch.tensor([tokens])).logits[0, -1]
-            top = torch.topk(logits, 2).values
-            gaps.append(float(top[0] - top[1]))
-            tokens.append(int(torch.argmax(logits)))
-    return tokens[len(prefix) + len(ids):], gaps
+        out = model.generate(torch.tensor([[*prefix, *ids]]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, output_scores=True, return_dict_in_generate=True)
+    gaps = [float(torch.topk(scores[0], 2).values.diff().abs()) for scores in out.scores]
+    return out.sequences[0, len(prefix) + len(ids):].tolist(), gaps
 
 
 def teacher_forced(lm, ids: list[int], reference: list[int]) -> int:
@@ -115,7 +114,7 @@ def generation(lm, model, tokenizer, new_tokens: int) -> dict:
     for prompt in PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
         reference, gaps = fp32_generate(model, ids, new_tokens, prefix)
-        plain = fp32_generate(model, ids, new_tokens, [])[0] if prefix else reference
+        plain = fp32_generate(model, ids, new_tokens, [])[0] if prefix and WITHOUT_PREFIX else reference
         ours = lm.generate(ids, new_tokens, stop_at_eos=False).tokens
         first = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), len(reference))
         rows.append({"prompt": prompt, "first_divergence": first, "fp32": tokenizer.decode(reference),
@@ -259,8 +258,14 @@ def main() -> None:
                         "decode): generation re-runs prefill on the growing window; needs --prefill-len/--max-len "
                         "as compiled")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the 10 prompts")
+    parser.add_argument("--first-prompt", type=int, default=0, help="skip the prompts before this one")
+    parser.add_argument("--no-perplexity", action="store_true", help="generation (and speed) only")
+    parser.add_argument("--no-plain", action="store_true", help="no FP32 generation without the prefix")
     args = parser.parse_args()
     del PROMPTS[args.prompts:]
+    del PROMPTS[:args.first_prompt]
+    global WITHOUT_PREFIX
+    WITHOUT_PREFIX = not args.no_plain
 
     from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
     from compiler_core.llm import kjv_text
@@ -275,14 +280,14 @@ def main() -> None:
         results = {"manifest": str(manifest), "preset": lm.manifest.get("preset")}
     model, tokenizer = load_causal_lm(smollm2_gguf_path())
     results.update(prefill_len=lm.shape.prefill_len, max_len=lm.shape.max_len)
-    heldout = tokenizer(kjv_text(HELDOUT_PASSAGE))["input_ids"]
-    results["perplexity"] = perplexity(lm, model, heldout, args.ppl_windows)
-    ppl = results["perplexity"]
     results["prefix"] = prefix_ids(lm)
     print(f"prefix tokens {results['prefix']} ({tokenizer.convert_ids_to_tokens(results['prefix'])}); FP32 is run "
           "with the same prefix")
-    print(f"perplexity over {ppl['tokens']} held-out tokens: FP32 {ppl['fp32']:.3f}, MXQ {ppl['mxq']:.3f} "
-          f"({ppl['rise']:+.1%}); FP32 without the prefix {ppl['fp32_without_prefix']:.3f}")
+    if not args.no_perplexity:
+        heldout = tokenizer(kjv_text(HELDOUT_PASSAGE))["input_ids"]
+        results["perplexity"] = ppl = perplexity(lm, model, heldout, args.ppl_windows)
+        print(f"perplexity over {ppl['tokens']} held-out tokens: FP32 {ppl['fp32']:.3f}, MXQ {ppl['mxq']:.3f} "
+              f"({ppl['rise']:+.1%}); FP32 without the prefix {ppl['fp32_without_prefix']:.3f}")
     print("greedy generation vs FP32:")
     results["generation"] = gen = generation(lm, model, tokenizer, args.new_tokens)
     print(f"  (a) free-running (the issue's measure): mean first divergence {gen['mean_first_divergence']:.1f} / "
