@@ -340,3 +340,33 @@ def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
     expected = ort.InferenceSession(str(source)).run(None, {proto.graph.input[0].name: x})[0]
     actual = ort.InferenceSession(str(mblt)).run(None, {graph.input[0].name: x})[0]
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("kernel", "pads", "strides", "dilations", "group"), [
+    ((70,), (35, 34), (1,), (1,), 2),  # wav2vec2's positional convolution, smaller
+    ((3, 40), (1, 5, 1, 6), (1, 2), (1, 1), 1),
+    ((33,), (0, 0), (3,), (2,), 1),
+])
+def test_conv_wider_than_the_npu_window_is_split_into_convs_that_fit(tmp_path, kernel, pads, strides, dilations,
+                                                                    group):
+    from compiler_core.ops.constraints import MAX_KERNEL
+
+    rng = np.random.default_rng(0)
+    shape = [1, 4] + [12, 100][-len(kernel):]
+    weight = rng.standard_normal((6, 4 // group, *kernel)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=list(strides),
+                            dilations=list(dilations), group=group, kernel_shape=list(kernel))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "wide.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    convs = [node for node in load_mblt(mblt).graph if node.op_type == "Conv"]
+    assert len(convs) == -(-max(kernel) // MAX_KERNEL)
+    assert all(max(conv.inputs[1].const_value.shape[2:]) <= MAX_KERNEL for conv in convs)
+    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+    (expected,) = ort.InferenceSession(str(source)).run(None, feed)
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
