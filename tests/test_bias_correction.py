@@ -98,8 +98,8 @@ def test_only_linear_biases_change_and_the_program_stays_deterministic(shift_mod
 def test_empirical_samples_limit_and_report(shift_model):
     mblt, calib, _ = shift_model
     from compiler_core.config import resolve_config
-    from compiler_core.quantization.run import calibration_statistics
     from compiler_core.progress import as_reporter
+    from compiler_core.quantization.run import calibration_statistics
     from compiler_core.session import MbltSession
 
     config = resolve_config(None, target_device="aries-rb", analysis_holdout=0,
