@@ -74,9 +74,12 @@ import realmodels  # noqa: E402
 
 CACHED_MODES = {0: "Max", 2: "Histogram", 3: "MSE"}
 EXTRA_CONFIGS = {"a16w8 + layer bias correction": {"config_preset": "a16w8",
-                                                   "layer_bias_correction_config": {"apply": True}}}
+                                                   "layer_bias_correction_config": {"apply": True}},
+                 "a16w8 + empirical bias correction": {"config_preset": "a16w8", "layer_bias_correction_config": {
+                     "apply": True, "empirical": True}}}
 """More configs of ours, on the cached statistics: int16 activations (with the preset's 2x range headroom) and
-the iterative bias correction the ``classification`` preset also applies."""
+the analytic bias correction the ``classification`` preset also applies; then also the empirical one
+(``layerBiasCorrection.empirical``, on the first 16 calibration views)."""
 
 
 def metrics(fp32: np.ndarray, logits: np.ndarray) -> dict[str, float]:
