@@ -83,12 +83,19 @@ the analytic bias correction the ``classification`` preset also applies; then al
 
 
 def metrics(fp32: np.ndarray, logits: np.ndarray) -> dict[str, float]:
-    """Top-1 / top-5 agreement with FP32 and mean logit cosine."""
+    """Top-1 / top-5 agreement with FP32, mean logit cosine, and the FP32 top-1/top-2 probability margin of
+    every view whose top-1 changed (small margins: near ties that any noise flips)."""
     reference = fp32.argmax(1)
     top5 = np.argsort(-logits, axis=1)[:, :5]
-    return {"top1": float(np.mean(logits.argmax(1) == reference)),
-            "top5": float(np.mean([ref in row for ref, row in zip(reference, top5)])),
-            "cosine": float(realdata.cosine(fp32, logits).mean()), "count": len(fp32)}
+    probabilities = np.exp(fp32 - fp32.max(1, keepdims=True))
+    probabilities /= probabilities.sum(1, keepdims=True)
+    ordered = np.sort(probabilities, axis=1)
+    margins = ordered[:, -1] - ordered[:, -2]
+    lost = logits.argmax(1) != reference
+    return {"top1": float(np.mean(~lost)), "top5": float(np.mean([ref in row for ref, row in zip(reference, top5)])),
+            "cosine": float(realdata.cosine(fp32, logits).mean()), "count": len(fp32),
+            "lost_margins": sorted(round(float(m), 4) for m in margins[lost]),
+            "top1_margin_0.05": float(np.mean(~lost[margins >= 0.05])) if np.any(margins >= 0.05) else None}
 
 
 def timed(function, *args, **kwargs):
