@@ -130,3 +130,22 @@ def test_without_samples_the_empirical_step_is_skipped_with_a_warning(shift_mode
     analytic = quantize(mblt, calib, target_device="aries-rb", analysis=False, analysis_holdout=0,
                         layer_bias_correction_config={"apply": True}).model
     assert all(np.array_equal(a.consts[k], b.consts[k]) for a, b in zip(plain.ops, analytic.ops) for k in a.consts)
+
+
+def test_mixed_precision_points_include_the_empirical_correction(shift_model, tmp_path, caplog):
+    from compiler_core.api import mxq_compile
+    from compiler_core.quantization.mixed_precision import target_metric
+
+    mblt, calib, _ = shift_model
+    common = {"target_device": "aries-rb", "calib_data_path": calib, "analysis_holdout": 6,
+              "cross_layer_equalization_config": {"apply": False}}
+    target = {"apply": True, "target": {"kind": "sqnrDb", "value": 99.0}, "maxInt16Fraction": 0.0}
+    analytic = mxq_compile(mblt, save_path=tmp_path / "a.mxq", mixed_precision_config=target,
+                           layer_bias_correction_config={"apply": True}, **common)
+    empirical = mxq_compile(mblt, save_path=tmp_path / "e.mxq", mixed_precision_config=target,
+                            layer_bias_correction_config={"apply": True, "empirical": True}, **common)
+    assert "only the analytic correction" not in caplog.text
+    base_analytic = analytic.mixed_precision["points"][0]["metric"]
+    base_empirical = empirical.mixed_precision["points"][0]["metric"]
+    assert base_empirical > base_analytic + 3.0, (base_analytic, base_empirical)
+    assert target_metric(empirical.quantize.analysis, "sqnrDb") == pytest.approx(base_empirical)
