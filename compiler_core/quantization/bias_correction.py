@@ -91,11 +91,23 @@ def correct_biases(float_graph: ir.Model, model: QuantizedModel, samples: Sequen
     return {"layers": len(shifts), "mean_shift_steps": mean_shift}
 
 
+STEP_CHUNK = 4
+"""Samples per step call: a convolution's intermediates (im2col, accumulators) grow with the batch, the
+environment does not need to (PP-OCR det with 16 samples in one call went past 5.7 GB)."""
+
+
 def _run_step(step, op: IntOp, env: dict, count: int) -> list[np.ndarray]:
     from compiler_core.runtime.fastpath.plan import _per_sample
 
     inputs = [env[name] if name else None for name in op.inputs]
-    return list(step.run(inputs) if count == 1 or step.batch_safe else _per_sample(step, inputs, count))
+    if count == 1 or not step.batch_safe:
+        return list(step.run(inputs) if count == 1 else _per_sample(step, inputs, count))
+    parts = []
+    for start in range(0, count, STEP_CHUNK):
+        chunk = [value[start:start + STEP_CHUNK] if value is not None and value.ndim and value.shape[0] == count
+                 else value for value in inputs]
+        parts.append(step.run(chunk))
+    return [np.concatenate([part[position] for part in parts]) for position in range(len(parts[0]))]
 
 
 def _last_uses(model: QuantizedModel) -> dict[str, int]:
