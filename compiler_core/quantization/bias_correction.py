@@ -58,8 +58,12 @@ def correct_biases(float_graph: ir.Model, model: QuantizedModel, samples: Sequen
     layers = {op.name: op for op in model.ops if op.kind == "linear" and op.outputs[0] in model.tensors}
     if not layers or not samples:
         return {"layers": 0, "mean_shift_steps": 0.0}
-    reference = _float_means(float_graph, model, [op.outputs[0] for op in layers.values()], layers, samples)
     fast = FastExecutor(model)
+    if not fast.batchable:
+        logger.warning("Empirical bias correction skipped: it runs the samples as one batch, and this program has "
+                       "tensors without a leading batch dimension of 1.")
+        return {"layers": 0, "mean_shift_steps": 0.0}
+    reference = _float_means(float_graph, model, [op.outputs[0] for op in layers.values()], layers, samples)
     context = PlanContext(model)
     feeds = {spec.name: np.concatenate([np.asarray(s[spec.name]) for s in samples]) for spec in model.inputs}
     env = fast.quantize_inputs(feeds)
