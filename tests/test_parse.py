@@ -370,3 +370,36 @@ def test_conv_wider_than_the_npu_window_is_split_into_convs_that_fit(tmp_path, k
     (expected,) = ort.InferenceSession(str(source)).run(None, feed)
     (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
+    """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["t", "s2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([1, 2, 4, 2, 4, 6], np.int64), "s1"),
+                               numpy_helper.from_array(np.array([-1, 4, 4, 6], np.int64), "s2")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "windows.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert max(len(value.shape) for node in load_mblt(mblt).graph for value in node.outputs) <= 5
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 8, 8, 6)).astype(np.float32)}
+    np.testing.assert_array_equal(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                                  ort.InferenceSession(str(source)).run(None, feed)[0])
+
+
+def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_path):
+    """HF EfficientNet: AvgPool2d(1280, ceil_mode=True) over 7x7 is the mean of the whole input."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[1280, 1280], strides=[1280, 1280],
+                            ceil_mode=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "pool.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [node.op_type for node in load_mblt(mblt).graph] == ["GlobalAveragePool"]
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 4, 7, 7)).astype(np.float32)}
+    np.testing.assert_allclose(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                               ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-5, atol=1e-6)
