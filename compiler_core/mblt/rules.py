@@ -103,8 +103,7 @@ class WholeWindowAveragePool(RewriteRuleClassBase):
         kernel = list(attributes.get("kernel_shape", []))
         # A window larger than the input is the whole input too when ceil_mode clips it to one output per
         # axis (HF EfficientNet pools with AvgPool2d(1280, ceil_mode=True) over 7x7).
-        clipped = (attributes.get("ceil_mode", 0) and y.shape is not None and list(y.shape)[2:] == [1] * len(spatial)
-                   and not attributes.get("count_include_pad", 0))
+        clipped = attributes.get("ceil_mode", 0) and y.shape is not None and list(y.shape)[2:] == [1] * len(spatial)
         if len(kernel) != len(spatial) or not all(k == d or (clipped and k > d) for k, d in zip(kernel, spatial)):
             return result.fail(f"{node.name}: the window is not the whole input.")
         if any(attributes.get("pads", [0])) or attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
@@ -237,8 +236,8 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         auto_pad = node.attributes.get("auto_pad")
         if auto_pad is not None and auto_pad.as_string() not in ("NOTSET", ""):
             return result.fail(f"{node.name}: auto_pad {auto_pad.as_string()} (explicit pads only).")
-        if x.shape is None or not all(isinstance(d, int) for d in x.shape):
-            return result.fail(f"{node.name}: the input shape is not static.")
+        if y.shape is None or not isinstance(y.shape[2 + wide[0]], int):
+            return result.fail(f"{node.name}: the output length is not static.")
         return result
 
     def rewrite(self, op, x, w, y):
@@ -254,13 +253,12 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         stride = ints.get("strides", [1] * spatial)[axis]
         dilation = ints.get("dilations", [1] * spatial)[axis]
         begin, end = pads[axis], pads[axis + spatial]
-        length = int(x.shape[2 + axis]) + begin + end
         if begin or end:
             padding = [0] * 2 * weight.ndim
             padding[2 + axis], padding[2 + axis + weight.ndim] = begin, end
             x = op.Pad(x, op.initializer(ir.tensor(np.array(padding, np.int64)), name=f"{node.name}_wide_pads"))
         kernel = weight.shape[2 + axis]
-        outputs = (length - dilation * (kernel - 1) - 1) // stride + 1
+        outputs = int(y.shape[2 + axis])  # the input's shape may be unknown here (a value a rule just made)
         chunk_pads = list(pads)
         chunk_pads[axis] = chunk_pads[axis + spatial] = 0
         attributes = {name: attribute for name, attribute in node.attributes.items()
