@@ -303,7 +303,7 @@ def _fold_remaining_constants(model: ir.Model) -> None:
         results = ReferenceEvaluator(folded).run(None, {})
         for output, array in zip([o for o in node.outputs if o.name], results):
             name, output.name = output.name, f"{output.name}_unfolded"
-            replacement = ir.Value(name=name, const_value=ir.tensor(np.asarray(array)),
+            replacement = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array)),
                                    shape=ir.Shape(np.shape(array)), type=ir.TensorType(output.dtype))
             model.graph.register_initializer(replacement)
             ir.convenience.replace_all_uses_with(output, replacement)
