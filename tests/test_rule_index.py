@@ -14,7 +14,13 @@ from onnxscript import rewriter
 
 from compiler_core.api import parse_model
 from compiler_core.mblt import canonicalize
-from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, input_op_types, root_op_type
+from compiler_core.mblt.rule_index import (
+    LiftConstants,
+    constant_inputs,
+    indexed_rules,
+    input_op_types,
+    root_op_type,
+)
 
 
 def test_every_rule_we_apply_has_a_root_op_type():
@@ -63,6 +69,25 @@ def test_an_indexed_rule_skips_a_root_whose_input_comes_from_another_op_type():
     assert rule.try_rewrite(model, model.graph, mul_after_relu) is None  # the full match agrees
     assert rule.try_rewrite(model, model.graph, mul_after_conv) is not None
     assert indexed.try_rewrite(model, model.graph, mul_after_conv) is not None
+
+
+def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_constant():
+    """``x * 1``: a Mul by a computed value or by a vector is skipped before matching; a Mul by a scalar 1 matches."""
+    rule = canonicalize.common_rules.mul_by_1_rule
+    (indexed,) = indexed_rules([rule])
+    assert constant_inputs(rule) == [(1, True)]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["x", "r"], ["a"]),
+         helper.make_node("Mul", ["a", "ones"], ["b"]), helper.make_node("Mul", ["b", "one"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "ones"), numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    _, by_computed, by_vector, by_scalar = list(model.graph)
+    for node in (by_computed, by_vector):
+        assert indexed.try_rewrite(model, model.graph, node) is None
+        assert rule.try_rewrite(model, model.graph, node) is None  # the full match agrees
+    assert indexed.try_rewrite(model, model.graph, by_scalar) is not None
 
 
 def _unindexed(monkeypatch):

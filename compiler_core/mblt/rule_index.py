@@ -26,6 +26,7 @@ from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import RewriteRuleSet
 from onnxscript.rewriter._matcher import SimplePatternMatcher
+from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
 from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 from onnxscript.rewriter._rewrite_rule import RewriteRule
 
@@ -58,6 +59,19 @@ def input_op_types(rule: RewriteRule) -> list[tuple[int, str]]:
     return required
 
 
+def constant_inputs(rule: RewriteRule) -> list[tuple[int, bool]]:
+    """(input position, scalar?) of the root node's inputs the pattern requires to be constants.
+
+    The matcher fails a constant pattern (``x * 1``, ``x + 0``) on a value without ``const_value``, and
+    a scalar one on a constant of rank > 0, before it compares the value.
+    """
+    pattern = getattr(rule, "_target_pattern", None)
+    if root_op_type(rule) is None:
+        return []
+    return [(index, not isinstance(value.value, list)) for index, value in enumerate(pattern.output_nodes[0].inputs)
+            if isinstance(value, ConstantPattern)]
+
+
 def indexed_rules(rules: Sequence[RewriteRule]) -> list[RewriteRule]:
     """Shallow copies of ``rules`` that skip nodes of another op type than their pattern's root."""
     return [_skip_other_op_types(rule) for rule in rules]
@@ -70,9 +84,11 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
     producers = input_op_types(rule)
+    constants = constant_inputs(rule)
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
-        if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)):
+        if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
+                               or not _inputs_constant(node, constants)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
@@ -85,6 +101,15 @@ def _inputs_produced_by(node: ir.Node, producers: list[tuple[int, str]]) -> bool
         value = node.inputs[index] if index < len(node.inputs) else None
         producer = value.producer() if value is not None else None
         if producer is None or producer.op_type != op_type:
+            return False
+    return True
+
+
+def _inputs_constant(node: ir.Node, constants: list[tuple[int, bool]]) -> bool:
+    for index, scalar in constants:
+        value = node.inputs[index] if index < len(node.inputs) else None
+        const = value.const_value if value is not None else None
+        if const is None or (scalar and len(const.shape) != 0):
             return False
     return True
 
