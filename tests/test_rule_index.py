@@ -1,12 +1,15 @@
 """Rewrite rules indexed by their pattern's root op type rewrite exactly as the full rule sets do, and our
-constant lifting lifts exactly as the library's pass does."""
+constant lifting, opset conversion and shape merging give what the library's passes give."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
+import onnxscript.version_converter
 import pytest
 import realmodels
 from onnx import TensorProto, helper, numpy_helper
@@ -91,9 +94,21 @@ def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_con
 
 
 def _unindexed(monkeypatch):
+    """The library's passes in place of each faster equivalent of ours."""
     monkeypatch.setattr(canonicalize, "indexed_rules", list)
     monkeypatch.setattr(canonicalize, "optimize", onnxscript.optimizer.optimize_ir)
     monkeypatch.setattr(canonicalize, "LiftConstants", ir.passes.common.LiftConstantsToInitializersPass)
+    monkeypatch.setattr(canonicalize, "convert_version",
+                        lambda model, version: onnxscript.version_converter.convert_version(model, version, fallback=True))
+    monkeypatch.setattr(canonicalize, "_fully_typed", lambda model: False)  # the final whole-model inference runs
+    monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
+    monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
+
+
+def _library_shape_and_dtype(type_proto):
+    inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)
+    return (ir.serde.deserialize_type_proto_for_shape(type_proto),
+            inferred_type.dtype if inferred_type is not None else None)
 
 
 def test_lift_constants_lifts_as_the_library_pass_does():
@@ -119,7 +134,8 @@ def test_lift_constants_lifts_as_the_library_pass_does():
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_det", "ppocr_rec", "ppocr_cls", "minilm_l6", "silero_ifless"])
 def test_real_models_canonicalize_to_the_same_graph_with_and_without_the_index(name, monkeypatch):
-    """Every parse-bench model: our indexed rules, folder and constant lifting give the library's graph, byte for byte."""
+    """Every parse-bench model: our indexed rules, folder, constant lifting, opset conversion and shape merging give
+    the library's graph, byte for byte."""
     source, shapes, constants = realmodels.real_models()[name]()
     indexed, _ = parse_model(source, input_shape_dict=shapes or None, constant_inputs=constants)
     _unindexed(monkeypatch)

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnx_ir.passes.common import _c_api_utils
 from onnx_ir.passes.common import shape_inference as ir_shape_inference
@@ -35,6 +34,7 @@ from compiler_core.errors import (
     UnsupportedOpsError,
 )
 from compiler_core.mblt import opset
+from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
 from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, optimize
@@ -210,7 +210,7 @@ def _convert_opset(model: ir.Model) -> None:
         # The C-API fallback drops node metadata but keeps node names: restore it by name.
         saved = {node.name: dict(node.metadata_props) for node in _nodes(model.graph)}
         with _quiet("onnxscript.version_converter"):  # its "using the C API fallback" warning is expected
-            onnxscript.version_converter.convert_version(model, opset.MBLT_OPSET_VERSION, fallback=True)
+            convert_version(model, opset.MBLT_OPSET_VERSION)
         logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
         for node in _nodes(model.graph):
             node.metadata_props.update(saved.get(node.name, {}))
