@@ -19,6 +19,7 @@ from compiler_core.api import parse_model
 from compiler_core.mblt import canonicalize
 from compiler_core.mblt.rule_index import (
     LiftConstants,
+    RemoveUnusedNodes,
     constant_inputs,
     indexed_rules,
     input_op_types,
@@ -103,6 +104,7 @@ def _unindexed(monkeypatch):
     monkeypatch.setattr(canonicalize, "_fully_typed", lambda model: False)  # the final whole-model inference runs
     monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
     monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
+    monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
 
 
 def _library_shape_and_dtype(type_proto):
@@ -130,6 +132,36 @@ def test_lift_constants_lifts_as_the_library_pass_does():
         assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
         lifted[size_limit] = sorted(ours.graph.initializers)
     assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
+
+
+def test_remove_unused_nodes_removes_as_the_library_pass_does():
+    """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
+    inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""
+    branch = helper.make_graph(
+        [helper.make_node("Dropout", ["x"], ["d", "d_mask"]), helper.make_node("Neg", ["x"], ["dead"]),
+         helper.make_node("Relu", ["d"], ["b_out"])],
+        "branch", [], [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [1, 2, 4, 4])])
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "p_idx"], kernel_shape=[1, 1]),
+             helper.make_node("Clip", ["p", "lo", ""], ["c"]),
+             helper.make_node("Abs", ["x"], ["unused"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+                     helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None), helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "lo"), numpy_helper.from_array(np.ones(3, np.float32), "junk")])
+    bn_nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn", "mean_out", "var_out"])]
+    bn_graph = helper.make_graph(
+        bn_nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("bn", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones(2, np.float32), name) for name in "sbmv"])
+    for proto in (helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                  helper.make_model(bn_graph, opset_imports=[helper.make_opsetid("", 12)]),
+                  helper.make_model(bn_graph, opset_imports=[helper.make_opsetid("", 15)])):
+        ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+        assert RemoveUnusedNodes()(ours).modified == ir.passes.common.RemoveUnusedNodesPass()(library).modified
+        assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+    assert [len(n.outputs) for n in ours.graph] == [1]  # opset 15: the statistics outputs went
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_det", "ppocr_rec", "ppocr_cls", "minilm_l6", "silero_ifless"])

@@ -37,7 +37,7 @@ from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
-from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, optimize
+from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -116,8 +116,14 @@ def _check_known_ops(model: ir.Model) -> None:
     """List every op no ONNX schema (nor a model-local function) defines, all in one error."""
     functions = {(f.domain, f.name) for f in model.functions.values()}
     unknown: dict[str, list[str]] = {}
+    known: dict[tuple[str, str, int | None], bool] = {}  # one schema look-up per op type and version
     for node in _nodes(model.graph):
-        if (node.domain, node.op_type) in functions or _has_schema(node, model.opset_imports):
+        if (node.domain, node.op_type) in functions:
+            continue
+        key = (node.domain, node.op_type, node.version)
+        if key not in known:
+            known[key] = _has_schema(node, model.opset_imports)
+        if known[key]:
             continue
         unknown.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY, node.name))
     if unknown:
@@ -277,7 +283,7 @@ def _legalize(model: ir.Model) -> None:
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break
-        common_passes.RemoveUnusedNodesPass()(model)
+        RemoveUnusedNodes()(model)
         optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
                  should_fold=_should_fold)
     _fold_remaining_constants(model)
@@ -313,7 +319,7 @@ def _fold_remaining_constants(model: ir.Model) -> None:
 
 
 def _tidy(model: ir.Model) -> None:
-    common_passes.RemoveUnusedNodesPass()(model)
+    RemoveUnusedNodes()(model)
     common_passes.RemoveUnusedOpsetsPass()(model)
     common_passes.TopologicalSortPass()(model)
     _strip_foreign_metadata(model)

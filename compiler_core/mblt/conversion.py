@@ -24,6 +24,8 @@ import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnxscript.version_converter import _c_api_utils, _version_converter
 
+from compiler_core.mblt.rule_index import RemoveUnusedNodes
+
 logger = logging.getLogger(__name__)
 
 LARGE_CONSTANT_ELEMENTS = 1000
@@ -47,7 +49,7 @@ def convert_version(model: ir.Model, target_version: int) -> None:
                        target_version, exc_info=error)
     else:
         _adopt(model, ir.from_proto(proto))
-    ir.passes.Sequential(common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedFunctionsPass(),
+    ir.passes.Sequential(RemoveUnusedNodes(), common_passes.RemoveUnusedFunctionsPass(),
                          common_passes.RemoveUnusedOpsetsPass())(model)
 
 
