@@ -134,6 +134,30 @@ def test_lift_constants_lifts_as_the_library_pass_does():
     assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
 
 
+def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
+    """Conv without bias, with a non-zero bias, with a zero bias, with auto_pad SAME_UPPER: for each library rule
+    with a condition, the indexed rule tries exactly the nodes the full rule rewrites."""
+    weights = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    biases = [numpy_helper.from_array(np.full(2, value, np.float32), name) for name, value in (("b1", 1.0), ("b0", 0.0))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c0"]), helper.make_node("Conv", ["c0", "w", "b1"], ["c1"]),
+             helper.make_node("Conv", ["c1", "w", "b0"], ["c2"]),
+             helper.make_node("Conv", ["c2", "w"], ["y"], auto_pad="SAME_UPPER", kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], [weights, *biases])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    rules = {rule.name: rule for rule in rewriter._DEFAULT_REWRITE_RULES}
+    applied = {}
+    for name in ("RemoveOptionalBiasFromConv", "NormalizePadFormatConv"):
+        (indexed,) = indexed_rules([rules[name]])
+        full = [rules[name].try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        assert ours == full
+        applied[name] = full
+    assert applied == {"RemoveOptionalBiasFromConv": [False, False, True, False],
+                       "NormalizePadFormatConv": [False, False, False, True]}
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

@@ -21,6 +21,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
@@ -87,10 +88,11 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     full_try = rule.try_rewrite
     producers = input_op_types(rule)
     constants = constant_inputs(rule)
+    may_apply = _RULE_CONDITIONS.get(rule.name or "", _always)
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
         if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
-                               or not _inputs_constant(node, constants)):
+                               or not _inputs_constant(node, constants) or not _holds(may_apply, node)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
@@ -114,6 +116,43 @@ def _inputs_constant(node: ir.Node, constants: list[tuple[int, bool]]) -> bool:
         if const is None or (scalar and len(const.shape) != 0):
             return False
     return True
+
+
+def _always(node: ir.Node) -> bool:
+    return True
+
+
+def _holds(condition: Callable[[ir.Node], bool], node: ir.Node) -> bool:
+    try:
+        return condition(node)
+    except Exception:  # noqa: BLE001 - the full try decides (and raises) as it would without the condition
+        return True
+
+
+def _explicit_padding_needed(node: ir.Node) -> bool:
+    """First condition of onnxscript's ``NormalizePadFormatConv`` check: an ``auto_pad`` other than NOTSET."""
+    return node.attributes.get_string("auto_pad", None) not in (None, "NOTSET")
+
+
+def _bias_may_be_zero(node: ir.Node) -> bool:
+    """onnxscript's ``RemoveOptionalBiasFrom*`` match and check (Conv, ConvTranspose, Gemm with a bias at input 2):
+    the pattern has exactly three inputs and its variable ``b`` never matches a missing one; the check wants an
+    all-zero constant bias."""
+    if len(node.inputs) != 3 or node.inputs[2] is None:
+        return False
+    tensor = ir.convenience.get_const_tensor(node.inputs[2])
+    return tensor is not None and bool(np.equal(tensor.numpy(), 0.0).all())
+
+
+_RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "NormalizePadFormatConv": _explicit_padding_needed,
+    "NormalizePadFormatConvInteger": _explicit_padding_needed,
+    "RemoveOptionalBiasFromConv": _bias_may_be_zero,
+    "RemoveOptionalBiasFromConvTranspose": _bias_may_be_zero,
+    "RemoveOptionalBiasFromGemm": _bias_may_be_zero,
+}
+"""Library rules whose check fails on most nodes of their op type after an expensive match set-up: the check's
+condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
 
 
 _DEFAULT_RULES: RewriteRuleSet | None = None
