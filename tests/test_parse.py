@@ -305,3 +305,33 @@ def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
     expected = ort.InferenceSession(str(source)).run(None, {proto.graph.input[0].name: x})[0]
     actual = ort.InferenceSession(str(mblt)).run(None, {graph.input[0].name: x})[0]
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
+    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards; a heap
+    someone else froze stays frozen."""
+    import gc
+
+    from compiler_core.mblt import canonicalize
+
+    frozen_during = []
+    real_optimize = canonicalize._optimize
+
+    def spying_optimize(model):
+        frozen_during.append(gc.get_freeze_count())
+        real_optimize(model)
+
+    monkeypatch.setattr(canonicalize, "_optimize", spying_optimize)
+    gc.unfreeze()
+    parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+    assert frozen_during[-1] > 1000 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        calls = []
+        monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+        monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+        parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+        assert calls == [] and gc.get_freeze_count() > 1000
+    finally:
+        monkeypatch.undo()
+        gc.unfreeze()
