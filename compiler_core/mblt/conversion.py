@@ -37,18 +37,19 @@ def convert_version(model: ir.Model, target_version: int) -> None:
 
     A failed C API conversion is logged and leaves the model's opset as it was (as in onnxscript).
     """
-    if _version_converter.version_supported(model, target_version):
-        onnxscript.version_converter.convert_version(model, target_version, fallback=True)
-        return
     ir.passes.Sequential(common_passes.InlinePass(), common_passes.RemoveUnusedFunctionsPass(),
                          common_passes.RemoveUnusedOpsetsPass())(model)
-    try:
-        proto = _c_api_utils.call_onnx_api(lambda source: _convert_proto(source, target_version), model)
-    except Exception as error:  # the C API raises plain exceptions; the caller checks the resulting opset
-        logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
-                       target_version, exc_info=error)
-    else:
-        _adopt(model, ir.from_proto(proto))
+    if _version_converter.version_supported(model, target_version):  # onnxscript's own converter (or none)
+        onnxscript.version_converter.convert_version(model, target_version, fallback=True)
+        return
+    if model.graph.opset_imports.get("") != target_version:
+        try:
+            proto = _c_api_utils.call_onnx_api(lambda source: _convert_proto(source, target_version), model)
+        except Exception as error:  # the C API raises plain exceptions; the caller checks the resulting opset
+            logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
+                           target_version, exc_info=error)
+        else:
+            _adopt(model, ir.from_proto(proto))
     ir.passes.Sequential(RemoveUnusedNodes(), common_passes.RemoveUnusedFunctionsPass(),
                          common_passes.RemoveUnusedOpsetsPass())(model)
 
