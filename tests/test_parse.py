@@ -288,6 +288,41 @@ def test_consumers_of_group_normalization_get_static_shapes(tmp_path):
     assert list(model.graph.outputs[0].shape) == [1, 4, 1, 1]
 
 
+def test_chain_of_group_normalizations_gets_static_shapes(tmp_path):
+    """PoolFormer: GroupNorm -> Conv -> GroupNorm ...; each GroupNorm's input shape comes from the one before."""
+    nodes, last = [], "x"
+    for index in range(3):
+        nodes += [helper.make_node("GroupNormalization", [last, "scale", "bias"], [f"g{index}"], num_groups=2),
+                  helper.make_node("Conv", [f"g{index}", "w"], [f"c{index}"], pads=[1, 1, 1, 1])]
+        last = f"c{index}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "scale"),
+                               numpy_helper.from_array(np.zeros(4, np.float32), "bias"),
+                               numpy_helper.from_array(np.full((4, 4, 3, 3), 0.1, np.float32), "w")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "group_norms.onnx")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
+    assert all(list(value.shape) == [1, 4, 6, 6] for node in model.graph for value in node.outputs)
+
+
+def test_constant_gather_elements_over_many_rows_folds(tmp_path):
+    """ALBERT gathers its 512 token types by position at parse time; onnx.reference fails past 32 rows."""
+    nodes = [helper.make_node("GatherElements", ["types", "positions"], ["t"], axis=1),
+             helper.make_node("Cast", ["t"], ["tf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "tf"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array((np.arange(512, dtype=np.int64) % 3)[None], "types"),
+                               numpy_helper.from_array(np.arange(64, dtype=np.int64)[None] * 2, "positions")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "gather_elements.onnx")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
+    assert [node.op_type for node in model.graph] == ["Add"]
+    added = next(value for value in model.graph[0].inputs if value.const_value is not None)
+    np.testing.assert_array_equal(added.const_value.numpy().ravel(), (np.arange(64) * 2 % 3).astype(np.float32))
+
+
 def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
     """IR-3 model-zoo exports list every weight among the graph inputs; they are constants, so BN folds.
 
