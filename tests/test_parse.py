@@ -403,3 +403,33 @@ def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_p
     feed = {"x": np.random.default_rng(0).standard_normal((1, 4, 7, 7)).astype(np.float32)}
     np.testing.assert_allclose(ort.InferenceSession(str(mblt)).run(None, feed)[0],
                                ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
+    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards; a heap
+    someone else froze stays frozen."""
+    import gc
+
+    from compiler_core.mblt import canonicalize
+
+    frozen_during = []
+    real_optimize = canonicalize._optimize
+
+    def spying_optimize(model):
+        frozen_during.append(gc.get_freeze_count())
+        real_optimize(model)
+
+    monkeypatch.setattr(canonicalize, "_optimize", spying_optimize)
+    gc.unfreeze()
+    parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+    assert frozen_during[-1] > 1000 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        calls = []
+        monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+        monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+        parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+        assert calls == [] and gc.get_freeze_count() > 1000
+    finally:
+        monkeypatch.undo()
+        gc.unfreeze()

@@ -41,8 +41,8 @@ class BatchNormToAffine(RewriteRuleClassBase):
         multiplier = gamma / np.sqrt(sigma2 + epsilon)
         offset = beta - mu * multiplier
         broadcast = [-1] + [1] * (len(x.shape) - 2)
-        mul = op.initializer(ir.tensor(multiplier.reshape(broadcast).astype(np.float32)), name=f"{node.name}_scale")
-        add = op.initializer(ir.tensor(offset.reshape(broadcast).astype(np.float32)), name=f"{node.name}_shift")
+        mul = op.initializer(ir.Tensor(multiplier.reshape(broadcast).astype(np.float32)), name=f"{node.name}_scale")
+        add = op.initializer(ir.Tensor(offset.reshape(broadcast).astype(np.float32)), name=f"{node.name}_shift")
         return op.Add(op.Mul(x, mul), add)
 
 
@@ -166,7 +166,8 @@ class _ConvChannelAffine(RewriteRuleClassBase):
 
     def rewrite(self, op, x, w, c, conv_out):
         node = conv_out.producer()
-        weight = w.const_value.numpy().astype(np.float64)
+        original = w.const_value.numpy()
+        weight = original.astype(np.float64)
         channels = weight.shape[0]
         bias_value = node.inputs[2] if len(node.inputs) > 2 else None
         bias = bias_value.const_value.numpy().astype(np.float64) if bias_value is not None else np.zeros(channels)
@@ -176,9 +177,9 @@ class _ConvChannelAffine(RewriteRuleClassBase):
         scale = np.broadcast_to(scale, (channels,))
         new_weight = weight * scale.reshape([-1] + [1] * (weight.ndim - 1))
         new_bias = bias * scale + shift
-        dtype = w.const_value.numpy().dtype
-        weight_init = op.initializer(ir.tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
-        bias_init = op.initializer(ir.tensor(new_bias.astype(dtype)), name=f"{node.name}_b_{self.operator.lower()}")
+        dtype = original.dtype
+        weight_init = op.initializer(ir.Tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
+        bias_init = op.initializer(ir.Tensor(new_bias.astype(dtype)), name=f"{node.name}_b_{self.operator.lower()}")
         attributes = {name: attribute for name, attribute in node.attributes.items()}
         return op.Conv(x, weight_init, bias_init, **attributes)
 
@@ -363,8 +364,8 @@ class _WrittenOutLayerNorm(RewriteRuleClassBase):
     def rewrite(self, op, x, epsilon, **_):
         width = int(x.shape[-1])
         dtype = x.dtype.numpy() if x.dtype is not None else np.float32
-        ones = op.initializer(ir.tensor(np.ones(width, dtype=dtype)), name=f"{x.name}_ln_scale")
-        zeros = op.initializer(ir.tensor(np.zeros(width, dtype=dtype)), name=f"{x.name}_ln_bias")
+        ones = op.initializer(ir.Tensor(np.ones(width, dtype=dtype)), name=f"{x.name}_ln_scale")
+        zeros = op.initializer(ir.Tensor(np.zeros(width, dtype=dtype)), name=f"{x.name}_ln_bias")
         eps = float(epsilon.const_value.numpy().reshape(()))
         return op.LayerNormalization(x, ones, zeros, axis=-1, epsilon=eps)
 
@@ -428,8 +429,8 @@ class _LayerNormAffine(RewriteRuleClassBase):
         beta = np.broadcast_to(bias.const_value.numpy().astype(np.float64).reshape(-1), (width,))
         gamma, beta = (gamma * vector, beta * vector) if self.operator == "Mul" else (gamma, beta + vector)
         dtype = scale.const_value.numpy().dtype
-        new_scale = op.initializer(ir.tensor(gamma.astype(dtype)), name=f"{node.name}_scale_{self.operator.lower()}")
-        new_bias = op.initializer(ir.tensor(beta.astype(dtype)), name=f"{node.name}_bias_{self.operator.lower()}")
+        new_scale = op.initializer(ir.Tensor(gamma.astype(dtype)), name=f"{node.name}_scale_{self.operator.lower()}")
+        new_bias = op.initializer(ir.Tensor(beta.astype(dtype)), name=f"{node.name}_bias_{self.operator.lower()}")
         return op.LayerNormalization(x, new_scale, new_bias, **dict(node.attributes.items()))
 
 
