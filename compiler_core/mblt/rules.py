@@ -237,8 +237,6 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         auto_pad = node.attributes.get("auto_pad")
         if auto_pad is not None and auto_pad.as_string() not in ("NOTSET", ""):
             return result.fail(f"{node.name}: auto_pad {auto_pad.as_string()} (explicit pads only).")
-        if y.shape is None or not isinstance(y.shape[2 + wide[0]], int):
-            return result.fail(f"{node.name}: the output length is not static.")
         return result
 
     def rewrite(self, op, x, w, y):
@@ -251,7 +249,6 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         ints = {name: list(node.attributes[name].as_ints()) for name in ("pads", "strides", "dilations")
                 if name in node.attributes}
         pads = ints.get("pads", [0] * 2 * spatial)
-        stride = ints.get("strides", [1] * spatial)[axis]
         dilation = ints.get("dilations", [1] * spatial)[axis]
         begin, end = pads[axis], pads[axis + spatial]
         if begin or end:
@@ -259,7 +256,7 @@ class SplitWideConvKernel(RewriteRuleClassBase):
             padding[2 + axis], padding[2 + axis + weight.ndim] = begin, end
             x = op.Pad(x, op.initializer(ir.tensor(np.array(padding, np.int64)), name=f"{node.name}_wide_pads"))
         kernel = weight.shape[2 + axis]
-        outputs = int(y.shape[2 + axis])  # the input's shape may be unknown here (a value a rule just made)
+        reach = dilation * (kernel - 1)  # how far past its first input a window reads
         chunk_pads = list(pads)
         chunk_pads[axis] = chunk_pads[axis + spatial] = 0
         attributes = {name: attribute for name, attribute in node.attributes.items()
@@ -267,8 +264,11 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         total = None
         for index, first in enumerate(range(0, kernel, MAX_KERNEL)):
             taps = min(MAX_KERNEL, kernel - first)
+            # Chunk i reads from its offset to ``reach - offset - its own reach`` before the end: counted from
+            # the end, so the (possibly not yet inferred) input length is not needed.
             start = first * dilation
-            stop = start + (outputs - 1) * stride + dilation * (taps - 1) + 1
+            short = reach - start - dilation * (taps - 1)
+            stop = -short if short else np.iinfo(np.int64).max
             sliced = op.Slice(x, *(op.initializer(ir.tensor(np.array([v], np.int64)), name=f"{node.name}_wide{index}_{k}")
                                    for k, v in (("start", start), ("stop", stop), ("axis", 2 + axis))))
             part = np.take(weight, np.arange(first, first + taps), axis=2 + axis)
