@@ -322,3 +322,40 @@ def test_tile_exact_bench_on_corpus_models(name):
         pytest.skip(row["skipped"])
     assert "error" not in row, row
     assert sorted(row["modes"]) == sorted(MODES) and all(entry["exact"] for entry in row["modes"].values()), row
+
+
+def _attention_products():
+    """Two MatMuls of activations (scores-like with a fused Sigmoid, then a product with a third input), batch 3."""
+    from onnx import TensorProto, helper
+
+    shapes = {"a": [3, 20, 64], "b": [3, 64, 20], "v": [3, 20, 20]}
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["p"]),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                                                  for name, shape in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_matmul_of_activations_tiles_by_rows_and_columns_and_stays_exact(tmp_path):
+    onnx.save(_attention_products(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    tiles = []
+    for sram in (4096, 8192):  # the first product is 8.9 KB as one tile
+        small = dataclasses.replace(ARIES, sram_bytes_per_core=sram)
+        lowered = lower(model, small, MODES)
+        for mode in MODES:
+            scores = next(t for layer, t in zip(lowered.layers, lowered.modes[mode].tilings)
+                          if layer.main(model).kind == "matmul")
+            assert scores.rows and scores.sram["total"] <= sram, mode
+            assert len({(t.r0, t.r1) for t in scores.tiles}) > 3, mode  # rows of A over the three matrices
+            tiles += scores.tiles
+        program = decode(lowered)
+        for seed in (0, 1):
+            codes, golden = _codes(model, seed, 1.0)
+            for mode in MODES:
+                outputs = run_tiles(model, program, small, mode, codes)
+                assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), (sram, mode)
+    assert any(t.r0 // 20 != (t.r1 - 1) // 20 for t in tiles)  # a tile reading two matrices of B
+    assert any(t.c1 - t.c0 < 20 for t in tiles)  # a tile of some columns of B

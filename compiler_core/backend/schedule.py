@@ -20,6 +20,7 @@ import numpy as np
 
 from compiler_core.backend.fusion import Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
+from compiler_core.backend.matmul import matmul_geometry
 from compiler_core.backend.memplan import Buffer, plan_resident
 from compiler_core.backend.tiling import (
     PER_CHANNEL_BYTES,
@@ -134,7 +135,7 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
                          PER_CHANNEL_BYTES * (w1 - w0), 0, 0, mode.batch])
         sram = base + (number % 2) * set_size
         for slot, name in enumerate(layer.inputs):
-            arena_offset, run, runs, stride = _input_region(model, layer, layouts, places, tiling.rows, tile, name)
+            arena_offset, run, runs, stride = _input_region(model, layer, layouts, places, tiling.rows, tile, slot)
             rows.append([DMA_IN, core, layer.index, number, slot, arena_offset, run, runs, stride, sram,
                          (flags if layouts[name].layout == NHWC else 0) | places[name][1], 1])
             sram += align(run * runs)
@@ -151,7 +152,20 @@ def _set_bytes(model: QuantizedModel, layer: Layer, layouts, rows: bool, tile: T
     return activation_bytes(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1)
 
 
-def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+def _matmul_region(model, layer, layouts, places, tile: Tile, slot: int, name: str) -> tuple[int, int, int, int] | None:
+    """The region of A (slot 0), B (1) or Y (2) a MatMul tile moves, or None for another layer."""
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is None:
+        return None
+    region = geometry.regions(tile.r0, tile.r1, tile.c0, tile.c1)[slot]
+    return places[name][0] + region.offset, region.run, region.runs, region.stride
+
+
+def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, slot: int) -> tuple[int, int, int, int]:
+    name = layer.inputs[slot]
+    matmul = _matmul_region(model, layer, layouts, places, tile, slot, name)
+    if matmul is not None:
+        return matmul
     layout, (offset, _) = layouts[name], places[name]
     if not rows and channel_sliced(model, layer, layouts) and tile.c1 - tile.c0 < layout.shape[1]:
         item, channels = layout.itemsize, layout.shape[1]  # NHWC: the tile's channels of every pixel
@@ -164,6 +178,9 @@ def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: s
 
 
 def _output_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+    matmul = _matmul_region(model, layer, layouts, places, tile, 2, name)
+    if matmul is not None:
+        return matmul
     layout, (offset, _) = layouts[name], places[name]
     if name != layer.outputs[0]:
         return offset, layout.nbytes, 1, 0

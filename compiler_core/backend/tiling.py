@@ -5,7 +5,8 @@ whose output is one NHWC tensor and whose main operation is a 2-D convolution or
 tile by rows (a convolution reads its input rows with the halo its kernel needs); a ``linear`` with
 one group may also split its output channels, so that only a slice of the weights is resident, and a
 channel-local layer (global pooling, Resize) splits its channels, each tile reading only its channels
-of the input (:func:`channel_sliced`).
+of the input (:func:`channel_sliced`). A MatMul of two activations tiles by its rows (the leading
+axes flattened with the rows of A) and may split the columns of B (:mod:`compiler_core.backend.matmul`).
 Every other layer is one tile holding its whole tensors. A tile's working set is the resident
 weights slice (with its per-channel bias, multiplier and shift) + LUTs + twice the input and output
 tile buffers (double-buffered DMA: the next tile streams in while this one computes).
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, channel_local, native_nhwc, slice_keeps_axis
+from compiler_core.backend.matmul import matmul_geometry
 from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -64,6 +66,8 @@ class LayerTiling:
 def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
     """Whether the layer can be computed band of output rows by band of output rows."""
     op = layer.main(model)
+    if op.kind == "matmul":
+        return matmul_geometry(model, layer, layouts) is not None
     if len(layer.outputs) != 1:
         return False
     out = layouts[layer.outputs[0]]
@@ -100,8 +104,15 @@ def channel_sliced(model: QuantizedModel, layer: Layer, layouts: dict[str, Tenso
 
 
 def splits_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
-    """Whether tiles may cover a range of the output channels (weights slice or input channels slice)."""
-    return channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
+    """Whether tiles may cover a range of the output channels (weights slice, input channels slice, columns of B)."""
+    return (channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
+            or matmul_geometry(model, layer, layouts) is not None)
+
+
+def output_rows(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
+    """Rows a row-tiled layer cuts: the output's row axis, or ``batch x M`` of a MatMul of activations."""
+    geometry = matmul_geometry(model, layer, layouts)
+    return geometry.rows if geometry is not None else layouts[layer.outputs[0]].rows
 
 
 def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> tuple[int, int, int, int]:
@@ -163,6 +174,9 @@ def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, Ten
                      r0: int, r1: int, c0: int, c1: int) -> int:
     """Input and output tile bytes of one tile (one buffer set; double buffering doubles it)."""
     op = layer.main(model)
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        return sum(align(region.nbytes) for region in geometry.regions(r0, r1, c0, c1))
     total = 0
     out = layouts[layer.outputs[0]]
     channels = out_channels(model, layer, layouts)
@@ -203,7 +217,7 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
         DoesNotFitError: even the smallest tile (one row, one output channel) exceeds ``sram``.
     """
     rows = row_tiled(model, layer, layouts)
-    height = layouts[layer.outputs[0]].rows if rows else 1
+    height = output_rows(model, layer, layouts) if rows else 1
     channels = max(out_channels(model, layer, layouts), 1)
     splittable = splits_channels(model, layer, layouts)
     if rows and height >= cores:
@@ -264,9 +278,14 @@ def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
     """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
 
     A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
-    either side), so the first, a middle and the last position bound every tile of the band.
+    either side), so the first, a middle and the last position bound every tile of the band. A
+    MatMul tile reads the most matrices of B when it starts on a matrix's last row.
     """
     starts = {r0, r0 + max(r1 - r0 - count, 0) // 2, max(r1 - count, r0)}
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        widest = r0 + (geometry.m - 1 - r0) % geometry.m  # first start on a matrix's last row
+        starts.add(min(widest, max(r1 - count, r0)))
     return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
 
 

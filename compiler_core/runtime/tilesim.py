@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
+from compiler_core.backend.matmul import MatmulGeometry, matmul_geometry
 from compiler_core.backend.program import DecodedProgram
 from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT, SYNC, TRANSPOSE
 from compiler_core.backend.tiling import align, channel_sliced, input_rows
@@ -129,6 +130,11 @@ class TileSimulator:
     def _compute(self, layer, state, memory, r0: int, r1: int, c0: int, c1: int, base: int) -> None:
         main = self.model.ops[layer.ops[0]]
         tiling = self.program.modes[self.mode]["layers"][layer.index]
+        geometry = matmul_geometry(self.model, layer, self.program.layouts) if tiling["rows"] else None
+        if geometry is not None:
+            values = self._epilogue(layer, self._matmul_tile(main, geometry, state, memory, r0, r1), state, memory)
+            self._write_outputs(layer, main, values, state, memory, base)
+            return
         out_layout = self.program.layouts[layer.outputs[0]]
         inputs, pads = [], None
         sliced = channel_sliced(self.model, layer, self.program.layouts)
@@ -148,6 +154,10 @@ class TileSimulator:
                                       nhwc=layout.layout == NHWC and not logical))
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
         values = self._run(layer, op, inputs, state, memory)
+        self._write_outputs(layer, main, values, state, memory, base)
+
+    def _write_outputs(self, layer, main: IntOp, values, state, memory, base: int) -> None:
+        """Encode the tile's outputs into SRAM after its input buffers (where ``DMA_OUT`` reads them)."""
         offset = base + sum(align(size) for _, size, _ in state["inputs"].values())
         for name, value in zip(layer.outputs, values):
             layout = self.program.layouts[name]
@@ -176,8 +186,25 @@ class TileSimulator:
                 op.consts[key] = main.consts[key][w0:w1]
         return op
 
+    def _matmul_tile(self, main: IntOp, geometry: MatmulGeometry, state, memory, r0: int, r1: int) -> list[np.ndarray]:
+        """Rows ``[r0, r1)`` of a MatMul of activations from its tiles of A and B, one matrix of B at a time."""
+        layouts = self.program.layouts
+        (a_at, a_size, _), (b_at, b_size, _) = state["inputs"][0], state["inputs"][1]
+        first, last = geometry.batches(r0, r1)
+        a = _decode(memory[a_at:a_at + a_size], layouts[main.inputs[0]], (r1 - r0, geometry.k), nhwc=False)
+        b = _decode(memory[b_at:b_at + b_size], layouts[main.inputs[1]], (last - first, geometry.k, -1), nhwc=False)
+        parts = []
+        for matrix in range(first, last):
+            lo, hi = max(r0, matrix * geometry.m) - r0, min(r1, (matrix + 1) * geometry.m) - r0
+            parts.append(kernels.KERNELS[main.kind](main, [a[None, lo:hi], b[None, matrix - first]])[0][0])
+        return [np.concatenate(parts)]
+
     def _run(self, layer, op: IntOp, inputs: list[np.ndarray], state, memory) -> list[np.ndarray]:
         values = kernels.KERNELS[op.kind](op, _with_absent(self.model.ops[layer.ops[0]], inputs))
+        return self._epilogue(layer, values, state, memory)
+
+    def _epilogue(self, layer, values: list[np.ndarray], state, memory) -> list[np.ndarray]:
+        """The fused point-wise operations behind the main one, with their LUTs read from SRAM."""
         for index in layer.ops[1:]:
             epilogue = self.model.ops[index]
             tables = {key: _table(memory, *state["tables"][(index, key)]) for key in epilogue.consts
