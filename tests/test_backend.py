@@ -359,3 +359,44 @@ def test_matmul_of_activations_tiles_by_rows_and_columns_and_stays_exact(tmp_pat
                 assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), (sram, mode)
     assert any(t.r0 // 20 != (t.r1 - 1) // 20 for t in tiles)  # a tile reading two matrices of B
     assert any(t.c1 - t.c0 < 20 for t in tiles)  # a tile of some columns of B
+
+
+def _wide_middle():
+    """Convolutions around a Transpose (H <-> W: one tile holding both 4 KiB tensors) in the middle."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    init = [numpy_helper.from_array(rng.standard_normal((16, c, 3, 3)).astype(np.float32), f"w{i}")
+            for i, c in enumerate((3, 16, 16, 16))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["b"], ["t"], perm=[0, 1, 3, 2]),
+             helper.make_node("Conv", ["t", "w2"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_layer_needing_the_whole_sram_keeps_the_others_resident(tmp_path):
+    onnx.save(_wide_middle(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=12 * 1024)  # the Transpose needs 8 KiB, half is 6
+    lowered = lower(model, small, ["single", "multi"])
+    wide = next(layer.index for layer in lowered.layers if layer.main(model).op_type == "Transpose")
+    for mode in ("single", "multi"):
+        program = lowered.modes[mode]
+        assert program.tilings[wide].sram["total"] > program.sram_base  # it takes the whole SRAM
+        assert program.resident and all(not buffer.first <= wide <= buffer.last for buffer in program.resident.values())
+    document, consts = to_document(lowered)
+    assert npu_problem(document, consts, len(model.ops)) is None
+    program = decode(lowered)
+    codes, golden = _codes(model, 3, 1.0)
+    for mode in ("single", "multi"):
+        assert all(np.array_equal(run_tiles(model, program, small, mode, codes)[name], value)
+                   for name, value in golden.items()), mode
+    name = next(iter(lowered.modes["single"].resident))  # a resident tensor live across the wide layer is refused
+    entry = document["modes"]["single"]["resident"][name]
+    document["modes"]["single"]["resident"] = {name: {**entry, "live": [0, len(lowered.layers) - 1]}}
+    assert "SRAM-resident region" in npu_problem(document, consts, len(model.ops))

@@ -81,18 +81,24 @@ def schedule_mode(model: QuantizedModel, layers: list[Layer], layouts: dict[str,
 
     In one-core modes the upper ``1 / RESIDENT_SHARE`` of the SRAM holds the activations that fit
     there (``resident``, planned by :func:`~compiler_core.backend.memplan.plan_resident` unless
-    given) and tiles use the rest; if some layer only tiles in the whole SRAM, nothing is resident.
+    given) and tiles use the rest. A layer that only tiles in the whole SRAM takes all of it: no
+    tensor live during that layer is resident (it and its neighbours' tensors across it go to DRAM).
     """
     sram = device.sram_bytes_per_core
     if mode.cores_per_instance == 1:
         base = sram - sram // RESIDENT_SHARE
-        try:
-            tilings = [tile_layer(model, layer, layouts, base, 1) for layer in layers]
-            if resident is None:
-                resident = plan_resident(model, layers, layouts, sram - base)
-            return _emit(model, layers, layouts, buffers, mode, tilings, resident, base, sram)
-        except DoesNotFitError:
-            logger.info("%s: a layer needs the whole SRAM; activations stay in DRAM", mode.name)
+        tilings, wide = [], set()
+        for layer in layers:
+            try:
+                tilings.append(tile_layer(model, layer, layouts, base, 1))
+            except DoesNotFitError:
+                tilings.append(tile_layer(model, layer, layouts, sram, 1))
+                wide.add(layer.index)
+        if wide:
+            logger.info("%s: %d layer(s) need the whole SRAM; nothing is resident across them", mode.name, len(wide))
+        if resident is None:
+            resident = plan_resident(model, layers, layouts, sram - base, blocked=wide)
+        return _emit(model, layers, layouts, buffers, mode, tilings, resident, base, sram)
     tilings = [tile_layer(model, layer, layouts, sram, mode.cores_per_instance) for layer in layers]
     return _emit(model, layers, layouts, buffers, mode, tilings, {}, sram, sram)
 
