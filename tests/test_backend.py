@@ -324,17 +324,38 @@ def test_tile_exact_bench_on_corpus_models(name):
     assert sorted(row["modes"]) == sorted(MODES) and all(entry["exact"] for entry in row["modes"].values()), row
 
 
-def _attention_products():
-    """Two MatMuls of activations (scores-like with a fused Sigmoid, then a product with a third input), batch 3."""
+def _attention_products(heads_axis: bool = False):
+    """Two MatMuls of activations (scores-like with a fused Sigmoid, then a product with a third input), batch 3.
+
+    ``heads_axis``: rank-4 operands ``[1, 3, ...]`` (stored NHWC, heads innermost) and a Softmax instead of the Sigmoid.
+    """
     from onnx import TensorProto, helper
 
-    shapes = {"a": [3, 20, 64], "b": [3, 64, 20], "v": [3, 20, 20]}
-    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["p"]),
-             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    lead = [1, 3] if heads_axis else [3]
+    shapes = {"a": [*lead, 20, 64], "b": [*lead, 64, 20], "v": [*lead, 20, 20]}
+    middle = helper.make_node("Softmax", ["s"], ["p"], axis=-1) if heads_axis else helper.make_node("Sigmoid", ["s"], ["p"])
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), middle, helper.make_node("MatMul", ["p", "v"], ["y"])]
     graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
                                                   for name, shape in shapes.items()],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_matmul_of_activations_with_heads_innermost_and_softmax_tile_by_rows(tmp_path):
+    onnx.save(_attention_products(heads_axis=True), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=8192)  # the first product is 8.9 KB as one tile
+    lowered = lower(model, small, MODES)
+    for mode in MODES:
+        tilings = {layer.main(model).kind: t for layer, t in zip(lowered.layers, lowered.modes[mode].tilings)}
+        assert tilings["softmax"].rows and len(tilings["softmax"].tiles) > 1, mode
+        assert tilings["matmul"].rows and len(tilings["matmul"].tiles) > 1, mode  # bands of rows of every head
+    program = decode(lowered)
+    codes, golden = _codes(model, 4, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
 
 
 def test_matmul_of_activations_tiles_by_rows_and_columns_and_stays_exact(tmp_path):

@@ -5,9 +5,12 @@ attention, flattened with the rows of A, as they are stored in the arena): a til
 these rows ``[r0, r1)`` and of the columns ``[c0, c1)`` of B. Its input regions are the rows of A it
 multiplies (contiguous), the matrices of B of every batch its rows touch, restricted to its columns
 (one strided transfer: the rows of consecutive matrices of B are equally spaced), and its output
-region is its rows of Y, restricted to its columns. Only tensors stored in ONNX order (rank 2, 3 or
-above 4) with the same leading axes on both sides are tiled this way; a broadcast batch or a rank-4
-(NHWC-stored) operand stays one tile.
+region is its rows of Y, restricted to its columns.
+
+Rank-4 operands ``[1, heads, M, K]`` are stored channels-last (``[1, M, K, heads]``, NHWC): the heads
+are the innermost axis, so a tile is a band of rows of every head (``rows`` is M), reading its rows
+of A, all of B (its columns) and writing its rows of Y, each element a group of ``heads`` values.
+Operands with different leading axes (a broadcast batch) or a rank-4 batch other than 1 stay one tile.
 """
 
 from __future__ import annotations
@@ -46,44 +49,50 @@ class MatmulGeometry:
     a_item: int
     b_item: int
     y_item: int
+    channels_last: bool = False
+    """The batch (heads) is the innermost stored axis (rank-4 NHWC operands): every tile covers all of it."""
 
     @property
     def rows(self) -> int:
-        """Output rows the tiler cuts: ``batch x M``."""
-        return self.batch * self.m
+        """Output rows the tiler cuts: ``batch x M`` (``M`` when the batch is channels-last)."""
+        return self.m if self.channels_last else self.batch * self.m
+
+    @property
+    def group(self) -> int:
+        """Stored values per matrix element: the heads when they are innermost, else 1."""
+        return self.batch if self.channels_last else 1
 
     def batches(self, r0: int, r1: int) -> tuple[int, int]:
         """Matrices of B ``[first, last)`` that output rows ``[r0, r1)`` need."""
+        if self.channels_last:
+            return 0, self.batch
         return r0 // self.m, (r1 - 1) // self.m + 1
 
     def a_region(self, r0: int, r1: int) -> Region:
         """Rows ``[r0, r1)`` of A (all of K)."""
-        run = self.k * self.a_item
+        run = self.k * self.group * self.a_item
         return Region(r0 * run, (r1 - r0) * run, 1, 0)
 
     def b_region(self, r0: int, r1: int, c0: int, c1: int) -> Region:
         """Columns ``[c0, c1)`` of the matrices of B that rows ``[r0, r1)`` need."""
-        first, last = self.batches(r0, r1)
-        row = self.n * self.b_item
+        first, last = (0, 1) if self.channels_last else self.batches(r0, r1)
+        item = self.group * self.b_item
+        row = self.n * item
         if c1 - c0 == self.n:
             return Region(first * self.k * row, (last - first) * self.k * row, 1, 0)
-        return Region((first * self.k * self.n + c0) * self.b_item, (c1 - c0) * self.b_item,
-                      (last - first) * self.k, row)
+        return Region((first * self.k * self.n + c0) * item, (c1 - c0) * item, (last - first) * self.k, row)
 
     def y_region(self, r0: int, r1: int, c0: int, c1: int) -> Region:
         """Rows ``[r0, r1)`` and columns ``[c0, c1)`` of Y."""
-        row = self.n * self.y_item
+        item = self.group * self.y_item
+        row = self.n * item
         if c1 - c0 == self.n:
             return Region(r0 * row, (r1 - r0) * row, 1, 0)
-        return Region((r0 * self.n + c0) * self.y_item, (c1 - c0) * self.y_item, r1 - r0, row)
+        return Region((r0 * self.n + c0) * item, (c1 - c0) * item, r1 - r0, row)
 
     def regions(self, r0: int, r1: int, c0: int, c1: int) -> list[Region]:
         """The tile's regions of A, B and Y, in that order."""
         return [self.a_region(r0, r1), self.b_region(r0, r1, c0, c1), self.y_region(r0, r1, c0, c1)]
-
-    def widest_span(self, count: int) -> int:
-        """Most matrices of B any ``count`` consecutive rows touch (a band starting on a matrix's last row)."""
-        return min(self.batch, (self.m - 1 + count - 1) // self.m + 1)
 
 
 def matmul_geometry(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> MatmulGeometry | None:
@@ -97,11 +106,14 @@ def matmul_geometry(model: QuantizedModel, layer: Layer, layouts: dict[str, Tens
         return None
     a, b, y = (layouts[name] for name in (*layer.inputs, layer.outputs[0]))
     rank = len(y.shape)
-    if rank < 2 or any(len(item.shape) != rank or item.layout == NHWC for item in (a, b, y)):
+    if rank < 2 or any(len(item.shape) != rank for item in (a, b, y)):
+        return None
+    channels_last = {item.layout for item in (a, b, y)} == {NHWC}
+    if channels_last and y.shape[0] != 1 or not channels_last and NHWC in {a.layout, b.layout, y.layout}:
         return None
     if not a.shape[:-2] == b.shape[:-2] == y.shape[:-2] or a.shape[-1] != b.shape[-2]:
         return None
     if (y.shape[-2], y.shape[-1]) != (a.shape[-2], b.shape[-1]):
         return None
     return MatmulGeometry(math.prod(y.shape[:-2]), a.shape[-2], a.shape[-1], b.shape[-1],
-                          a.itemsize, b.itemsize, y.itemsize)
+                          a.itemsize, b.itemsize, y.itemsize, channels_last)

@@ -74,7 +74,8 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     rank, axis = len(out.shape), out.row_axis
     if out.layout == NHWC and op.kind == "linear":
         return native_nhwc(op)
-    row_local = op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
+    row_local = (op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
+                 or reduces_after(op, rank, axis) and (out.layout != NHWC or native_nhwc(op)))
     if rank < 3 or out.shape[0] != 1 or not row_local:
         return False
     if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
@@ -86,6 +87,11 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
     return op.kind == "move" or all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
                                     for index in layer.ops for array in model.ops[index].consts.values())
+
+
+def reduces_after(op: IntOp, rank: int, axis: int) -> bool:
+    """Softmax or layer normalisation over axes after ``axis``: each output row needs only its own input row."""
+    return op.kind in ("softmax", "layernorm") and op.attrs.get("axis", -1) % rank > axis
 
 
 def channel_splittable(op: IntOp) -> bool:
@@ -165,7 +171,10 @@ def lut_bytes(model: QuantizedModel, layer: Layer) -> int:
 
 
 def out_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
-    """Channels of the output (axis 1 of NHWC tensors, the last axis otherwise)."""
+    """Channels of the output (axis 1 of NHWC tensors, the last axis otherwise; the columns of B of a MatMul)."""
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        return geometry.n
     layout = layouts[layer.outputs[0]]
     return layout.shape[1] if layout.layout == NHWC else (layout.shape[-1] if layout.shape else 1)
 

@@ -36,7 +36,7 @@ import numpy as np
 from compiler_core.backend.fusion import DMA, MAC, Layer
 from compiler_core.backend.program import DecodedProgram, decode, lower
 from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT
-from compiler_core.backend.tiling import output_rows
+from compiler_core.backend.tiling import out_channels, output_rows
 from compiler_core.quantization.program import IntOp, QuantizedModel
 from compiler_core.targets import CORE_MODES, DeviceProfile
 
@@ -86,7 +86,7 @@ def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, r
     share = 1.0
     if tiled_rows:
         share = (rows[1] - rows[0]) / max(output_rows(model, layer, program.layouts), 1)
-    total_channels = out.shape[1] if out.layout == "NHWC" else (out.shape[-1] if out.shape else 1)
+    total_channels = out_channels(model, layer, program.layouts)
     channel_share = (channels[1] - channels[0]) / max(total_channels, 1)
     elements = int(np.prod(out.shape, dtype=np.int64)) * share * channel_share
     macs = int(op_macs(op, model.shapes) * share * channel_share)

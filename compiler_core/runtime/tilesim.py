@@ -190,6 +190,11 @@ class TileSimulator:
         """Rows ``[r0, r1)`` of a MatMul of activations from its tiles of A and B, one matrix of B at a time."""
         layouts = self.program.layouts
         (a_at, a_size, _), (b_at, b_size, _) = state["inputs"][0], state["inputs"][1]
+        if geometry.channels_last:  # bands of every head, heads innermost: the kernel's batch is the channel axis
+            a = _decode(memory[a_at:a_at + a_size], layouts[main.inputs[0]], (1, r1 - r0, geometry.k, -1), nhwc=True)
+            b = _decode(memory[b_at:b_at + b_size], layouts[main.inputs[1]], (1, geometry.k, -1, geometry.batch),
+                        nhwc=True)
+            return kernels.KERNELS[main.kind](main, [a, b])
         first, last = geometry.batches(r0, r1)
         a = _decode(memory[a_at:a_at + a_size], layouts[main.inputs[0]], (r1 - r0, geometry.k), nhwc=False)
         b = _decode(memory[b_at:b_at + b_size], layouts[main.inputs[1]], (last - first, geometry.k, -1), nhwc=False)
