@@ -341,6 +341,28 @@ def _attention_products(heads_axis: bool = False):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
+def test_concat_along_w_of_nhwc_bands_is_exact(tmp_path):
+    """RoPE's rotate-half: a Concat along the last axis of rank-4 tensors, row-tiled on NHWC bands."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Concat", ["n", "s"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "rotate", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    model = quantize(mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx"),
+                     use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=2048)
+    lowered = lower(model, small, MODES)
+    assert all(t.rows and len(t.tiles) > 1 for t in lowered.modes["single"].tilings)
+    program = decode(lowered)
+    codes, golden = _codes(model, 5, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
 def test_matmul_of_activations_with_heads_innermost_and_softmax_tile_by_rows(tmp_path):
     onnx.save(_attention_products(heads_axis=True), str(tmp_path / "model.onnx"))
     mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")

@@ -75,9 +75,9 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     if out.layout == NHWC and op.kind == "linear":
         return native_nhwc(op)
     row_local = (op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
-                 or reduces_after(op, rank, axis) and (out.layout != NHWC or native_nhwc(op)))
-    if rank < 3 or out.shape[0] != 1 or not row_local:
-        return False
+                 or reduces_after(op, rank, axis))
+    if rank < 3 or out.shape[0] != 1 or not row_local or out.layout == NHWC and not native_nhwc(op):
+        return False  # a band of NHWC rows is read as stored: a transposing DMA moves whole tensors only
     if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
         return False
     inputs = [layouts[name] for name in layer.inputs]
