@@ -341,6 +341,32 @@ def _attention_products(heads_axis: bool = False):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
+def test_dense_layers_over_tokens_tile_by_rows_and_channels(tmp_path):
+    """Dense layers (MatMul with constant weights) over [1, tokens, features]: bands of tokens x output channels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    init = [numpy_helper.from_array(rng.standard_normal((40, 48)).astype(np.float32), "w0"),
+            numpy_helper.from_array(rng.standard_normal((48, 16)).astype(np.float32), "w1")]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("Sigmoid", ["h"], ["g"]),
+             helper.make_node("MatMul", ["g", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    model = quantize(mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx"),
+                     use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=3072)  # 48 x 40 weights: 2.5 KB with their parameters
+    lowered = lower(model, small, MODES)
+    first = lowered.modes["single"].tilings[0]
+    assert first.rows and len({(t.r0, t.r1) for t in first.tiles}) > 1 and len({(t.c0, t.c1) for t in first.tiles}) > 1
+    program = decode(lowered)
+    codes, golden = _codes(model, 6, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
 def test_concat_along_w_of_nhwc_bands_is_exact(tmp_path):
     """RoPE's rotate-half: a Concat along the last axis of rank-4 tensors, row-tiled on NHWC bands."""
     from onnx import TensorProto, helper

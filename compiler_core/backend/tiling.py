@@ -74,6 +74,10 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     rank, axis = len(out.shape), out.row_axis
     if out.layout == NHWC and op.kind == "linear":
         return native_nhwc(op)
+    if op.kind == "linear":  # a dense layer over [1, tokens, features]: each token's row on its own
+        source = layouts[layer.inputs[0]]
+        return (op.attrs.get("layout") == "dense" and rank >= 3 and out.shape[0] == 1
+                and source.shape[:-1] == out.shape[:-1] and source.layout == out.layout)
     row_local = (op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
                  or reduces_after(op, rank, axis))
     if rank < 3 or out.shape[0] != 1 or not row_local or out.layout == NHWC and not native_nhwc(op):
@@ -135,7 +139,7 @@ def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> 
         start = min(max(0, -(-first // step)), in_height - 1)
         end = max(min(in_height, (last - 1) // step + 1), start + 1)
         return start, end, start * step - first, last - ((end - 1) * step + 1)
-    if op.kind == "linear":
+    if op.kind == "linear" and op.attrs.get("layout") == "conv":
         top = op.attrs["pads"][0]
         stride, dilation, kernel = op.attrs["strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
         start = r0 * stride - top
