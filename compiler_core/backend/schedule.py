@@ -199,9 +199,10 @@ def _output_region(model, layer, layouts, places, rows: bool, tile: Tile, name: 
     if layout.layout == NHWC:
         first, count = (tile.r0, tile.r1 - tile.r0) if rows else (0, layout.shape[2])
         pixels_before, pixels = first * layout.shape[3], count * layout.shape[3]
-    else:  # ONNX order: a row of the row axis holds row_bytes / (channels x itemsize) vectors of channels
+    elif rows:  # ONNX order: a row of the row axis holds row_bytes / (channels x itemsize) vectors of channels
         per_row = layout.row_bytes() // max(channels * item, 1)
-        first, count = (tile.r0, tile.r1 - tile.r0) if rows else (0, layout.rows)
-        pixels_before, pixels = first * per_row, count * per_row
+        pixels_before, pixels = tile.r0 * per_row, (tile.r1 - tile.r0) * per_row
+    else:
+        pixels_before, pixels = 0, layout.nbytes // max(channels * item, 1)
     return (offset + (pixels_before * channels + tile.c0) * item, (tile.c1 - tile.c0) * item, pixels,
             channels * item)
