@@ -327,17 +327,24 @@ def test_tile_exact_bench_on_corpus_models(name):
 def _attention_products(heads_axis: bool = False):
     """Two MatMuls of activations (scores-like with a fused Sigmoid, then a product with a third input), batch 3.
 
-    ``heads_axis``: rank-4 operands ``[1, 3, ...]`` (stored NHWC, heads innermost) and a Softmax instead of the Sigmoid.
+    ``heads_axis``: rank-4 operands ``[1, 3, ...]`` (stored NHWC, heads innermost), a constant causal mask
+    (``Where``, one row of it per row of scores) and a Softmax instead of the Sigmoid.
     """
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     lead = [1, 3] if heads_axis else [3]
     shapes = {"a": [*lead, 20, 64], "b": [*lead, 64, 20], "v": [*lead, 20, 20]}
-    middle = helper.make_node("Softmax", ["s"], ["p"], axis=-1) if heads_axis else helper.make_node("Sigmoid", ["s"], ["p"])
-    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), middle, helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["p"]),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    init = []
+    if heads_axis:
+        init = [numpy_helper.from_array(np.tril(np.ones((1, 1, 20, 20), bool)), "mask"),
+                numpy_helper.from_array(np.array(-1e4, np.float32), "low")]
+        nodes[1:2] = [helper.make_node("Where", ["mask", "s", "low"], ["m"]),
+                      helper.make_node("Softmax", ["m"], ["p"], axis=-1)]
     graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
                                                   for name, shape in shapes.items()],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
@@ -398,6 +405,7 @@ def test_matmul_of_activations_with_heads_innermost_and_softmax_tile_by_rows(tmp
     for mode in MODES:
         tilings = {layer.main(model).kind: t for layer, t in zip(lowered.layers, lowered.modes[mode].tilings)}
         assert tilings["softmax"].rows and len(tilings["softmax"].tiles) > 1, mode
+        assert tilings["select"].rows and len(tilings["select"].tiles) > 1, mode  # the mask's rows per tile
         assert tilings["matmul"].rows and len(tilings["matmul"].tiles) > 1, mode  # bands of rows of every head
     program = decode(lowered)
     codes, golden = _codes(model, 4, 1.0)

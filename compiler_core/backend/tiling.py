@@ -88,9 +88,18 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     if any(len(item.shape) != rank or item.layout != out.layout or item.shape[axis] not in (1, out.rows)
            for item in inputs):
         return False
-    # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
-    return op.kind == "move" or all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
+    # constants broadcast from the right: their row axis is absent, 1, or (point-wise) the tile's rows of it
+    return op.kind == "move" or all(row_sliceable_const(model.ops[index], array, rank, axis, out.rows)
                                     for index in layer.ops for array in model.ops[index].consts.values())
+
+
+def row_sliceable_const(op: IntOp, array, rank: int, axis: int, rows: int) -> bool:
+    """Whether a tile of rows can use this constant: no row axis, a broadcast one, or (a point-wise
+    operand such as an attention mask) one as long as the output's, of which the tile takes its rows."""
+    if array.ndim < rank - axis:
+        return True
+    length = array.shape[array.ndim - (rank - axis)]
+    return length == 1 or (op.kind in POINTWISE_KINDS and length == rows)
 
 
 def reduces_after(op: IntOp, rank: int, axis: int) -> bool:

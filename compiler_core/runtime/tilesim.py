@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from compiler_core.backend.fusion import POINTWISE_KINDS
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
 from compiler_core.backend.matmul import MatmulGeometry, matmul_geometry
 from compiler_core.backend.program import DecodedProgram
@@ -153,6 +154,8 @@ class TileSimulator:
                 inputs.append(_decode(raw, layout, layout.shape if logical else layout.stored_shape,
                                       nhwc=layout.layout == NHWC and not logical))
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
+        if tiling["rows"] and main.kind in POINTWISE_KINDS:
+            op = _row_consts(main, out_layout, r0, r1)
         values = self._run(layer, op, inputs, state, memory)
         self._write_outputs(layer, main, values, state, memory, base)
 
@@ -219,6 +222,19 @@ class TileSimulator:
                 epilogue.consts = {**epilogue.consts, **tables}
             values = kernels.KERNELS[epilogue.kind](epilogue, list(values))
         return values
+
+
+def _row_consts(op: IntOp, out_layout: TensorLayout, r0: int, r1: int) -> IntOp:
+    """The operation with its row-sized constants (an attention mask) cut to the tile's rows ``[r0, r1)``."""
+    trailing = len(out_layout.shape) - out_layout.row_axis  # axes from the row axis to the end
+    consts = {key: array[(Ellipsis, slice(r0, r1)) + (slice(None),) * (trailing - 1)]
+              if array.ndim >= trailing and array.shape[array.ndim - trailing] == out_layout.rows > 1 else array
+              for key, array in op.consts.items()}
+    if all(consts[key] is op.consts[key] for key in consts):
+        return op
+    sliced = copy.copy(op)
+    sliced.consts = consts
+    return sliced
 
 
 def _with_absent(op: IntOp, inputs: list[np.ndarray]) -> list:
