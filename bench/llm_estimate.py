@@ -16,13 +16,12 @@ calibration windows; the ``llm`` preset), and extrapolates per core mode:
   both grow 4x) are added 3 more times. This one step is an extrapolation of the cost model's own
   per-layer figures, not a compile of the full LM head.
 
-The prefill graph of Llama-3.2-1B at N = 240 does not compile today: its attention MatMul
-(``[8, 960, 64] x [8, 64, 240]``, int16 scores) is one tile and needs 4.3 MB of SRAM, more than a
-core's 4 MB (the backend does not tile a MatMul of two activations). The script records the compile
-error and prints tokens/s without TTFT; ``--graphs decode`` skips the prefill compiles.
+The prefill graph (N = 240) compiles since the backend tiles a MatMul of two activations (its
+attention scores ``[1, 8, 960, 64] x [1, 8, 64, 240]`` were one 4.3 MB tile, over a core's 4 MB). A
+graph that does not compile is recorded with its error; ``--graphs decode`` skips the prefill compiles.
 
 Usage: ``python bench/llm_estimate.py [--graphs decode | --one-layer] [--folder build/llm/llama1b] [--json out.json]``
-(``--one-layer``: tokens/s from the 1-layer decode compile alone, see its help).
+(``--one-layer``: TTFT and tokens/s from the 1-layer compiles alone, see its help).
 """
 
 from __future__ import annotations
@@ -133,28 +132,58 @@ def extrapolate(points: dict[tuple[int, int], dict], kind: str) -> dict[str, flo
             + (VOCAB / vocab - 1) * base[mode]["vocabulary_ms"] for mode in base}
 
 
-def one_layer_estimate(folder: Path) -> None:
-    """tokens/s from the 1-layer decode compile alone (see ``--one-layer``)."""
-    from compiler_core.runtime.artifact import load_artifact
+def one_layer_latency(artifact, vocab: int) -> dict[str, dict[str, float]]:
+    """Per core mode, the 16-layer, full-vocabulary latency (ms) from one 1-layer, ``vocab``-token compile.
+
+    The 1-layer latency minus the vocabulary-sized operations (LM head, token lookup) and the final
+    norm is taken as one decoder layer (an upper bound: the RoPE lookups count as layer work), times
+    16; the vocabulary-sized operations are added ``VOCAB / vocab - 1`` more times.
+    """
     from compiler_core.runtime.cost import estimate
     from compiler_core.targets.devices import get_device
 
-    layers, vocab = POINTS[0]
-    artifact = load_artifact(folder / f"llama1b_{layers}l_{vocab}v.decode.mxq")
     device = get_device(artifact.device)
     model = artifact.program
     sized = {op.name for op in model.ops if any(vocab in array.shape for array in op.consts.values())}
-    print(f"Llama-3.2-1B shapes, ARIES, decode from the 1-layer compile; published {PUBLISHED['tokens_per_s']} tokens/s")
+    found = {}
     for mode in artifact.schedule:
         rows = estimate(model, device, mode, artifact.npu).layers
         total = sum(row["cycles"] for row in rows) / device.clock_hz * 1e3
         vocabulary = sum(row["cycles"] for row in rows if row["layer"] in sized) / device.clock_hz * 1e3
         final_norm = [row for row in rows if row["kind"] == "layernorm"][-1]["cycles"] / device.clock_hz * 1e3
         layer = total - vocabulary - final_norm
-        full = total + (LAYERS - layers) * layer + (VOCAB / vocab - 1) * vocabulary
-        print(f"  ours {mode:9s} decode {full:7.2f} ms  {1e3 / full:6.2f} tokens/s "
-              f"({1e3 / full / PUBLISHED['tokens_per_s']:.2f}x)   [1 layer {total:.2f} ms: layer <= {layer:.2f}, "
-              f"LM head + lookup {vocabulary:.2f} at V/4]")
+        found[mode] = {"ms": total + (LAYERS - 1) * layer + (VOCAB / vocab - 1) * vocabulary,
+                       "one_layer_ms": total, "layer_ms": layer, "vocabulary_ms": vocabulary}
+    return found
+
+
+def one_layer_estimate(folder: Path) -> dict[str, dict]:
+    """TTFT and tokens/s from the 1-layer prefill and decode compiles alone (see ``--one-layer``)."""
+    from compiler_core.runtime.artifact import load_artifact
+
+    layers, vocab = POINTS[0]
+    results = {}
+    for kind in ("prefill", "decode"):
+        path = folder / f"llama1b_{layers}l_{vocab}v.{kind}.mxq"
+        results[kind] = one_layer_latency(load_artifact(path), vocab) if path.is_file() else f"no {path.name}"
+    print(f"Llama-3.2-1B shapes, ARIES, from the 1-layer compiles (vocabulary {vocab}); published TTFT "
+          f"{PUBLISHED['ttft_ms']} ms ({PUBLISHED['prompt_tokens']} tokens), {PUBLISHED['tokens_per_s']} tokens/s")
+    for kind, found in results.items():
+        if isinstance(found, str):
+            print(f"  {kind}: {found} (compile it first: python bench/llm_estimate.py)")
+            continue
+        for mode, row in found.items():
+            ms = row["ms"]
+            figure = (f"TTFT {ms:8.2f} ms ({ms / PUBLISHED['ttft_ms']:.2f}x)" if kind == "prefill" else
+                      f"decode {ms:7.2f} ms  {1e3 / ms:6.2f} tokens/s ({1e3 / ms / PUBLISHED['tokens_per_s']:.2f}x)")
+            print(f"  ours {mode:9s} {figure}   [1 layer {row['one_layer_ms']:.2f} ms: layer <= "
+                  f"{row['layer_ms']:.2f}, LM head + lookup {row['vocabulary_ms']:.2f} at V/4]")
+    return results
+
+
+def kinds_of(graphs: str) -> tuple[str, ...]:
+    """The graphs ``--graphs`` asks for, decode first (the quicker compile)."""
+    return ("decode", "prefill") if graphs == "both" else ("decode",)
 
 
 def main() -> None:
@@ -162,11 +191,11 @@ def main() -> None:
     parser.add_argument("--folder", default=str(REPO_ROOT / "build" / "llm" / "llama1b"))
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--one-layer", action="store_true",
-                        help="decode only, from the 1-layer compile alone: its latency minus the vocabulary-sized "
-                             "operations and the final norm is taken as one decoder layer (an upper bound: the "
-                             "token and RoPE lookups count as layer work)")
+                        help="TTFT and tokens/s from the 1-layer prefill and decode compiles alone (compiled when "
+                             "missing): each one's latency minus the vocabulary-sized operations and the final norm "
+                             "is taken as one decoder layer (an upper bound: the RoPE lookups count as layer work)")
     parser.add_argument("--graphs", choices=("both", "decode"), default="both",
-                        help="decode: tokens/s only (skips the prefill compiles, which do not fit today)")
+                        help="decode: tokens/s only (skips the prefill compiles, the longer ones)")
     args = parser.parse_args()
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -174,11 +203,14 @@ def main() -> None:
     from compiler_core.llm import generation_estimate, llama_parameters, memory_fit
 
     if args.one_layer:
-        one_layer_estimate(folder)
+        for kind in kinds_of(args.graphs):
+            schedule(*POINTS[0], folder, kind)  # compiles the 1-layer graph if it is not there yet
+        results = one_layer_estimate(folder)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"published": PUBLISHED, "one_layer": results}, indent=2))
         return
     points = {point: {} for point in POINTS}
-    kinds = ("decode", "prefill") if args.graphs == "both" else ("decode",)
-    for kind in kinds:  # decode first: it is the quicker compile and fits
+    for kind in kinds_of(args.graphs):  # decode first: it is the quicker compile and fits
         for point in POINTS:
             points[point][kind] = schedule(*point, folder, kind)
     full = {kind: extrapolate(points, kind) for kind in ("prefill", "decode")}

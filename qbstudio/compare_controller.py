@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal
 from compiler_core.progress import ProgressEvent
 from qbstudio import dialogs
 from qbstudio.state.compare import colouring_choices
+from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.runs import RunRecord
 from qbstudio.widgets.compare_graphs import apply_colouring
 from qbstudio.workers import Worker
@@ -85,7 +86,12 @@ class CompareController(QObject):
             self.apply_colouring(self.graph.colouring)
 
     def apply_colouring(self, key: str) -> None:
-        """Colour the graph by ``key``: ``support``, ``sqnr:<run>`` or ``delta:<run>:<baseline>``."""
+        """Colour the graph by ``key``: ``support``, ``sqnr:<run>`` or ``delta:<run>:<baseline>``.
+
+        The cycles colouring (``cycles:<mode>``) is the window's (node details > Performance).
+        """
+        if key.startswith(CYCLES_COLOURING):
+            return
         apply_colouring(self.graph, key, self.window.session.runs.get)
 
     # -- layers, runs -----------------------------------------------------------------------------

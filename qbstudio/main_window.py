@@ -43,6 +43,7 @@ from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
 from qbstudio.session import Session
 from qbstudio.state.model_fit import compile_readiness, fit_to_model
+from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunRecord
@@ -357,7 +358,7 @@ class MainWindow(QMainWindow):
 
         self.compare_controller = CompareController(self)
         self.details.performance.colour_by_cycles.connect(self.colour_graph_by_cycles)
-        self.graph.colouring_changed.connect(lambda _key: self.details.performance.stop_colouring())
+        self.graph.colouring_changed.connect(self._on_graph_colouring)
 
     # ================================================================== project lifecycle
 
@@ -654,14 +655,27 @@ class MainWindow(QMainWindow):
         self.details.performance.set_report(report, message)
 
     def colour_graph_by_cycles(self, mode: str) -> None:
-        """Colour the graph by each layer's share of ``mode``'s estimated latency (``""``: back to the chosen colouring)."""
+        """Colour the graph by each layer's share of ``mode``'s estimated latency (``""``: back to support status).
+
+        The graph's colour selector is the one source of truth: the Performance tab's switch chooses
+        (or withdraws) its ``cycles:<mode>`` entry, and choosing another entry there unchecks the switch.
+        """
+        report = self.details.performance.report
+        if not mode or not report or mode not in report["modes"]:
+            self.graph.set_extra_colouring(None)
+            return
+        self.graph.set_extra_colouring((CYCLES_COLOURING + mode, f"Colours: cycles ({mode})"), select=True)
+
+    def _on_graph_colouring(self, key: str) -> None:
+        """The graph's colour selector changed: paint the cycles heatmap, or leave the Performance switch off."""
         from qbstudio.state.performance import cycle_heat
 
         report = self.details.performance.report
-        if not mode or not report or mode not in report["modes"]:
-            self.compare_controller.apply_colouring(self.graph.colouring)
+        if not key.startswith(CYCLES_COLOURING) or not report or key[len(CYCLES_COLOURING):] not in report["modes"]:
+            self.details.performance.stop_colouring()
+            self.graph.set_extra_colouring(None)
             return
-        heat = cycle_heat(report, mode)
+        heat = cycle_heat(report, key[len(CYCLES_COLOURING):])
         self.graph.set_heatmap(heat.colours, heat.tooltips, title=heat.title, stops=heat.scale.stops(),
                                low=heat.scale.low, high=heat.scale.high, ticks=heat.scale.ticks)
 

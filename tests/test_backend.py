@@ -322,3 +322,158 @@ def test_tile_exact_bench_on_corpus_models(name):
         pytest.skip(row["skipped"])
     assert "error" not in row, row
     assert sorted(row["modes"]) == sorted(MODES) and all(entry["exact"] for entry in row["modes"].values()), row
+
+
+def _attention_products(heads_axis: bool = False):
+    """Two MatMuls of activations (scores-like with a fused Sigmoid, then a product with a third input), batch 3.
+
+    ``heads_axis``: rank-4 operands ``[1, 3, ...]`` (stored NHWC, heads innermost), a constant causal mask
+    (``Where``, one row of it per row of scores) and a Softmax instead of the Sigmoid.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    lead = [1, 3] if heads_axis else [3]
+    shapes = {"a": [*lead, 20, 64], "b": [*lead, 64, 20], "v": [*lead, 20, 20]}
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["p"]),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    init = []
+    if heads_axis:
+        init = [numpy_helper.from_array(np.tril(np.ones((1, 1, 20, 20), bool)), "mask"),
+                numpy_helper.from_array(np.array(-1e4, np.float32), "low")]
+        nodes[1:2] = [helper.make_node("Where", ["mask", "s", "low"], ["m"]),
+                      helper.make_node("Softmax", ["m"], ["p"], axis=-1)]
+    graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                                                  for name, shape in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_dense_layers_over_tokens_tile_by_rows_and_channels(tmp_path):
+    """Dense layers (MatMul with constant weights) over [1, tokens, features]: bands of tokens x output channels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    init = [numpy_helper.from_array(rng.standard_normal((40, 48)).astype(np.float32), "w0"),
+            numpy_helper.from_array(rng.standard_normal((48, 16)).astype(np.float32), "w1")]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("Sigmoid", ["h"], ["g"]),
+             helper.make_node("MatMul", ["g", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    model = quantize(mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx"),
+                     use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=3072)  # 48 x 40 weights: 2.5 KB with their parameters
+    lowered = lower(model, small, MODES)
+    first = lowered.modes["single"].tilings[0]
+    assert first.rows and len({(t.r0, t.r1) for t in first.tiles}) > 1 and len({(t.c0, t.c1) for t in first.tiles}) > 1
+    program = decode(lowered)
+    codes, golden = _codes(model, 6, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+def test_concat_along_w_of_nhwc_bands_is_exact(tmp_path):
+    """RoPE's rotate-half: a Concat along the last axis of rank-4 tensors, row-tiled on NHWC bands."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Concat", ["n", "s"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "rotate", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    model = quantize(mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx"),
+                     use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=2048)
+    lowered = lower(model, small, MODES)
+    assert all(t.rows and len(t.tiles) > 1 for t in lowered.modes["single"].tilings)
+    program = decode(lowered)
+    codes, golden = _codes(model, 5, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+def test_matmul_of_activations_with_heads_innermost_and_softmax_tile_by_rows(tmp_path):
+    onnx.save(_attention_products(heads_axis=True), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=8192)  # the first product is 8.9 KB as one tile
+    lowered = lower(model, small, MODES)
+    for mode in MODES:
+        tilings = {layer.main(model).kind: t for layer, t in zip(lowered.layers, lowered.modes[mode].tilings)}
+        assert tilings["softmax"].rows and len(tilings["softmax"].tiles) > 1, mode
+        assert tilings["select"].rows and len(tilings["select"].tiles) > 1, mode  # the mask's rows per tile
+        assert tilings["matmul"].rows and len(tilings["matmul"].tiles) > 1, mode  # bands of rows of every head
+    program = decode(lowered)
+    codes, golden = _codes(model, 4, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+def test_matmul_of_activations_tiles_by_rows_and_columns_and_stays_exact(tmp_path):
+    onnx.save(_attention_products(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    tiles = []
+    for sram in (4096, 8192):  # the first product is 8.9 KB as one tile
+        small = dataclasses.replace(ARIES, sram_bytes_per_core=sram)
+        lowered = lower(model, small, MODES)
+        for mode in MODES:
+            scores = next(t for layer, t in zip(lowered.layers, lowered.modes[mode].tilings)
+                          if layer.main(model).kind == "matmul")
+            assert scores.rows and scores.sram["total"] <= sram, mode
+            assert len({(t.r0, t.r1) for t in scores.tiles}) > 3, mode  # rows of A over the three matrices
+            tiles += scores.tiles
+        program = decode(lowered)
+        for seed in (0, 1):
+            codes, golden = _codes(model, seed, 1.0)
+            for mode in MODES:
+                outputs = run_tiles(model, program, small, mode, codes)
+                assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), (sram, mode)
+    assert any(t.r0 // 20 != (t.r1 - 1) // 20 for t in tiles)  # a tile reading two matrices of B
+    assert any(t.c1 - t.c0 < 20 for t in tiles)  # a tile of some columns of B
+
+
+def _wide_middle():
+    """Convolutions around a Transpose (H <-> W: one tile holding both 4 KiB tensors) in the middle."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    init = [numpy_helper.from_array(rng.standard_normal((16, c, 3, 3)).astype(np.float32), f"w{i}")
+            for i, c in enumerate((3, 16, 16, 16))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["b"], ["t"], perm=[0, 1, 3, 2]),
+             helper.make_node("Conv", ["t", "w2"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_layer_needing_the_whole_sram_keeps_the_others_resident(tmp_path):
+    onnx.save(_wide_middle(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=12 * 1024)  # the Transpose needs 8 KiB, half is 6
+    lowered = lower(model, small, ["single", "multi"])
+    wide = next(layer.index for layer in lowered.layers if layer.main(model).op_type == "Transpose")
+    for mode in ("single", "multi"):
+        program = lowered.modes[mode]
+        assert program.tilings[wide].sram["total"] > program.sram_base  # it takes the whole SRAM
+        assert program.resident and all(not buffer.first <= wide <= buffer.last for buffer in program.resident.values())
+    document, consts = to_document(lowered)
+    assert npu_problem(document, consts, len(model.ops)) is None
+    program = decode(lowered)
+    codes, golden = _codes(model, 3, 1.0)
+    for mode in ("single", "multi"):
+        assert all(np.array_equal(run_tiles(model, program, small, mode, codes)[name], value)
+                   for name, value in golden.items()), mode
+    name = next(iter(lowered.modes["single"].resident))  # a resident tensor live across the wide layer is refused
+    entry = document["modes"]["single"]["resident"][name]
+    document["modes"]["single"]["resident"] = {name: {**entry, "live": [0, len(lowered.layers) - 1]}}
+    assert "SRAM-resident region" in npu_problem(document, consts, len(model.ops))

@@ -1,12 +1,15 @@
 """Rewrite rules indexed by their pattern's root op type rewrite exactly as the full rule sets do, and our
-constant lifting lifts exactly as the library's pass does."""
+constant lifting, opset conversion and shape merging give what the library's passes give."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
+import onnxscript.version_converter
 import pytest
 import realmodels
 from onnx import TensorProto, helper, numpy_helper
@@ -14,7 +17,14 @@ from onnxscript import rewriter
 
 from compiler_core.api import parse_model
 from compiler_core.mblt import canonicalize
-from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, input_op_types, root_op_type
+from compiler_core.mblt.rule_index import (
+    LiftConstants,
+    RemoveUnusedNodes,
+    constant_inputs,
+    indexed_rules,
+    input_op_types,
+    root_op_type,
+)
 
 
 def test_every_rule_we_apply_has_a_root_op_type():
@@ -65,10 +75,42 @@ def test_an_indexed_rule_skips_a_root_whose_input_comes_from_another_op_type():
     assert indexed.try_rewrite(model, model.graph, mul_after_conv) is not None
 
 
+def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_constant():
+    """``x * 1``: a Mul by a computed value or by a vector is skipped before matching; a Mul by a scalar 1 matches."""
+    rule = canonicalize.common_rules.mul_by_1_rule
+    (indexed,) = indexed_rules([rule])
+    assert constant_inputs(rule) == [(1, True)]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["x", "r"], ["a"]),
+         helper.make_node("Mul", ["a", "ones"], ["b"]), helper.make_node("Mul", ["b", "one"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "ones"), numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    _, by_computed, by_vector, by_scalar = list(model.graph)
+    for node in (by_computed, by_vector):
+        assert indexed.try_rewrite(model, model.graph, node) is None
+        assert rule.try_rewrite(model, model.graph, node) is None  # the full match agrees
+    assert indexed.try_rewrite(model, model.graph, by_scalar) is not None
+
+
 def _unindexed(monkeypatch):
+    """The library's passes in place of each faster equivalent of ours."""
     monkeypatch.setattr(canonicalize, "indexed_rules", list)
     monkeypatch.setattr(canonicalize, "optimize", onnxscript.optimizer.optimize_ir)
     monkeypatch.setattr(canonicalize, "LiftConstants", ir.passes.common.LiftConstantsToInitializersPass)
+    monkeypatch.setattr(canonicalize, "convert_version",
+                        lambda model, version: onnxscript.version_converter.convert_version(model, version, fallback=True))
+    monkeypatch.setattr(canonicalize, "_fully_typed", lambda model: False)  # the final whole-model inference runs
+    monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
+    monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
+    monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
+
+
+def _library_shape_and_dtype(type_proto):
+    inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)
+    return (ir.serde.deserialize_type_proto_for_shape(type_proto),
+            inferred_type.dtype if inferred_type is not None else None)
 
 
 def test_lift_constants_lifts_as_the_library_pass_does():
@@ -92,9 +134,64 @@ def test_lift_constants_lifts_as_the_library_pass_does():
     assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
 
 
+def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
+    """Conv without bias, with a non-zero bias, with a zero bias, with auto_pad SAME_UPPER: for each library rule
+    with a condition, the indexed rule tries exactly the nodes the full rule rewrites."""
+    weights = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    biases = [numpy_helper.from_array(np.full(2, value, np.float32), name) for name, value in (("b1", 1.0), ("b0", 0.0))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c0"]), helper.make_node("Conv", ["c0", "w", "b1"], ["c1"]),
+             helper.make_node("Conv", ["c1", "w", "b0"], ["c2"]),
+             helper.make_node("Conv", ["c2", "w"], ["y"], auto_pad="SAME_UPPER", kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], [weights, *biases])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    rules = {rule.name: rule for rule in rewriter._DEFAULT_REWRITE_RULES}
+    applied = {}
+    for name in ("RemoveOptionalBiasFromConv", "NormalizePadFormatConv"):
+        (indexed,) = indexed_rules([rules[name]])
+        full = [rules[name].try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        assert ours == full
+        applied[name] = full
+    assert applied == {"RemoveOptionalBiasFromConv": [False, False, True, False],
+                       "NormalizePadFormatConv": [False, False, False, True]}
+
+
+def test_remove_unused_nodes_removes_as_the_library_pass_does():
+    """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
+    inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""
+    branch = helper.make_graph(
+        [helper.make_node("Dropout", ["x"], ["d", "d_mask"]), helper.make_node("Neg", ["x"], ["dead"]),
+         helper.make_node("Relu", ["d"], ["b_out"])],
+        "branch", [], [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [1, 2, 4, 4])])
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "p_idx"], kernel_shape=[1, 1]),
+             helper.make_node("Clip", ["p", "lo", ""], ["c"]),
+             helper.make_node("Abs", ["x"], ["unused"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+                     helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None), helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "lo"), numpy_helper.from_array(np.ones(3, np.float32), "junk")])
+    bn_nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn", "mean_out", "var_out"])]
+    bn_graph = helper.make_graph(
+        bn_nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("bn", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones(2, np.float32), name) for name in "sbmv"])
+    for proto in (helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                  helper.make_model(bn_graph, opset_imports=[helper.make_opsetid("", 12)]),
+                  helper.make_model(bn_graph, opset_imports=[helper.make_opsetid("", 15)])):
+        ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+        assert RemoveUnusedNodes()(ours).modified == ir.passes.common.RemoveUnusedNodesPass()(library).modified
+        assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+    assert [len(n.outputs) for n in ours.graph] == [1]  # opset 15: the statistics outputs went
+
+
 @pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_det", "ppocr_rec", "ppocr_cls", "minilm_l6", "silero_ifless"])
 def test_real_models_canonicalize_to_the_same_graph_with_and_without_the_index(name, monkeypatch):
-    """Every parse-bench model: our indexed rules, folder and constant lifting give the library's graph, byte for byte."""
+    """Every parse-bench model: our indexed rules, folder, constant lifting, opset conversion and shape merging give
+    the library's graph, byte for byte."""
     source, shapes, constants = realmodels.real_models()[name]()
     indexed, _ = parse_model(source, input_shape_dict=shapes or None, constant_inputs=constants)
     _unindexed(monkeypatch)

@@ -101,8 +101,12 @@ def native_nhwc(op: IntOp) -> bool:
     """Whether the NPU runs the operation directly on channels-last data."""
     if op.kind == "linear":
         return op.attrs.get("layout") in ("conv", "conv_transpose") and len(op.attrs.get("kernel", [])) == 2
-    if op.kind == "concat":
-        return op.attrs.get("axis") in (1, -3)
+    if op.kind == "concat":  # along C or W: a band of rows of each input is a block of the output's band
+        return op.attrs.get("axis") in (1, -3, 3, -1)
+    if op.kind == "matmul":  # rank-4 operands: the heads (C) are the batch, read innermost
+        return True
+    if op.kind == "softmax":  # along W: a band of rows holds whole W x C planes
+        return op.attrs.get("axis") in (3, -1)
     if op.kind == "move":
         return slice_keeps_axis(op, 4, 2) or channel_local(op)
     return op.kind in POINTWISE_KINDS or op.kind == "average_pool" or channel_local(op)

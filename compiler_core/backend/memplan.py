@@ -54,14 +54,16 @@ def plan_memory(model: QuantizedModel, layers: list[Layer], layouts: dict[str, T
 
 
 def plan_resident(model: QuantizedModel, layers: list[Layer], layouts: dict[str, TensorLayout],
-                  capacity: int) -> dict[str, Buffer]:
+                  capacity: int, blocked: frozenset[int] | set[int] = frozenset()) -> dict[str, Buffer]:
     """Tensors kept in a core's SRAM region of ``capacity`` bytes instead of DRAM (one-core modes).
 
     Same planner, bounded: a tensor that finds no free range below ``capacity`` stays in DRAM.
-    Model inputs and outputs always live in DRAM (the host writes and reads them there).
+    Model inputs and outputs always live in DRAM (the host writes and reads them there), and so
+    does every tensor live during a ``blocked`` layer (one whose tiles take the whole SRAM).
     """
     interface = {spec.name for spec in (*model.inputs, *model.outputs)}
-    ranges = {name: span for name, span in live_ranges(model, layers).items() if name not in interface}
+    ranges = {name: (first, last) for name, (first, last) in live_ranges(model, layers).items()
+              if name not in interface and not any(first <= index <= last for index in blocked)}
     return _place(ranges, layouts, capacity)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from compiler_core.backend.fusion import Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
+from compiler_core.backend.matmul import matmul_geometry
 from compiler_core.backend.memplan import Buffer, plan_resident
 from compiler_core.backend.tiling import (
     PER_CHANNEL_BYTES,
@@ -80,18 +81,24 @@ def schedule_mode(model: QuantizedModel, layers: list[Layer], layouts: dict[str,
 
     In one-core modes the upper ``1 / RESIDENT_SHARE`` of the SRAM holds the activations that fit
     there (``resident``, planned by :func:`~compiler_core.backend.memplan.plan_resident` unless
-    given) and tiles use the rest; if some layer only tiles in the whole SRAM, nothing is resident.
+    given) and tiles use the rest. A layer that only tiles in the whole SRAM takes all of it: no
+    tensor live during that layer is resident (it and its neighbours' tensors across it go to DRAM).
     """
     sram = device.sram_bytes_per_core
     if mode.cores_per_instance == 1:
         base = sram - sram // RESIDENT_SHARE
-        try:
-            tilings = [tile_layer(model, layer, layouts, base, 1) for layer in layers]
-            if resident is None:
-                resident = plan_resident(model, layers, layouts, sram - base)
-            return _emit(model, layers, layouts, buffers, mode, tilings, resident, base, sram)
-        except DoesNotFitError:
-            logger.info("%s: a layer needs the whole SRAM; activations stay in DRAM", mode.name)
+        tilings, wide = [], set()
+        for layer in layers:
+            try:
+                tilings.append(tile_layer(model, layer, layouts, base, 1))
+            except DoesNotFitError:
+                tilings.append(tile_layer(model, layer, layouts, sram, 1))
+                wide.add(layer.index)
+        if wide:
+            logger.info("%s: %d layer(s) need the whole SRAM; nothing is resident across them", mode.name, len(wide))
+        if resident is None:
+            resident = plan_resident(model, layers, layouts, sram - base, blocked=wide)
+        return _emit(model, layers, layouts, buffers, mode, tilings, resident, base, sram)
     tilings = [tile_layer(model, layer, layouts, sram, mode.cores_per_instance) for layer in layers]
     return _emit(model, layers, layouts, buffers, mode, tilings, {}, sram, sram)
 
@@ -134,7 +141,7 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
                          PER_CHANNEL_BYTES * (w1 - w0), 0, 0, mode.batch])
         sram = base + (number % 2) * set_size
         for slot, name in enumerate(layer.inputs):
-            arena_offset, run, runs, stride = _input_region(model, layer, layouts, places, tiling.rows, tile, name)
+            arena_offset, run, runs, stride = _input_region(model, layer, layouts, places, tiling.rows, tile, slot)
             rows.append([DMA_IN, core, layer.index, number, slot, arena_offset, run, runs, stride, sram,
                          (flags if layouts[name].layout == NHWC else 0) | places[name][1], 1])
             sram += align(run * runs)
@@ -151,7 +158,20 @@ def _set_bytes(model: QuantizedModel, layer: Layer, layouts, rows: bool, tile: T
     return activation_bytes(model, layer, layouts, rows, tile.r0, tile.r1, tile.c0, tile.c1)
 
 
-def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+def _matmul_region(model, layer, layouts, places, tile: Tile, slot: int, name: str) -> tuple[int, int, int, int] | None:
+    """The region of A (slot 0), B (1) or Y (2) a MatMul tile moves, or None for another layer."""
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is None:
+        return None
+    region = geometry.regions(tile.r0, tile.r1, tile.c0, tile.c1)[slot]
+    return places[name][0] + region.offset, region.run, region.runs, region.stride
+
+
+def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, slot: int) -> tuple[int, int, int, int]:
+    name = layer.inputs[slot]
+    matmul = _matmul_region(model, layer, layouts, places, tile, slot, name)
+    if matmul is not None:
+        return matmul
     layout, (offset, _) = layouts[name], places[name]
     if not rows and channel_sliced(model, layer, layouts) and tile.c1 - tile.c0 < layout.shape[1]:
         item, channels = layout.itemsize, layout.shape[1]  # NHWC: the tile's channels of every pixel
@@ -164,6 +184,9 @@ def _input_region(model, layer, layouts, places, rows: bool, tile: Tile, name: s
 
 
 def _output_region(model, layer, layouts, places, rows: bool, tile: Tile, name: str) -> tuple[int, int, int, int]:
+    matmul = _matmul_region(model, layer, layouts, places, tile, 2, name)
+    if matmul is not None:
+        return matmul
     layout, (offset, _) = layouts[name], places[name]
     if name != layer.outputs[0]:
         return offset, layout.nbytes, 1, 0
@@ -176,6 +199,9 @@ def _output_region(model, layer, layouts, places, rows: bool, tile: Tile, name: 
     if layout.layout == NHWC:
         first, count = (tile.r0, tile.r1 - tile.r0) if rows else (0, layout.shape[2])
         pixels_before, pixels = first * layout.shape[3], count * layout.shape[3]
+    elif rows:  # ONNX order: a row of the row axis holds row_bytes / (channels x itemsize) vectors of channels
+        per_row = layout.row_bytes() // max(channels * item, 1)
+        pixels_before, pixels = tile.r0 * per_row, (tile.r1 - tile.r0) * per_row
     else:
         pixels_before, pixels = 0, layout.nbytes // max(channels * item, 1)
     return (offset + (pixels_before * channels + tile.c0) * item, (tile.c1 - tile.c0) * item, pixels,

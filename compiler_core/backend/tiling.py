@@ -5,7 +5,8 @@ whose output is one NHWC tensor and whose main operation is a 2-D convolution or
 tile by rows (a convolution reads its input rows with the halo its kernel needs); a ``linear`` with
 one group may also split its output channels, so that only a slice of the weights is resident, and a
 channel-local layer (global pooling, Resize) splits its channels, each tile reading only its channels
-of the input (:func:`channel_sliced`).
+of the input (:func:`channel_sliced`). A MatMul of two activations tiles by its rows (the leading
+axes flattened with the rows of A) and may split the columns of B (:mod:`compiler_core.backend.matmul`).
 Every other layer is one tile holding its whole tensors. A tile's working set is the resident
 weights slice (with its per-channel bias, multiplier and shift) + LUTs + twice the input and output
 tile buffers (double-buffered DMA: the next tile streams in while this one computes).
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, channel_local, native_nhwc, slice_keeps_axis
+from compiler_core.backend.matmul import matmul_geometry
 from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -64,24 +66,45 @@ class LayerTiling:
 def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
     """Whether the layer can be computed band of output rows by band of output rows."""
     op = layer.main(model)
+    if op.kind == "matmul":
+        return matmul_geometry(model, layer, layouts) is not None
     if len(layer.outputs) != 1:
         return False
     out = layouts[layer.outputs[0]]
     rank, axis = len(out.shape), out.row_axis
     if out.layout == NHWC and op.kind == "linear":
         return native_nhwc(op)
-    row_local = op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
-    if rank < 3 or out.shape[0] != 1 or not row_local:
-        return False
+    if op.kind == "linear":  # a dense layer over [1, tokens, features]: each token's row on its own
+        source = layouts[layer.inputs[0]]
+        return (op.attrs.get("layout") == "dense" and rank >= 3 and out.shape[0] == 1
+                and source.shape[:-1] == out.shape[:-1] and source.layout == out.layout)
+    row_local = (op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
+                 or reduces_after(op, rank, axis))
+    if rank < 3 or out.shape[0] != 1 or not row_local or out.layout == NHWC and not native_nhwc(op):
+        return False  # a band of NHWC rows is read as stored: a transposing DMA moves whole tensors only
     if op.kind == "concat" and op.attrs.get("axis", 0) % rank in (0, axis):
         return False
     inputs = [layouts[name] for name in layer.inputs]
     if any(len(item.shape) != rank or item.layout != out.layout or item.shape[axis] not in (1, out.rows)
            for item in inputs):
         return False
-    # constants broadcast from the right: their row axis must be absent or 1 (a tile cannot slice them)
-    return op.kind == "move" or all(array.ndim < rank - axis or array.shape[array.ndim - (rank - axis)] == 1
+    # constants broadcast from the right: their row axis is absent, 1, or (point-wise) the tile's rows of it
+    return op.kind == "move" or all(row_sliceable_const(model.ops[index], array, rank, axis, out.rows)
                                     for index in layer.ops for array in model.ops[index].consts.values())
+
+
+def row_sliceable_const(op: IntOp, array, rank: int, axis: int, rows: int) -> bool:
+    """Whether a tile of rows can use this constant: no row axis, a broadcast one, or (a point-wise
+    operand such as an attention mask) one as long as the output's, of which the tile takes its rows."""
+    if array.ndim < rank - axis:
+        return True
+    length = array.shape[array.ndim - (rank - axis)]
+    return length == 1 or (op.kind in POINTWISE_KINDS and length == rows)
+
+
+def reduces_after(op: IntOp, rank: int, axis: int) -> bool:
+    """Softmax or layer normalisation over axes after ``axis``: each output row needs only its own input row."""
+    return op.kind in ("softmax", "layernorm") and op.attrs.get("axis", -1) % rank > axis
 
 
 def channel_splittable(op: IntOp) -> bool:
@@ -100,8 +123,15 @@ def channel_sliced(model: QuantizedModel, layer: Layer, layouts: dict[str, Tenso
 
 
 def splits_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
-    """Whether tiles may cover a range of the output channels (weights slice or input channels slice)."""
-    return channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
+    """Whether tiles may cover a range of the output channels (weights slice, input channels slice, columns of B)."""
+    return (channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
+            or matmul_geometry(model, layer, layouts) is not None)
+
+
+def output_rows(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
+    """Rows a row-tiled layer cuts: the output's row axis, or ``batch x M`` of a MatMul of activations."""
+    geometry = matmul_geometry(model, layer, layouts)
+    return geometry.rows if geometry is not None else layouts[layer.outputs[0]].rows
 
 
 def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> tuple[int, int, int, int]:
@@ -118,7 +148,7 @@ def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> 
         start = min(max(0, -(-first // step)), in_height - 1)
         end = max(min(in_height, (last - 1) // step + 1), start + 1)
         return start, end, start * step - first, last - ((end - 1) * step + 1)
-    if op.kind == "linear":
+    if op.kind == "linear" and op.attrs.get("layout") == "conv":
         top = op.attrs["pads"][0]
         stride, dilation, kernel = op.attrs["strides"][0], op.attrs["dilations"][0], op.attrs["kernel"][0]
         start = r0 * stride - top
@@ -154,7 +184,10 @@ def lut_bytes(model: QuantizedModel, layer: Layer) -> int:
 
 
 def out_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
-    """Channels of the output (axis 1 of NHWC tensors, the last axis otherwise)."""
+    """Channels of the output (axis 1 of NHWC tensors, the last axis otherwise; the columns of B of a MatMul)."""
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        return geometry.n
     layout = layouts[layer.outputs[0]]
     return layout.shape[1] if layout.layout == NHWC else (layout.shape[-1] if layout.shape else 1)
 
@@ -163,6 +196,9 @@ def activation_bytes(model: QuantizedModel, layer: Layer, layouts: dict[str, Ten
                      r0: int, r1: int, c0: int, c1: int) -> int:
     """Input and output tile bytes of one tile (one buffer set; double buffering doubles it)."""
     op = layer.main(model)
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        return sum(align(region.nbytes) for region in geometry.regions(r0, r1, c0, c1))
     total = 0
     out = layouts[layer.outputs[0]]
     channels = out_channels(model, layer, layouts)
@@ -203,7 +239,7 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
         DoesNotFitError: even the smallest tile (one row, one output channel) exceeds ``sram``.
     """
     rows = row_tiled(model, layer, layouts)
-    height = layouts[layer.outputs[0]].rows if rows else 1
+    height = output_rows(model, layer, layouts) if rows else 1
     channels = max(out_channels(model, layer, layouts), 1)
     splittable = splits_channels(model, layer, layouts)
     if rows and height >= cores:
@@ -264,9 +300,14 @@ def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
     """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
 
     A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
-    either side), so the first, a middle and the last position bound every tile of the band.
+    either side), so the first, a middle and the last position bound every tile of the band. A
+    MatMul tile reads the most matrices of B when it starts on a matrix's last row.
     """
     starts = {r0, r0 + max(r1 - r0 - count, 0) // 2, max(r1 - count, r0)}
+    geometry = matmul_geometry(model, layer, layouts)
+    if geometry is not None:
+        widest = r0 + (geometry.m - 1 - r0) % geometry.m  # first start on a matrix's last row
+        starts.add(min(widest, max(r1 - count, r0)))
     return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
 
 

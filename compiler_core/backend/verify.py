@@ -151,7 +151,7 @@ def _commands_problem(mode: str, commands: np.ndarray, layers: list, entry: Mapp
                                            end > arena))
     if outside.any():
         return f"the {mode} command {int(np.argmax(outside))} transfers outside the activation arena or SRAM region"
-    spill = dma & (commands[:, 9] + run * runs > entry["sram_base"])
+    spill = dma & (commands[:, 9] + run * runs > entry["sram_base"]) & _resident_live(entry, len(layers))[layer]
     if spill.any():
         return f"the {mode} command {int(np.argmax(spill))} puts a tile into the SRAM-resident region"
     for index in np.flatnonzero(dma):
@@ -159,3 +159,12 @@ def _commands_problem(mode: str, commands: np.ndarray, layers: list, entry: Mapp
         if commands[index, 4] >= len(layers[layer[index]].get(key, [])):
             return f"the {mode} command {int(index)} names a tensor slot its layer does not have"
     return None
+
+
+def _resident_live(entry: Mapping[str, Any], count: int) -> np.ndarray:
+    """Per layer, whether some SRAM-resident tensor is live (then no tile may reach above ``sram_base``)."""
+    live = np.zeros(count, dtype=bool)
+    for item in entry["resident"].values():
+        first, last = item["live"]
+        live[max(first, 0):min(last, count - 1) + 1] = True
+    return live

@@ -8,7 +8,9 @@ inputs for them.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections import Counter
 from pathlib import Path, PurePath
 
 import onnx
@@ -117,7 +119,13 @@ def _repeated(field) -> bool:
 
 def _first_invalid_text(message) -> str | None:
     """The name of the first string field holding bytes that are not UTF-8 (protobuf does not check proto2)."""
-    for field, value in message.ListFields():
+    text_and_messages = _text_and_message_fields(message.DESCRIPTOR)
+    if text_and_messages is None:
+        fields = message.ListFields()
+    else:  # never read a bytes field (raw_data): each read copies the whole tensor
+        fields = [(field, getattr(message, field.name)) for field in text_and_messages
+                  if (len(getattr(message, field.name)) if _repeated(field) else message.HasField(field.name))]
+    for field, value in fields:
         if field.type == field.TYPE_STRING:
             values = value if _repeated(field) else [value]
             if any(not isinstance(item, str) for item in values):
@@ -128,6 +136,16 @@ def _first_invalid_text(message) -> str | None:
                 if found is not None:
                     return found
     return None
+
+
+@functools.cache
+def _text_and_message_fields(descriptor) -> tuple | None:
+    """The string and message fields of ``TensorProto`` (whose bytes fields hold the weights), in field-number
+    order; None for other message types (``ListFields`` is quicker there)."""
+    if descriptor.full_name != onnx.TensorProto.DESCRIPTOR.full_name:
+        return None
+    fields = sorted(descriptor.fields, key=lambda field: field.number)
+    return tuple(field for field in fields if field.type in (field.TYPE_STRING, field.TYPE_MESSAGE))
 
 
 def check_tensor_sizes(proto: onnx.ModelProto, path: Path) -> None:
@@ -242,7 +260,8 @@ def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] =
     defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.values.name for t in graph.sparse_initializer}
     produced = [name for node in graph.node for name in node.output if name]
-    redefined = sorted({name for name in produced if name in defined or produced.count(name) > 1})
+    counts = Counter(produced)
+    redefined = sorted({name for name in produced if name in defined or counts[name] > 1})
     if redefined:
         raise InvalidModelError(f"'{path.name}': tensor '{redefined[0]}' is defined more than once (by a node and "
                                 "an input, an initializer or another node).",

@@ -7,8 +7,10 @@ Conv+BatchNorm fusion can fire, and the result is checked before anything is wri
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
@@ -16,7 +18,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxscript.version_converter
 from onnx_ir.passes import common as common_passes
 from onnx_ir.passes.common import _c_api_utils
 from onnx_ir.passes.common import shape_inference as ir_shape_inference
@@ -33,9 +34,10 @@ from compiler_core.errors import (
     UnsupportedOpsError,
 )
 from compiler_core.mblt import opset
+from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
-from compiler_core.mblt.rule_index import LiftConstants, indexed_rules, optimize
+from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -48,6 +50,7 @@ VERIFY_STAGE = "verify"
 # hook for per-key mergers yet, so register ours on its default merger.
 _rewrite_rule._default_metadata_merger.mergers[SOURCE_NAME_KEY] = metadata_merger.comma_separator_merger
 
+_FOLDER_LOGGER = "onnxscript.optimizer._constant_folding"
 _FOLD_SIZE_LIMIT = 1 << 26  # elements; weights of real models must fold (PP-OCR keeps them in Constants)
 
 
@@ -91,7 +94,7 @@ def canonicalize(
         ("tidy", _tidy),
         ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None)),
     ]
-    with reporter.stage("canonicalize", total=len(steps)):
+    with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
         for name, step in steps:
             step(model)
             reporter.advance(message=name)
@@ -114,8 +117,14 @@ def _check_known_ops(model: ir.Model) -> None:
     """List every op no ONNX schema (nor a model-local function) defines, all in one error."""
     functions = {(f.domain, f.name) for f in model.functions.values()}
     unknown: dict[str, list[str]] = {}
+    known: dict[tuple[str, str, int | None], bool] = {}  # one schema look-up per op type and version
     for node in _nodes(model.graph):
-        if (node.domain, node.op_type) in functions or _has_schema(node, model.opset_imports):
+        if (node.domain, node.op_type) in functions:
+            continue
+        key = (node.domain, node.op_type, node.version)
+        if key not in known:
+            known[key] = _has_schema(node, model.opset_imports)
+        if known[key]:
             continue
         unknown.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY, node.name))
     if unknown:
@@ -208,7 +217,7 @@ def _convert_opset(model: ir.Model) -> None:
         # The C-API fallback drops node metadata but keeps node names: restore it by name.
         saved = {node.name: dict(node.metadata_props) for node in _nodes(model.graph)}
         with _quiet("onnxscript.version_converter"):  # its "using the C API fallback" warning is expected
-            onnxscript.version_converter.convert_version(model, opset.MBLT_OPSET_VERSION, fallback=True)
+            convert_version(model, opset.MBLT_OPSET_VERSION)
         logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
         for node in _nodes(model.graph):
             node.metadata_props.update(saved.get(node.name, {}))
@@ -243,8 +252,9 @@ def _lift_constants(model: ir.Model) -> InvalidModelError | None:
 
 
 def _optimize(model: ir.Model) -> None:
-    optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-             should_fold=_should_fold)
+    with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
+        optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+                 should_fold=_should_fold)
     _remove_unused_initializers(model)
 
 
@@ -275,9 +285,10 @@ def _legalize(model: ir.Model) -> None:
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break
-        common_passes.RemoveUnusedNodesPass()(model)
-        optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-                 should_fold=_should_fold)
+        RemoveUnusedNodes()(model)
+        with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
+            optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
+                     output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
 
@@ -285,8 +296,6 @@ def _legalize(model: ir.Model) -> None:
 def _fold_remaining_constants(model: ir.Model) -> None:
     """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
     initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one."""
-    from onnx.reference import ReferenceEvaluator
-
     for node in list(model.graph):
         inputs = [v for v in node.inputs if v is not None]
         if not inputs or any(v.const_value is None for v in inputs) or node.domain not in ("", "ai.onnx"):
@@ -298,10 +307,10 @@ def _fold_remaining_constants(model: ir.Model) -> None:
                                                              for o in proto.output if o],
                                        [onnx.numpy_helper.from_array(v.const_value.numpy(), v.name) for v in inputs])
         folded = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset.MBLT_OPSET_VERSION)])
-        results = ReferenceEvaluator(folded).run(None, {})
+        results = _evaluate_constant_node(folded)
         for output, array in zip([o for o in node.outputs if o.name], results):
             name, output.name = output.name, f"{output.name}_unfolded"
-            replacement = ir.Value(name=name, const_value=ir.tensor(np.asarray(array)),
+            replacement = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array)),
                                    shape=ir.Shape(np.shape(array)), type=ir.TensorType(output.dtype))
             model.graph.register_initializer(replacement)
             ir.convenience.replace_all_uses_with(output, replacement)
@@ -310,13 +319,46 @@ def _fold_remaining_constants(model: ir.Model) -> None:
         model.graph.remove(node, safe=False)
 
 
+def _evaluate_constant_node(folded: onnx.ModelProto) -> list[np.ndarray]:
+    """Run a one-node model of constants: onnxruntime first, ``onnx.reference`` for what it lacks.
+
+    ``onnx.reference`` alone is not enough: its GatherElements fails on more than 32 rows to choose from
+    (ALBERT's token-type buffer of 512), which the optimizer's folding then also left behind.
+    """
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        session = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {})
+    except Exception as error:  # onnxruntime lacks the op/type or rejects the opset: the reference has more
+        logger.debug("onnxruntime cannot fold %s (%s); using onnx.reference", folded.graph.node[0].op_type,
+                     _first_line(error))
+    return ReferenceEvaluator(folded).run(None, {})
+
+
 def _tidy(model: ir.Model) -> None:
-    common_passes.RemoveUnusedNodesPass()(model)
+    RemoveUnusedNodes()(model)
     common_passes.RemoveUnusedOpsetsPass()(model)
     common_passes.TopologicalSortPass()(model)
     _strip_foreign_metadata(model)
     assign_canonical_names(model)
-    _infer_shapes(model)
+    if not _fully_typed(model):
+        _infer_shapes(model)
+
+
+def _fully_typed(model: ir.Model) -> bool:
+    """True if every value of the model has a dtype and a static shape and there are no subgraphs.
+
+    Merging ONNX's strict inference into such a graph changes nothing: an inferred shape or dtype
+    that differs from a static one is a conflict, which strict inference raises and :func:`_infer_shapes`
+    ignores (the full checker in :func:`_verify` then reports it), so the whole-model inference is skipped.
+    """
+    graph = model.graph
+    values = [*graph.inputs, *graph.initializers.values(), *(value for node in graph for value in node.outputs)]
+    return not any(True for _ in _subgraphs(model)) and all(
+        value.dtype is not None and value.shape is not None and all(_is_static(dim) for dim in value.shape.dims)
+        for value in values)
 
 
 def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) -> None:
@@ -330,7 +372,10 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
     _check_mblt_ops(model)
     if source_inference is not None and _has_dynamic_shapes(model):
         raise source_inference  # the model's inconsistency left tensors without shapes
-    if _fill_same_shape_outputs(model) and any(value.shape is None for node in model.graph for value in node.outputs):
+    for _ in range(len(model.graph)):  # one round per GroupNormalization in a chain (PoolFormer has dozens)
+        if not (_fill_same_shape_outputs(model)
+                and any(value.shape is None for node in model.graph for value in node.outputs)):
+            break
         _infer_shapes(model)  # ONNX infers no shape for GroupNormalization-21: give its consumers theirs
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
@@ -359,6 +404,40 @@ def _nodes(graph: ir.Graph) -> ir.traversal.RecursiveGraphIterator:
     """Every node, subgraphs included, in ``RecursiveGraphIterator`` order; only nodes that hold a graph are
     searched for subgraphs (looking through every node's attribute mapping took 0.2 s per walk on PP-OCR)."""
     return ir.traversal.RecursiveGraphIterator(graph, recursive=_holds_subgraphs)
+
+
+_FREEZE_LOCK = threading.Lock()
+_freeze_depth = 0
+
+
+@contextmanager
+def _frozen_heap():
+    """Keep the objects that exist now (imported modules, the loaded graph) out of garbage collection for a while.
+
+    The passes allocate enough to trigger a full collection, which scans every live object (about
+    90,000 after the imports, plus the graph): 55-60 ms per parse here, a fifth of a small model's
+    parse. Frozen objects are not scanned; objects created inside are collected as usual, and on exit
+    the frozen ones return to the oldest generation, so garbage among them is collected later.
+    Nested and concurrent uses unfreeze only when the last one exits; a heap frozen by someone else
+    is left as it is (unfreezing would undo their freeze).
+    """
+    global _freeze_depth
+    with _FREEZE_LOCK:
+        if _freeze_depth == 0 and gc.get_freeze_count():
+            owner = False
+        else:
+            owner = True
+            if _freeze_depth == 0:
+                gc.freeze()
+            _freeze_depth += 1
+    try:
+        yield
+    finally:
+        if owner:
+            with _FREEZE_LOCK:
+                _freeze_depth -= 1
+                if _freeze_depth == 0:
+                    gc.unfreeze()
 
 
 @contextmanager
@@ -427,13 +506,31 @@ def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
         type_proto = types.get(name)
         if type_proto is None:
             continue
-        shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+        shape, dtype = _shape_and_dtype(type_proto)
         if shape is not None and value.shape != shape:
             value.shape = shape
-        inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)  # None for an empty TypeProto
-        dtype = inferred_type.dtype if inferred_type is not None else None
         if dtype is not None and value.dtype != dtype:
             value.dtype = dtype
+
+
+def _shape_and_dtype(type_proto: onnx.TypeProto) -> tuple[ir.Shape | None, ir.DataType | None]:
+    """What ``ir.serde.deserialize_type_proto_for_shape`` and ``..._for_type`` give for an inferred value.
+
+    A tensor type with only numeric, undenoted dims (nearly every inferred value) is read directly;
+    anything else goes through the library.
+    """
+    if type_proto.HasField("tensor_type") and not type_proto.denotation:
+        tensor_type = type_proto.tensor_type
+        dtype = ir.DataType(tensor_type.elem_type) if tensor_type.HasField("elem_type") else None
+        if not tensor_type.HasField("shape"):
+            return None, dtype
+        dims = tensor_type.shape.dim
+        sizes = [dim.dim_value for dim in dims if dim.HasField("dim_value") and not dim.denotation]
+        if len(sizes) == len(dims):
+            return ir.Shape(sizes, frozen=True), dtype
+    shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+    inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)  # None for an empty TypeProto
+    return shape, inferred_type.dtype if inferred_type is not None else None
 
 
 def _check_reshapes(model: ir.Model) -> None:

@@ -17,15 +17,19 @@ without a ``typing.Protocol`` ``isinstance`` per Constant node.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import RewriteRuleSet
 from onnxscript.rewriter._matcher import SimplePatternMatcher
+from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
 from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 from onnxscript.rewriter._rewrite_rule import RewriteRule
 
@@ -58,6 +62,19 @@ def input_op_types(rule: RewriteRule) -> list[tuple[int, str]]:
     return required
 
 
+def constant_inputs(rule: RewriteRule) -> list[tuple[int, bool]]:
+    """(input position, scalar?) of the root node's inputs the pattern requires to be constants.
+
+    The matcher fails a constant pattern (``x * 1``, ``x + 0``) on a value without ``const_value``, and
+    a scalar one on a constant of rank > 0, before it compares the value.
+    """
+    pattern = getattr(rule, "_target_pattern", None)
+    if root_op_type(rule) is None:
+        return []
+    return [(index, not isinstance(value.value, list)) for index, value in enumerate(pattern.output_nodes[0].inputs)
+            if isinstance(value, ConstantPattern)]
+
+
 def indexed_rules(rules: Sequence[RewriteRule]) -> list[RewriteRule]:
     """Shallow copies of ``rules`` that skip nodes of another op type than their pattern's root."""
     return [_skip_other_op_types(rule) for rule in rules]
@@ -70,9 +87,12 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
     producers = input_op_types(rule)
+    constants = constant_inputs(rule)
+    may_apply = _RULE_CONDITIONS.get(rule.name or "", _always)
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
-        if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)):
+        if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
+                               or not _inputs_constant(node, constants) or not _holds(may_apply, node)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
@@ -87,6 +107,52 @@ def _inputs_produced_by(node: ir.Node, producers: list[tuple[int, str]]) -> bool
         if producer is None or producer.op_type != op_type:
             return False
     return True
+
+
+def _inputs_constant(node: ir.Node, constants: list[tuple[int, bool]]) -> bool:
+    for index, scalar in constants:
+        value = node.inputs[index] if index < len(node.inputs) else None
+        const = value.const_value if value is not None else None
+        if const is None or (scalar and len(const.shape) != 0):
+            return False
+    return True
+
+
+def _always(node: ir.Node) -> bool:
+    return True
+
+
+def _holds(condition: Callable[[ir.Node], bool], node: ir.Node) -> bool:
+    try:
+        return condition(node)
+    except Exception:  # noqa: BLE001 - the full try decides (and raises) as it would without the condition
+        return True
+
+
+def _explicit_padding_needed(node: ir.Node) -> bool:
+    """First condition of onnxscript's ``NormalizePadFormatConv`` check: an ``auto_pad`` other than NOTSET."""
+    return node.attributes.get_string("auto_pad", None) not in (None, "NOTSET")
+
+
+def _bias_may_be_zero(node: ir.Node) -> bool:
+    """onnxscript's ``RemoveOptionalBiasFrom*`` match and check (Conv, ConvTranspose, Gemm with a bias at input 2):
+    the pattern has exactly three inputs and its variable ``b`` never matches a missing one; the check wants an
+    all-zero constant bias."""
+    if len(node.inputs) != 3 or node.inputs[2] is None:
+        return False
+    tensor = ir.convenience.get_const_tensor(node.inputs[2])
+    return tensor is not None and bool(np.equal(tensor.numpy(), 0.0).all())
+
+
+_RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "NormalizePadFormatConv": _explicit_padding_needed,
+    "NormalizePadFormatConvInteger": _explicit_padding_needed,
+    "RemoveOptionalBiasFromConv": _bias_may_be_zero,
+    "RemoveOptionalBiasFromConvTranspose": _bias_may_be_zero,
+    "RemoveOptionalBiasFromGemm": _bias_may_be_zero,
+}
+"""Library rules whose check fails on most nodes of their op type after an expensive match set-up: the check's
+condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
 
 
 _DEFAULT_RULES: RewriteRuleSet | None = None
@@ -128,6 +194,84 @@ class LiftConstants(common_passes.LiftConstantsToInitializersPass):
         return super()._constant_node_attribute_to_tensor(node, attr_name, attr_value, initializer_name)
 
 
+class RemoveUnusedNodes(common_passes.RemoveUnusedNodesPass):
+    """``RemoveUnusedNodesPass`` (dead nodes and initializers, unused optional outputs, trailing empty inputs) with
+    one schema look-up per op type and opset instead of one per node and call: ``onnx.defs.get_schema`` builds a
+    Python schema object each time, about 10 us, and the pass runs a dozen times per parse."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count = _remove_unused_nodes(model.graph, model.graph.opset_imports.get(""))
+        kept = frozenset([*model.graph.outputs, *model.graph.inputs])
+        for name, value in list(model.graph.initializers.items()):
+            if not value.uses() and value not in kept:
+                del model.graph.initializers[name]
+                count += 1
+        for function in model.functions.values():
+            count += _remove_unused_nodes(function, function.opset_imports.get(""))
+        return ir.passes.PassResult(model, modified=bool(count))
+
+
+def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | None) -> int:
+    outputs = frozenset(graph.outputs)
+    count = 0
+    for node in reversed(graph):
+        if not any(output in outputs or output.uses() for output in node.outputs):
+            graph.remove(node, safe=True)
+            count += 1
+            continue
+        while node.inputs and node.inputs[-1] is None:
+            node.resize_inputs(len(node.inputs) - 1)
+        if opset_version is not None:
+            _drop_unused_optional_outputs(node, outputs, opset_version)
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                count += _remove_unused_nodes(attribute.as_graph(), opset_version)
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                count += sum(_remove_unused_nodes(subgraph, opset_version) for subgraph in attribute.as_graphs())
+    return count
+
+
+def _drop_unused_optional_outputs(node: ir.Node, graph_outputs: frozenset[ir.Value], opset_version: int) -> None:
+    """Unname the unused optional outputs of a standard op and drop the trailing unnamed ones."""
+    if node.domain not in ("", "onnx.ai"):  # the library's spelling: "ai.onnx" nodes are left alone there too
+        return
+    schema = _output_schema(node.op_type, opset_version, node.domain)
+    if schema is None:
+        return
+    optional, has_training_mode = schema
+    if node.op_type == "BatchNormalization":  # before opset 14 the output count selects training mode
+        if not has_training_mode:
+            return
+        mode = node.attributes.get("training_mode")
+        if mode is not None and (mode.is_ref() or mode.type != ir.AttributeType.INT or mode.as_int() != 0):
+            return
+        node.attributes.pop("training_mode", None)
+    if optional is None or not any(optional):
+        return
+    for index, output in enumerate(node.outputs[:len(optional)]):
+        if optional[index] and output not in graph_outputs and not output.uses():
+            output.name = ""
+    kept = len(node.outputs)
+    while kept and not node.outputs[kept - 1].name:
+        kept -= 1
+    node.resize_outputs(kept)
+
+
+@functools.cache
+def _output_schema(op_type: str, opset_version: int, domain: str) -> tuple[tuple[bool, ...] | None, bool] | None:
+    """(whether each formal output is optional, None if one is variadic; whether ``training_mode`` is an
+    attribute) of a standard op, or None when ONNX has no schema for it."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset_version, domain=domain)
+    except onnx.defs.SchemaError:
+        return None
+    options = [output.option for output in schema.outputs]
+    if onnx.defs.OpSchema.FormalParameterOption.Variadic in options:
+        return None, "training_mode" in schema.attributes
+    return (tuple(option == onnx.defs.OpSchema.FormalParameterOption.Optional for option in options),
+            "training_mode" in schema.attributes)
+
+
 def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, output_size_limit: int,
              should_fold: Callable[[ir.Node], bool | None]) -> None:
     """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules."""
@@ -135,14 +279,14 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
         [_FoldConstants(shape_inference=True, input_size_limit=input_size_limit,
                                              output_size_limit=output_size_limit, should_fold=should_fold),
          rewriter.RewritePass(_default_rules()),
-         common_passes.RemoveUnusedNodesPass(),
+         RemoveUnusedNodes(),
          common_passes.RemoveUnusedFunctionsPass(),
          common_passes.RemoveUnusedOpsetsPass()],
         steps=num_iterations, early_stop=True)
     ir.passes.Sequential(
         common_passes.InlinePass(),
         loop,
-        common_passes.RemoveUnusedNodesPass(),
+        RemoveUnusedNodes(),
         LiftConstants(lift_all_constants=True, size_limit=0),
         common_passes.LiftSubgraphInitializersToMainGraphPass(),
         common_passes.DeduplicateInitializersPass(),

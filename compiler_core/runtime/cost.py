@@ -36,6 +36,7 @@ import numpy as np
 from compiler_core.backend.fusion import DMA, MAC, Layer
 from compiler_core.backend.program import DecodedProgram, decode, lower
 from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT
+from compiler_core.backend.tiling import out_channels, output_rows
 from compiler_core.quantization.program import IntOp, QuantizedModel
 from compiler_core.targets import CORE_MODES, DeviceProfile
 
@@ -84,8 +85,8 @@ def _tile_cycles(model: QuantizedModel, program: DecodedProgram, layer: Layer, r
     out = program.layouts[layer.outputs[0]]
     share = 1.0
     if tiled_rows:
-        share = (rows[1] - rows[0]) / max(out.rows, 1)
-    total_channels = out.shape[1] if out.layout == "NHWC" else (out.shape[-1] if out.shape else 1)
+        share = (rows[1] - rows[0]) / max(output_rows(model, layer, program.layouts), 1)
+    total_channels = out_channels(model, layer, program.layouts)
     channel_share = (channels[1] - channels[0]) / max(total_channels, 1)
     elements = int(np.prod(out.shape, dtype=np.int64)) * share * channel_share
     macs = int(op_macs(op, model.shapes) * share * channel_share)
@@ -117,10 +118,9 @@ def _vector_passes(program: DecodedProgram, layer: Layer, device: DeviceProfile)
 
 
 def _mac_cycles(op: IntOp, model: QuantizedModel, elements: float, channels: tuple[int, int], side: int) -> float:
-    if op.kind == "matmul":
-        a, b = model.shapes[op.inputs[0]], model.shapes[op.inputs[1]]
-        rows = int(np.prod(a[:-1]))
-        return rows * math.ceil(a[-1] / side) * math.ceil(b[-1] / side)
+    if op.kind == "matmul":  # the tile's rows of A x its columns of B
+        reduction, columns = model.shapes[op.inputs[0]][-1], channels[1] - channels[0]
+        return elements / max(columns, 1) * math.ceil(reduction / side) * math.ceil(columns / side)
     weight = op.consts["weight"]
     cout = channels[1] - channels[0]
     pixels = elements / max(cout, 1)

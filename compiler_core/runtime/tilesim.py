@@ -19,7 +19,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from compiler_core.backend.fusion import POINTWISE_KINDS
 from compiler_core.backend.layout import NHWC, TensorLayout, native_nhwc
+from compiler_core.backend.matmul import MatmulGeometry, matmul_geometry
 from compiler_core.backend.program import DecodedProgram
 from compiler_core.backend.schedule import COMPUTE, DMA_IN, DMA_OUT, DMA_T, DMA_W, RESIDENT, SYNC, TRANSPOSE
 from compiler_core.backend.tiling import align, channel_sliced, input_rows
@@ -129,6 +131,11 @@ class TileSimulator:
     def _compute(self, layer, state, memory, r0: int, r1: int, c0: int, c1: int, base: int) -> None:
         main = self.model.ops[layer.ops[0]]
         tiling = self.program.modes[self.mode]["layers"][layer.index]
+        geometry = matmul_geometry(self.model, layer, self.program.layouts) if tiling["rows"] else None
+        if geometry is not None:
+            values = self._epilogue(layer, self._matmul_tile(main, geometry, state, memory, r0, r1), state, memory)
+            self._write_outputs(layer, main, values, state, memory, base)
+            return
         out_layout = self.program.layouts[layer.outputs[0]]
         inputs, pads = [], None
         sliced = channel_sliced(self.model, layer, self.program.layouts)
@@ -147,7 +154,13 @@ class TileSimulator:
                 inputs.append(_decode(raw, layout, layout.shape if logical else layout.stored_shape,
                                       nhwc=layout.layout == NHWC and not logical))
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
+        if tiling["rows"] and main.kind in POINTWISE_KINDS:
+            op = _row_consts(main, out_layout, r0, r1)
         values = self._run(layer, op, inputs, state, memory)
+        self._write_outputs(layer, main, values, state, memory, base)
+
+    def _write_outputs(self, layer, main: IntOp, values, state, memory, base: int) -> None:
+        """Encode the tile's outputs into SRAM after its input buffers (where ``DMA_OUT`` reads them)."""
         offset = base + sum(align(size) for _, size, _ in state["inputs"].values())
         for name, value in zip(layer.outputs, values):
             layout = self.program.layouts[name]
@@ -176,8 +189,30 @@ class TileSimulator:
                 op.consts[key] = main.consts[key][w0:w1]
         return op
 
+    def _matmul_tile(self, main: IntOp, geometry: MatmulGeometry, state, memory, r0: int, r1: int) -> list[np.ndarray]:
+        """Rows ``[r0, r1)`` of a MatMul of activations from its tiles of A and B, one matrix of B at a time."""
+        layouts = self.program.layouts
+        (a_at, a_size, _), (b_at, b_size, _) = state["inputs"][0], state["inputs"][1]
+        if geometry.channels_last:  # bands of every head, heads innermost: the kernel's batch is the channel axis
+            a = _decode(memory[a_at:a_at + a_size], layouts[main.inputs[0]], (1, r1 - r0, geometry.k, -1), nhwc=True)
+            b = _decode(memory[b_at:b_at + b_size], layouts[main.inputs[1]], (1, geometry.k, -1, geometry.batch),
+                        nhwc=True)
+            return kernels.KERNELS[main.kind](main, [a, b])
+        first, last = geometry.batches(r0, r1)
+        a = _decode(memory[a_at:a_at + a_size], layouts[main.inputs[0]], (r1 - r0, geometry.k), nhwc=False)
+        b = _decode(memory[b_at:b_at + b_size], layouts[main.inputs[1]], (last - first, geometry.k, -1), nhwc=False)
+        parts = []
+        for matrix in range(first, last):
+            lo, hi = max(r0, matrix * geometry.m) - r0, min(r1, (matrix + 1) * geometry.m) - r0
+            parts.append(kernels.KERNELS[main.kind](main, [a[None, lo:hi], b[None, matrix - first]])[0][0])
+        return [np.concatenate(parts)]
+
     def _run(self, layer, op: IntOp, inputs: list[np.ndarray], state, memory) -> list[np.ndarray]:
         values = kernels.KERNELS[op.kind](op, _with_absent(self.model.ops[layer.ops[0]], inputs))
+        return self._epilogue(layer, values, state, memory)
+
+    def _epilogue(self, layer, values: list[np.ndarray], state, memory) -> list[np.ndarray]:
+        """The fused point-wise operations behind the main one, with their LUTs read from SRAM."""
         for index in layer.ops[1:]:
             epilogue = self.model.ops[index]
             tables = {key: _table(memory, *state["tables"][(index, key)]) for key in epilogue.consts
@@ -187,6 +222,19 @@ class TileSimulator:
                 epilogue.consts = {**epilogue.consts, **tables}
             values = kernels.KERNELS[epilogue.kind](epilogue, list(values))
         return values
+
+
+def _row_consts(op: IntOp, out_layout: TensorLayout, r0: int, r1: int) -> IntOp:
+    """The operation with its row-sized constants (an attention mask) cut to the tile's rows ``[r0, r1)``."""
+    trailing = len(out_layout.shape) - out_layout.row_axis  # axes from the row axis to the end
+    consts = {key: array[(Ellipsis, slice(r0, r1)) + (slice(None),) * (trailing - 1)]
+              if array.ndim >= trailing and array.shape[array.ndim - trailing] == out_layout.rows > 1 else array
+              for key, array in op.consts.items()}
+    if all(consts[key] is op.consts[key] for key in consts):
+        return op
+    sliced = copy.copy(op)
+    sliced.consts = consts
+    return sliced
 
 
 def _with_absent(op: IntOp, inputs: list[np.ndarray]) -> list:

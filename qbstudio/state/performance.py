@@ -17,6 +17,9 @@ from qbstudio.state.compare import HeatScale, heat_colours
 
 logger = logging.getLogger(__name__)
 
+CYCLES_COLOURING = "cycles:"
+"""Key prefix of the graph colouring by a core mode's cycles (``cycles:<mode>``) in the graph's colour selector."""
+
 
 @dataclass(frozen=True)
 class CycleHeat:

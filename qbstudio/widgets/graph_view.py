@@ -199,8 +199,11 @@ class GraphView(QWidget):
         self.legend = SupportLegend(self)
         self.heat_legend = HeatLegend(self)
         self.heat_legend.hide()
+        self._choices: list[tuple[str, str]] = []
+        self._extra: tuple[str, str] | None = None
         self.colour_combo = QComboBox(self, objectName="graphColouring")
-        self.colour_combo.setToolTip("Colour the nodes by support status, or by a compared run's per-layer error")
+        self.colour_combo.setToolTip("Colour the nodes by support status, by a compared run's per-layer error, "
+                                     "or by the estimated cycles (node details > Performance)")
         self.colour_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.colour_combo.addItem("Colours: support status", "support")
         self.colour_combo.currentIndexChanged.connect(
@@ -332,22 +335,37 @@ class GraphView(QWidget):
             self._push_statuses()
 
     def set_colourings(self, choices: list[tuple[str, str]]) -> None:
-        """Offer ``(key, label)`` colourings after "support status"; keeps the current one if still offered."""
-        current = self.colour_combo.currentData()
+        """Offer ``(key, label)`` colourings after "support status"; keeps the current one if still offered.
+
+        A colouring given to :meth:`set_extra_colouring` stays offered, last.
+        """
+        self._choices = list(choices)
+        self._offer()
+
+    def set_extra_colouring(self, choice: tuple[str, str] | None, *, select: bool = False) -> None:
+        """Offer one ``(key, label)`` colouring besides the compared runs' (the Performance tab's cycles), or none.
+
+        With ``select`` it becomes the chosen colouring (``colouring_changed`` is emitted if that changes it).
+        """
+        self._extra = choice
+        self._offer(choice[0] if select and choice else None)
+
+    def _offer(self, chosen: str | None = None) -> None:
+        """Refill the selector; keep the current colouring (or take ``chosen``); signal once if it changed."""
+        current = self.colour_combo.currentData() or "support"
         self.colour_combo.blockSignals(True)
         while self.colour_combo.count() > 1:
             self.colour_combo.removeItem(1)
-        for key, label in choices:
+        for key, label in [*self._choices, *([self._extra] if self._extra else [])]:
             self.colour_combo.addItem(label, key)
-        index = self.colour_combo.findData(current)
-        self.colour_combo.setCurrentIndex(max(0, index))
+        self.colour_combo.setCurrentIndex(max(0, self.colour_combo.findData(chosen or current)))
         self.colour_combo.blockSignals(False)
-        if index < 0 and current != "support":
-            self.colouring_changed.emit("support")
+        if self.colouring != current:
+            self.colouring_changed.emit(self.colouring)
 
     @property
     def colouring(self) -> str:
-        """The chosen colouring key (``support`` or one given to :meth:`set_colourings`)."""
+        """The chosen colouring key (``support`` or one given to :meth:`set_colourings` or :meth:`set_extra_colouring`)."""
         return self.colour_combo.currentData() or "support"
 
     def set_heatmap(self, colours: Mapping[str, list[str]], tooltips: Mapping[str, str], *, title: str,

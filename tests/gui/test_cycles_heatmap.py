@@ -63,9 +63,10 @@ def test_performance_switch_colours_the_graph_by_cycles(qtbot, shown_window):
     fill, tip = _fill(qtbot, graph, top["layer"]).split("|", 1)
     assert fill == _rgb(heat.colours[top["layer"]][0]) and f"{top['cycles']:,} cycles" in tip
     assert graph.heat_legend.isVisible() and "multi" in graph.heat_legend.title
+    assert graph.colouring == "cycles:multi" and graph.colour_combo.currentText() == "Colours: cycles (multi)"
     with qtbot.waitSignal(graph.heat_painted, timeout=5000):  # another core mode recolours
         view.mode.setCurrentIndex(view.mode.findText("global8"))
-    assert "global8" in graph.heat_legend.title
+    assert "global8" in graph.heat_legend.title and graph.colour_combo.currentText() == "Colours: cycles (global8)"
     window.show_node(top["layer"])
     heat = cycle_heat(view.report, "global8")
     assert _fill(qtbot, graph, top["layer"]).split("|")[0] == _rgb(heat.colours[top["layer"]][0])
@@ -75,3 +76,9 @@ def test_performance_switch_colours_the_graph_by_cycles(qtbot, shown_window):
     with qtbot.waitSignal(graph.heat_painted, timeout=5000):
         view.colour.setChecked(False)
     assert not graph.heat_active and graph.legend.isVisible()
+    assert graph.colouring == "support" and graph.colour_combo.findData("cycles:global8") < 0
+    with qtbot.waitSignal(graph.heat_painted, timeout=5000):  # and back, then the selector takes the graph
+        view.colour.setChecked(True)
+    with qtbot.waitSignal(graph.heat_painted, timeout=5000):
+        graph.colour_combo.setCurrentIndex(graph.colour_combo.findData("support"))
+    assert not view.colour.isChecked() and not graph.heat_active

@@ -1,0 +1,119 @@
+"""Opset conversion: ``onnxscript.version_converter.convert_version(model, target, fallback=True)``, with the
+ONNX C API fallback called on a proto whose large ``Constant`` weights are set aside.
+
+onnxscript converts opsets 18-25 itself and hands older models to ``onnx.version_converter`` (C++),
+which copies every tensor several times (into its own graph and back, across the Python boundary
+each way). Models that keep their weights in ``Constant`` nodes (PP-OCR: about 10 MB) spent most of
+that call copying them: 61 ms of PP-OCRv4 rec's conversion, 23 ms without the weights. Upgrading
+adapters never read a weight's values (they turn attributes into inputs) and the converter's shape
+inference reads only small constants (shapes, axes), so the raw bytes of each ``Constant`` tensor of
+more than :data:`LARGE_CONSTANT_ELEMENTS` elements are taken out of the serialized proto before the
+call and written back into the same ``Constant`` node of the converted proto. Where a node cannot be
+found again, the model is converted once more with its weights in place, so the result is always what
+the library gives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import onnx
+import onnx_ir as ir
+import onnxscript.version_converter
+from onnx_ir.passes import common as common_passes
+from onnxscript.version_converter import _c_api_utils, _version_converter
+
+from compiler_core.mblt.rule_index import RemoveUnusedNodes
+
+logger = logging.getLogger(__name__)
+
+LARGE_CONSTANT_ELEMENTS = 1000
+"""``Constant`` tensors of more elements than this (onnxscript's limit for initializers) are set aside."""
+
+
+def convert_version(model: ir.Model, target_version: int) -> None:
+    """Convert ``model`` in place to ``target_version`` of the default opset, as onnxscript does with fallback.
+
+    A failed C API conversion is logged and leaves the model's opset as it was (as in onnxscript).
+    """
+    ir.passes.Sequential(common_passes.InlinePass(), common_passes.RemoveUnusedFunctionsPass(),
+                         common_passes.RemoveUnusedOpsetsPass())(model)
+    if _version_converter.version_supported(model, target_version):  # onnxscript's own converter (or none)
+        onnxscript.version_converter.convert_version(model, target_version, fallback=True)
+        return
+    if model.graph.opset_imports.get("") != target_version:
+        try:
+            proto = _c_api_utils.call_onnx_api(lambda source: _convert_proto(source, target_version), model)
+        except Exception as error:  # the C API raises plain exceptions; the caller checks the resulting opset
+            logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
+                           target_version, exc_info=error)
+        else:
+            _adopt(model, ir.from_proto(proto))
+    ir.passes.Sequential(RemoveUnusedNodes(), common_passes.RemoveUnusedFunctionsPass(),
+                         common_passes.RemoveUnusedOpsetsPass())(model)
+
+
+def _adopt(model: ir.Model, converted: ir.Model) -> None:
+    """Make the converted graph the model's, with the initializers the C API call took out as inputs."""
+    for value in converted.graph.inputs:
+        if value.name in model.graph.initializers:
+            value.const_value = model.graph.initializers[value.name].const_value
+            converted.graph.register_initializer(value)
+    user_inputs = converted.graph.inputs[:len(model.graph.inputs)]
+    converted.graph.inputs.clear()
+    converted.graph.inputs.extend(user_inputs)
+    model.graph = converted.graph
+
+
+def _convert_proto(proto: onnx.ModelProto, target_version: int) -> onnx.ModelProto:
+    """``onnx.version_converter.convert_version`` with the large ``Constant`` weights set aside during the call."""
+    weights = _take_constant_weights(proto)
+    converted = onnx.version_converter.convert_version(proto, target_version)
+    if weights and not _put_constant_weights(converted, weights):
+        logger.debug("A Constant node changed in the opset conversion; converting again with its weights")
+        _put_constant_weights(proto, weights)
+        converted = onnx.version_converter.convert_version(proto, target_version)
+    return converted
+
+
+def _large_constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Output name -> ``value`` tensor of each main-graph ``Constant`` node whose tensor is stored as raw bytes
+    and has more than :data:`LARGE_CONSTANT_ELEMENTS` elements."""
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "value" and attribute.HasField("t") and attribute.t.HasField("raw_data") \
+                    and math.prod(attribute.t.dims) > LARGE_CONSTANT_ELEMENTS:
+                found[node.output[0]] = attribute.t
+    return found
+
+
+def _take_constant_weights(proto: onnx.ModelProto) -> dict[str, tuple[list[int], int, bytes]]:
+    """Clear the raw bytes of the large ``Constant`` tensors; returns output name -> (dims, data type, bytes)."""
+    weights = {}
+    for name, tensor in _large_constant_tensors(proto.graph).items():
+        weights[name] = (list(tensor.dims), tensor.data_type, tensor.raw_data)
+        tensor.ClearField("raw_data")
+    return weights
+
+
+def _put_constant_weights(proto: onnx.ModelProto, weights: dict[str, tuple[list[int], int, bytes]]) -> bool:
+    """Write the bytes back into the ``Constant`` nodes of the same output names; False (nothing written) if one of
+    them is missing or no longer a bare tensor of the same dims and type."""
+    targets = {}
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 \
+                and node.output[0] in weights:
+            tensors = [a.t for a in node.attribute if a.name == "value" and a.HasField("t")]
+            dims, data_type, _ = weights[node.output[0]]
+            if len(tensors) == 1 and list(tensors[0].dims) == dims and tensors[0].data_type == data_type \
+                    and not tensors[0].HasField("raw_data"):
+                targets[node.output[0]] = tensors[0]
+    if targets.keys() != weights.keys():
+        return False
+    for name, tensor in targets.items():
+        tensor.raw_data = weights[name][2]
+    return True
