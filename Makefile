@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus tile-exact cost-model clean wheel package package-test desktop-validate
+.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus hf-architectures tile-exact cost-model clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -80,6 +80,9 @@ corpus: setup
 
 # Tile-level simulator vs golden executor, bit for bit, on every corpus model and every core mode
 # (build/tile_exact/results.json; 57 minutes on the shared 2-core machine under load; two models run in `make test`).
+hf-architectures: setup
+	$(PY) bench/hf_architectures.py
+
 tile-exact: setup
 	$(PY) bench/tile_exact.py
 

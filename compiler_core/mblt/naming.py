@@ -34,10 +34,15 @@ def assign_canonical_names(model: ir.Model) -> None:
 
 
 def _name_initializers(graph: ir.Graph, taken: set[str]) -> None:
-    # Renaming a value re-keys graph.initializers, so iterate over a snapshot.
-    for value in list(graph.initializers.values()):
-        if not (value.is_graph_input() or value.is_graph_output()):
-            value.name = _unique(_initializer_name(value), taken)
+    # Renaming a value re-keys graph.initializers, so work on a snapshot; and in two steps, since a new name
+    # may still be the current name of an initializer renamed later (nodes renumbered after a removal).
+    renamed = [value for value in graph.initializers.values()
+               if not (value.is_graph_input() or value.is_graph_output())]
+    names = [_unique(_initializer_name(value), taken) for value in renamed]
+    for index, value in enumerate(renamed):
+        value.name = f"\x00renaming{index}"
+    for value, name in zip(renamed, names):
+        value.name = name
 
 
 def _initializer_name(value: ir.Value) -> str:
