@@ -160,7 +160,7 @@ def per_channel_residuals(view: GraphView, groups: list[Group], records: dict[st
     """Give per-feature 8-bit scales to the residual-branch outputs of MatMul/Gemm layers; returns their names.
 
     The attention-output and FFN-down projections of a transformer carry the residual stream's outlier
-    features (MiniLM's FFN-down outputs: 50-200x the median feature), which one 8-bit scale cannot hold
+    features (MiniLM's FFN-down outputs: 40-210x the median feature), which one 8-bit scale cannot hold
     without rounding the other features to a few codes. Scale ``c`` is the feature's calibrated max |x|
     over 127 (zero point 0). It costs no extra operation: the producing layer already requantizes per
     output channel (its multiplier ``s_x * s_w[c] / s_y[c]``), and the residual Add rescales each operand
