@@ -245,6 +245,23 @@ def test_transformers_folder_keeps_its_head_and_takes_its_image_size(tmp_path):
     assert relative_error(logits, reference(pixel_values=image).logits.detach().numpy()) < 1e-4
 
 
+def test_swin_with_sdpa_attention_exports_through_eager_attention():
+    """Swin's SDPA path hands the exporter a transposed tensor it cannot view (both exporters fail); the
+    frontend traces the eager attention instead and gives the caller's module back unchanged."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2],
+                                     window_size=4, num_labels=3)
+    module = transformers.SwinForImageClassification(config).eval()
+    assert module.config._attn_implementation == "sdpa"
+    image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    model = canonicalize(torch_frontend.export_module(module, {"pixel_values": image}))
+    assert module.config._attn_implementation == "sdpa"
+    (logits,) = canonical_session(model).run(None, {model.graph.inputs[0].name: image.numpy()})
+    assert relative_error(logits, module(pixel_values=image).logits.detach().numpy()) < 1e-4
+
+
 class RaisesInForward(torch.nn.Module):
     def forward(self, x):
         raise ValueError("only 16 kHz audio is supported")

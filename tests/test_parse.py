@@ -288,6 +288,41 @@ def test_consumers_of_group_normalization_get_static_shapes(tmp_path):
     assert list(model.graph.outputs[0].shape) == [1, 4, 1, 1]
 
 
+def test_chain_of_group_normalizations_gets_static_shapes(tmp_path):
+    """PoolFormer: GroupNorm -> Conv -> GroupNorm ...; each GroupNorm's input shape comes from the one before."""
+    nodes, last = [], "x"
+    for index in range(3):
+        nodes += [helper.make_node("GroupNormalization", [last, "scale", "bias"], [f"g{index}"], num_groups=2),
+                  helper.make_node("Conv", [f"g{index}", "w"], [f"c{index}"], pads=[1, 1, 1, 1])]
+        last = f"c{index}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "scale"),
+                               numpy_helper.from_array(np.zeros(4, np.float32), "bias"),
+                               numpy_helper.from_array(np.full((4, 4, 3, 3), 0.1, np.float32), "w")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "group_norms.onnx")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
+    assert all(list(value.shape) == [1, 4, 6, 6] for node in model.graph for value in node.outputs)
+
+
+def test_constant_gather_elements_over_many_rows_folds(tmp_path):
+    """ALBERT gathers its 512 token types by position at parse time; onnx.reference fails past 32 rows."""
+    nodes = [helper.make_node("GatherElements", ["types", "positions"], ["t"], axis=1),
+             helper.make_node("Cast", ["t"], ["tf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "tf"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array((np.arange(512, dtype=np.int64) % 3)[None], "types"),
+                               numpy_helper.from_array(np.arange(64, dtype=np.int64)[None] * 2, "positions")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "gather_elements.onnx")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt"))
+    assert [node.op_type for node in model.graph] == ["Add"]
+    added = next(value for value in model.graph[0].inputs if value.const_value is not None)
+    np.testing.assert_array_equal(added.const_value.numpy().ravel(), (np.arange(64) * 2 % 3).astype(np.float32))
+
+
 def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
     """IR-3 model-zoo exports list every weight among the graph inputs; they are constants, so BN folds.
 
@@ -305,3 +340,66 @@ def test_weights_listed_as_graph_inputs_are_compiled_as_constants(tmp_path):
     expected = ort.InferenceSession(str(source)).run(None, {proto.graph.input[0].name: x})[0]
     actual = ort.InferenceSession(str(mblt)).run(None, {graph.input[0].name: x})[0]
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("kernel", "pads", "strides", "dilations", "group"), [
+    ((70,), (35, 34), (1,), (1,), 2),  # wav2vec2's positional convolution, smaller
+    ((3, 40), (1, 5, 1, 6), (1, 2), (1, 1), 1),
+    ((33,), (0, 0), (3,), (2,), 1),
+])
+def test_conv_wider_than_the_npu_window_is_split_into_convs_that_fit(tmp_path, kernel, pads, strides, dilations,
+                                                                    group):
+    from compiler_core.ops.constraints import MAX_KERNEL
+
+    rng = np.random.default_rng(0)
+    shape = [1, 4] + [12, 100][-len(kernel):]
+    weight = rng.standard_normal((6, 4 // group, *kernel)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=list(strides),
+                            dilations=list(dilations), group=group, kernel_shape=list(kernel))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "wide.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    convs = [node for node in load_mblt(mblt).graph if node.op_type == "Conv"]
+    assert len(convs) == -(-max(kernel) // MAX_KERNEL)
+    assert all(max(conv.inputs[1].const_value.shape[2:]) <= MAX_KERNEL for conv in convs)
+    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+    (expected,) = ort.InferenceSession(str(source)).run(None, feed)
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
+    """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["t", "s2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([1, 2, 4, 2, 4, 6], np.int64), "s1"),
+                               numpy_helper.from_array(np.array([-1, 4, 4, 6], np.int64), "s2")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "windows.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert max(len(value.shape) for node in load_mblt(mblt).graph for value in node.outputs) <= 5
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 8, 8, 6)).astype(np.float32)}
+    np.testing.assert_array_equal(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                                  ort.InferenceSession(str(source)).run(None, feed)[0])
+
+
+def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_path):
+    """HF EfficientNet: AvgPool2d(1280, ceil_mode=True) over 7x7 is the mean of the whole input."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[1280, 1280], strides=[1280, 1280],
+                            ceil_mode=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "pool.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [node.op_type for node in load_mblt(mblt).graph] == ["GlobalAveragePool"]
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 4, 7, 7)).astype(np.float32)}
+    np.testing.assert_allclose(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                               ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-5, atol=1e-6)

@@ -483,3 +483,22 @@ def test_graph_of_one_unsupported_node_goes_to_the_head():
     model = _single("Det", [3, 3])
     plan = plan_cpu_offload(model, check_support(model, "aries-rb"))
     assert plan.cpu_head == ["node"] and plan.npu_body == [] and plan.cpu_tail == []
+
+
+def test_supported_node_between_head_nodes_joins_the_cpu_head():
+    """RoBERTa's position ids: Equal -> Not (supported) -> Cast -> CumSum ... on the token ids, all on the CPU."""
+    nodes = [
+        helper.make_node("Equal", ["ids", "pad"], ["is_pad"], name="equal"),
+        helper.make_node("Not", ["is_pad"], ["keep"], name="not"),
+        helper.make_node("Cast", ["keep"], ["keep_i"], name="cast", to=TensorProto.INT64),
+        helper.make_node("CumSum", ["keep_i", "axis"], ["positions"], name="cumsum"),
+        helper.make_node("Gather", ["table", "positions"], ["pos_embed"], name="gather", axis=0),
+        helper.make_node("Add", ["pos_embed", "x"], ["y"], name="add"),
+    ]
+    inits = [_const("pad", np.int64(1)), _const("axis", np.int64(1)), _weights("table", 16, 8)]
+    model = _model(nodes, [_io("ids", [1, 16], TensorProto.INT64), _io("x", [1, 16, 8])], [_out("y")], inits)
+    report = check_support(model, "aries-rb")
+    assert report.entries["not"].status == SupportStatus.SUPPORTED
+    plan = plan_cpu_offload(model, report)
+    assert plan.cpu_head == ["equal", "not", "cast", "cumsum", "gather"]
+    assert plan.npu_body == ["add"] and plan.npu_ready

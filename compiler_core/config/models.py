@@ -303,6 +303,13 @@ class LayerBiasCorrectionConfig(ConfigSection):
     num_samples: PositiveInt = Field(256, description="Samples used to measure the error.")
     iterations: PositiveInt = Field(5, description="Correction rounds.")
     correction_rate: float = Field(0.05, gt=0, le=1, description="Share of the error removed per round.")
+    empirical: bool = Field(
+        False, description="Also measure every linear layer's mean output shift per channel (integer program "
+                           "against the float graph, layer by layer in graph order, on calibration samples) and "
+                           "move its bias by it: corrects the shift a layer inherits from the layers before it, "
+                           "which the analytic correction (its own weight rounding) cannot see.")
+    empirical_samples: PositiveInt = Field(16, description="Calibration samples the empirical correction runs "
+                                                           "(one batch; memory grows with it).")
 
 
 class EquivalentTransformationConfig(ConfigSection):

@@ -449,8 +449,33 @@ def export_module(module: Any, feed_dict: Mapping[str, Any], *, dynamic_axes: Ma
                              f"{exporter_reason(error)}",
                              hint="Check the shapes and dtypes in feed_dict.") from error
     wrapper = _make_wrapper(module, list(tensors), constants)
-    return _export_with_fallback(wrapper, tuple(tensors.values()), list(tensors), output_names, dynamic_axes,
-                                 name=type(module).__name__)
+    args, name = tuple(tensors.values()), type(module).__name__
+    previous = _use_eager_attention(module)
+    try:
+        return _export_with_fallback(wrapper, args, list(tensors), output_names, dynamic_axes, name=name)
+    finally:
+        if previous is not None:
+            module.set_attn_implementation(previous)  # the caller's module keeps its own setting
+
+
+def _use_eager_attention(module: Any) -> str | None:
+    """Switch a transformers model to its plain MatMul/Softmax attention; the one it had, None when no switch.
+
+    The export traces the eager attention: some architectures (e.g. Swin) export only with it (their SDPA
+    path hands the exporter a transposed tensor that it cannot ``view``), and a failed export leaves the
+    model in a state where switching afterwards no longer helps.
+    """
+    if not _is_transformers_model(module):
+        return None
+    previous = getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager"
+    if previous == "eager":
+        return None
+    try:
+        module.set_attn_implementation("eager")
+    except Exception as error:  # an architecture without an eager path, or an old transformers
+        logger.info("%s cannot switch to eager attention: %s", type(module).__name__, exporter_reason(error))
+        return None
+    return str(previous)
 
 
 def export_graph(module: Any, args: tuple, input_names: list[str], output_names: list[str], *, name: str

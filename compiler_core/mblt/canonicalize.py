@@ -48,6 +48,7 @@ VERIFY_STAGE = "verify"
 # hook for per-key mergers yet, so register ours on its default merger.
 _rewrite_rule._default_metadata_merger.mergers[SOURCE_NAME_KEY] = metadata_merger.comma_separator_merger
 
+_FOLDER_LOGGER = "onnxscript.optimizer._constant_folding"
 _FOLD_SIZE_LIMIT = 1 << 26  # elements; weights of real models must fold (PP-OCR keeps them in Constants)
 
 
@@ -243,8 +244,9 @@ def _lift_constants(model: ir.Model) -> InvalidModelError | None:
 
 
 def _optimize(model: ir.Model) -> None:
-    optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-             should_fold=_should_fold)
+    with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
+        optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
+                 should_fold=_should_fold)
     _remove_unused_initializers(model)
 
 
@@ -276,8 +278,9 @@ def _legalize(model: ir.Model) -> None:
         if not rules.apply_to_model(model):
             break
         common_passes.RemoveUnusedNodesPass()(model)
-        optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
-                 should_fold=_should_fold)
+        with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
+            optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
+                     output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
 
@@ -285,8 +288,6 @@ def _legalize(model: ir.Model) -> None:
 def _fold_remaining_constants(model: ir.Model) -> None:
     """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
     initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one."""
-    from onnx.reference import ReferenceEvaluator
-
     for node in list(model.graph):
         inputs = [v for v in node.inputs if v is not None]
         if not inputs or any(v.const_value is None for v in inputs) or node.domain not in ("", "ai.onnx"):
@@ -298,7 +299,7 @@ def _fold_remaining_constants(model: ir.Model) -> None:
                                                              for o in proto.output if o],
                                        [onnx.numpy_helper.from_array(v.const_value.numpy(), v.name) for v in inputs])
         folded = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset.MBLT_OPSET_VERSION)])
-        results = ReferenceEvaluator(folded).run(None, {})
+        results = _evaluate_constant_node(folded)
         for output, array in zip([o for o in node.outputs if o.name], results):
             name, output.name = output.name, f"{output.name}_unfolded"
             replacement = ir.Value(name=name, const_value=ir.tensor(np.asarray(array)),
@@ -308,6 +309,24 @@ def _fold_remaining_constants(model: ir.Model) -> None:
             if output.is_graph_output():
                 model.graph.outputs[model.graph.outputs.index(output)] = replacement
         model.graph.remove(node, safe=False)
+
+
+def _evaluate_constant_node(folded: onnx.ModelProto) -> list[np.ndarray]:
+    """Run a one-node model of constants: onnxruntime first, ``onnx.reference`` for what it lacks.
+
+    ``onnx.reference`` alone is not enough: its GatherElements fails on more than 32 rows to choose from
+    (ALBERT's token-type buffer of 512), which the optimizer's folding then also left behind.
+    """
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        session = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {})
+    except Exception as error:  # onnxruntime lacks the op/type or rejects the opset: the reference has more
+        logger.debug("onnxruntime cannot fold %s (%s); using onnx.reference", folded.graph.node[0].op_type,
+                     _first_line(error))
+    return ReferenceEvaluator(folded).run(None, {})
 
 
 def _tidy(model: ir.Model) -> None:
@@ -330,7 +349,10 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
     _check_mblt_ops(model)
     if source_inference is not None and _has_dynamic_shapes(model):
         raise source_inference  # the model's inconsistency left tensors without shapes
-    if _fill_same_shape_outputs(model) and any(value.shape is None for node in model.graph for value in node.outputs):
+    for _ in range(len(model.graph)):  # one round per GroupNormalization in a chain (PoolFormer has dozens)
+        if not (_fill_same_shape_outputs(model)
+                and any(value.shape is None for node in model.graph for value in node.outputs)):
+            break
         _infer_shapes(model)  # ONNX infers no shape for GroupNormalization-21: give its consumers theirs
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION

@@ -100,7 +100,12 @@ class WholeWindowAveragePool(RewriteRuleClassBase):
             return result.fail(f"{node.name}: the input shape is not static.")
         spatial = list(x.shape)[2:]
         attributes = {name: attribute.value for name, attribute in node.attributes.items()}
-        if list(attributes.get("kernel_shape", [])) != spatial:
+        kernel = list(attributes.get("kernel_shape", []))
+        # A window larger than the input is the whole input too when ceil_mode clips it to one output per
+        # axis (HF EfficientNet pools with AvgPool2d(1280, ceil_mode=True) over 7x7).
+        clipped = (attributes.get("ceil_mode", 0) and y.shape is not None and list(y.shape)[2:] == [1] * len(spatial)
+                   and not attributes.get("count_include_pad", 0))
+        if len(kernel) != len(spatial) or not all(k == d or (clipped and k > d) for k, d in zip(kernel, spatial)):
             return result.fail(f"{node.name}: the window is not the whole input.")
         if any(attributes.get("pads", [0])) or attributes.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             return result.fail(f"{node.name}: the input is padded.")
@@ -201,6 +206,134 @@ class ConvDivChannel(_ConvChannelAffine):
     """``Conv / c``."""
 
     operator = "Div"
+
+
+class SplitWideConvKernel(RewriteRuleClassBase):
+    """A Conv whose kernel is wider than the NPU's window limit -> a sum of Convs over slices of the kernel.
+
+    ``y[t] = sum_k W[k] x[t*s + k*d]`` splits over ``k`` into chunks of at most ``MAX_KERNEL`` taps: chunk
+    ``i`` convolves the padded input shifted by ``i * MAX_KERNEL * d`` with its slice of the weights, and the
+    chunks add up (the bias rides on the first). Exact in float. wav2vec2's positional convolution
+    (kernel 128 over time) is the case that needs it. One axis per application; the rule repeats for more.
+    """
+
+    def pattern(self, op, x, w):
+        return op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, w, y) -> MatchResult:
+        from compiler_core.ops.constraints import MAX_KERNEL, MAX_STRIDE
+
+        result = MatchResult()
+        node = y.producer()
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if w.const_value is None or (bias is not None and bias.const_value is None):
+            return result.fail(f"{node.name}: weights or bias are not constants.")
+        wide = [j for j, k in enumerate(w.const_value.shape[2:]) if k > MAX_KERNEL]
+        if not wide:
+            return result.fail(f"{node.name}: the kernel fits the NPU window.")
+        strides = list(node.attributes["strides"].as_ints()) if "strides" in node.attributes else []
+        if strides and strides[wide[0]] > MAX_STRIDE:  # Silero's STFT (stride 128): the chunks could not run either
+            return result.fail(f"{node.name}: stride {strides[wide[0]]} is too large for the split convolutions.")
+        auto_pad = node.attributes.get("auto_pad")
+        if auto_pad is not None and auto_pad.as_string() not in ("NOTSET", ""):
+            return result.fail(f"{node.name}: auto_pad {auto_pad.as_string()} (explicit pads only).")
+        if x.shape is None or not all(isinstance(d, int) for d in x.shape):
+            return result.fail(f"{node.name}: the input shape is not static.")
+        return result
+
+    def rewrite(self, op, x, w, y):
+        from compiler_core.ops.constraints import MAX_KERNEL
+
+        node = y.producer()
+        weight = w.const_value.numpy()
+        spatial = weight.ndim - 2
+        axis = next(j for j, k in enumerate(weight.shape[2:]) if k > MAX_KERNEL)
+        ints = {name: list(node.attributes[name].as_ints()) for name in ("pads", "strides", "dilations")
+                if name in node.attributes}
+        pads = ints.get("pads", [0] * 2 * spatial)
+        stride = ints.get("strides", [1] * spatial)[axis]
+        dilation = ints.get("dilations", [1] * spatial)[axis]
+        begin, end = pads[axis], pads[axis + spatial]
+        length = int(x.shape[2 + axis]) + begin + end
+        if begin or end:
+            padding = [0] * 2 * weight.ndim
+            padding[2 + axis], padding[2 + axis + weight.ndim] = begin, end
+            x = op.Pad(x, op.initializer(ir.tensor(np.array(padding, np.int64)), name=f"{node.name}_wide_pads"))
+        kernel = weight.shape[2 + axis]
+        outputs = (length - dilation * (kernel - 1) - 1) // stride + 1
+        chunk_pads = list(pads)
+        chunk_pads[axis] = chunk_pads[axis + spatial] = 0
+        attributes = {name: attribute for name, attribute in node.attributes.items()
+                      if name not in ("pads", "kernel_shape")}
+        total = None
+        for index, first in enumerate(range(0, kernel, MAX_KERNEL)):
+            taps = min(MAX_KERNEL, kernel - first)
+            start = first * dilation
+            stop = start + (outputs - 1) * stride + dilation * (taps - 1) + 1
+            sliced = op.Slice(x, *(op.initializer(ir.tensor(np.array([v], np.int64)), name=f"{node.name}_wide{index}_{k}")
+                                   for k, v in (("start", start), ("stop", stop), ("axis", 2 + axis))))
+            part = np.take(weight, np.arange(first, first + taps), axis=2 + axis)
+            inputs = [sliced, op.initializer(ir.tensor(np.ascontiguousarray(part)), name=f"{node.name}_wide{index}_w")]
+            if index == 0 and len(node.inputs) > 2 and node.inputs[2] is not None:
+                inputs.append(node.inputs[2])
+            conv = op.Conv(*inputs, pads=chunk_pads, **attributes)
+            total = conv if total is None else op.Add(total, conv)
+        return total
+
+
+def _collapsed_transpose(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
+    """The fewest axes a Transpose of ``shape`` by ``perm`` can be written with: ``(shape', perm')``.
+
+    Size-1 axes go; axes that stay neighbours in the same order under ``perm`` merge into one.
+    """
+    kept = [axis for axis in perm if shape[axis] != 1]
+    order = sorted(kept)
+    renumbered = [order.index(axis) for axis in kept]
+    groups: list[list[int]] = []  # runs of input axes, in output order
+    for axis in renumbered:
+        if groups and axis == groups[-1][-1] + 1:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    by_input = sorted(groups)
+    new_shape = [int(np.prod([shape[order[axis]] for axis in group])) for group in by_input]
+    return new_shape, [by_input.index(group) for group in groups]
+
+
+class CollapseHighRankTranspose(RewriteRuleClassBase):
+    """``Reshape -> Transpose -> Reshape`` through a tensor of more axes than the NPU has -> fewer axes.
+
+    Swin's window partition is ``view(B, H/w, w, W/w, w, C).permute(0, 1, 3, 2, 4, 5)``: rank 6, while
+    the NPU's tensors have at most 5 axes. Dropping size-1 axes and merging axes that stay neighbours
+    under the permutation gives the same elements in the same order with fewer axes (rank 4 here).
+    """
+
+    def pattern(self, op, x, s1, s2):
+        inner = op.Reshape(x, s1, _allow_other_attributes=True, _outputs=["inner"])
+        moved = op.Transpose(inner, _allow_other_attributes=True, _outputs=["moved"])
+        return op.Reshape(moved, s2, _allow_other_attributes=True)
+
+    def check(self, context, x, s1, s2, inner, moved) -> MatchResult:
+        from compiler_core.ops import MAX_RANK
+
+        result = MatchResult()
+        node = moved.producer()
+        if inner.shape is None or not all(isinstance(d, int) for d in inner.shape) or len(inner.shape) <= MAX_RANK:
+            return result.fail(f"{node.name}: the tensor fits the NPU's rank.")
+        if len(inner.uses()) != 1 or len(moved.uses()) != 1 or moved.is_graph_output() or inner.is_graph_output():
+            return result.fail(f"{node.name}: the intermediate tensors have other consumers.")
+        if s2.const_value is None or "perm" not in node.attributes:
+            return result.fail(f"{node.name}: the target shape or the permutation is not constant.")
+        shape, _ = _collapsed_transpose(list(inner.shape), list(node.attributes["perm"].as_ints()))
+        if len(shape) > MAX_RANK:
+            return result.fail(f"{node.name}: still rank {len(shape)} after merging axes.")
+        return result
+
+    def rewrite(self, op, x, s1, s2, inner, moved):
+        node = moved.producer()
+        shape, perm = _collapsed_transpose(list(inner.shape), list(node.attributes["perm"].as_ints()))
+        target = op.initializer(ir.tensor(np.array(shape, np.int64)), name=f"{node.name}_collapsed_shape")
+        return op.Reshape(op.Transpose(op.Reshape(x, target), perm=perm), s2)
 
 
 def _last_axis(value: ir.Value, rank: int) -> bool:
@@ -318,5 +451,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), WrittenOutLayerNormDiv.rule(),
      WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
-    commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule()]
+    commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), SplitWideConvKernel.rule(),
+                           CollapseHighRankTranspose.rule()]
 """Our rules, in application order (operand orders of commutative ops included)."""

@@ -138,8 +138,9 @@ def counted_layers(model: QuantizedModel) -> int:
 class _Evaluator:
     """Quantizes a config on the cached statistics and measures it bit-exactly on the held-out samples."""
 
-    def __init__(self, graph: ir.Model, stats, holdout, device, mode: str, reporter: Reporter, sha256: str) -> None:
-        self.graph, self.stats, self.holdout = graph, stats, holdout
+    def __init__(self, graph: ir.Model, stats, holdout, device, mode: str, reporter: Reporter, sha256: str,
+                 calibration=None) -> None:
+        self.graph, self.stats, self.holdout, self.calibration = graph, stats, holdout, calibration
         self.device, self.mode, self.reporter, self.sha256 = device, mode, reporter, sha256
 
     def __call__(self, config: CompileConfig) -> tuple[ir.Model, QuantizedModel, dict[str, Any], float]:
@@ -149,7 +150,7 @@ class _Evaluator:
 
         quiet = Reporter(None, self.reporter.cancel_token)
         float_graph, model = quantize_from_statistics(self.graph, self.stats, config, mblt_sha256=self.sha256,
-                                                      reporter=quiet)
+                                                      reporter=quiet, samples=self.calibration)
         report = analyze(float_graph, model, self.holdout, num_samples=len(self.holdout), per_layer=False,
                          reporter=quiet)
         return float_graph, model, report, estimate(model, self.device, self.mode).latency_ms
@@ -184,7 +185,8 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         raise CalibrationError("Automatic mixed precision needs held-out samples to check its target.",
                                hint="Set analysisHoldout above 0 and give at least 8 calibration samples.")
     holdout_samples = list(holdout)
-    evaluate = _Evaluator(session.graph, stats, holdout_samples, device, mode, reporter, session.sha256)
+    evaluate = _Evaluator(session.graph, stats, holdout_samples, device, mode, reporter, session.sha256,
+                          calibration=_empirical_samples(config, calibration))
     settings = config.mixed_precision
     search = _Search(config, evaluate, settings.target.kind, settings.target.value, reporter)
     with reporter.stage("mixed-precision", total=0, message="int8 program on the held-out samples"):
@@ -207,6 +209,14 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         seconds["search"] = time.perf_counter() - step
     seconds["total"] = time.perf_counter() - started
     return search.result(sensitivity, seconds)
+
+
+def _empirical_samples(config: CompileConfig, calibration) -> list | None:
+    """The calibration samples the empirical bias correction of every point runs on (read once), if it is on."""
+    correction = config.layer_bias_correction
+    if not (correction.apply and correction.empirical):
+        return None
+    return [sample for _, sample in zip(range(correction.empirical_samples), calibration)]
 
 
 class _Search:

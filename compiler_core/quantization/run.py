@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from compiler_core.config import CompileConfig, layer_matches
 from compiler_core.errors import CalibrationError
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter
+from compiler_core.quantization.bias_correction import correct_biases
 from compiler_core.quantization.equalize import equalize, equalized_stats, find_pairs
 from compiler_core.quantization.pipeline import MODE_NAMES, quantize_graph
 from compiler_core.quantization.program import QuantizedModel
@@ -73,7 +74,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
     model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
     quantized, model = quantize_from_statistics(target, stats, config, mblt_sha256=session.sha256, reporter=reporter,
-                                                model_outputs=model_outputs)
+                                                model_outputs=model_outputs,
+                                                samples=calibration if head is None else _through_head(head, calibration))
     timings["quantize"] = time.perf_counter() - started
     report = {}
     if analysis and len(holdout):
@@ -86,9 +88,14 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
 
 
 def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: CompileConfig, *, mblt_sha256: str = "",
-                             reporter: Reporter | None = None,
-                             model_outputs: frozenset[str] | None = None) -> tuple[ir.Model, QuantizedModel]:
+                             reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None,
+                             samples: Iterable[Mapping[str, np.ndarray]] | None = None,
+                             ) -> tuple[ir.Model, QuantizedModel]:
     """Smooth and equalize (if configured) and quantize ``target`` with already collected statistics.
+
+    ``samples`` are the calibration samples; with ``layerBiasCorrection.empirical`` the first
+    ``empiricalSamples`` of them measure each linear layer's output shift
+    (:mod:`~compiler_core.quantization.bias_correction`; without samples that step is skipped, with a warning).
 
     Returns:
         ``(float graph, program)``: the float graph the program was quantized from (``target`` itself,
@@ -99,6 +106,14 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
                            model_outputs=model_outputs, signal_rms=_signal_rms(stats),
                            feature_absmax=_feature_absmax(stats))
+    correction = config.layer_bias_correction
+    if correction.apply and correction.empirical:
+        if samples is None:
+            logger.warning("layerBiasCorrection.empirical needs calibration samples here; only the analytic "
+                           "correction was applied.")
+        else:
+            chosen = [sample for _, sample in zip(range(correction.empirical_samples), samples)]
+            correct_biases(quantized, model, chosen, reporter=reporter)
     return quantized, model
 
 

@@ -7,7 +7,10 @@ host CPU, but only at the edges of the graph, so the NPU runs one contiguous bod
   a graph input, an initializer or a ``Constant`` node; a supported node whose inputs come from
   the same places joins it when it is pure data movement (Pad, Reshape, Unsqueeze ...) and its
   outputs feed nothing but head nodes (no graph output), so a Pad/Reshape leading into a blocking
-  first layer does not keep that layer in the NPU body.
+  first layer does not keep that layer in the NPU body. A supported node computing bool/int values
+  (index or mask arithmetic, no float output) inside the head (fed by a head node, feeding only head
+  nodes) joins it too: RoBERTa's position ids are ``Equal -> Not -> Cast -> CumSum ...`` on the token
+  ids, and the one supported ``Not`` in that chain must not split it.
 * **CPU tail** (backward, in reverse graph order): a blocking node not in the head joins the tail
   when every consumer of its outputs is a tail node (graph outputs and unused outputs are fine).
 * **NPU body**: every other node, in graph order. Blocking nodes left there are
@@ -82,7 +85,9 @@ def _head(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
 
     A supported data-movement node joins too when its results feed nothing but head nodes (the
     Pad/Unsqueeze before Silero's STFT convolution): it does no arithmetic, and moving it frees the
-    blocking node behind it.
+    blocking node behind it. So does a supported node of bool/int index arithmetic between head nodes (fed
+    by one, feeding only head nodes): on the NPU it would need a CPU -> NPU -> CPU round trip that the
+    split cannot express.
     Found as a fixpoint, starting from every node and dropping those that break a rule.
     """
     head = {node for _, node in nodes}
@@ -90,11 +95,21 @@ def _head(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
     while changed:
         changed = False
         for name, node in nodes:
-            lead_in = node.op_type in _LEAD_IN_OPS and _feeds_only(node, head)
+            lead_in = _feeds_only(node, head) and (
+                node.op_type in _LEAD_IN_OPS or (_fed_by_head_node(node, head) and _computes_indices(node)))
             if node in head and not (_fed_by(node, head) and (name in offloadable or lead_in)):
                 head.discard(node)
                 changed = True
     return {name for name, node in nodes if node in head}
+
+
+def _computes_indices(node: ir.Node) -> bool:
+    """True if no output is floating point: index or mask arithmetic (bool/int), never NPU activations."""
+    return all(value.dtype is not None and not value.dtype.is_floating_point() for value in node.outputs)
+
+
+def _fed_by_head_node(node: ir.Node, head: set[ir.Node]) -> bool:
+    return any(value is not None and value.producer() in head for value in node.inputs)
 
 
 def _fed_by(node: ir.Node, head: set[ir.Node]) -> bool:

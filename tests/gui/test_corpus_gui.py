@@ -1,7 +1,7 @@
 """Corpus models in the workbench: they open, and what the graph colours as supported is what compiles.
 
-Two small models of the real-model corpus (``tests/corpus.py``) whose support check flags nodes:
-CREPE tiny (six convolutions with 512-tap kernels the NPU cannot run: a compile is refused) and
+Two small models of the real-model corpus (``tests/corpus.py``): CREPE tiny (convolutions with 512- and
+64-tap kernels, wider than the NPU window, which parse splits: all supported, and it compiles) and
 Magika (integer byte input: the head must run on the CPU). The graph's colours come from the same
 report the compiler uses, and the compiler's answer is checked against them node by node.
 """
@@ -16,7 +16,6 @@ import corpus  # noqa: E402
 from realmodels import RealModelUnavailable  # noqa: E402
 
 from compiler_core.api import mxq_compile  # noqa: E402
-from compiler_core.errors import UnsupportedOpsError  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -53,20 +52,17 @@ def _open_entry(qtbot, window: MainWindow, monkeypatch, name: str) -> dict[str, 
     return pushed[-1]
 
 
-def test_nodes_the_npu_cannot_run_are_flagged_and_are_the_ones_the_compiler_refuses(qtbot, window, errors,
-                                                                                     monkeypatch, tmp_path):
+def test_wide_kernel_convolutions_are_shown_supported_and_compile(qtbot, window, errors, monkeypatch, tmp_path):
+    """CREPE tiny's six convolutions have 512- and 64-tap kernels (the NPU window is 32): parse splits each
+    into convolutions that fit, so the graph shows every node supported, and the compile keeps that promise."""
     statuses = _open_entry(qtbot, window, monkeypatch, "crepe_tiny")
-    flagged = {name for name, status in statuses.items() if status != "supported"}
-    assert len(flagged) == 6 and {window.report.entries[name].op_type for name in flagged} == {"Conv"}
-    assert not window.act_compile.isEnabled() and "cannot run" in window.act_compile.toolTip()
-    assert window.run_panel.offload_button.isHidden()  # most of the convolutions sit inside the body
-
-    with pytest.raises(UnsupportedOpsError) as refused:
-        mxq_compile(window.loaded.mblt_path, target_device="aries-rb", use_random_calib=True,
-                    save_path=tmp_path / "crepe.mxq", analysis_holdout=0)
-    ops = refused.value.fields["ops"]
-    assert sum(op["count"] for op in ops) == len(flagged)
-    assert {node for op in ops for node in op["nodes"]} <= flagged
+    assert set(statuses.values()) == {"supported"}
+    convs = [node for node in window.loaded.model.graph if node.op_type == "Conv"]
+    assert len(convs) == 16 + 5 * 2  # 512 taps -> 16 convolutions, 64 taps -> 2
+    assert window.act_compile.isEnabled()
+    mxq_compile(window.loaded.mblt_path, target_device="aries-rb", use_random_calib=True,
+                save_path=tmp_path / "crepe.mxq", analysis_holdout=0)
+    assert (tmp_path / "crepe.mxq").is_file()
     assert errors == []
 
 
