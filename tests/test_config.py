@@ -301,7 +301,7 @@ EXPECTED_PRESET_CHANGES = {
     "vision_transformer": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "transformer_encoder": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "transformer_encoder_int8": {"calibration.method", "equivalentTransformation.apply", "equivalentTransformation.alpha",
-                                 "equivalentTransformation.duplicateNorms", "bit.residualBits",
+                                 "equivalentTransformation.duplicateNorms", "bit.residualScales",
                                  "bit.layerOverrides.activation16Bits"},
     "ocr": {"calibration.method", "bit.layerOverrides.activation16Bits"},
     "a16w8": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits"},

@@ -5,6 +5,9 @@
   (1e-4 relative), the int8 program gets closer to FP32, and the QDQ export follows the smoothed norm.
 - Post-norm block (LayerNorm output also read by the residual Add): skipped, with the reason.
 - ``bit.residualBits`` widens exactly the linear outputs that a residual Add feeds into a norm.
+- ``bit.residualScales: channel`` gives such an output (with outlier features) one int8 scale per feature:
+  closer to FP32 than one scale, the golden executor, the fast executor and the QDQ export agree, and
+  the per-feature maxima of linear outputs are collected for it.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
     return 10 * np.log10(float((reference.astype(np.float64) ** 2).sum()) / max(noise, 1e-30))
 
 
-def test_feature_maxima_are_collected_for_matmul_inputs_only(tmp_path):
+def test_feature_maxima_are_collected_for_matmul_inputs_and_linear_outputs_only(tmp_path):
     graph = load_mblt(_mblt(tmp_path, post_norm=False))
     samples = _samples(4)
     stats = collect_statistics(graph, samples, num_samples=4)
@@ -98,7 +101,10 @@ def test_feature_maxima_are_collected_for_matmul_inputs_only(tmp_path):
     np.testing.assert_allclose(norm.feature_absmax, expected, rtol=1e-6)
     assert set(np.argsort(norm.feature_absmax)[-2:]) == set(OUTLIERS)
     assert norm.channel_axis == 1  # [1, 16, 32] is read on the tokens: the per-channel arrays cannot serve
-    assert stats[graph.graph.outputs[0].name].feature_absmax.size == 0
+    assert stats[graph.graph.outputs[0].name].feature_absmax.size == 0  # a Mul's output
+    bias_output = next(node.outputs[0].name for node in graph.graph if node.op_type == "Add" and any(
+        value.producer() is not None and value.producer().op_type == "MatMul" for value in node.inputs))
+    assert stats[bias_output].feature_absmax.size == OUT  # a linear layer's output, through its bias Add
 
 
 def _norm_output(graph: ir.Model) -> str:
@@ -258,3 +264,49 @@ def test_residual_bits_widen_the_branch_outputs_that_feed_a_norm(tmp_path):
         widths[bits] = {name: params.bits for name, params in program.tensors.items()}
     assert widths[8][branch] == 8 and widths[16][branch] == 16
     assert {name for name in widths[16] if widths[16][name] != widths[8][name]} == {branch}
+
+
+def _outlier_residual_block() -> onnx.ModelProto:
+    """As :func:`_residual_block`, with the branch's output features ``OUTLIERS`` 100x the others."""
+    model = _residual_block()
+    weight = next(item for item in model.graph.initializer if item.name == "w")
+    array = numpy_helper.to_array(weight).copy() * 0.2
+    array[:, list(OUTLIERS)] *= 100.0
+    weight.CopyFrom(numpy_helper.from_array(array.astype(np.float32), "w"))
+    return model
+
+
+def test_per_feature_residual_scales_hold_the_outlier_features(tmp_path):
+    from compiler_core.runtime.fastpath.plan import executor_for
+
+    source = tmp_path / "outliers.onnx"
+    onnx.save(_outlier_residual_block(), str(source))
+    mblt = mblt_compile(source, tmp_path / "outliers.mblt", backend="onnx")
+    (branch,) = residual_branches(GraphView(load_mblt(mblt)))
+    programs = {scales: quantize(mblt, use_random_calib=True, analysis=False,
+                                 bit_config={"residualScales": scales}).model for scales in ("tensor", "channel")}
+    per_tensor, per_feature = programs["tensor"], programs["channel"]
+    params = per_feature.params(branch)
+    assert params.bits == 8 and params.axis == 2 and np.size(params.scale) == HIDDEN
+    assert set(np.argsort(params.scale)[-2:]) == set(OUTLIERS)
+    assert per_tensor.params(branch).axis is None
+    (add,) = [op for op in per_feature.ops if op.kind == "add" and branch in op.inputs]
+    assert add.consts["multipliers"].shape == (2, HIDDEN)
+    qdq, fast = export_qdq(mblt, per_feature), executor_for(per_feature)
+    branch_graph = _with_output(load_mblt(mblt), branch)
+    others = [index for index in range(HIDDEN) if index not in OUTLIERS]  # the features one scale rounds away
+    gains = []
+    for sample in _samples(3):
+        golden = executor.run(per_feature, sample)["y"]
+        np.testing.assert_array_equal(fast.run(sample)["y"], golden)
+        assert np.abs(_run(qdq, sample) - golden).max() <= 1.01 * float(per_feature.params("y").scale)
+        reference = _run(branch_graph, sample)[..., others]
+        sqnr = {scales: _sqnr(reference, _branch_values(program, sample, branch)[..., others])
+                for scales, program in programs.items()}
+        gains.append(sqnr["channel"] - sqnr["tensor"])
+    assert min(gains) > 20.0, gains  # 100x outliers: 30-34 dB measured
+
+
+def _branch_values(program, sample: dict[str, np.ndarray], name: str) -> np.ndarray:
+    env = executor.execute(program, executor.quantize_inputs(program, sample), keep=[name])
+    return program.params(name).dequantize(env[name])

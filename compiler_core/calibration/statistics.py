@@ -4,7 +4,8 @@
 (graph inputs are read straight from the feeds), runs onnxruntime on one sample at a time and folds
 each tensor into a :class:`TensorAccumulator`: min / max, count, sum and sum of squares, per-channel
 min / max / sum, the max |x| of every sample, and a :class:`PowerOfTwoHistogram`; for the data inputs of
-MatMul/Gemm also max |x| per feature (last axis), which SmoothQuant reads. The result is a
+MatMul/Gemm, and for the outputs of MatMul/Gemm layers with constant weights (through their bias Add), also
+max |x| per feature (last axis), which SmoothQuant and per-channel residual-branch scales read. The result is a
 :class:`StatisticsSet`, saved as one ``.npz`` and cached by ``compiler_core.calibration.cache``, from
 which every observer (``compiler_core.calibration.observers``) derives its range without rerunning the
 model.
@@ -56,7 +57,7 @@ from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 logger = logging.getLogger(__name__)
 
 STATISTICS_FORMAT = "qbcompiler.statistics"
-STATISTICS_FORMAT_VERSION = 3
+STATISTICS_FORMAT_VERSION = 4
 DEFAULT_BINS = 2048
 MIN_HISTOGRAM_RANGE = 2.0 ** -20
 _META_KEY = "meta"
@@ -185,10 +186,11 @@ class TensorStats:
         sample_absmax: max |x| of every sample, in sample order (float64).
         nonfinite: Number of NaN / inf elements seen. They are left out of ``count``, ``mean`` and ``std``
             and enter the per-channel arrays and the histogram as 0 (a warning is logged).
-        feature_absmax: max |x| per index of the LAST axis (the features a MatMul/Gemm reduces over),
-            collected only for tensors a MatMul/Gemm reads as its data input (:func:`feature_tensors`);
-            empty otherwise. SmoothQuant reads it: a token-major ``[1, S, H]`` tensor with ``S < H`` has
-            its :attr:`channel_axis` on the tokens, not on the features.
+        feature_absmax: max |x| per index of the LAST axis (the features a MatMul/Gemm reduces over, or
+            produces), collected only for the data inputs and the outputs of MatMul/Gemm layers
+            (:func:`feature_tensors`); empty otherwise. SmoothQuant and per-channel residual-branch scales
+            read it: a token-major ``[1, S, H]`` tensor with ``S < H`` has its :attr:`channel_axis` on the
+            tokens, not on the features.
     """
 
     name: str
@@ -531,7 +533,12 @@ def collect_statistics(
 
 
 def feature_tensors(model: ir.Model) -> set[str]:
-    """Names of the tensors a MatMul/Gemm of ``model`` reads as its data input (rank >= 2, not constant)."""
+    """Names of the tensors that get per-feature maxima: MatMul/Gemm data inputs and linear-layer outputs.
+
+    A data input (rank >= 2, not constant) is what SmoothQuant rescales per input feature; the output of
+    a MatMul/Gemm with constant weights (or of the Add of a constant bias that follows it) is what a
+    per-channel residual-branch scale (``bit.residualScales``) quantizes per output feature.
+    """
     names = set()
     for node in model.graph:
         index = FEATURE_READERS.get(node.op_type)
@@ -540,6 +547,19 @@ def feature_tensors(model: ir.Model) -> set[str]:
         value = node.inputs[index]
         if value is not None and value.const_value is None and value.shape is not None and len(value.shape) >= 2:
             names.add(value.name)
+        if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].const_value is not None:
+            names.update(_linear_output(node))
+    return names
+
+
+def _linear_output(node: ir.Node) -> list[str]:
+    """A linear node's output and, when its one reader adds a constant bias, that Add's output."""
+    output = node.outputs[0]
+    names = [output.name]
+    readers = list(output.uses())
+    if len(readers) == 1 and readers[0][0].op_type == "Add" and any(
+            value is not None and value.const_value is not None for value in readers[0][0].inputs):
+        names.append(readers[0][0].outputs[0].name)
     return names
 
 

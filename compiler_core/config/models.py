@@ -278,6 +278,12 @@ class BitConfig(ConfigSection):
                        "into a stream read by a normalization: the attention output and FFN down-projection outputs "
                        "of transformers, which carry the residual stream's outlier channels (MiniLM: 100-240x the "
                        "median channel); 16 keeps those channels from costing the others their resolution.")
+    residual_scales: Literal["tensor", "channel"] = Field(
+        "tensor", description="Scale granularity of the 8-bit residual-branch outputs of MatMul/Gemm layers: "
+                              "'channel' gives each output feature its own scale (its per-feature calibrated max), "
+                              "applied by the layer's per-channel requantization and by the residual Add's "
+                              "per-channel operand multipliers, so the outlier features cost the others nothing "
+                              "at int8. Ignored where residualBits is 16.")
 
 
 # ---------------------------------------------------------------- other sections

@@ -72,12 +72,12 @@ PRESETS: dict[str, Preset] = {
         {"calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "transformer_encoder_int8": Preset(
-        "BERT/MiniLM-style encoders, lighter than transformer_encoder: int8 activations into the Q/K/V, FFN-up and "
-        "attention-output MatMuls, int16 only for Softmax/LayerNorm/GELU and the residual-branch outputs "
-        "(residualBits); SmoothQuant (alpha 0.7) through a smoothed LayerNorm copy; Max calibration.",
+        "BERT/MiniLM-style encoders, lighter than transformer_encoder: a8w8 with int16 only for Softmax, LayerNorm "
+        "and GELU; SmoothQuant (alpha 0.7) through a smoothed LayerNorm copy; per-feature int8 scales for the "
+        "residual-branch outputs (residualScales channel); Max calibration.",
         {"calibration": {"method": 1, "mode": 0},
          "equivalentTransformation": {"apply": True, "alpha": 0.7, "duplicateNorms": True},
-         "bit": {"residualBits": 16, "layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
+         "bit": {"residualScales": "channel", "layerOverrides": {"activation16Bits": _ENCODER_INT16}}}),
     "ocr": Preset(
         "Text detectors and recognizers (PP-OCR class): a16w8; their activations have per-channel outliers "
         "that an 8-bit per-tensor scale cannot hold.",

@@ -18,7 +18,7 @@ import numpy as np
 from compiler_core.errors import InternalError
 from compiler_core.quantization import kernels
 from compiler_core.quantization.fixedpoint import round_half_away
-from compiler_core.quantization.graph import GraphView, Group
+from compiler_core.quantization.graph import GraphView, Group, activation_bounds
 from compiler_core.quantization.lowering import LoweringContext
 from compiler_core.quantization.params import QuantParams, TensorQuant, params_from_range
 
@@ -45,6 +45,9 @@ class DecisionOptions:
         signal_rms: root mean square of each tensor's calibration values; it caps the output headroom
             (see :func:`headroom_factor`). A tensor without an entry gets the full headroom.
         residual_bits: activation width of the residual-branch outputs (see :func:`residual_branches`).
+        residual_scales: ``channel``: 8-bit residual-branch outputs of MatMul/Gemm layers get one scale per
+            output feature (see :func:`per_channel_residuals`); ``tensor``: one scale.
+        feature_absmax: calibrated max |x| per feature (last axis) by tensor, for ``residual_scales``.
         int16_headroom: factor on the calibrated range of every int16 activation tensor (at least the
             output headroom where that applies): 16 bits leave resolution to spare for inputs unlike the
             calibration set.
@@ -60,6 +63,8 @@ class DecisionOptions:
     signal_rms: Mapping[str, float] = field(default_factory=dict)
     residual_bits: int = 8
     int16_headroom: float = 1.0
+    residual_scales: str = "tensor"
+    feature_absmax: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 OUTPUT_MIN_SQNR_DB = 25.0
@@ -132,7 +137,82 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
                 factor = max(factor, options.int16_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
     _freeze_sets(records, sets, fixed, options)
+    if options.residual_scales == "channel":
+        per_channel_residuals(view, groups, records, options, excluded=head | masked | set(fixed) | _grouped(sets))
     return records
+
+
+def _grouped(sets: _UnionFind) -> set[str]:
+    """Tensors that share their parameters with another tensor."""
+    members: dict[str, list[str]] = {}
+    for name in list(sets.parent):
+        members.setdefault(sets.find(name), []).append(name)
+    return {name for names in members.values() if len(names) > 1 for name in names}
+
+
+RESIDUAL_CHANNEL_FLOOR = 2.0 ** -10
+"""A feature's range is at least this share of the widest feature's: a dead feature would ask for any scale,
+and this keeps the per-channel requantization multipliers within ten bits of each other."""
+
+
+def per_channel_residuals(view: GraphView, groups: list[Group], records: dict[str, TensorQuant],
+                          options: DecisionOptions, excluded: set[str] = frozenset()) -> list[str]:
+    """Give per-feature 8-bit scales to the residual-branch outputs of MatMul/Gemm layers; returns their names.
+
+    The attention-output and FFN-down projections of a transformer carry the residual stream's outlier
+    features (MiniLM's FFN-down outputs: 40-210x the median feature), which one 8-bit scale cannot hold
+    without rounding the other features to a few codes. Scale ``c`` is the feature's calibrated max |x|
+    over 127 (zero point 0). It costs no extra operation: the producing layer already requantizes per
+    output channel (its multiplier ``s_x * s_w[c] / s_y[c]``), and the residual Add rescales each operand
+    anyway (one multiplier per feature for this operand instead of one). Per-embedding-group quantization
+    of the same tensors (Bondarenko et al., "Understanding and Overcoming the Challenges of Efficient
+    Transformer Quantization", 2021) with one group per feature.
+
+    A tensor qualifies when it is 8-bit, its own parameters (not shared, not fixed, not in the output
+    head: ``excluded``), produced by a MatMul/Gemm group without a clamping activation, read only by
+    Add/Sub of two run-time tensors over its full last axis, and has per-feature statistics.
+    """
+    producer = {group.output.name: group for group in groups}
+    main_of = {id(group.main) for group in groups}
+    chosen = []
+    for name in sorted(residual_branches(view) - set(excluded)):
+        record, group = records.get(name), producer.get(name)
+        features = np.asarray(options.feature_absmax.get(name, np.zeros(0)), dtype=np.float64)
+        if record is None or record.bits != 8 or group is None or not _per_channel_producer(view, group):
+            continue
+        value = group.output
+        if features.size != view.shape(value)[-1] or not features.max() > 0 or not _per_channel_readers(
+                view, value, main_of):
+            continue
+        widest = float(features.max())
+        scale = np.maximum(features, widest * RESIDUAL_CHANNEL_FLOOR) / record.params.qmax
+        record.freeze(QuantParams(scale, np.zeros(scale.shape, dtype=np.int64), bits=8, signed=True,
+                                  axis=len(view.shape(value)) - 1), source="observer, per feature (residual branch)")
+        chosen.append(name)
+    if chosen:
+        logger.info("Per-feature int8 scales for %d residual-branch output(s) (bit.residualScales channel)",
+                    len(chosen))
+    return chosen
+
+
+def _per_channel_producer(view: GraphView, group: Group) -> bool:
+    """A MatMul/Gemm with constant weights whose output channels are the last axis, with no clamp fused."""
+    main = group.main
+    if main.op_type not in ("MatMul", "Gemm") or len(main.inputs) < 2 or not view.is_const(main.inputs[1]):
+        return False
+    low, high = activation_bounds(view, group)
+    return not (np.isfinite(low) or np.isfinite(high)) and len(view.shape(group.output)) >= 2
+
+
+def _per_channel_readers(view: GraphView, value, main_of: set[int]) -> bool:
+    """Every reader is the main node of an Add/Sub of two run-time tensors whose output keeps the last axis."""
+    readers = view.consumers(value)
+    for node in readers:
+        if node.op_type not in ("Add", "Sub") or id(node) not in main_of or any(view.is_const(v) for v in node.inputs):
+            return False
+        if view.shape(node.outputs[0])[-1:] != view.shape(value)[-1:]:
+            return False
+    return bool(readers)
 
 
 def _link_group(group: Group, context: LoweringContext, sets: _UnionFind, fixed: dict, options) -> None:

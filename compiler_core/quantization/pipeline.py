@@ -30,8 +30,10 @@ MODE_NAMES = {0: "max", 1: "max_percentile", 2: "histogram", 3: "mse"}
 
 def decision_options(config: CompileConfig, view: GraphView | None = None,
                      model_outputs: frozenset[str] | None = None,
-                     signal_rms: Mapping[str, float] | None = None) -> DecisionOptions:
-    """Method, int16 layers and input handling from the config (``signal_rms``: see :class:`DecisionOptions`)."""
+                     signal_rms: Mapping[str, float] | None = None,
+                     feature_absmax: Mapping[str, np.ndarray] | None = None) -> DecisionOptions:
+    """Method, int16 layers and input handling from the config (``signal_rms``, ``feature_absmax``: see
+    :class:`DecisionOptions`)."""
     method = int(config.calibration.method)
     patterns = list(config.bit.layer_overrides.activation16_bits)
     return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
@@ -39,7 +41,8 @@ def decision_options(config: CompileConfig, view: GraphView | None = None,
                            input_params=uint8_inputs(config, view) if view is not None else {},
                            output_headroom=config.calibration.output_headroom, output_bits=config.bit.output_bits,
                            model_outputs=model_outputs, signal_rms=dict(signal_rms or {}),
-                           residual_bits=config.bit.residual_bits,
+                           residual_bits=config.bit.residual_bits, residual_scales=config.bit.residual_scales,
+                           feature_absmax=dict(feature_absmax or {}),
                            int16_headroom=config.calibration.int16_headroom)
 
 
@@ -78,7 +81,8 @@ def weight_bits(view: GraphView, config: CompileConfig) -> dict[str, int]:
 def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                    channel_means: Mapping[str, np.ndarray] | None = None, mblt_sha256: str = "",
                    reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None,
-                   signal_rms: Mapping[str, float] | None = None) -> QuantizedModel:
+                   signal_rms: Mapping[str, float] | None = None,
+                   feature_absmax: Mapping[str, np.ndarray] | None = None) -> QuantizedModel:
     """Decide parameters and lower the graph to integer operations.
 
     Args:
@@ -91,6 +95,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         reporter: progress/cancel.
         model_outputs: with CPU offload, the whole model's output names (see :class:`DecisionOptions`).
         signal_rms: root mean square of each tensor's calibration values (caps the output headroom).
+        feature_absmax: calibrated max |x| per feature (last axis) by tensor, for per-channel
+            residual-branch scales (``bit.residualScales``).
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
@@ -99,7 +105,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                        "outputs are quantized per layer.", int(config.calibration.output))
     with reporter.stage("quantize", total=3, message="quantization decisions"):
         groups = build_groups(view)
-        options = decision_options(config, view, model_outputs, signal_rms)
+        options = decision_options(config, view, model_outputs, signal_rms, feature_absmax)
         bits = activation_bits(view, groups, options)
         ranges = ranges_for(quantized_tensors(view, groups), bits)
         reporter.advance(message="ranges observed")

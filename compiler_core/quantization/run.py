@@ -104,7 +104,8 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
     quantized, stats, equalized = _equalized(target, stats, config)
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
-                           model_outputs=model_outputs, signal_rms=_signal_rms(stats))
+                           model_outputs=model_outputs, signal_rms=_signal_rms(stats),
+                           feature_absmax=_feature_absmax(stats))
     correction = config.layer_bias_correction
     if correction.apply and correction.empirical:
         if samples is None:
@@ -252,6 +253,11 @@ def _through_head(head: bytes, samples):
 def _signal_rms(stats: StatisticsSet) -> dict[str, float]:
     """Root mean square of every tensor's calibration values (from its mean and standard deviation)."""
     return {name: float(np.hypot(tensor.std, tensor.mean)) for name, tensor in stats.tensors.items()}
+
+
+def _feature_absmax(stats: StatisticsSet) -> dict[str, np.ndarray]:
+    """Max |x| per feature (last axis) of the tensors that have it (MatMul/Gemm inputs and outputs)."""
+    return {name: tensor.feature_absmax for name, tensor in stats.tensors.items() if tensor.feature_absmax.size}
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:

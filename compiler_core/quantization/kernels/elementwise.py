@@ -49,22 +49,46 @@ def _operand(ctx: LoweringContext, value, bounds: tuple[float, float] | None = N
     return "", scale, 0, np.clip(round_half_away(const / scale), -CONST_BITS_QMAX, CONST_BITS_QMAX)
 
 
+def _add_operand(ctx: LoweringContext, value) -> tuple[str, float | np.ndarray, int, np.ndarray | None]:
+    """As :func:`_operand`, and a per-feature operand (``residualScales: channel``) with its scale vector.
+
+    Per-feature parameters on the last axis with zero point 0 (a residual-branch output) are rescaled
+    feature by feature: one multiplier per feature instead of one.
+    """
+    params = ctx.params(value) if ctx.const(value) is None else None
+    if params is not None and params.axis is not None and params.axis == len(ctx.view.shape(value)) - 1 \
+            and not np.any(params.zero_point):
+        return value.name, np.asarray(params.scale, dtype=np.float64), 0, None
+    return _operand(ctx, value)
+
+
+def _stacked(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``[2]`` for two per-tensor operands, ``[2, C]`` (the per-tensor one repeated) when one is per feature."""
+    if first.size == 1 and second.size == 1:
+        return np.concatenate([first, second])
+    width = max(first.size, second.size)
+    return np.stack([np.broadcast_to(first, (width,)), np.broadcast_to(second, (width,))])
+
+
 def lower_add(group: Group, ctx: LoweringContext) -> IntOp:
-    """Add/Sub: each operand rescaled to the output scale with ``ADD_FRACTION_BITS`` extra bits."""
+    """Add/Sub: each operand rescaled to the output scale with ``ADD_FRACTION_BITS`` extra bits.
+
+    A per-feature operand gets one multiplier per feature: the constants are then ``[2, C]``, row ``i``
+    the multipliers of operand ``i`` over the last axis.
+    """
     main = group.main
-    (name_a, s_a, zp_a, c_a), (name_b, s_b, zp_b, c_b) = (_operand(ctx, v) for v in main.inputs[:2])
+    (name_a, s_a, zp_a, c_a), (name_b, s_b, zp_b, c_b) = (_add_operand(ctx, v) for v in main.inputs[:2])
     out = ctx.params(group.output)
     s_y, zp_y = scalar(out)
     sign_b = -1.0 if main.op_type == "Sub" else 1.0
     m_a, sh_a = quantize_multiplier(s_a / s_y * (1 << ADD_FRACTION_BITS))
     m_b, sh_b = quantize_multiplier(sign_b * s_b / s_y * (1 << ADD_FRACTION_BITS))
-    consts = {"multipliers": np.concatenate([m_a, m_b]).astype(np.int32),
-              "shifts": np.concatenate([sh_a, sh_b]).astype(np.int32)}
+    consts = {"multipliers": _stacked(m_a, m_b).astype(np.int32), "shifts": _stacked(sh_a, sh_b).astype(np.int32)}
     attrs = {"zp_a": zp_a, "zp_b": zp_b, "zp_y": zp_y}
     for key, codes, scale in (("const_a", c_a, s_a), ("const_b", c_b, s_b)):
         if codes is not None:
             consts[key] = codes.astype(np.int16)
-            attrs[f"{key}_scale"] = scale
+            attrs[f"{key}_scale"] = float(scale)
     low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
     return IntOp(main.name, "add", main.op_type, [name_a, name_b], [group.output.name],
                  attrs={**attrs, "clamp": [low, high]}, consts=consts,
@@ -72,7 +96,10 @@ def lower_add(group: Group, ctx: LoweringContext) -> IntOp:
 
 
 def run_add(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Rescale both operands to the output scale (Q16), add, round (docs/numerics.md, "Add and Sub")."""
+    """Rescale both operands to the output scale (Q16), add, round (docs/numerics.md, "Add and Sub").
+
+    ``[2, C]`` multipliers rescale each operand per index of the last axis.
+    """
     attrs, consts = op.attrs, op.consts
     a = consts["const_a"].astype(np.int64) if "const_a" in consts else inputs[0]
     b = consts["const_b"].astype(np.int64) if "const_b" in consts else inputs[1]

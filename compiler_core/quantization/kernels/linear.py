@@ -52,7 +52,7 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     x, y = main.inputs[0], group.output
     weight, s_x, zp_x = _fold_input_channels(weight, ctx.params(x), layout)
     out = ctx.params(y)
-    s_y, zp_y = scalar(out)
+    s_y, zp_y = _output_scale(out, layout, len(ctx.view.shape(y)))
     bits = ctx.weight_bits.get(main.name, 8)
     q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX))
     if ctx.bias_correction and x.name in ctx.channel_means:
@@ -68,6 +68,17 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
                          "bias": q_bias.astype(np.int32), "multiplier": multiplier.astype(np.int32),
                          "shift": shift.astype(np.int32)},
                  precision=describe_bits(ctx.params(x), out, weight_bits=bits))
+
+
+def _output_scale(params, layout: str, rank: int) -> tuple[float | np.ndarray, int]:
+    """The output scale (per output channel for per-feature outputs: ``residualScales: channel``) and zero point.
+
+    Per-feature output parameters of a dense layer (last axis, zero point 0) fold into its per-channel
+    multipliers ``s_x * s_w[c] / s_y[c]``.
+    """
+    if params.axis is not None and layout == "dense" and params.axis == rank - 1 and not np.any(params.zero_point):
+        return np.asarray(params.scale, dtype=np.float64), 0
+    return scalar(params)
 
 
 def _fold_input_channels(weight: np.ndarray, params, layout: str):

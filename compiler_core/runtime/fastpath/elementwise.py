@@ -44,9 +44,11 @@ def lookup(table: np.ndarray, offset: int, codes: np.ndarray) -> np.ndarray:
 
 @register_fast("add")
 def build_add(op: IntOp, context: PlanContext) -> Step | None:
-    """Both operands rescaled by table, summed, rounded by ``2**16`` exactly."""
+    """Both operands rescaled by table, summed, rounded by ``2**16`` exactly (per-feature multipliers: golden)."""
     attrs, consts = op.attrs, op.consts
     multipliers, shifts = consts["multipliers"].astype(np.int64), consts["shifts"].astype(np.int64)
+    if multipliers.ndim > 1:
+        return None
     operands = []
     for index, key in enumerate(("a", "b")):
         zero_point = attrs[f"zp_{key}"]
