@@ -6,7 +6,7 @@ as HF folders and given to ``mblt_compile`` as a user would, then checked, compi
 inputs (photos, English sentences, LibriVox speech) and compared with FP32 on held-out inputs — the same
 ``tests/corpus.py`` measurement as the corpus. Random weights say nothing about a trained model's
 accuracy; what this bench tests is that a model the graph calls supported compiles, that nothing is an
-``INTERNAL_ERROR``, and that the MXQ follows FP32. Models whose FP32 output is all zeros (HF zero-initialises
+``INTERNAL_ERROR``, and that the MXQ follows FP32. Models whose FP32 output is all (near) zeros (HF zero-initialises
 some classifier heads) are marked instead of given a cosine.
 
 Each model runs in its own child process. Usage: ``python bench/hf_architectures.py [--models a,b]``
@@ -136,7 +136,7 @@ def _fp32_all_zero(mblt: Path, feed: dict) -> bool:
     import onnxruntime as ort
 
     outputs = ort.InferenceSession(str(mblt), providers=["CPUExecutionProvider"]).run(None, feed)
-    return all(not np.any(output) for output in outputs)
+    return all(float(np.max(np.abs(output))) < 1e-12 for output in outputs)  # MobileViT's are ~1e-42
 
 
 def measure_one(name: str) -> dict:
