@@ -231,6 +231,12 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         wide = [j for j, k in enumerate(w.const_value.shape[2:]) if k > MAX_KERNEL]
         if not wide:
             return result.fail(f"{node.name}: the kernel fits the NPU window.")
+        spatial = len(w.const_value.shape) - 2
+        lengths = {"pads": 2 * spatial, "strides": spatial, "dilations": spatial}
+        for name, length in lengths.items():
+            if name in node.attributes and (len(node.attributes[name].as_ints()) != length
+                                            or min(node.attributes[name].as_ints(), default=0) < (name != "pads")):
+                return result.fail(f"{node.name}: malformed {name}.")
         strides = list(node.attributes["strides"].as_ints()) if "strides" in node.attributes else []
         if strides and strides[wide[0]] > MAX_STRIDE:  # Silero's STFT (stride 128): the chunks could not run either
             return result.fail(f"{node.name}: stride {strides[wide[0]]} is too large for the split convolutions.")
@@ -323,6 +329,8 @@ class CollapseHighRankTranspose(RewriteRuleClassBase):
             return result.fail(f"{node.name}: the intermediate tensors have other consumers.")
         if s2.const_value is None or "perm" not in node.attributes:
             return result.fail(f"{node.name}: the target shape or the permutation is not constant.")
+        if sorted(node.attributes["perm"].as_ints()) != list(range(len(inner.shape))):
+            return result.fail(f"{node.name}: the permutation does not match the rank.")
         shape, _ = _collapsed_transpose(list(inner.shape), list(node.attributes["perm"].as_ints()))
         if len(shape) > MAX_RANK:
             return result.fail(f"{node.name}: still rank {len(shape)} after merging axes.")
