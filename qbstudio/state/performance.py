@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qbstudio.state.compare import HeatScale, heat_colours
+if TYPE_CHECKING:  # qbstudio.state.compare imports numpy; the main window imports this module at start-up
+    from qbstudio.state.compare import HeatScale
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ def cycle_heat(report: dict[str, Any], mode: str) -> CycleHeat:
             if name not in values:
                 values[name] = 100.0 * row["share"]
                 tips[name] = layer_tooltip(row, mode, row["cycles"] * seconds_per_cycle * 1e6)
+    from qbstudio.state.compare import HeatScale, heat_colours
+
     scale = HeatScale.share(max(values.values(), default=0.0))
     colours, _ = heat_colours(values, scale, unit="%")
     return CycleHeat(colours, tips, scale, f"Share of the {mode} latency ({entry['latency_ms'] * 1e3:,.0f} µs), %")
