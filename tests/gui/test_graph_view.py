@@ -428,12 +428,23 @@ def test_screenshot(qtbot, make_view, tmp_path):
     flagged = [entry for entry in report.entries.values() if entry.status != "supported"]
     focus = max(flagged, key=lambda entry: entry.status == "cpu_offloaded").node
     view.select_node(focus, smooth=False)
-    qtbot.wait(300)  # Netron's splash fades out after the graph is ready (see notes/qt-netron.md)
-    image = view.grab().toImage()
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    assert image.save(str(SCREENSHOT))
-    shown = {status for status, style in SUPPORT_PALETTE.items() if _count_pixels(image, style.fill) > 100}
-    assert {"supported", "needs_mfu"} <= shown
+    # Netron's splash fades out after the graph is ready (see notes/qt-netron.md), and under load the
+    # offscreen compositor may paint the scrolled viewport later still: grab until the colours show.
+    grabbed = {}
+
+    def coloured() -> bool:
+        grabbed["image"] = image = view.grab().toImage()
+        grabbed["shown"] = {status for status, style in SUPPORT_PALETTE.items()
+                            if _count_pixels(image, style.fill) > 100}
+        return {"supported", "needs_mfu"} <= grabbed["shown"]
+
+    try:
+        qtbot.waitUntil(coloured, timeout=15_000)
+    finally:  # the last grab is kept either way, to look at when the assertion fails
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        if "image" in grabbed:
+            grabbed["image"].save(str(SCREENSHOT))
+    assert {"supported", "needs_mfu"} <= grabbed["shown"]
 
 
 def _count_pixels(image, hex_colour: str) -> int:
