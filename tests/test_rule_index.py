@@ -96,7 +96,7 @@ def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_con
 
 def _unindexed(monkeypatch):
     """The library's passes in place of each faster equivalent of ours."""
-    monkeypatch.setattr(canonicalize, "indexed_rules", list)
+    monkeypatch.setattr(canonicalize, "indexed_rule_set", rewriter.RewriteRuleSet)
     monkeypatch.setattr(canonicalize, "optimize", onnxscript.optimizer.optimize_ir)
     monkeypatch.setattr(canonicalize, "LiftConstants", ir.passes.common.LiftConstantsToInitializersPass)
     monkeypatch.setattr(canonicalize, "convert_version",

@@ -37,7 +37,7 @@ from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
-from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
+from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rule_set, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
@@ -281,7 +281,7 @@ def _legalize(model: ir.Model) -> None:
     round), with constant folding between rounds so every rule sees folded constants.
     """
     decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
-    rules = RewriteRuleSet(indexed_rules([*MBLT_REWRITE_RULES, *_LIBRARY_RULES]))
+    rules = indexed_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break

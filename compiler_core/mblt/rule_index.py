@@ -25,9 +25,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
+from onnxscript import optimizer as onnxscript_optimizer
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import RewriteRuleSet
+from onnxscript.rewriter import _rewrite_rule as rewrite_rule_module
 from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
 from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
@@ -155,13 +157,101 @@ _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
 condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
 
 
+class IndexedRuleSet(RewriteRuleSet):
+    """A ``RewriteRuleSet`` that tries on each node only the rules whose pattern can start at its op type.
+
+    The library's loop calls every rule's ``try_rewrite`` on every node (about 60 rules x every node x every
+    pass); here the rules are looked up by the node's op type (rules without a root op type are tried on
+    every node), in the set's order, so the first rule that matches is the one the library would apply and
+    the rewritten graph is the same. Dead nodes are removed with :class:`RemoveUnusedNodes`, the library's
+    pass with fewer schema look-ups. A tracer, or a rule that extracts a function, takes the library's path.
+    """
+
+    def __init__(self, rules: Sequence[RewriteRule]) -> None:
+        super().__init__(rules)
+        self._by_op_type: dict[str, list[RewriteRule]] = {}
+        self._roots = [root_op_type(rule) for rule in self.rules]
+        self._library_path = any(rule.as_function for rule in self.rules)
+
+    def _candidates(self, op_type: str) -> list[RewriteRule]:
+        candidates = self._by_op_type.get(op_type)
+        if candidates is None:
+            candidates = [rule for rule, root in zip(self.rules, self._roots) if root in (None, op_type)]
+            self._by_op_type[op_type] = candidates
+        return candidates
+
+    def _apply_to_graph_or_function(self, model: ir.Model, graph_or_function: ir.Graph | ir.Function, *,
+                                    verbose: int | None, tracer=None) -> int:
+        if tracer is not None or self._library_path:
+            return super()._apply_to_graph_or_function(model, graph_or_function, verbose=verbose, tracer=tracer)
+        for rule in self.rules:
+            if rule.graph_pre_visitor:
+                rule.graph_pre_visitor()
+        count = 0
+        for node in graph_or_function:
+            for rule in self._candidates(node.op_type):
+                delta = rule.try_rewrite(model, graph_or_function, node, verbose=verbose)
+                if delta is None:
+                    continue
+                if delta.new_initializers and isinstance(graph_or_function, ir.Function):
+                    continue  # a function holds no initializers: the library goes on with the next rule
+                _replace(graph_or_function, node, rule, delta)
+                count += 1
+                break
+            for attribute in node.attributes.values():
+                if attribute.type == ir.AttributeType.GRAPH:
+                    count += self._apply_to_graph_or_function(model, attribute.value, verbose=verbose)
+                elif attribute.type == ir.AttributeType.GRAPHS:
+                    count += sum(self._apply_to_graph_or_function(model, subgraph, verbose=verbose)
+                                 for subgraph in attribute.value)
+        for rule in self.rules:
+            if rule.graph_post_visitor:
+                rule.graph_post_visitor()
+        return count
+
+    def apply_to_model(self, model: ir.Model, *, verbose: int | None = None, tracer=None) -> int:
+        """Apply the rules to the main graph and the model's functions; returns how many rewrites were made."""
+        if tracer is not None or self._library_path:
+            return super().apply_to_model(model, verbose=verbose, tracer=tracer)
+        onnxscript_optimizer.basic_constant_propagation(model.graph)
+        functions = list(model.functions.values())  # not the ones the rewrites add
+        count = self._apply_to_graph_or_function(model, model.graph, verbose=verbose)
+        for function in functions:
+            onnxscript_optimizer.basic_constant_propagation(function)
+            count += self._apply_to_graph_or_function(model, function, verbose=verbose)
+        if self.remove_unused_nodes:
+            RemoveUnusedNodes()(model)
+        if count:
+            common_passes.NameFixPass()(model)  # the rewrites may name new values like existing ones
+        return count
+
+
+def _replace(graph_or_function: ir.Graph | ir.Function, node: ir.Node, rule: RewriteRule, delta) -> None:
+    """Put a rule's replacement into the graph, as the library's rule set does."""
+    for initializer in delta.new_initializers:
+        graph_or_function.initializers[initializer.name] = initializer
+    onnxscript_optimizer.basic_constant_propagation(delta.new_nodes)
+    if rule.name:
+        for new_node in delta.new_nodes:
+            new_node.metadata_props[rewrite_rule_module.RULE_NAME_TAG] = rule.name
+    ir.convenience.replace_nodes_and_values(graph_or_function, node, delta.match.nodes if rule.remove_nodes else [],
+                                            delta.new_nodes, delta.match.outputs, delta.new_outputs)
+    if rewrite_rule_module.merge_metadata:
+        rewrite_rule_module._default_metadata_merger.copy_merged_metadata(delta.match.nodes, delta.new_nodes)
+
+
+def indexed_rule_set(rules: Sequence[RewriteRule]) -> RewriteRuleSet:
+    """An :class:`IndexedRuleSet` of :func:`indexed_rules` copies of ``rules``."""
+    return IndexedRuleSet(indexed_rules(rules))
+
+
 _DEFAULT_RULES: RewriteRuleSet | None = None
 
 
 def _default_rules() -> RewriteRuleSet:
     global _DEFAULT_RULES
     if _DEFAULT_RULES is None:
-        _DEFAULT_RULES = RewriteRuleSet(indexed_rules(rewriter._DEFAULT_REWRITE_RULES))
+        _DEFAULT_RULES = indexed_rule_set(rewriter._DEFAULT_REWRITE_RULES)
     return _DEFAULT_RULES
 
 
