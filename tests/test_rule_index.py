@@ -105,6 +105,7 @@ def _unindexed(monkeypatch):
     monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
     monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
     monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
+    monkeypatch.setattr(canonicalize, "RemoveUnusedOpsets", ir.passes.common.RemoveUnusedOpsetsPass)
 
 
 def _library_shape_and_dtype(type_proto):

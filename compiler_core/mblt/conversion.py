@@ -21,10 +21,9 @@ import math
 import onnx
 import onnx_ir as ir
 import onnxscript.version_converter
-from onnx_ir.passes import common as common_passes
 from onnxscript.version_converter import _c_api_utils, _version_converter
 
-from compiler_core.mblt.rule_index import RemoveUnusedNodes
+from compiler_core.mblt.rule_index import Inline, RemoveUnusedFunctions, RemoveUnusedNodes, RemoveUnusedOpsets
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +36,7 @@ def convert_version(model: ir.Model, target_version: int) -> None:
 
     A failed C API conversion is logged and leaves the model's opset as it was (as in onnxscript).
     """
-    ir.passes.Sequential(common_passes.InlinePass(), common_passes.RemoveUnusedFunctionsPass(),
-                         common_passes.RemoveUnusedOpsetsPass())(model)
+    ir.passes.Sequential(Inline(), RemoveUnusedFunctions(), RemoveUnusedOpsets())(model)
     if _version_converter.version_supported(model, target_version):  # onnxscript's own converter (or none)
         onnxscript.version_converter.convert_version(model, target_version, fallback=True)
         return
@@ -50,8 +48,7 @@ def convert_version(model: ir.Model, target_version: int) -> None:
                            target_version, exc_info=error)
         else:
             _adopt(model, ir.from_proto(proto))
-    ir.passes.Sequential(RemoveUnusedNodes(), common_passes.RemoveUnusedFunctionsPass(),
-                         common_passes.RemoveUnusedOpsetsPass())(model)
+    ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedFunctions(), RemoveUnusedOpsets())(model)
 
 
 def _adopt(model: ir.Model, converted: ir.Model) -> None:

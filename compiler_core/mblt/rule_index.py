@@ -301,6 +301,59 @@ class RemoveUnusedNodes(common_passes.RemoveUnusedNodesPass):
         return ir.passes.PassResult(model, modified=bool(count))
 
 
+class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
+    """``RemoveUnusedFunctionsPass`` without its walk over every node when the model has no functions to remove."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions:
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+class Inline(common_passes.InlinePass):
+    """``InlinePass`` without its walk over every node when the model has no functions (nothing can be inlined)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions:
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+class RemoveUnusedOpsets(common_passes.RemoveUnusedOpsetsPass):
+    """``RemoveUnusedOpsetsPass`` (opset imports no node uses), collecting the used domains with a walk that looks for
+    subgraphs only in nodes holding a graph attribute; the same domains, so the same imports are removed."""
+
+    def _process_graph_like(self, graph_like: ir.Graph | ir.Function, used_domains: set[str]) -> bool:
+        used_domains.update(node.domain for node in all_nodes(graph_like))
+        unused = set(graph_like.opset_imports) - used_domains
+        for domain in unused:
+            del graph_like.opset_imports[domain]
+        return bool(unused)
+
+
+class LiftSubgraphInitializers(common_passes.LiftSubgraphInitializersToMainGraphPass):
+    """``LiftSubgraphInitializersToMainGraphPass``, which does nothing when no node holds a subgraph."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not any(holds_graph(node) for node in model.graph):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+_GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
+def holds_graph(node: ir.Node) -> bool:
+    """True if one of the node's attributes is a graph or a list of graphs."""
+    return any(attribute.type in _GRAPH_ATTRIBUTES for attribute in node.attributes.data.values())
+
+
+def all_nodes(graph_like: ir.Graph | ir.Function) -> ir.traversal.RecursiveGraphIterator:
+    """Every node, subgraphs included, in ``RecursiveGraphIterator`` order; only nodes that hold a graph are searched
+    for subgraphs (the library's walk looks through every node's attributes)."""
+    return ir.traversal.RecursiveGraphIterator(graph_like, recursive=holds_graph)
+
+
 def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | None) -> int:
     outputs = frozenset(graph.outputs)
     count = 0
@@ -370,15 +423,15 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
                                              output_size_limit=output_size_limit, should_fold=should_fold),
          rewriter.RewritePass(_default_rules()),
          RemoveUnusedNodes(),
-         common_passes.RemoveUnusedFunctionsPass(),
-         common_passes.RemoveUnusedOpsetsPass()],
+         RemoveUnusedFunctions(),
+         RemoveUnusedOpsets()],
         steps=num_iterations, early_stop=True)
     ir.passes.Sequential(
-        common_passes.InlinePass(),
+        Inline(),
         loop,
         RemoveUnusedNodes(),
         LiftConstants(lift_all_constants=True, size_limit=0),
-        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        LiftSubgraphInitializers(),
         common_passes.DeduplicateInitializersPass(),
         common_passes.CommonSubexpressionEliminationPass(),
         common_passes.OutputFixPass(),
