@@ -13,20 +13,22 @@ from compiler_core.formats import MODEL_FOLDER_MARKERS, SUFFIX_BACKENDS
 
 BACKENDS = ("onnx", "torch", "torchscript", "tf", "tflite")
 
-Loader = Callable[..., ir.Model]
+Loader = Callable[..., Any]
+"""A loader returns an onnx-ir model, or (ONNX) a checked protobuf that ``canonicalize`` accepts as well."""
 OPTIONAL_PACKAGES = {"torch": ("torch", "transformers"), "torchscript": ("torch",), "tf": ("tensorflow", "keras"),
                      "tflite": ("tflite",)}
 """Backend -> third-party packages it imports that an installation may lack (optional extras)."""
 EXTRAS = {"torch": "torch", "torchscript": "torch", "tf": "tf", "tflite": "tflite"}
 
 
-def _load_onnx(model: Any, **_: Any) -> ir.Model:
-    from compiler_core.frontends.onnx import load_onnx
+def _load_onnx(model: Any, **_: Any) -> Any:
+    """The checked protobuf (``CheckedModelProto``): canonicalization deserializes it when it needs to."""
+    from compiler_core.frontends.onnx import read_onnx
 
     if not isinstance(model, (str, Path)):
         raise ArgumentError("The onnx backend takes a path to an .onnx file.",
                             hint="Pass the file path, or choose --backend for other model kinds.")
-    return load_onnx(model)
+    return read_onnx(model)
 
 
 def _load_tflite(model: Any, **options: Any) -> ir.Model:
@@ -55,7 +57,7 @@ def _load_torchscript(model: Any, **options: Any) -> ir.Model:
 
 FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx, "tflite": _load_tflite, "tf": _load_tf,
                                 "torch": _load_torch, "torchscript": _load_torchscript}
-"""Registry: backend name -> loader(model, **options) returning an onnx-ir model."""
+"""Registry: backend name -> loader(model, **options) returning what ``canonicalize`` takes."""
 
 
 def detect_backend(path: str | Path) -> str:
@@ -87,8 +89,9 @@ def detect_backend(path: str | Path) -> str:
                          hint=f"Pass --backend (one of: {', '.join(BACKENDS)}).", file=str(path))
 
 
-def load_source(model: Any, backend: str, **options: Any) -> ir.Model:
-    """Load ``model`` with the frontend registered for ``backend``.
+def load_source(model: Any, backend: str, **options: Any) -> Any:
+    """Load ``model`` with the frontend registered for ``backend``: an onnx-ir model, or for ONNX the checked
+    protobuf (``CheckedModelProto``); ``canonicalize`` takes either.
 
     Raises:
         ArgumentError: the backend name is unknown or not available in this installation.

@@ -12,6 +12,7 @@ import functools
 import logging
 from collections import Counter
 from pathlib import Path, PurePath
+from typing import NamedTuple
 
 import onnx
 import onnx_ir as ir
@@ -42,6 +43,32 @@ def load_onnx(path: str | Path) -> ir.Model:
     """
     path = Path(path)
     return to_ir(read_checked_proto(path), path)
+
+
+class CheckedModelProto(NamedTuple):
+    """A source model read and checked by :func:`read_onnx`, not yet turned into onnx-ir.
+
+    Canonicalization does its first steps on the protobuf when the model needs the ONNX C API
+    opset conversion (which works on protobuf), so the model is deserialized once, after it.
+    """
+
+    proto: onnx.ModelProto
+    path: Path
+
+    def to_ir(self) -> ir.Model:
+        """The model in onnx-ir (see :func:`to_ir`)."""
+        return to_ir(self.proto, self.path)
+
+
+def read_onnx(path: str | Path) -> CheckedModelProto:
+    """:func:`load_onnx` without the final deserialization into onnx-ir.
+
+    Raises:
+        ModelLoadError: see :func:`load_onnx`.
+        InvalidModelError: see :func:`load_onnx`.
+    """
+    path = Path(path)
+    return CheckedModelProto(read_checked_proto(path), path)
 
 
 def read_checked_proto(path: Path, *, kind: str = "ONNX", hint: str = _ONNX_HINT) -> onnx.ModelProto:

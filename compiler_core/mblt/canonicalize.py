@@ -33,8 +33,9 @@ from compiler_core.errors import (
     InvalidModelError,
     UnsupportedOpsError,
 )
+from compiler_core.frontends.onnx import CheckedModelProto
 from compiler_core.mblt import opset
-from compiler_core.mblt.conversion import convert_version
+from compiler_core.mblt.conversion import convert_source_proto, convert_version
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.recurrent import decompose_lstms
 from compiler_core.mblt.rule_index import (
@@ -63,7 +64,7 @@ _FOLD_SIZE_LIMIT = 1 << 26  # elements; weights of real models must fold (PP-OCR
 
 
 def canonicalize(
-    model: onnx.ModelProto | ir.Model,
+    model: onnx.ModelProto | ir.Model | CheckedModelProto,
     *,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, np.ndarray] | None = None,
@@ -72,7 +73,8 @@ def canonicalize(
     """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
 
     Args:
-        model: The source model (protobuf or onnx-ir); an onnx-ir model is modified in place.
+        model: The source model (protobuf, onnx-ir, or the ONNX frontend's checked protobuf); an onnx-ir model is
+            modified in place.
         input_shape_dict: Static shapes for inputs with dynamic dimensions, by input name.
         constant_inputs: Inputs to bind to constant values (e.g. a sample-rate selector).
         reporter: Progress and cancellation.
@@ -89,6 +91,7 @@ def canonicalize(
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
     source_inference: list[InvalidModelError] = []  # the pinned source's own inference failure, if any
+    inferred = [False]  # the shapes were inferred with the opset conversion (the protobuf path)
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
         ("check operators", _check_known_ops),
@@ -96,17 +99,228 @@ def canonicalize(
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
         ("convert to opset 21", _convert_opset),
-        ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m)]))),
+        ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m, infer=not inferred[0])]))),
         ("optimize", _optimize),
         ("legalize", _legalize),
         ("tidy", _tidy),
         ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None)),
     ]
     with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
-        for name, step in steps:
+        done = 0
+        if isinstance(model, CheckedModelProto):
+            converted = _steps_on_proto(model, input_shape_dict or {}, constant_inputs or {},
+                                        [name for name, _ in steps[:_PROTO_STEPS]], reporter)
+            if converted is not None:
+                model, inferred[0] = converted
+                done = _PROTO_STEPS
+            else:
+                model = model.to_ir()
+        for name, step in steps[done:]:
             step(model)
             reporter.advance(message=name)
     return model
+
+
+# -- the first steps on the source protobuf ----------------------------------------------------------
+
+_PROTO_STEPS = 6
+"""The steps up to the opset conversion, which :func:`_steps_on_proto` can do on the source protobuf."""
+
+
+def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Sequence[int]],
+                    constant_inputs: Mapping[str, np.ndarray], names: list[str],
+                    reporter: Reporter) -> tuple[ir.Model, bool] | None:
+    """The steps before the optimizer on a source that needs the ONNX C API opset conversion, done on its protobuf.
+
+    The C API converts protobuf: the steps on onnx-ir would deserialize the source, serialize it for the
+    conversion, deserialize the result and serialize it again for shape inference. Here the source names,
+    the operator check, pinned shapes and bound constants are written into the protobuf as the onnx-ir
+    steps write them, the conversion runs on it, followed by ONNX's strict inference, and the result is
+    deserialized once, with its shapes. Only a plain graph takes this path (standard-domain nodes, no
+    subgraphs, no functions, tensor types only); anything else returns None, untouched, for the onnx-ir steps.
+
+    Returns:
+        The converted model and whether its shapes were inferred, or None.
+
+    Raises:
+        The errors of the onnx-ir steps, in the same order.
+    """
+    proto = source.proto
+    if not _plain_old_opset_graph(proto):
+        return None
+    graph = proto.graph
+    source_names = _record_source_names_proto(proto)
+    reporter.advance(message=names[0])
+    _check_known_ops_proto(proto, source_names)
+    reporter.advance(message=names[1])
+    _initializer_inputs_to_constants_proto(proto)
+    reporter.advance(message=names[2])
+    _pin_inputs_proto(graph, input_shape_dict)
+    reporter.advance(message=names[3])
+    _bind_constant_inputs_proto(graph, constant_inputs)
+    reporter.advance(message=names[4])
+    model, inferred = _convert_opset_proto(source)
+    reporter.advance(message=names[5])
+    return model, inferred
+
+
+def _plain_old_opset_graph(proto: onnx.ModelProto) -> bool:
+    """True for a model the proto path handles: an opset only the C API converts, a flat graph of standard ops."""
+    opsets = {entry.domain: entry.version for entry in proto.opset_import}
+    current = opsets.get("")
+    if current is None or current == opset.MBLT_OPSET_VERSION or _onnxscript_converts(current):
+        return False
+    graph = proto.graph
+    return (not proto.functions and not graph.sparse_initializer
+            and all(node.domain == "" and all(a.type not in _PROTO_GRAPH_TYPES for a in node.attribute)
+                    for node in graph.node)
+            and all(info.type.HasField("tensor_type") for info in (*graph.input, *graph.output, *graph.value_info)))
+
+
+_PROTO_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _onnxscript_converts(version: int) -> bool:
+    from onnxscript.version_converter import _version_converter
+
+    return (_version_converter.SUPPORTED_MIN_ONNX_OPSET <= version <= opset.MBLT_OPSET_VERSION
+            <= _version_converter.SUPPORTED_MAX_ONNX_OPSET)
+
+
+def _record_source_names_proto(proto: onnx.ModelProto) -> list[str]:
+    """:func:`_record_source_names` on the protobuf; returns each node's source name."""
+    proto.ir_version = max(proto.ir_version or 0, opset.MBLT_IR_VERSION)
+    names = []
+    for index, node in enumerate(proto.graph.node):
+        recorded = [entry.value for entry in node.metadata_props if entry.key == SOURCE_NAME_KEY]
+        if recorded:
+            names.append(recorded[-1])
+        else:
+            fallback = node.output[0] if node.output and node.output[0] else node.op_type
+            entry = node.metadata_props.add()
+            entry.key, entry.value = SOURCE_NAME_KEY, node.name or fallback
+            names.append(entry.value)
+        node.name = f"n{index}"
+    return names
+
+
+def _check_known_ops_proto(proto: onnx.ModelProto, source_names: list[str]) -> None:
+    """:func:`_check_known_ops` on the protobuf (standard-domain nodes only)."""
+    version = next(entry.version for entry in proto.opset_import if entry.domain == "")
+    unknown: dict[str, list[str]] = {}
+    known: dict[str, bool] = {}
+    for node, name in zip(proto.graph.node, source_names):
+        if node.op_type not in known:
+            known[node.op_type] = _schema_exists(node.op_type, version, "")
+        if not known[node.op_type]:
+            unknown.setdefault(node.op_type, []).append(name)
+    if unknown:
+        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)")
+
+
+def _initializer_inputs_to_constants_proto(proto: onnx.ModelProto) -> None:
+    """:func:`_initializer_inputs_to_constants` on the protobuf."""
+    graph = proto.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    listed = [info.name for info in graph.input if info.name in initializers]
+    _remove_inputs(graph, set(listed))
+    if listed:
+        logger.info("%d graph input(s) also have initializers (an IR version %s export convention); "
+                    "compiled as constants, e.g. %s", len(listed), proto.ir_version, ", ".join(listed[:3]))
+
+
+def _remove_inputs(graph: onnx.GraphProto, names: set[str]) -> None:
+    for index in reversed([i for i, info in enumerate(graph.input) if info.name in names]):
+        del graph.input[index]
+
+
+def _pin_inputs_proto(graph: onnx.GraphProto, input_shape_dict: Mapping[str, Sequence[int]]) -> None:
+    """:func:`_pin_inputs` on the protobuf: the same checks, shapes written as onnx-ir serializes them."""
+    names = {info.name for info in graph.input}
+    unknown = sorted(set(input_shape_dict) - names)
+    if unknown:
+        raise ArgumentError(
+            f"input_shape_dict names input(s) the model does not have: {', '.join(unknown)}.",
+            hint=f"The model's inputs are: {', '.join(sorted(names))}.")
+    for info in graph.input:
+        shape = _pinned_shape(ir.serde.deserialize_value_info_proto(info, None), input_shape_dict.get(info.name))
+        _write_dims(info.type.tensor_type, [int(dim) for dim in shape.dims])
+    produced = {name for node in graph.node for name in node.output if name}
+    for info in (*graph.value_info, *graph.output):
+        if info.name in produced:
+            info.type.tensor_type.ClearField("shape")  # stale (Paddle writes -1, exporters leave symbolic dims)
+
+
+def _write_dims(tensor_type: onnx.TypeProto.Tensor, dims: list[int]) -> None:
+    tensor_type.ClearField("shape")
+    tensor_type.shape.SetInParent()
+    for size in dims:
+        tensor_type.shape.dim.add().dim_value = size
+
+
+def _bind_constant_inputs_proto(graph: onnx.GraphProto, constant_inputs: Mapping[str, np.ndarray]) -> None:
+    """:func:`_bind_constant_inputs` on the protobuf."""
+    inputs = {info.name: info for info in graph.input}
+    for name, array in constant_inputs.items():
+        if name not in inputs:
+            raise ArgumentError(f"constant_inputs names '{name}', which is not a model input.",
+                                hint=f"The model's inputs are: {', '.join(sorted(inputs))}.")
+        elem_type = inputs[name].type.tensor_type.elem_type
+        dtype = ir.DataType(elem_type).numpy() if elem_type else None
+        _remove_inputs(graph, {name})
+        graph.initializer.append(ir.serde.serialize_tensor(ir.tensor(np.asarray(array, dtype=dtype), name=name)))
+
+
+def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
+    """:func:`_convert_opset` on the protobuf (the C API path of :func:`convert_version`), with strict inference."""
+    proto = source.proto
+    graph = proto.graph
+    current = next(entry.version for entry in proto.opset_import if entry.domain == "")
+    used = {""} | {node.domain for node in graph.node}
+    for index in reversed([i for i, entry in enumerate(proto.opset_import) if entry.domain not in used]):
+        del proto.opset_import[index]
+    saved = {node.name: {entry.key: entry.value for entry in node.metadata_props} for node in graph.node}
+    header = onnx.ModelProto()
+    for field in _MODEL_FIELDS:
+        if proto.HasField(field):
+            setattr(header, field, getattr(proto, field))
+    header.metadata_props.extend(proto.metadata_props)
+    try:
+        converted, inferred = convert_source_proto(proto, opset.MBLT_OPSET_VERSION)
+    except Exception as error:  # the C API raises plain exceptions
+        logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
+                       opset.MBLT_OPSET_VERSION, exc_info=error)
+        raise _conversion_error(current) from error
+    for field in _MODEL_FIELDS:
+        if header.HasField(field):
+            setattr(converted, field, getattr(header, field))
+        else:
+            converted.ClearField(field)
+    del converted.metadata_props[:]
+    converted.metadata_props.extend(header.metadata_props)
+    for node in converted.graph.node:  # the C API drops node metadata but keeps node names
+        props = {entry.key: entry.value for entry in node.metadata_props}
+        props.update(saved.get(node.name, {}))
+        del node.metadata_props[:]
+        for key, value in props.items():
+            entry = node.metadata_props.add()
+            entry.key, entry.value = key, value
+    model = CheckedModelProto(converted, source.path).to_ir()
+    ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
+    logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
+    if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
+        raise _conversion_error(current)
+    return model, inferred
+
+
+_MODEL_FIELDS = ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string")
+"""Model fields the onnx-ir path keeps from the source when it adopts the converted graph."""
+
+
+def _conversion_error(current: int) -> InvalidModelError:
+    return InvalidModelError(
+        f"Could not convert the model from opset {current} to {opset.MBLT_OPSET_VERSION}.",
+        hint=f"Export the model with opset {opset.MBLT_OPSET_VERSION} (or 18-{opset.MBLT_OPSET_VERSION}) and parse again.")
 
 
 # -- steps ---------------------------------------------------------------------------------------
@@ -230,13 +444,13 @@ def _convert_opset(model: ir.Model) -> None:
         for node in all_nodes(model.graph):
             node.metadata_props.update(saved.get(node.name, {}))
     if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
-        raise InvalidModelError(
-            f"Could not convert the model from opset {current} to {opset.MBLT_OPSET_VERSION}.",
-            hint=f"Export the model with opset {opset.MBLT_OPSET_VERSION} (or 18-{opset.MBLT_OPSET_VERSION}) and parse again.")
+        raise _conversion_error(current)
 
 
-def _lift_constants(model: ir.Model) -> InvalidModelError | None:
+def _lift_constants(model: ir.Model, *, infer: bool = True) -> InvalidModelError | None:
     """Lift constants, then infer shapes of the graph as given (inputs pinned, opset converted).
+
+    ``infer=False``: the shapes were already inferred with the opset conversion (see :func:`_steps_on_proto`).
 
     Returns:
         The model's own inconsistency (e.g. a Reshape whose target shape does not fit its input)
@@ -244,7 +458,7 @@ def _lift_constants(model: ir.Model) -> InvalidModelError | None:
         remove the offending node); :func:`_verify` uses it to blame the model instead of the compiler.
     """
     LiftConstants(lift_all_constants=True, size_limit=0)(model)
-    failure = _strict_inference(model)
+    failure = _strict_inference(model) if infer else None
     _check_reshapes(model)
     if failure is None:
         return None
@@ -656,10 +870,12 @@ def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str) -> Un
 def _has_schema(node: ir.Node, opset_imports: Mapping[str, int]) -> bool:
     domain = "" if node.domain == "ai.onnx" else node.domain
     version = node.version or opset_imports.get(domain) or opset_imports.get(node.domain)
-    if version is None:
-        return False
+    return version is not None and _schema_exists(node.op_type, version, domain)
+
+
+def _schema_exists(op_type: str, version: int, domain: str) -> bool:
     try:
-        onnx.defs.get_schema(node.op_type, version, domain)
+        onnx.defs.get_schema(op_type, version, domain)
     except onnx.defs.SchemaError:
         return False
     return True

@@ -51,6 +51,72 @@ def convert_version(model: ir.Model, target_version: int) -> None:
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedFunctions(), RemoveUnusedOpsets())(model)
 
 
+def convert_source_proto(proto: onnx.ModelProto, target_version: int) -> tuple[onnx.ModelProto, bool]:
+    """The C API conversion of :func:`convert_version` on a source protobuf, followed by ONNX's strict inference.
+
+    The call sees what :func:`convert_version` gives it (every initializer also a graph input, the large ones
+    without their data, the large ``Constant`` weights set aside); the initializers are put back afterwards, in
+    the order :func:`convert_version` leaves them. ``proto`` is consumed.
+
+    Returns:
+        The converted model, with the inferred shapes if strict inference succeeded, and whether it did.
+
+    Raises:
+        Exception: the C API could not convert the model (what :func:`convert_version` logs).
+    """
+    user_inputs = len(proto.graph.input)
+    aside = _initializers_to_inputs(proto)
+    converted = _convert_proto(proto, target_version)
+    try:
+        result = onnx.shape_inference.infer_shapes(converted, check_type=True, strict_mode=True, data_prop=True)
+        inferred = True
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        logger.debug("Strict inference of the converted model fails (%s); shapes are inferred later", error)
+        result, inferred = converted, False
+    _inputs_to_initializers(result, user_inputs, aside)
+    return result, inferred
+
+
+def _initializers_to_inputs(proto: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Declare every initializer as a graph input too and take the large ones out (onnxscript's ``call_onnx_api``
+    on the model); returns them by name, their bytes detached from the proto."""
+    graph = proto.graph
+    aside: dict[str, onnx.TensorProto] = {}
+    large = []
+    for index, tensor in enumerate(graph.initializer):
+        info = graph.input.add()
+        info.name = tensor.name
+        tensor_type = info.type.tensor_type
+        tensor_type.elem_type = tensor.data_type
+        tensor_type.shape.SetInParent()
+        for size in tensor.dims:
+            tensor_type.shape.dim.add().dim_value = size
+        if math.prod(tensor.dims) > LARGE_CONSTANT_ELEMENTS:
+            stub = onnx.TensorProto()
+            if tensor.HasField("raw_data"):
+                data = tensor.raw_data
+                tensor.ClearField("raw_data")
+                stub.CopyFrom(tensor)
+                stub.raw_data = data
+            else:
+                stub.CopyFrom(tensor)
+            aside[tensor.name] = stub
+            large.append(index)
+    for index in reversed(large):
+        del graph.initializer[index]
+    return aside
+
+
+def _inputs_to_initializers(proto: onnx.ModelProto, user_inputs: int, aside: dict[str, onnx.TensorProto]) -> None:
+    """Undo :func:`_initializers_to_inputs` on the converted model: the set-aside initializers follow the others,
+    in the order of the inputs, and only the user's inputs remain inputs."""
+    graph = proto.graph
+    for info in graph.input[user_inputs:]:
+        if info.name in aside:
+            graph.initializer.append(aside[info.name])
+    del graph.input[user_inputs:]
+
+
 def _adopt(model: ir.Model, converted: ir.Model) -> None:
     """Make the converted graph the model's, with the initializers the C API call took out as inputs."""
     for value in converted.graph.inputs:
