@@ -199,3 +199,76 @@ def test_real_models_canonicalize_to_the_same_graph_with_and_without_the_index(n
     _unindexed(monkeypatch)
     full, _ = parse_model(source, input_shape_dict=shapes or None, constant_inputs=constants)
     assert ir.serde.serialize_model(indexed).SerializeToString() == ir.serde.serialize_model(full).SerializeToString()
+
+
+def _old_opset_model(path, *, reshape_to=(1, 8, 1024), op="Relu") -> None:
+    """Opset 11, IR 6: Constant weights (large and small), initializers (large, small, one also listed as an input),
+    stale -1 shapes in value_info, a dynamic batch, a BatchNormalization to fuse and a selector input to bind."""
+    rng = np.random.default_rng(0)
+    conv_w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    big = numpy_helper.from_array(rng.standard_normal((8, 1024)).astype(np.float32), "big")
+    nodes = [helper.make_node("Constant", [], ["w"], value=conv_w, name="weights"),
+             helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn"),
+             helper.make_node(op, ["bn"], ["r"]),
+             helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(np.array(reshape_to, np.int64))),
+             helper.make_node("Reshape", ["r", "shape"], ["flat"], name="flat"),
+             helper.make_node("Add", ["flat", "big"], ["added"]),
+             helper.make_node("Mul", ["added", "gain"], ["y"], name="scale")]
+    stats = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), name) for name in "sbmv"]
+    graph = helper.make_graph(
+        nodes, "old",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32]),
+         helper.make_tensor_value_info("gain", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 8, -1])], [*stats, big],
+        value_info=[helper.make_tensor_value_info("c", TensorProto.FLOAT, [-1, 8, -1, -1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+    model.metadata_props.add(key="author", value="test")
+    onnx.save(model, str(path))
+
+
+def _parse_both_ways(path, monkeypatch, **options):
+    """(MBLT bytes or the error's code and message) through the protobuf path, then with every step on onnx-ir."""
+    results = []
+    for on_proto in (True, False):
+        if not on_proto:
+            monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: None)
+        try:
+            model, _ = parse_model(path, **options)
+            results.append(ir.serde.serialize_model(model).SerializeToString())
+        except Exception as error:  # noqa: BLE001 - the same error must come out both ways
+            results.append((type(error).__name__, str(error)))
+    return results
+
+
+def test_the_protobuf_path_gives_the_onnx_ir_path_graph(tmp_path, monkeypatch):
+    """An opset-11 model with Constant and initializer weights, an initializer listed as input, stale shapes and a
+    bound input: the same MBLT bytes whether the first steps run on the protobuf or on onnx-ir."""
+    _old_opset_model(tmp_path / "old.onnx")
+    calls = []
+    original = canonicalize._steps_on_proto
+    monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: calls.append(original(*args)) or calls[-1])
+    on_proto, on_ir = _parse_both_ways(tmp_path / "old.onnx", monkeypatch, input_shape_dict={"x": [1, 3, 32, 32]},
+                                       constant_inputs={"gain": np.array([2.0], np.float32)})
+    assert calls and calls[0] is not None and calls[0][1]  # the protobuf path ran, with the shapes inferred
+    assert isinstance(on_proto, bytes) and on_proto == on_ir
+    canonical = onnx.load_from_string(on_proto)
+    assert canonical.opset_import[0].version == 21
+    assert {entry.value for node in canonical.graph.node for entry in node.metadata_props} == {"bn, conv", "r", "flat", "added", "scale"}
+
+
+@pytest.mark.parametrize("case", ["unknown op", "bad shape name", "bad constant name", "reshape misfit"])
+def test_the_protobuf_path_raises_what_the_onnx_ir_path_raises(case, tmp_path, monkeypatch):
+    options = {"input_shape_dict": {"x": [1, 3, 32, 32]}, "constant_inputs": {"gain": np.array([2.0], np.float32)}}
+    _old_opset_model(tmp_path / "old.onnx", op="NoSuchOp" if case == "unknown op" else "Relu",
+                     reshape_to=(1, 7, 1024) if case == "reshape misfit" else (1, 8, 1024))
+    if case == "bad shape name":
+        options["input_shape_dict"] = {"z": [1]}
+    if case == "bad constant name":
+        options["constant_inputs"] = {"z": np.array([1.0], np.float32)}
+    on_proto, on_ir = _parse_both_ways(tmp_path / "old.onnx", monkeypatch, **options)
+    assert isinstance(on_proto, tuple) and on_proto == on_ir
+    expected = {"unknown op": "UnsupportedOpsError", "bad shape name": "ArgumentError",
+                "bad constant name": "ArgumentError", "reshape misfit": "InvalidModelError"}[case]
+    assert on_proto[0] == expected
