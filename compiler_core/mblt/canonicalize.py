@@ -305,12 +305,42 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
         for key, value in props.items():
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
+    _lift_constants_proto(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
     logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
     if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
         raise _conversion_error(current)
     return model, inferred
+
+
+def _lift_constants_proto(graph: onnx.GraphProto) -> None:
+    """What :class:`LiftConstants` (all sizes) does to the deserialized graph, done on the protobuf, when every
+    ``Constant`` holds a ``value`` tensor: each becomes an initializer of its output's name, in node order after the
+    existing initializers; one whose output is a graph output stays. The inferred value info of a lifted value is
+    dropped (deserialization types an initializer from its tensor, the same type). Other kinds of ``Constant``
+    (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers."""
+    outputs = {info.name for info in graph.output}
+    constants = [index for index, node in enumerate(graph.node) if node.op_type == "Constant"]
+    nodes = [graph.node[index] for index in constants]
+    if any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
+           or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
+        return
+    lifted = []
+    for index, node in zip(constants, nodes):
+        if node.output[0] in outputs:
+            continue
+        tensor = graph.initializer.add()
+        tensor.CopyFrom(node.attribute[0].t)
+        tensor.name = node.output[0]
+        lifted.append(index)
+    names = {graph.node[index].output[0] for index in lifted}
+    for index in reversed(lifted):
+        del graph.node[index]
+    plain = [index for index, info in enumerate(graph.value_info)
+             if info.name in names and not info.doc_string and not info.metadata_props]
+    for index in reversed(plain):
+        del graph.value_info[index]
 
 
 _MODEL_FIELDS = ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string")
