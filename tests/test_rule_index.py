@@ -272,3 +272,38 @@ def test_the_protobuf_path_raises_what_the_onnx_ir_path_raises(case, tmp_path, m
     expected = {"unknown op": "UnsupportedOpsError", "bad shape name": "ArgumentError",
                 "bad constant name": "ArgumentError", "reshape misfit": "InvalidModelError"}[case]
     assert on_proto[0] == expected
+
+
+@pytest.mark.parametrize("inbound", ["Conv", "ConvTranspose", "Gemm"])
+def test_our_batchnorm_fusion_rewrites_as_the_library_rule_does(inbound):
+    """Conv without bias, grouped ConvTranspose with a bias, Gemm with beta: the same fused graph, byte for byte."""
+    from compiler_core.mblt.rule_index import _quick_library_rules
+
+    rng = np.random.default_rng(1)
+    if inbound == "Gemm":
+        node = helper.make_node("Gemm", ["x", "w", "c"], ["h"], transB=1, beta=0.5)
+        inits = [rng.standard_normal((4, 3)), rng.standard_normal(4)]
+        x_shape, channels = [2, 3], 4
+    elif inbound == "ConvTranspose":
+        node = helper.make_node("ConvTranspose", ["x", "w", "c"], ["h"], group=2)
+        inits = [rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4)]
+        x_shape, channels = [1, 4, 5, 5], 4
+    else:
+        node = helper.make_node("Conv", ["x", "w"], ["h"])
+        inits = [rng.standard_normal((4, 3, 3, 3))]
+        x_shape, channels = [1, 3, 5, 5], 4
+    stats = [rng.uniform(0.5, 1.5, channels) for _ in range(4)]
+    names = ["w", "c"][:len(inits)] + ["s", "b", "m", "v"]
+    tensors = [numpy_helper.from_array(array.astype(np.float32), name) for array, name in zip([*inits, *stats], names)]
+    graph = helper.make_graph(
+        [node, helper.make_node("BatchNormalization", ["h", "s", "b", "m", "v"], ["y"], epsilon=1e-3)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], tensors)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    library = {rule.name: rule for rule in rewriter._DEFAULT_REWRITE_RULES}
+    graphs = []
+    for rule in (_quick_library_rules()[f"FuseBatchNormInto{inbound}"], library[f"FuseBatchNormInto{inbound}"]):
+        model = ir.serde.deserialize_model(proto)
+        assert rewriter.RewriteRuleSet([rule]).apply_to_model(model) == 1
+        graphs.append(ir.to_proto(model).SerializeToString())
+    assert graphs[0] == graphs[1]

@@ -34,6 +34,7 @@ from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
 from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 from onnxscript.rewriter._rewrite_rule import RewriteRule
+from onnxscript.rewriter.rules.common import _fuse_batchnorm
 
 logger = logging.getLogger(__name__)
 
@@ -245,13 +246,57 @@ def indexed_rule_set(rules: Sequence[RewriteRule]) -> RewriteRuleSet:
     return IndexedRuleSet(indexed_rules(rules))
 
 
+class _BatchNormFusionRewrite:
+    """The rewrite of onnxscript's BatchNormalization fusions (same arithmetic, same initializer names), building
+    the fused tensors with ``ir.Tensor``: the library's ``ir.tensor`` first tests the array against
+    ``TensorProtocol``, a ``typing.Protocol`` ``isinstance`` that walks the protocol's members (about 0.15 ms per
+    tensor, two per fused BatchNorm; PP-OCR fuses dozens)."""
+
+    def rewrite(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
+        batchnorm = batchnorm_out.producer()
+        gamma, beta, mean, variance = (value.const_value.numpy() for value in batchnorm.inputs[1:])
+        epsilon = batchnorm.attributes.get("epsilon", ir.Attr("epsilon", ir.AttributeType.FLOAT, 1e-5)).as_float()
+        scale = gamma / np.sqrt(variance + epsilon)
+        inbound = inbound_out.producer()
+        weights = self._scale_weights(inbound.inputs[1].const_value.numpy(), scale, inbound.attributes)
+        attributes = dict(inbound.attributes)
+        gemm_beta = attributes.pop("beta", None)  # Gemm scales its bias by beta: folded in here
+        bias_scale = gemm_beta.as_float() if gemm_beta is not None else 1.0
+        if len(inbound.inputs) > 2:
+            bias, bias_name = inbound.inputs[2].const_value.numpy(), inbound.inputs[2].name
+        else:
+            bias, bias_name = np.zeros_like(mean), inbound.inputs[1].name + "_bias"
+        fused_bias = (bias_scale * bias - mean) * scale + beta
+        return op.op(self.op_type, x, op.initializer(ir.Tensor(weights), name=inbound.inputs[1].name),
+                     op.initializer(ir.Tensor(fused_bias), name=bias_name), **attributes)
+
+
+class _FuseBatchNormIntoConv(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchNormIntoConv):
+    pass
+
+
+class _FuseBatchNormIntoConvTranspose(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchNormIntoConvTranspose):
+    pass
+
+
+class _FuseBatchNormIntoGemm(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchNormIntoGemm):
+    pass
+
+
+def _quick_library_rules() -> dict[str, RewriteRule]:
+    """Library rule name -> our rule with the same pattern, check and result, rewriting quicker."""
+    classes = (_FuseBatchNormIntoConv, _FuseBatchNormIntoConvTranspose, _FuseBatchNormIntoGemm)
+    return {cls.__mro__[2].__name__: cls.rule(name=cls.__mro__[2].__name__) for cls in classes}
+
+
 _DEFAULT_RULES: RewriteRuleSet | None = None
 
 
 def _default_rules() -> RewriteRuleSet:
     global _DEFAULT_RULES
     if _DEFAULT_RULES is None:
-        _DEFAULT_RULES = indexed_rule_set(rewriter._DEFAULT_REWRITE_RULES)
+        quick = _quick_library_rules()
+        _DEFAULT_RULES = indexed_rule_set([quick.get(rule.name, rule) for rule in rewriter._DEFAULT_REWRITE_RULES])
     return _DEFAULT_RULES
 
 
