@@ -84,10 +84,12 @@ def read_checked_proto(path: Path, *, kind: str = "ONNX", hint: str = _ONNX_HINT
         InvalidModelError: a node reads an undefined tensor.
     """
     proto = _read_proto(path, kind, hint)
-    check_tensor_sizes(proto, path)
-    _check_external_data(proto, path)
+    tensors = list(_all_tensors(proto.graph))  # one walk for the size and external-data checks
+    check_tensor_sizes(proto, path, tensors)
+    external = [tensor for tensor in tensors if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    _check_external_data(external, path)
     check_references(proto.graph, path)
-    _load_external_data(proto, path)
+    _load_external_data(external, path)
     return proto
 
 
@@ -175,13 +177,19 @@ def _text_and_message_fields(descriptor) -> tuple | None:
     return tuple(field for field in fields if field.type in (field.TYPE_STRING, field.TYPE_MESSAGE))
 
 
-def check_tensor_sizes(proto: onnx.ModelProto, path: Path) -> None:
+def check_tensor_sizes(proto: onnx.ModelProto, path: Path, tensors: list[onnx.TensorProto] | None = None) -> None:
     """Refuse tensors whose declared size is absurd, before anything is allocated for them.
+
+    Args:
+        proto: The model.
+        path: Its file, for messages.
+        tensors: Every tensor of the model (initializers and attribute tensors, subgraphs included), if the caller
+            has them already.
 
     Raises:
         ModelLoadError: a tensor has a negative dimension or declares more than ``MAX_TENSOR_BYTES``.
     """
-    for tensor in _all_tensors(proto.graph):
+    for tensor in _all_tensors(proto.graph) if tensors is None else tensors:
         count = 1
         for dim in tensor.dims:
             if dim < 0:
@@ -229,9 +237,9 @@ def _itemsize(data_type: int) -> int:
         return 1
 
 
-def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+def _check_external_data(external: list[onnx.TensorProto], path: Path) -> None:
     missing: list[str] = []
-    for tensor in _external_tensors(proto.graph):
+    for tensor in external:
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = _external_location(info.get("location", ""), tensor.name, path)
         needed = _int_field(info, "offset", tensor.name, path) + _int_field(info, "length", tensor.name, path)
@@ -266,10 +274,10 @@ def _int_field(info: dict[str, str], key: str, tensor: str, path: Path) -> int:
     return value
 
 
-def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+def _load_external_data(external: list[onnx.TensorProto], path: Path) -> None:
     """Read every external tensor into the proto (the checks above made sure the data is there)."""
     try:
-        for tensor in list(_external_tensors(proto.graph)):
+        for tensor in external:
             external_data_helper.load_external_data_for_tensor(tensor, str(path.parent))
             tensor.ClearField("data_location")  # as if it had been stored inline: same bytes downstream
     except (OSError, ValueError) as error:
@@ -355,9 +363,3 @@ def _all_tensors(graph: onnx.GraphProto):
             yield from attribute.tensors
             for subgraph in _subgraphs(attribute):
                 yield from _all_tensors(subgraph)
-
-
-def _external_tensors(graph: onnx.GraphProto):
-    for tensor in _all_tensors(graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            yield tensor
