@@ -286,7 +286,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             setattr(header, field, getattr(proto, field))
     header.metadata_props.extend(proto.metadata_props)
     try:
-        converted, inferred = convert_source_proto(proto, opset.MBLT_OPSET_VERSION)
+        converted, inferred, large = convert_source_proto(proto, opset.MBLT_OPSET_VERSION)
     except Exception as error:  # the C API raises plain exceptions
         logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
                        opset.MBLT_OPSET_VERSION, exc_info=error)
@@ -308,6 +308,9 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     _lift_constants_proto(converted.graph)
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
+    for name, tensor in large.items():  # the converted model holds stubs of the large initializers
+        if name in model.graph.initializers:
+            model.graph.initializers[name].const_value = ir.serde.deserialize_tensor(tensor)
     _merge_types(model, {info.name: info.type for info in value_info})
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
     logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)

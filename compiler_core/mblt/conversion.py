@@ -51,15 +51,19 @@ def convert_version(model: ir.Model, target_version: int) -> None:
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedFunctions(), RemoveUnusedOpsets())(model)
 
 
-def convert_source_proto(proto: onnx.ModelProto, target_version: int) -> tuple[onnx.ModelProto, bool]:
+def convert_source_proto(proto: onnx.ModelProto,
+                         target_version: int) -> tuple[onnx.ModelProto, bool, dict[str, onnx.TensorProto]]:
     """The C API conversion of :func:`convert_version` on a source protobuf, followed by ONNX's strict inference.
 
     The call sees what :func:`convert_version` gives it (every initializer also a graph input, the large ones
-    without their data, the large ``Constant`` weights set aside); the initializers are put back afterwards, in
-    the order :func:`convert_version` leaves them. ``proto`` is consumed.
+    without their data, the large ``Constant`` weights set aside). Afterwards only the user's inputs remain
+    inputs, and each large initializer is back in its place, in the order :func:`convert_version` leaves them,
+    as a stub without data (its name, type and dims): the caller gives it its tensor, returned by name, once
+    the model is deserialized, so the weights are never copied. ``proto`` is consumed.
 
     Returns:
-        The converted model, with the inferred shapes if strict inference succeeded, and whether it did.
+        The converted model (with the inferred shapes if strict inference succeeded), whether it succeeded,
+        and the large initializers' tensors by name.
 
     Raises:
         Exception: the C API could not convert the model (what :func:`convert_version` logs).
@@ -74,12 +78,12 @@ def convert_source_proto(proto: onnx.ModelProto, target_version: int) -> tuple[o
         logger.debug("Strict inference of the converted model fails (%s); shapes are inferred later", error)
         result, inferred = converted, False
     _inputs_to_initializers(result, user_inputs, aside)
-    return result, inferred
+    return result, inferred, aside
 
 
 def _initializers_to_inputs(proto: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     """Declare every initializer as a graph input too and take the large ones out (onnxscript's ``call_onnx_api``
-    on the model); returns them by name, their bytes detached from the proto."""
+    on the model); returns them by name (taken out of the proto, not copied)."""
     graph = proto.graph
     aside: dict[str, onnx.TensorProto] = {}
     large = []
@@ -92,28 +96,23 @@ def _initializers_to_inputs(proto: onnx.ModelProto) -> dict[str, onnx.TensorProt
         for size in tensor.dims:
             tensor_type.shape.dim.add().dim_value = size
         if math.prod(tensor.dims) > LARGE_CONSTANT_ELEMENTS:
-            stub = onnx.TensorProto()
-            if tensor.HasField("raw_data"):
-                data = tensor.raw_data
-                tensor.ClearField("raw_data")
-                stub.CopyFrom(tensor)
-                stub.raw_data = data
-            else:
-                stub.CopyFrom(tensor)
-            aside[tensor.name] = stub
+            aside[tensor.name] = tensor
             large.append(index)
     for index in reversed(large):
-        del graph.initializer[index]
+        del graph.initializer[index]  # the message lives on in ``aside``
     return aside
 
 
 def _inputs_to_initializers(proto: onnx.ModelProto, user_inputs: int, aside: dict[str, onnx.TensorProto]) -> None:
-    """Undo :func:`_initializers_to_inputs` on the converted model: the set-aside initializers follow the others,
-    in the order of the inputs, and only the user's inputs remain inputs."""
+    """Undo :func:`_initializers_to_inputs` on the converted model: a data-less stub of each set-aside initializer
+    follows the other initializers, in the order of the inputs, and only the user's inputs remain inputs."""
     graph = proto.graph
     for info in graph.input[user_inputs:]:
         if info.name in aside:
-            graph.initializer.append(aside[info.name])
+            tensor = aside[info.name]
+            stub = graph.initializer.add()
+            stub.name, stub.data_type = tensor.name, tensor.data_type
+            stub.dims.extend(tensor.dims)
     del graph.input[user_inputs:]
 
 
