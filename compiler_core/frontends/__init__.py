@@ -1,4 +1,4 @@
-"""Frontends: each source format -> an ONNX graph in memory (onnx-ir), plus backend detection."""
+"""Frontends: each source format -> an ONNX graph in memory (onnx-ir; for ONNX the checked protobuf), plus backend detection."""
 
 from __future__ import annotations
 
