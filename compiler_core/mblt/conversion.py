@@ -70,15 +70,24 @@ def convert_source_proto(proto: onnx.ModelProto,
     """
     user_inputs = len(proto.graph.input)
     aside = _initializers_to_inputs(proto)
-    converted = _convert_proto(proto, target_version)
-    try:
-        result = onnx.shape_inference.infer_shapes(converted, check_type=True, strict_mode=True, data_prop=True)
-        inferred = True
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
-        logger.debug("Strict inference of the converted model fails (%s); shapes are inferred later", error)
-        result, inferred = converted, False
+    weights = _take_constant_weights(proto)
+    converted = onnx.version_converter.convert_version(proto, target_version)
+    result, inferred = _strict_inference(converted)  # without the weights: they would be copied in and out
+    if weights and not _put_constant_weights(result, weights):
+        logger.debug("A Constant node changed in the opset conversion; converting again with its weights")
+        _put_constant_weights(proto, weights)
+        result, inferred = _strict_inference(onnx.version_converter.convert_version(proto, target_version))
     _inputs_to_initializers(result, user_inputs, aside)
     return result, inferred, aside
+
+
+def _strict_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """(the model with ONNX's strict inference, True), or (the model as given, False) when inference fails."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True), True
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        logger.debug("Strict inference of the converted model fails (%s); shapes are inferred later", error)
+        return proto, False
 
 
 def _initializers_to_inputs(proto: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
