@@ -36,6 +36,7 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.naming import assign_canonical_names
+from compiler_core.mblt.precision import compute_in_float32
 from compiler_core.mblt.recurrent import decompose_lstms
 from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
@@ -87,6 +88,7 @@ def canonicalize(
         ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
+        ("compute in float32", compute_in_float32),
         ("convert to opset 21", _convert_opset),
         ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m)]))),
         ("optimize", _optimize),
