@@ -498,3 +498,54 @@ def test_float64_model_computes_in_float32_with_huge_constants_clipped(tmp_path)
     got = _run(mblt, {"x": x.astype(np.float32)})[0]
     assert np.all(np.isfinite(got)) and np.all(got[:, 0] == -np.finfo(np.float32).max)
     np.testing.assert_allclose(got[:, 1:], _run(source, {"x": x})[0][:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def _detector_with_nms() -> onnx.ModelProto:
+    """Conv -> boxes and scores -> NonMaxSuppression (data-dependent output size); a threshold input feeds only NMS."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["flat"]),
+             helper.make_node("Transpose", ["flat"], ["rows"], perm=[0, 2, 1]),
+             helper.make_node("Split", ["rows", "split"], ["boxes", "logits"], axis=2),
+             helper.make_node("Sigmoid", ["logits"], ["probabilities"]),
+             helper.make_node("Transpose", ["probabilities"], ["scores"], perm=[0, 2, 1]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "threshold"], ["selected"],
+                              name="box_selection")]
+    weights = [_tensor("w", 6, 3, 3, 3), numpy_helper.from_array(np.array([1, 6, 64], np.int64), "shape"),
+               numpy_helper.from_array(np.array([4, 2], np.int64), "split"),
+               numpy_helper.from_array(np.array([10], np.int64), "keep"),
+               numpy_helper.from_array(np.array([0.5], np.float32), "iou")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+              helper.make_tensor_value_info("threshold", TensorProto.FLOAT, [1])]
+    graph = helper.make_graph(nodes, "detector", inputs, [helper.make_tensor_value_info("selected", TensorProto.INT64, None)],
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_non_max_suppression_is_refused_with_the_tensors_to_cut_at(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(source, tmp_path / "detector.mblt")
+    assert caught.value.fields["cut_at"] == ["boxes", "scores"]
+    assert "--output-names boxes,scores" in caught.value.hint
+    assert not (tmp_path / "detector.mblt").exists()
+
+
+def test_output_names_cut_the_graph_before_post_processing(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    mblt = mblt_compile(source, tmp_path / "detector.mblt", output_names=["boxes", "scores"])
+    canonical = onnx.load(str(mblt))
+    assert [value.name for value in canonical.graph.output] == ["boxes", "scores"]
+    assert [value.name for value in canonical.graph.input] == ["x"]  # the NMS threshold input went with it
+    assert "NonMaxSuppression" not in {node.op_type for node in canonical.graph.node}
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    cut = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(onnx.load(source))).extract_model(["x"], ["boxes", "scores"])
+    for ours, reference in zip(_run(mblt, {"x": x}), _run(_save(cut, tmp_path / "cut.onnx"), {"x": x})):
+        np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+    assert read_provenance(mblt)["parser_options"]["output_names"] == ["boxes", "scores"]
+
+
+def test_output_names_that_are_not_tensors_are_an_argument_error(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    with pytest.raises(ArgumentError, match=r"\['box'\]") as caught:
+        mblt_compile(source, tmp_path / "detector.mblt", output_names=["box", "scores"])
+    assert "boxes" in caught.value.hint
