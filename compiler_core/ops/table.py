@@ -79,8 +79,10 @@ OPS: dict[str, OpDef] = _table(
     # -- recurrent: canonicalization unrolls what it can into MatMul and gate steps ------------
     _no_kernel("LSTM", "recurrent", "canonicalization unrolls LSTMs with default activations and a static "
                "sequence length; this one was kept"),
-    _no_kernel("GRU", "recurrent", "GRU is not unrolled; export it unrolled or run it on the CPU"),
-    _no_kernel("RNN", "recurrent", "RNN is not unrolled; export it unrolled or run it on the CPU"),
+    _no_kernel("GRU", "recurrent", "canonicalization unrolls GRUs with default activations and a static "
+               "sequence length; this one was kept"),
+    _no_kernel("RNN", "recurrent", "canonicalization unrolls RNNs with the default tanh and a static "
+               "sequence length; this one was kept"),
     # -- pooling ------------------------------------------------------------------------------
     _move("MaxPool", VEC, checks=(c.pool_window, c.no_pool_indices), batch_axis=0),
     OpDef("AveragePool", "pooling", VEC, "average_pool", checks=(c.average_window, c.pool_floor_mode, c.explicit_pool_pads),
