@@ -407,6 +407,59 @@ def test_decomposed_torch_gru_quantizes(tmp_path):
     assert golden_vs_qdq(mblt, program, feeds_for(model)) >= 0.99
 
 
+
+# -- Einsum lowering ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
+    ("bhid,bhjd->bhij", [1, 2, 5, 4], [1, 2, 6, 4]),   # attention scores
+    ("bhij,bhjd->bhid", [1, 2, 5, 6], [1, 2, 6, 4]),   # attention context
+    ("bnd,dh->bnh", [1, 5, 4], [4, 3]),                # a projection
+    ("ij,kj->ik", [5, 4], [3, 4]),                     # B transposed
+    ("bij,bjk->bki", [2, 5, 4], [2, 4, 3]),            # output in another order
+    ("nchw,kc->nkhw", [1, 4, 3, 5], [6, 4]),           # a 1x1 convolution
+    ("abcd,cde->abe", [1, 2, 3, 4], [3, 4, 5]),        # two contracted indices
+    ("...id,...jd->...ij", [1, 2, 5, 4], [1, 2, 6, 4]),
+    ("ij,ij->i", [5, 4], [5, 4]),                      # row-wise dot products
+])
+def test_matrix_product_einsum_becomes_matmul(tmp_path, equation, a, b):
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    assert "Einsum" not in {node.op_type for node in graph.graph}
+    assert "MatMul" in {node.op_type for node in graph.graph}
+    feeds = feeds_for(model)
+    (expected,) = _run(model.SerializeToString(), feeds)
+    (actual,) = _run(ir.to_proto(graph).SerializeToString(), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
+    ("ij,k->i", [5, 4], [3]),                # kept: an index summed within one operand
+    ("bij,jk->bik", [2, 5, 4], [4, 3]),      # lowered: b is a free index of the first operand
+    ("bij,bjk->bik", [2, 5, 4], [1, 4, 3]),  # kept: the batch index broadcasts
+])
+def test_einsums_outside_the_matrix_product_form_are_kept(tmp_path, equation, a, b):
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    lowered = "Einsum" not in {node.op_type for node in graph.graph}
+    assert lowered == (equation == "bij,jk->bik")
+    feeds = feeds_for(model)
+    np.testing.assert_allclose(_run(ir.to_proto(graph).SerializeToString(), feeds)[0],
+                               _run(model.SerializeToString(), feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_lowered_einsum_attention_quantizes(tmp_path):
+    model = make_model([helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhid,bhjd->bhij"),
+                        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+                        helper.make_node("Einsum", ["p", "v"], ["y"], equation="bhij,bhjd->bhid")],
+                       {"q": [1, 2, 6, 8], "k": [1, 2, 6, 8], "v": [1, 2, 6, 8]}, {"y": None})
+    mblt, program = quantized(tmp_path, model)
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= 0.99
+
+
 @pytest.mark.parametrize("shape", [[1, 4, 9], [1, 4, 3, 5], [1, 2, 3, 4, 5]])
 def test_global_max_pool_reduces_every_spatial_axis(tmp_path, shape):
     """onnx.reference's GlobalMaxPool is wrong unless 4-D; ours matches onnxruntime on 1-D, 2-D and 3-D."""

@@ -36,6 +36,7 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
+from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
@@ -289,6 +290,7 @@ def _legalize(model: ir.Model) -> None:
     round), with constant folding between rounds so every rule sees folded constants.
     """
     decompose_recurrent(model)  # unrolled into the ops the quantizer has kernels for
+    lower_einsums(model)  # matrix-product equations become MatMul
     rules = RewriteRuleSet(indexed_rules([*MBLT_REWRITE_RULES, *_LIBRARY_RULES]))
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):

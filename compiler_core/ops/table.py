@@ -75,7 +75,8 @@ OPS: dict[str, OpDef] = _table(
     _linear("ConvTranspose", c.conv_window, **_CONV),
     _linear("MatMul", c.matrix_operands, max_rank=4),
     _linear("Gemm", c.gemm_plain_a, const_inputs=(1, 2)),
-    _no_kernel("Einsum", "linear", "no integer kernel for this equation; write it with MatMul"),
+    _no_kernel("Einsum", "linear", "canonicalization turns matrix-product equations into MatMul; this one "
+               "sums an index within one operand, broadcasts, or has one operand"),
     # -- recurrent: canonicalization unrolls what it can into MatMul and gate steps ------------
     _no_kernel("LSTM", "recurrent", "canonicalization unrolls LSTMs with default activations and a static "
                "sequence length; this one was kept"),
