@@ -50,6 +50,8 @@ def parse_model(
         scalars = {name: value.item() if value.size == 1 else value for name, value in constants.items()}
         frontend_options["feed_dict"] = {**scalars, **(frontend_options.get("feed_dict") or {})}
         constants = {}
+    if backend in ("tflite", "tf") and output_names:  # unconvertible post-processing ops are skipped there
+        frontend_options["output_names"] = list(output_names)
     with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
         source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
         reporter.advance()
