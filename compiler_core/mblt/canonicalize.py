@@ -36,8 +36,11 @@ from compiler_core.errors import (
 from compiler_core.frontends.onnx import CheckedModelProto
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_source_proto, convert_version
+from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
+from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.naming import assign_canonical_names
-from compiler_core.mblt.recurrent import decompose_lstms
+from compiler_core.mblt.precision import WIDENED, compute_in_float32
+from compiler_core.mblt.recurrent import decompose_recurrent
 from compiler_core.mblt.rule_index import (
     LiftConstants,
     RemoveUnusedNodes,
@@ -68,6 +71,7 @@ def canonicalize(
     *,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, np.ndarray] | None = None,
+    output_names: Sequence[str] | None = None,
     reporter: Reporter | None = None,
 ) -> ir.Model:
     """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
@@ -77,6 +81,8 @@ def canonicalize(
             modified in place.
         input_shape_dict: Static shapes for inputs with dynamic dimensions, by input name.
         constant_inputs: Inputs to bind to constant values (e.g. a sample-rate selector).
+        output_names: Tensors to make the graph's outputs, cutting away what only the other outputs need
+            (post-processing such as NonMaxSuppression); ``None`` keeps the model's outputs.
         reporter: Progress and cancellation.
 
     Returns:
@@ -94,10 +100,13 @@ def canonicalize(
     inferred = [False]  # the shapes were inferred with the opset conversion (the protobuf path)
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
+        ("cut at outputs", lambda m: cut_at_outputs(m, output_names or ())),
+        ("refuse data-dependent ops", refuse_data_dependent_ops),
         ("check operators", _check_known_ops),
         ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
+        ("compute in float32", compute_in_float32),
         ("convert to opset 21", _convert_opset),
         ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m, infer=not inferred[0])]))),
         ("optimize", _optimize),
@@ -108,7 +117,7 @@ def canonicalize(
     with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
         done = 0
         if isinstance(model, CheckedModelProto):
-            converted = _steps_on_proto(model, input_shape_dict or {}, constant_inputs or {},
+            converted = _steps_on_proto(model, input_shape_dict or {}, constant_inputs or {}, output_names or (),
                                         [name for name, _ in steps[:_PROTO_STEPS]], reporter)
             if converted is not None:
                 model, inferred[0] = converted
@@ -123,12 +132,12 @@ def canonicalize(
 
 # -- the first steps on the source protobuf ----------------------------------------------------------
 
-_PROTO_STEPS = 6
+_PROTO_STEPS = 9
 """The steps up to the opset conversion, which :func:`_steps_on_proto` can do on the source protobuf."""
 
 
 def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Sequence[int]],
-                    constant_inputs: Mapping[str, np.ndarray], names: list[str],
+                    constant_inputs: Mapping[str, np.ndarray], output_names: Sequence[str], names: list[str],
                     reporter: Reporter) -> tuple[ir.Model, bool] | None:
     """The steps before the optimizer on a source that needs the ONNX C API opset conversion, done on its protobuf.
 
@@ -137,7 +146,9 @@ def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Se
     the operator check, pinned shapes and bound constants are written into the protobuf as the onnx-ir
     steps write them, the conversion runs on it, followed by ONNX's strict inference, and the result is
     deserialized once, with its shapes. Only a plain graph takes this path (standard-domain nodes, no
-    subgraphs, no functions, tensor types only); anything else returns None, untouched, for the onnx-ir steps.
+    subgraphs, no functions, tensor types only), where the cut at outputs, the data-dependent-op check and the
+    float32 retyping have nothing to do (no ``output_names``, no such op, float32 or integer tensors only);
+    anything else returns None, untouched, for the onnx-ir steps.
 
     Returns:
         The converted model and whether its shapes were inferred, or None.
@@ -146,21 +157,25 @@ def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Se
         The errors of the onnx-ir steps, in the same order.
     """
     proto = source.proto
-    if not _plain_old_opset_graph(proto):
+    if output_names or not _plain_old_opset_graph(proto):
         return None
     graph = proto.graph
     source_names = _record_source_names_proto(proto)
-    reporter.advance(message=names[0])
+    steps = iter(names)
+    reporter.advance(message=next(steps))  # record source names
+    reporter.advance(message=next(steps))  # cut at outputs: no output names
+    reporter.advance(message=next(steps))  # refuse data-dependent ops: none (see _plain_old_opset_graph)
     _check_known_ops_proto(proto, source_names)
-    reporter.advance(message=names[1])
+    reporter.advance(message=next(steps))
     _initializer_inputs_to_constants_proto(proto)
-    reporter.advance(message=names[2])
+    reporter.advance(message=next(steps))
     _pin_inputs_proto(graph, input_shape_dict)
-    reporter.advance(message=names[3])
+    reporter.advance(message=next(steps))
     _bind_constant_inputs_proto(graph, constant_inputs)
-    reporter.advance(message=names[4])
+    reporter.advance(message=next(steps))
+    reporter.advance(message=next(steps))  # compute in float32: float32 already
     model, inferred = _convert_opset_proto(source)
-    reporter.advance(message=names[5])
+    reporter.advance(message=next(steps))
     return model, inferred
 
 
@@ -171,13 +186,28 @@ def _plain_old_opset_graph(proto: onnx.ModelProto) -> bool:
     if current is None or current == opset.MBLT_OPSET_VERSION or _onnxscript_converts(current):
         return False
     graph = proto.graph
+    infos = (*graph.input, *graph.output, *graph.value_info)
     return (not proto.functions and not graph.sparse_initializer
-            and all(node.domain == "" and all(a.type not in _PROTO_GRAPH_TYPES for a in node.attribute)
+            and all(node.domain == "" and node.op_type not in opset.DATA_DEPENDENT_OPS
+                    and all(a.type not in _PROTO_GRAPH_TYPES and not _widened_attribute(a) for a in node.attribute)
                     for node in graph.node)
-            and all(info.type.HasField("tensor_type") for info in (*graph.input, *graph.output, *graph.value_info)))
+            and all(info.type.HasField("tensor_type") and info.type.tensor_type.elem_type not in _WIDENED_CODES
+                    for info in infos)
+            and all(tensor.data_type not in _WIDENED_CODES for tensor in graph.initializer))
 
 
 _PROTO_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_WIDENED_CODES = frozenset(int(dtype) for dtype in WIDENED)
+
+
+def _widened_attribute(attribute: onnx.AttributeProto) -> bool:
+    """True if the attribute holds a float16/bfloat16/float64 tensor or names such a type (``Cast.to``)."""
+    if attribute.type == onnx.AttributeProto.TENSOR:
+        return attribute.t.data_type in _WIDENED_CODES
+    if attribute.type == onnx.AttributeProto.TENSORS:
+        return any(tensor.data_type in _WIDENED_CODES for tensor in attribute.tensors)
+    return attribute.type == onnx.AttributeProto.INT and attribute.name in ("to", "dtype") \
+        and attribute.i in _WIDENED_CODES
 
 
 def _onnxscript_converts(version: int) -> bool:
@@ -551,7 +581,8 @@ def _legalize(model: ir.Model) -> None:
     Rules are applied until none matches (a ``Conv -> Add -> Mul -> Add`` chain folds one op per
     round), with constant folding between rounds so every rule sees folded constants.
     """
-    decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
+    decompose_recurrent(model)  # unrolled into the ops the quantizer has kernels for
+    lower_einsums(model)  # matrix-product equations become MatMul
     rules = indexed_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
