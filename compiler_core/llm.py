@@ -39,6 +39,10 @@ MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
 
 PREFIX_WINDOWS = 4
 """Calibration windows the prefix selection measures on (FP32 forward passes)."""
+GPTQ_WINDOW = 128
+"""Tokens per calibration window of the GPTQ Hessians."""
+GPTQ_TOKENS = 8192
+"""Calibration tokens (at most) the GPTQ Hessians are measured on."""
 MANIFEST_FORMAT = "qb-llm"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".llm.json"
@@ -256,7 +260,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                 calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
                 num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
                 last_logits: bool = False, outlier_prefix: bool | Sequence[int] | None = None,
-                **compile_kwargs: Any) -> dict[str, Any]:
+                gptq: bool | None = None, **compile_kwargs: Any) -> dict[str, Any]:
     """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
 
     Args:
@@ -279,6 +283,9 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
             (:func:`compiler_core.quantization.llm_prefix.select_prefix`), a list of token ids gives
             them, ``False`` uses none; ``None`` follows the config's ``llm.outlierPrefix`` (on in the
             ``llm`` presets).
+        gptq: round the Linear weights with GPTQ (:mod:`compiler_core.quantization.gptq`) on up to
+            :data:`GPTQ_TOKENS` calibration tokens before export; ``None`` follows the config's
+            ``llm.gptq``. A live module is copied first, never changed.
         **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
 
     Returns:
@@ -300,6 +307,9 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
     prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
     shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
+    rounding = None
+    if _config(config_preset, compile_kwargs).llm.gptq if gptq is None else gptq:
+        model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
     prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
     prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
     results = {}
@@ -313,6 +323,8 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     if prefix is not None:
         prefix.save(folder / f"{stem}.prefix.npz")
         manifest["prefix"] = {**selection, "cache": f"{stem}.prefix.npz"}
+    if rounding is not None:
+        manifest["gptq"] = rounding
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / f"{stem}.tokenizer"))
         manifest["tokenizer"] = f"{stem}.tokenizer"
@@ -321,14 +333,38 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     return manifest
 
 
+def _config(preset: str, compile_kwargs: dict):
+    from compiler_core.config.resolve import resolve_config
+
+    return resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
+
+
+def _gptq(model, source, tokens: Sequence[int], prefix: Sequence[int], preset: str,
+          compile_kwargs: dict) -> tuple[Any, dict[str, Any]]:
+    """``model`` (a copy when the caller gave a live module) with GPTQ-rounded Linear weights, and the summary."""
+    import copy
+
+    import torch
+
+    from compiler_core.quantization import gptq
+
+    if isinstance(source, torch.nn.Module):
+        model = copy.deepcopy(model)
+    windows = [chunk.tolist() for chunk in token_chunks(tokens, GPTQ_WINDOW, GPTQ_TOKENS // GPTQ_WINDOW)]
+    if not windows:
+        windows = [list(tokens)]
+    if _config(preset, compile_kwargs).bit.transformer.ffn_bits == 4:
+        raise ArgumentError("GPTQ rounding is implemented for 8-bit per-channel weights only, not 4-bit FFN weights.",
+                            hint="Turn llm.gptq off with bit.transformer.ffnBits 4 (llm_fast).")
+    return model, gptq.gptq_model(model, windows, prefix=prefix)
+
+
 def _prefix_tokens(choice, model, tokenizer, chunks, preset: str, compile_kwargs: dict) -> dict[str, Any]:
     """The prefix: given, chosen on the calibration chunks, or none (``{"token_ids": [...], ...}``)."""
-    from compiler_core.config.resolve import resolve_config
     from compiler_core.quantization import llm_prefix
 
     if choice is None:
-        config = resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
-        choice = config.llm.outlier_prefix
+        choice = _config(preset, compile_kwargs).llm.outlier_prefix
     if choice is False:
         return {"token_ids": []}
     if choice is not True:
