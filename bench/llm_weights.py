@@ -109,7 +109,6 @@ def main() -> None:
     from llm import CALIBRATION_PASSAGE, PROMPTS
 
     from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
-
     from compiler_core.llm import kjv_text, token_chunks
 
     kinds = sys.argv[1:] or list(FORMATS)

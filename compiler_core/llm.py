@@ -39,6 +39,8 @@ MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
 
 PREFIX_WINDOWS = 4
 """Calibration windows the prefix selection measures on (FP32 forward passes)."""
+DECODE_SAMPLES_PER_CHUNK = 4
+"""Decode calibration samples (tokens at distinct random positions) taken from each calibration chunk."""
 GPTQ_WINDOW = 128
 """Tokens per calibration window of the GPTQ Hessians."""
 GPTQ_TOKENS = 8192
@@ -83,12 +85,13 @@ def token_chunks(token_ids: Sequence[int], length: int, count: int) -> list[np.n
 
 
 def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.ndarray], folder: Path,
-                      seed: int = 0, prefix: graphs.LlmPrefix | None = None) -> tuple[Path, Path]:
+                      seed: int = 0, prefix: graphs.LlmPrefix | None = None,
+                      decode_per_chunk: int = DECODE_SAMPLES_PER_CHUNK) -> tuple[Path, Path]:
     """Write prefill and decode calibration samples (``.npy`` + JSON manifests) into ``folder``.
 
-    Each chunk gives one prefill sample (its N tokens) and one decode sample: the token at a random
-    index ``i`` in ``[1, N)`` of the chunk with the FP32 keys/values of the tokens before it (and of
-    the ``prefix``, in the first slots) in the cache.
+    Each chunk gives one prefill sample (its N tokens) and ``decode_per_chunk`` decode samples: the
+    token at a random index ``i`` in ``[1, N)`` of the chunk (distinct indices) with the FP32
+    keys/values of the tokens before it (and of the ``prefix``, in the first slots) in the cache.
 
     Returns:
         ``(prefill_manifest, decode_manifest)``.
@@ -99,30 +102,39 @@ def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.nd
         raise CalibrationError("No calibration text: need at least one chunk of prefill_len tokens.",
                                hint="Give a longer text, or a smaller prefill_len.")
     folder.mkdir(parents=True, exist_ok=True)
-    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    _, kv_heads, head_dim = graphs.kv_geometry(model.config)
     prefill = graphs.prefill_graph(model, shape, prefix)
-    start = shape.prefix_len
     rng = np.random.default_rng(seed)
     prefill_rows, decode_rows = [], []
-    for index, chunk in enumerate(chunks):
+    for number, chunk in enumerate(chunks):
         feed = graphs.prefill_feed(chunk, shape)
-        prefill_rows.append(_save_row(folder, f"prefill{index}", feed))
+        prefill_rows.append(_save_row(folder, f"prefill{number}", feed))
         with torch.no_grad():
             present = prefill(*(torch.from_numpy(v) for v in feed.values()))[1:]
-        index = int(rng.integers(1, len(chunk)))
-        position = start + index
-        decode = {"input_ids": chunk[None, index:index + 1].astype(np.int64),
-                  "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
-        prefix_cache = prefix.cache if prefix else [None] * len(present)
-        for name, tensor, fixed in zip(graphs.cache_names(layers, "past_"), present, prefix_cache):
-            cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
-            if fixed is not None:
-                cache[:, :, :start] = fixed
-            cache[:, :, start:position] = tensor[:, :, :index].numpy()
-            decode[name] = cache
-        decode_rows.append(_save_row(folder, f"decode{index}", decode))
+        count = min(decode_per_chunk, len(chunk) - 1)
+        for index in sorted(rng.choice(np.arange(1, len(chunk)), size=count, replace=False).tolist()):
+            decode = _decode_sample(chunk, index, present, prefix, shape, (kv_heads, head_dim))
+            decode_rows.append(_save_row(folder, f"decode{len(decode_rows)}", decode))
     return (_write_manifest(folder / "prefill.json", ["input_ids", "position_ids"], prefill_rows),
             _write_manifest(folder / "decode.json", list(decode), decode_rows))
+
+
+def _decode_sample(chunk: np.ndarray, index: int, present, prefix, shape: graphs.LlmShape,
+                   geometry: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The decode feed of ``chunk[index]``: the FP32 cache of the prefix and of the tokens before it."""
+    start = shape.prefix_len
+    position = start + index
+    kv_heads, head_dim = geometry
+    decode = {"input_ids": chunk[None, index:index + 1].astype(np.int64),
+              "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
+    prefix_cache = prefix.cache if prefix else [None] * len(present)
+    for name, tensor, fixed in zip(graphs.cache_names(len(present) // 2, "past_"), present, prefix_cache):
+        cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
+        if fixed is not None:
+            cache[:, :, :start] = fixed
+        cache[:, :, start:position] = tensor[:, :, :index].numpy()
+        decode[name] = cache
+    return decode
 
 
 def _save_row(folder: Path, stem: str, feed: dict[str, np.ndarray]) -> list[str]:

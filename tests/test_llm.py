@@ -357,3 +357,33 @@ def test_fast_simulator_matches_the_golden_kernels(compiled):
         golden = artifact.run(feeds, raw=True, golden=True)
         for a, b in zip(fast, golden):
             np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
+
+
+def test_compiled_weights_are_the_gptq_codes(model, compiled):
+    import copy
+
+    from compiler_core.quantization.gptq import gptq_model
+    from compiler_core.quantization.kernels.linear import _quantize_weight
+    from compiler_core.runtime.artifact import load_artifact
+
+    path, manifest = compiled
+    rounding = json.loads(path.read_text())["gptq"]
+    assert rounding["off_grid_rows"] == 0 and rounding["layers"] == 4 * 7 + 1
+    assert rounding["output_error"]["gptq"] < 0.7 * rounding["output_error"]["nearest"]
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the caller's module is left as it was
+    rounded = copy.deepcopy(model)
+    tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)  # the fixture's calibration tokens
+    gptq_model(rounded, [tokens[:128].tolist()], prefix=PREFIX)
+    expected = [m.weight.detach().numpy() for m in rounded.modules() if isinstance(m, torch.nn.Linear)]
+    original = [m.weight.detach().numpy() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    program = load_artifact(path.parent / manifest["prefill"]).program
+    linear = [op for op in program.ops if op.kind == "linear"]
+    assert len(linear) == len(expected)
+    moved = 0
+    for op in linear:
+        stored = op.consts["weight"].astype(np.float64) * np.asarray(op.attrs["weight_scale"])[:, None]
+        matches = [i for i, w in enumerate(expected) if w.shape == stored.shape and np.allclose(w, stored, atol=1e-7)]
+        assert matches, f"{op.name}: weights are not a GPTQ-rounded layer"
+        nearest = _quantize_weight(original[matches[0]].astype(np.float64), 8)[0]
+        moved += int(np.count_nonzero(nearest != op.consts["weight"]))
+    assert moved > 0  # GPTQ chose other codes than round-to-nearest

@@ -96,9 +96,9 @@ PRESETS: dict[str, Preset] = {
          "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
     "llm": Preset(
         "Decoder LLMs: int16 activations (residual stream, norms, softmax, KV cache), 8-bit per-channel "
-        "weights, Max calibration, a prefix token with an FP32 KV cache that takes the attention sink's massive "
-        "activations (PrefixQuant).",
-        {"llm": {"apply": True, "outlierPrefix": True}, "calibration": {"method": 1, "mode": 0},
+        "weights rounded by GPTQ, Max calibration, a prefix token with an FP32 KV cache that takes the attention "
+        "sink's massive activations (PrefixQuant).",
+        {"llm": {"apply": True, "outlierPrefix": True, "gptq": True}, "calibration": {"method": 1, "mode": 0},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm_fast": Preset(
         "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples, a prefix token "

@@ -230,8 +230,10 @@ def gptq_model(model: Any, token_windows: Sequence[Sequence[int]], *, bits: int 
 
 def output_error(weight: np.ndarray, rounded: np.ndarray, hessian: np.ndarray) -> float:
     """Relative output error of a rounded weight on inputs with Hessian ``H``: ``tr(E H Eᵀ) / tr(W H Wᵀ)``."""
-    error = weight - rounded
-    return float(np.einsum("ij,jk,ik->", error, hessian, error) / np.einsum("ij,jk,ik->", weight, hessian, weight))
+    def energy(rows: np.ndarray) -> float:
+        return float(np.sum((rows @ hessian) * rows))
+
+    return energy(weight - rounded) / energy(weight)
 
 
 def untie_lm_head(model: Any) -> None:
