@@ -125,7 +125,7 @@ def gptq_on_grid(weight: Any, hessian: Any, bits: int = 8, **options: Any) -> tu
     rows = np.asarray(weight, dtype=np.float64)
     codes, scale = gptq_round(rows, hessian, bits, **options)
     for _ in range(GRID_RETRIES):
-        short = np.flatnonzero(_off_grid(codes, scale, bits))
+        short = np.flatnonzero(np.abs(codes).max(axis=1) < qmax)  # the compiler's clip would shrink these rows
         if short.size == 0:
             break
         largest = np.maximum(np.abs(codes[short]).max(axis=1), 1.0)
