@@ -313,7 +313,8 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     folder.mkdir(parents=True, exist_ok=True)
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
-    fit = check_memory_fit(model.config, target_device, max_len)
+    fit = check_memory_fit(model.config, target_device, max_len,
+                           weight_bits=_weight_bits(_config(config_preset, compile_kwargs)))
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
     selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
@@ -343,6 +344,11 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     atomic_write_text(save_path, json.dumps(manifest, indent=2))
     manifest["results"] = results
     return manifest
+
+
+def _weight_bits(config) -> int:
+    """16 when every layer's weights are int16 (``llm_accurate``), else 8 (the memory check's weight width)."""
+    return 16 if "*" in config.bit.layer_overrides.weight16_bits else 8
 
 
 def _config(preset: str, compile_kwargs: dict):
