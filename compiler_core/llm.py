@@ -43,7 +43,7 @@ DECODE_SAMPLES_PER_CHUNK = 4
 """Decode calibration samples (tokens at distinct random positions) taken from each calibration chunk."""
 GPTQ_WINDOW = 128
 """Tokens per calibration window of the GPTQ Hessians."""
-GPTQ_TOKENS = 8192
+GPTQ_TOKENS = 4096
 """Calibration tokens (at most) the GPTQ Hessians are measured on."""
 MANIFEST_FORMAT = "qb-llm"
 MANIFEST_VERSION = 1

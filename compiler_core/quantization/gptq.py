@@ -165,12 +165,19 @@ def linear_hessians(model: Any, batches: Iterable[Any], skip_tokens: int = 0,
 
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}
+    shared: dict[str, str] = {}  # a Linear fed the same tensor as the one before it (q/k/v, gate/up)
+    last: dict[str, Any] = {}
     handles = []
 
     def hook(name):
         def accumulate(_module, inputs, _output):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])[skip_tokens:].double()
-            sums[name] = sums.get(name, 0) + x.T @ x
+            tensor = inputs[0]
+            if last.get("tensor") is tensor:
+                shared[name] = last["name"]
+                return
+            last.update(tensor=tensor, name=name)
+            x = tensor.detach().reshape(-1, tensor.shape[-1])[skip_tokens:].float()
+            sums[name] = sums.get(name, 0) + (x.T @ x).double()
             counts[name] = counts.get(name, 0) + x.shape[0]
         return accumulate
 
@@ -184,7 +191,8 @@ def linear_hessians(model: Any, batches: Iterable[Any], skip_tokens: int = 0,
     finally:
         for handle in handles:
             handle.remove()
-    return {name: sums[name] / counts[name] for name in sums}
+    hessians = {name: sums[name] / counts[name] for name in sums}
+    return hessians | {name: hessians[source] for name, source in shared.items()}
 
 
 def gptq_model(model: Any, token_windows: Sequence[Sequence[int]], *, bits: int = 8, prefix: Sequence[int] = (),
@@ -230,8 +238,11 @@ def gptq_model(model: Any, token_windows: Sequence[Sequence[int]], *, bits: int 
 
 def output_error(weight: np.ndarray, rounded: np.ndarray, hessian: np.ndarray) -> float:
     """Relative output error of a rounded weight on inputs with Hessian ``H``: ``tr(E H Eᵀ) / tr(W H Wᵀ)``."""
+    hessian = np.asarray(hessian, np.float32)  # a diagnostic: float32 is plenty, and twice as fast
+
     def energy(rows: np.ndarray) -> float:
-        return float(np.sum((rows @ hessian) * rows))
+        rows = np.asarray(rows, np.float32)
+        return float(np.sum((rows @ hessian) * rows, dtype=np.float64))
 
     return energy(weight - rounded) / energy(weight)
 
