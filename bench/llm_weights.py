@@ -16,7 +16,9 @@ of ``bench/llm.py``, after the same prefix token as the ``llm`` preset's MXQ (``
 - ``gptq-act``: GPTQ rounding the columns with the largest Hessian diagonal first (act-order).
 
 Prints, per format, the free-running first divergences (the issue's measure: mean position and share
-of tokens before it) and the teacher-forced top-1 agreement along FP32's continuation.
+of tokens before it), the teacher-forced top-1 agreement along FP32's continuation, and over 1,008
+held-out tokens (16 windows of 64 tokens of Matthew, after the prefix) the top-1 agreement with FP32
+and the perplexity (a steadier measure than 320 greedy tokens).
 
 Usage: ``python bench/llm_weights.py [int8 int16 fp16 int8-mse gptq ...]``.
 """
@@ -104,9 +106,23 @@ def forced(model, ids: list[int], reference: list[int]) -> int:
     return sum(int(a) == b for a, b in zip(logits.argmax(-1).tolist(), reference))
 
 
+def heldout(model, reference_logits: list, windows: list[list[int]]) -> tuple[float, float]:
+    """Top-1 agreement with ``reference_logits`` and perplexity of ``model`` over ``windows`` (after the prefix)."""
+    import torch
+
+    agree, total, loss = 0, 0, 0.0
+    with torch.no_grad():
+        for window, reference in zip(windows, reference_logits):
+            logits = model(torch.tensor([PREFIX + window])).logits[0, len(PREFIX):-1]
+            agree += int((logits.argmax(-1) == reference.argmax(-1)).sum())
+            loss += float(torch.nn.functional.cross_entropy(logits, torch.tensor(window[1:]), reduction="sum"))
+            total += len(window) - 1
+    return agree / total, float(np.exp(loss / total))
+
+
 def main() -> None:
     import torch
-    from llm import CALIBRATION_PASSAGE, PROMPTS
+    from llm import CALIBRATION_PASSAGE, HELDOUT_PASSAGE, PROMPTS
 
     from compiler_core.frontends.llm import load_causal_lm, smollm2_gguf_path
     from compiler_core.llm import kjv_text, token_chunks
@@ -121,6 +137,10 @@ def main() -> None:
     references = [greedy(model, ids) for ids in prompts]
     calibration = tokenizer(kjv_text(CALIBRATION_PASSAGE))["input_ids"]
     windows = [chunk.tolist() for chunk in token_chunks(calibration, GPTQ_WINDOW, GPTQ_WINDOWS)]
+    held = [chunk.tolist() for chunk in token_chunks(tokenizer(kjv_text(HELDOUT_PASSAGE))["input_ids"], 64, 16)]
+    with torch.no_grad():
+        held_reference = [model(torch.tensor([PREFIX + w])).logits[0, len(PREFIX):-1] for w in held]
+    print(f"FP32       held-out perplexity {heldout(model, held_reference, held)[1]:.3f}", flush=True)
     for kind in kinds:
         other = rounded(model, kind, windows)
         firsts, agree = [], 0
@@ -129,8 +149,10 @@ def main() -> None:
             firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
             agree += forced(other, ids, reference)
         total = NEW_TOKENS * len(prompts)
+        top1, ppl = heldout(other, held_reference, held)
         print(f"{kind:10s} first divergences {firsts}: mean {np.mean(firsts):.1f}, {sum(firsts) / total:.1%} before "
-              f"it; teacher-forced agreement {agree / total:.1%}", flush=True)
+              f"it; teacher-forced agreement {agree / total:.1%}; held-out top-1 agreement {top1:.1%}, perplexity "
+              f"{ppl:.3f}", flush=True)
 
 
 if __name__ == "__main__":
