@@ -60,7 +60,7 @@ def compiled(model, tmp_path_factory):
     tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)
     manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
                            calib_token_ids=tokens, num_samples=12, tokenizer=word_tokenizer(),
-                           inference_scheme="all", outlier_prefix=PREFIX)
+                           inference_scheme="all", outlier_prefix=PREFIX, gptq=True)
     return folder / "small.llm.json", manifest
 
 
