@@ -387,3 +387,17 @@ def test_compiled_weights_are_the_gptq_codes(model, compiled):
         nearest = _quantize_weight(original[matches[0]].astype(np.float64), 8)[0]
         moved += int(np.count_nonzero(nearest != op.consts["weight"]))
     assert moved > 0  # GPTQ chose other codes than round-to-nearest
+
+
+def test_decode_calibration_takes_several_tokens_per_window(compiled):
+    from compiler_core.llm import DECODE_SAMPLES_PER_CHUNK
+
+    folder = compiled[0].parent / "small.calib"
+    rows = json.loads((folder / "decode.json").read_text())["calib paths"]
+    assert len(rows) == 12 * DECODE_SAMPLES_PER_CHUNK
+    positions = [int(np.load(folder / row[1])[0, 0]) for row in rows]
+    for chunk in range(12):
+        window = positions[chunk * DECODE_SAMPLES_PER_CHUNK:(chunk + 1) * DECODE_SAMPLES_PER_CHUNK]
+        assert len(set(window)) == len(window) and min(window) > len(PREFIX)
+        filled = np.abs(np.load(folder / rows[chunk * DECODE_SAMPLES_PER_CHUNK][3])).sum(axis=(0, 1, 3)) > 0
+        assert filled[:window[0]].all() and not filled[window[0]:].any()  # the cache holds what came before
