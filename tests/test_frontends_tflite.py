@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 import tflite
 
+from compiler_core.api import parse_model
 from compiler_core.errors import ModelLoadError, UnsupportedOpsError
 from compiler_core.frontends.tflite import CALIBRATION_HINTS_KEY, describe_requirements, load_tflite
 from compiler_core.mblt.canonicalize import canonicalize
@@ -515,3 +516,33 @@ def test_tf_frontend_without_tensorflow_says_how_to_install(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` raise ImportError
     with pytest.raises(ModelLoadError, match=r"pip install qbstudio\[tf\]"):
         load_tf(tmp_path / "model.keras")
+
+
+def test_a_custom_post_processing_op_at_the_end_can_be_cut_away(tmp_path: Path) -> None:
+    """Like an SSD's TFLite_Detection_PostProcess: the error names the tensors to stop at; output_names does."""
+    from compiler_core.api import mblt_compile
+
+    tensors = [{"name": name, "shape": [1, 4, 4, 2]} for name in ("image", "features", "boxes", "detections")]
+    operators = [{"op": "RELU", "inputs": [0], "outputs": [1]},
+                 {"op": "TANH", "inputs": [1], "outputs": [2]},
+                 {"op": "CUSTOM:TFLite_Detection_PostProcess", "inputs": [1, 2], "outputs": [3]}]
+    path = tmp_path / "ssd_like.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[3]))
+    with pytest.raises(UnsupportedOpsError) as caught:
+        load_tflite(path)
+    assert caught.value.fields["cut_at"] == ["features", "boxes"]
+    assert "--output-names features,boxes" in caught.value.hint
+    graph, _ = parse_model(path, output_names=["features", "boxes"])
+    assert [value.name for value in graph.graph.outputs] == ["features", "boxes"]
+    assert {node.op_type for node in graph.graph} == {"Relu", "Tanh"}
+    assert mblt_compile(path, tmp_path / "cut.mblt", output_names=["boxes"]).exists()
+
+
+def test_a_custom_op_inside_the_model_offers_no_cut(tmp_path: Path) -> None:
+    tensors = [{"name": name, "shape": [1, 4, 4, 2]} for name in ("image", "mixed", "out")]
+    operators = [{"op": "CUSTOM:MyVendorOp", "inputs": [0], "outputs": [1]}, {"op": "RELU", "inputs": [1], "outputs": [2]}]
+    path = tmp_path / "custom_inside.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[2]))
+    with pytest.raises(UnsupportedOpsError) as caught:
+        load_tflite(path)
+    assert "cut_at" not in caught.value.fields and "--output-names" not in caught.value.hint

@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ TF_EXTRA_HINT = "install the tf extra: pip install qbstudio[tf]"
 _KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 
 
-def load_tf(model: Any, **_: Any) -> ir.Model:
+def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> ir.Model:
     """Load a SavedModel folder or a Keras ``.keras``/``.h5`` file as an ONNX onnx-ir model.
 
     The model keeps TensorFlow's layout (NHWC) and its input names as TFLite gives them.
 
     Args:
         model: Path to a SavedModel folder (with ``saved_model.pb``) or a Keras model file.
+        output_names: Tensors (TFLite names) to end the graph at, as for the TFLite frontend.
 
     Raises:
         ModelLoadError: TensorFlow is not installed, or the model cannot be read or converted.
@@ -53,7 +55,7 @@ def load_tf(model: Any, **_: Any) -> ir.Model:
         if printed.getvalue().strip():
             logger.debug("TensorFlow's converter printed:\n%s", printed.getvalue().rstrip())
     logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
-    return load_tflite_bytes(flatbuffer, path)
+    return load_tflite_bytes(flatbuffer, path, output_names)
 
 
 def import_tensorflow() -> Any:

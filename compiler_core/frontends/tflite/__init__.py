@@ -13,6 +13,7 @@ Only subgraph 0 is imported (control-flow subgraphs are not supported).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_HINTS_KEY", "CONVERTERS", "describe_requirements", "load_tflite", "load_tflite_bytes"]
 
 
-def load_tflite(model: Any, **_: Any) -> ir.Model:
+def load_tflite(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> ir.Model:
     """Load a ``.tflite`` file as an ONNX onnx-ir model (NHWC interface, TFLite tensor names).
 
     Args:
         model: Path to a ``.tflite`` file.
+        output_names: Tensors to end the graph at; operators that only feed the others may be unconvertible.
 
     Raises:
         ArgumentError: ``model`` is not a path.
@@ -41,17 +43,18 @@ def load_tflite(model: Any, **_: Any) -> ir.Model:
     """
     graph = read_tflite(_as_path(model))
     logger.info("TFLite %s: %d operators, %d tensors", graph.path.name, len(graph.operators), len(graph.tensors))
-    return import_graph(graph)
+    return import_graph(graph, output_names)
 
 
-def load_tflite_bytes(data: bytes, name: str | Path) -> ir.Model:
+def load_tflite_bytes(data: bytes, name: str | Path, output_names: Sequence[str] | None = None) -> ir.Model:
     """Like :func:`load_tflite`, for a flatbuffer in memory (e.g. from TensorFlow's converter).
 
     Args:
         data: The ``.tflite`` bytes.
         name: What to call the model in messages (its source path).
+        output_names: As for :func:`load_tflite`.
     """
-    return import_graph(decode_tflite(data, name))
+    return import_graph(decode_tflite(data, name), output_names)
 
 
 def describe_requirements(path: str | Path) -> dict[str, Any]:

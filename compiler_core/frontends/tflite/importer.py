@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -17,6 +18,7 @@ import onnx_ir as ir
 from onnx import helper
 
 from compiler_core.errors import (
+    ArgumentError,
     DynamicShapeError,
     InvalidModelError,
     ModelLoadError,
@@ -37,11 +39,18 @@ SOURCE_FORMAT_KEY = "mblt.source_format"
 _CORRUPT_HINT = "Pass a complete, uncorrupted .tflite file (re-export it, or download it again)."
 
 
-def import_graph(graph: TFLiteGraph) -> ir.Model:
+def import_graph(graph: TFLiteGraph, output_names: Sequence[str] | None = None) -> ir.Model:
     """Convert a decoded TFLite subgraph to an ONNX (opset 21) onnx-ir model.
 
+    Args:
+        graph: The decoded subgraph.
+        output_names: Tensors (ONNX value names, i.e. TFLite names) to end the graph at. Operators that
+            only feed other outputs may then fail to convert (e.g. a custom detection post-processing op).
+
     Raises:
-        UnsupportedOpsError: some operators have no converter or use options ONNX cannot express.
+        UnsupportedOpsError: some operators have no converter or use options ONNX cannot express (and
+            ``output_names`` do not avoid them); ``fields["cut_at"]`` names the tensors to end the graph at.
+        ArgumentError: an output name is not a tensor the conversion produced.
     """
     _check_static_inputs(graph)
     builder = GraphBuilder(graph)
@@ -51,9 +60,41 @@ def import_graph(graph: TFLiteGraph) -> ir.Model:
         if reason is not None:
             failures.setdefault(op.display_name, []).append((op, reason))
             builder.unavailable.update(op.outputs)
-    if failures:
-        raise _unsupported_error(graph, failures)
-    return _assemble(builder, graph)
+    outputs = _requested_outputs(builder, graph, output_names) if output_names else list(graph.outputs)
+    if failures and not (output_names and all(index not in builder.unavailable for index in outputs)):
+        raise _unsupported_error(graph, failures, _cut_before(builder, graph, failures))
+    return _assemble(builder, graph, outputs)
+
+
+def _requested_outputs(builder: GraphBuilder, graph: TFLiteGraph, output_names: Sequence[str]) -> list[int]:
+    """The TFLite tensor indices of ``output_names``."""
+    index = {builder.value_name(i): i for i in range(len(graph.tensors))}
+    missing = [name for name in output_names if name not in index]
+    if missing:
+        raise ArgumentError(f"output_names names {missing}, which are not tensors of '{graph.path.name}'.",
+                            hint="Use the TFLite tensor names (as Netron shows them); the model's outputs: "
+                                 f"{', '.join(builder.value_name(i) for i in graph.outputs)}.")
+    return [index[name] for name in output_names]
+
+
+def _cut_before(builder: GraphBuilder, graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]]) -> list[str]:
+    """Run-time tensors the failed operators read that did convert: ending the graph there avoids them.
+
+    Empty unless the failed operators are the model's last steps: when a convertible operator is lost
+    because it reads a failed one's result, a cut would drop part of the model, not its post-processing.
+    """
+    failed = [op for entries in failures.values() for op, _ in entries]
+    failed_ids = {id(op) for op in failed}
+    if any(id(op) not in failed_ids and any(index in builder.unavailable for index in op.outputs)
+           for op in graph.operators):
+        return []
+    cut: list[str] = []
+    for op in failed:
+        for index in op.inputs:
+            if index >= 0 and index not in builder.unavailable and index not in builder.constants \
+                    and index not in graph.inputs and builder.value_name(index) not in cut:
+                cut.append(builder.value_name(index))
+    return cut
 
 
 def _check_static_inputs(graph: TFLiteGraph) -> None:
@@ -98,7 +139,8 @@ def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
     return None
 
 
-def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]]) -> UnsupportedOpsError:
+def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]],
+                       cut_at: list[str]) -> UnsupportedOpsError:
     counts = Counter({name: len(entries) for name, entries in failures.items()})
     ops = [{"op": name, "count": count,
             "nodes": [graph.tensors[op.outputs[0]].name if op.outputs else f"op_{op.index}"
@@ -106,14 +148,18 @@ def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operat
             "reason": "; ".join(sorted({reason for _, reason in failures[name]}))}
            for name, count in counts.most_common()]
     listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])}: {o['reason']})" for o in ops)
+    hint = ("Replace these operators in the source model, or convert it to ONNX another way and use "
+            "--backend onnx.")
+    if cut_at:  # only post-processing fails: the rest of the model converts
+        hint = (f"They only process the model's results: end the graph before them with --output-names "
+                f"{','.join(cut_at)} (Python: output_names=[...]) and run that step on the MXQ's outputs.")
     return UnsupportedOpsError(
         f"'{graph.path.name}': {sum(counts.values())} TFLite operator(s) cannot be converted: {listing}.",
-        hint="Replace these operators in the source model, or convert it to ONNX another way and use "
-             "--backend onnx.", ops=ops, file=str(graph.path), stage="tflite import")
+        hint=hint, ops=ops, file=str(graph.path), stage="tflite import", **({"cut_at": cut_at} if cut_at else {}))
 
 
-def _assemble(builder: GraphBuilder, graph: TFLiteGraph) -> ir.Model:
-    outputs = [_output_value(builder, graph, index) for index in graph.outputs]
+def _assemble(builder: GraphBuilder, graph: TFLiteGraph, output_indices: list[int]) -> ir.Model:
+    outputs = [_output_value(builder, graph, index) for index in output_indices]
     proto_graph = helper.make_graph(
         builder.nodes, _graph_name(graph),
         inputs=[_value_info(builder.value_name(i), graph.tensors[i]) for i in graph.inputs],
