@@ -60,7 +60,7 @@ def compiled(model, tmp_path_factory):
     tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)
     manifest = compile_llm(model, folder / "small.llm.json", prefill_len=SHAPE.prefill_len, max_len=SHAPE.max_len,
                            calib_token_ids=tokens, num_samples=12, tokenizer=word_tokenizer(),
-                           inference_scheme="all", outlier_prefix=PREFIX, gptq=True)
+                           inference_scheme="all", outlier_prefix=PREFIX)
     return folder / "small.llm.json", manifest
 
 
@@ -359,24 +359,30 @@ def test_fast_simulator_matches_the_golden_kernels(compiled):
             np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
 
 
-def test_compiled_weights_are_the_gptq_codes(model, compiled):
+def test_compiled_weights_are_the_gptq_codes(tmp_path):
     import copy
 
+    from compiler_core.llm import compile_llm
     from compiler_core.quantization.gptq import gptq_model
     from compiler_core.quantization.kernels.linear import _quantize_weight
     from compiler_core.runtime.artifact import load_artifact
 
-    path, manifest = compiled
-    rounding = json.loads(path.read_text())["gptq"]
-    assert rounding["off_grid_rows"] == 0 and rounding["layers"] == 4 * 7 + 1
-    assert rounding["output_error"]["gptq"] < 0.7 * rounding["output_error"]["nearest"]
-    assert model.lm_head.weight is model.model.embed_tokens.weight  # the caller's module is left as it was
-    rounded = copy.deepcopy(model)
-    tokens = np.random.default_rng(1).integers(0, 511, 16 * 12)  # the fixture's calibration tokens
-    gptq_model(rounded, [tokens[:128].tolist()], prefix=PREFIX)
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    tiny = transformers.LlamaForCausalLM(config).eval()
+    tokens = np.random.default_rng(5).integers(0, 511, 8 * 8)
+    manifest = compile_llm(tiny, tmp_path / "g.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
+                           num_samples=8, outlier_prefix=False, gptq=True)
+    rounding = manifest["gptq"]
+    assert rounding["off_grid_rows"] == 0 and rounding["layers"] == 7 + 1
+    assert rounding["output_error"]["gptq"] < rounding["output_error"]["nearest"]
+    assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # the caller's module is left as it was
+    rounded = copy.deepcopy(tiny)
+    gptq_model(rounded, [tokens.tolist()])  # fewer tokens than a window: one window of all of them
     expected = [m.weight.detach().numpy() for m in rounded.modules() if isinstance(m, torch.nn.Linear)]
-    original = [m.weight.detach().numpy() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    program = load_artifact(path.parent / manifest["prefill"]).program
+    original = [m.weight.detach().numpy() for m in tiny.modules() if isinstance(m, torch.nn.Linear)]
+    program = load_artifact(tmp_path / manifest["prefill"]).program
     linear = [op for op in program.ops if op.kind == "linear"]
     assert len(linear) == len(expected)
     moved = 0
