@@ -20,7 +20,8 @@ The prefill graph (N = 240) compiles since the backend tiles a MatMul of two act
 attention scores ``[1, 8, 960, 64] x [1, 8, 64, 240]`` were one 4.3 MB tile, over a core's 4 MB). A
 graph that does not compile is recorded with its error; ``--graphs decode`` skips the prefill compiles.
 
-Usage: ``python bench/llm_estimate.py [--graphs decode | --one-layer] [--folder build/llm/llama1b] [--json out.json]``
+Usage: ``python bench/llm_estimate.py [--graphs decode | --one-layer] [--preset llm_accurate] [--folder build/llm/llama1b]
+[--json out.json]``
 (``--one-layer``: TTFT and tokens/s from the 1-layer compiles alone, see its help).
 """
 
@@ -40,6 +41,8 @@ import numpy as np  # noqa: E402
 PUBLISHED = {"prompt_tokens": 240, "ttft_ms": 430.56, "tokens_per_s": 30.73}
 LAYERS = 16
 VOCAB = 128256
+PRESET = "llm"
+"""The compile preset (``--preset``: ``llm_accurate`` for int16 weights)."""
 POINTS = ((1, VOCAB // 4), (2, VOCAB // 4))
 """(layers, vocabulary) of the two compiles."""
 
@@ -115,7 +118,7 @@ def _compile(layers: int, vocab: int, folder: Path, stem: str, kind: str) -> Non
         del model
     start = time.perf_counter()
     mxq_compile(str(onnx), target_device="aries-rb", calib_data_path=str(calib), save_path=folder / f"{stem}.{kind}.mxq",
-                config_preset="llm", inference_scheme="all")
+                config_preset=PRESET, inference_scheme="all")
     print(f"compiled the {kind} graph of {layers} layer(s), vocabulary {vocab} in {time.perf_counter() - start:.0f} s")
 
 
@@ -166,7 +169,7 @@ def one_layer_estimate(folder: Path) -> dict[str, dict]:
     for kind in ("prefill", "decode"):
         path = folder / f"llama1b_{layers}l_{vocab}v.{kind}.mxq"
         results[kind] = one_layer_latency(load_artifact(path), vocab) if path.is_file() else f"no {path.name}"
-    print(f"Llama-3.2-1B shapes, ARIES, from the 1-layer compiles (vocabulary {vocab}); published TTFT "
+    print(f"Llama-3.2-1B shapes, ARIES, `{PRESET}` preset, from the 1-layer compiles (vocabulary {vocab}); published TTFT "
           f"{PUBLISHED['ttft_ms']} ms ({PUBLISHED['prompt_tokens']} tokens), {PUBLISHED['tokens_per_s']} tokens/s")
     for kind, found in results.items():
         if isinstance(found, str):
@@ -194,9 +197,13 @@ def main() -> None:
                         help="TTFT and tokens/s from the 1-layer prefill and decode compiles alone (compiled when "
                              "missing): each one's latency minus the vocabulary-sized operations and the final norm "
                              "is taken as one decoder layer (an upper bound: the RoPE lookups count as layer work)")
+    parser.add_argument("--preset", default=PRESET, help="compile preset (llm_accurate: int16 weights); use its own "
+                        "--folder, the MXQs there are reused")
     parser.add_argument("--graphs", choices=("both", "decode"), default="both",
                         help="decode: tokens/s only (skips the prefill compiles, the longer ones)")
     args = parser.parse_args()
+    global PRESET
+    PRESET = args.preset
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -219,7 +226,7 @@ def main() -> None:
                "memory": memory_fit(llama_1b_config(LAYERS), "aries-rb", PUBLISHED["prompt_tokens"] + 10),
                "parameters": llama_parameters(llama_1b_config(LAYERS))}
     print(f"Llama-3.2-1B shapes ({results['parameters'] / 1e9:.2f} B parameters), ARIES, "
-          f"{PUBLISHED['prompt_tokens']}-token prompt, `llm` preset:")
+          f"{PUBLISHED['prompt_tokens']}-token prompt, `{PRESET}` preset:")
     for (layers, vocab), found in points.items():
         print(f"  compiled {layers} layer(s), vocabulary {vocab:6d}: " + "; ".join(
             f"{kind} " + (value if isinstance(value, str) else ", ".join(

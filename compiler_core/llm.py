@@ -39,6 +39,12 @@ MAX_CACHE_LEN = {"regulus-ra": 1024, "regulus-rb": 1024, "regulus-rb-usb": 1024}
 
 PREFIX_WINDOWS = 4
 """Calibration windows the prefix selection measures on (FP32 forward passes)."""
+DECODE_SAMPLES_PER_CHUNK = 4
+"""Decode calibration samples (tokens at distinct random positions) taken from each calibration chunk."""
+GPTQ_WINDOW = 128
+"""Tokens per calibration window of the GPTQ Hessians."""
+GPTQ_TOKENS = 4096
+"""Calibration tokens (at most) the GPTQ Hessians are measured on."""
 MANIFEST_FORMAT = "qb-llm"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".llm.json"
@@ -79,12 +85,13 @@ def token_chunks(token_ids: Sequence[int], length: int, count: int) -> list[np.n
 
 
 def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.ndarray], folder: Path,
-                      seed: int = 0, prefix: graphs.LlmPrefix | None = None) -> tuple[Path, Path]:
+                      seed: int = 0, prefix: graphs.LlmPrefix | None = None,
+                      decode_per_chunk: int = DECODE_SAMPLES_PER_CHUNK) -> tuple[Path, Path]:
     """Write prefill and decode calibration samples (``.npy`` + JSON manifests) into ``folder``.
 
-    Each chunk gives one prefill sample (its N tokens) and one decode sample: the token at a random
-    index ``i`` in ``[1, N)`` of the chunk with the FP32 keys/values of the tokens before it (and of
-    the ``prefix``, in the first slots) in the cache.
+    Each chunk gives one prefill sample (its N tokens) and ``decode_per_chunk`` decode samples: the
+    token at a random index ``i`` in ``[1, N)`` of the chunk (distinct indices) with the FP32
+    keys/values of the tokens before it (and of the ``prefix``, in the first slots) in the cache.
 
     Returns:
         ``(prefill_manifest, decode_manifest)``.
@@ -95,30 +102,39 @@ def write_calibration(model: Any, shape: graphs.LlmShape, chunks: Sequence[np.nd
         raise CalibrationError("No calibration text: need at least one chunk of prefill_len tokens.",
                                hint="Give a longer text, or a smaller prefill_len.")
     folder.mkdir(parents=True, exist_ok=True)
-    layers, kv_heads, head_dim = graphs.kv_geometry(model.config)
+    _, kv_heads, head_dim = graphs.kv_geometry(model.config)
     prefill = graphs.prefill_graph(model, shape, prefix)
-    start = shape.prefix_len
     rng = np.random.default_rng(seed)
     prefill_rows, decode_rows = [], []
-    for index, chunk in enumerate(chunks):
+    for number, chunk in enumerate(chunks):
         feed = graphs.prefill_feed(chunk, shape)
-        prefill_rows.append(_save_row(folder, f"prefill{index}", feed))
+        prefill_rows.append(_save_row(folder, f"prefill{number}", feed))
         with torch.no_grad():
             present = prefill(*(torch.from_numpy(v) for v in feed.values()))[1:]
-        index = int(rng.integers(1, len(chunk)))
-        position = start + index
-        decode = {"input_ids": chunk[None, index:index + 1].astype(np.int64),
-                  "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
-        prefix_cache = prefix.cache if prefix else [None] * len(present)
-        for name, tensor, fixed in zip(graphs.cache_names(layers, "past_"), present, prefix_cache):
-            cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
-            if fixed is not None:
-                cache[:, :, :start] = fixed
-            cache[:, :, start:position] = tensor[:, :, :index].numpy()
-            decode[name] = cache
-        decode_rows.append(_save_row(folder, f"decode{index}", decode))
+        count = min(decode_per_chunk, len(chunk) - 1)
+        for index in sorted(rng.choice(np.arange(1, len(chunk)), size=count, replace=False).tolist()):
+            decode = _decode_sample(chunk, index, present, prefix, shape, (kv_heads, head_dim))
+            decode_rows.append(_save_row(folder, f"decode{len(decode_rows)}", decode))
     return (_write_manifest(folder / "prefill.json", ["input_ids", "position_ids"], prefill_rows),
             _write_manifest(folder / "decode.json", list(decode), decode_rows))
+
+
+def _decode_sample(chunk: np.ndarray, index: int, present, prefix, shape: graphs.LlmShape,
+                   geometry: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The decode feed of ``chunk[index]``: the FP32 cache of the prefix and of the tokens before it."""
+    start = shape.prefix_len
+    position = start + index
+    kv_heads, head_dim = geometry
+    decode = {"input_ids": chunk[None, index:index + 1].astype(np.int64),
+              "position_ids": np.array([[position]], np.int64), "cache_mask": graphs.decode_mask(position, shape)}
+    prefix_cache = prefix.cache if prefix else [None] * len(present)
+    for name, tensor, fixed in zip(graphs.cache_names(len(present) // 2, "past_"), present, prefix_cache):
+        cache = np.zeros((1, kv_heads, shape.max_len, head_dim), np.float32)
+        if fixed is not None:
+            cache[:, :, :start] = fixed
+        cache[:, :, start:position] = tensor[:, :, :index].numpy()
+        decode[name] = cache
+    return decode
 
 
 def _save_row(folder: Path, stem: str, feed: dict[str, np.ndarray]) -> list[str]:
@@ -256,7 +272,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                 calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
                 num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
                 last_logits: bool = False, outlier_prefix: bool | Sequence[int] | None = None,
-                **compile_kwargs: Any) -> dict[str, Any]:
+                gptq: bool | None = None, **compile_kwargs: Any) -> dict[str, Any]:
     """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
 
     Args:
@@ -279,6 +295,9 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
             (:func:`compiler_core.quantization.llm_prefix.select_prefix`), a list of token ids gives
             them, ``False`` uses none; ``None`` follows the config's ``llm.outlierPrefix`` (on in the
             ``llm`` presets).
+        gptq: round the Linear weights with GPTQ (:mod:`compiler_core.quantization.gptq`) on up to
+            :data:`GPTQ_TOKENS` calibration tokens before export; ``None`` follows the config's
+            ``llm.gptq``. A live module is copied first, never changed.
         **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
 
     Returns:
@@ -294,12 +313,16 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     folder.mkdir(parents=True, exist_ok=True)
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
-    fit = check_memory_fit(model.config, target_device, max_len)
+    fit = check_memory_fit(model.config, target_device, max_len,
+                           weight_bits=_weight_bits(_config(config_preset, compile_kwargs)))
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
     selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
     prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
     shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
+    rounding = None
+    if _config(config_preset, compile_kwargs).llm.gptq if gptq is None else gptq:
+        model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
     prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
     prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
     results = {}
@@ -313,6 +336,8 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     if prefix is not None:
         prefix.save(folder / f"{stem}.prefix.npz")
         manifest["prefix"] = {**selection, "cache": f"{stem}.prefix.npz"}
+    if rounding is not None:
+        manifest["gptq"] = rounding
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / f"{stem}.tokenizer"))
         manifest["tokenizer"] = f"{stem}.tokenizer"
@@ -321,14 +346,43 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     return manifest
 
 
+def _weight_bits(config) -> int:
+    """16 when every layer's weights are int16 (``llm_accurate``), else 8 (the memory check's weight width)."""
+    return 16 if "*" in config.bit.layer_overrides.weight16_bits else 8
+
+
+def _config(preset: str, compile_kwargs: dict):
+    from compiler_core.config.resolve import resolve_config
+
+    return resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
+
+
+def _gptq(model, source, tokens: Sequence[int], prefix: Sequence[int], preset: str,
+          compile_kwargs: dict) -> tuple[Any, dict[str, Any]]:
+    """``model`` (a copy when the caller gave a live module) with GPTQ-rounded Linear weights, and the summary."""
+    import copy
+
+    import torch
+
+    from compiler_core.quantization import gptq
+
+    if isinstance(source, torch.nn.Module):
+        model = copy.deepcopy(model)
+    windows = [chunk.tolist() for chunk in token_chunks(tokens, GPTQ_WINDOW, GPTQ_TOKENS // GPTQ_WINDOW)]
+    if not windows:
+        windows = [list(tokens)]
+    if _config(preset, compile_kwargs).bit.transformer.ffn_bits == 4:
+        raise ArgumentError("GPTQ rounding is implemented for 8-bit per-channel weights only, not 4-bit FFN weights.",
+                            hint="Turn llm.gptq off with bit.transformer.ffnBits 4 (llm_fast).")
+    return model, gptq.gptq_model(model, windows, prefix=prefix)
+
+
 def _prefix_tokens(choice, model, tokenizer, chunks, preset: str, compile_kwargs: dict) -> dict[str, Any]:
     """The prefix: given, chosen on the calibration chunks, or none (``{"token_ids": [...], ...}``)."""
-    from compiler_core.config.resolve import resolve_config
     from compiler_core.quantization import llm_prefix
 
     if choice is None:
-        config = resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
-        choice = config.llm.outlier_prefix
+        choice = _config(preset, compile_kwargs).llm.outlier_prefix
     if choice is False:
         return {"token_ids": []}
     if choice is not True:

@@ -357,3 +357,53 @@ def test_fast_simulator_matches_the_golden_kernels(compiled):
         golden = artifact.run(feeds, raw=True, golden=True)
         for a, b in zip(fast, golden):
             np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
+
+
+def test_compiled_weights_are_the_gptq_codes(tmp_path):
+    import copy
+
+    from compiler_core.llm import compile_llm
+    from compiler_core.quantization.gptq import gptq_model
+    from compiler_core.quantization.kernels.linear import _quantize_weight
+    from compiler_core.runtime.artifact import load_artifact
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    tiny = transformers.LlamaForCausalLM(config).eval()
+    tokens = np.random.default_rng(5).integers(0, 511, 8 * 8)
+    manifest = compile_llm(tiny, tmp_path / "g.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
+                           num_samples=8, outlier_prefix=False, gptq=True)
+    rounding = manifest["gptq"]
+    assert rounding["off_grid_rows"] == 0 and rounding["layers"] == 7 + 1
+    assert rounding["output_error"]["gptq"] < rounding["output_error"]["nearest"]
+    assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # the caller's module is left as it was
+    rounded = copy.deepcopy(tiny)
+    gptq_model(rounded, [tokens.tolist()])  # fewer tokens than a window: one window of all of them
+    expected = [m.weight.detach().numpy() for m in rounded.modules() if isinstance(m, torch.nn.Linear)]
+    original = [m.weight.detach().numpy() for m in tiny.modules() if isinstance(m, torch.nn.Linear)]
+    program = load_artifact(tmp_path / manifest["prefill"]).program
+    linear = [op for op in program.ops if op.kind == "linear"]
+    assert len(linear) == len(expected)
+    moved = 0
+    for op in linear:
+        stored = op.consts["weight"].astype(np.float64) * np.asarray(op.attrs["weight_scale"])[:, None]
+        matches = [i for i, w in enumerate(expected) if w.shape == stored.shape and np.allclose(w, stored, atol=1e-7)]
+        assert matches, f"{op.name}: weights are not a GPTQ-rounded layer"
+        nearest = _quantize_weight(original[matches[0]].astype(np.float64), 8)[0]
+        moved += int(np.count_nonzero(nearest != op.consts["weight"]))
+    assert moved > 0  # GPTQ chose other codes than round-to-nearest
+
+
+def test_decode_calibration_takes_several_tokens_per_window(compiled):
+    from compiler_core.llm import DECODE_SAMPLES_PER_CHUNK
+
+    folder = compiled[0].parent / "small.calib"
+    rows = json.loads((folder / "decode.json").read_text())["calib paths"]
+    assert len(rows) == 12 * DECODE_SAMPLES_PER_CHUNK
+    positions = [int(np.load(folder / row[1])[0, 0]) for row in rows]
+    for chunk in range(12):
+        window = positions[chunk * DECODE_SAMPLES_PER_CHUNK:(chunk + 1) * DECODE_SAMPLES_PER_CHUNK]
+        assert len(set(window)) == len(window) and min(window) > len(PREFIX)
+        filled = np.abs(np.load(folder / rows[chunk * DECODE_SAMPLES_PER_CHUNK][3])).sum(axis=(0, 1, 3)) > 0
+        assert filled[:window[0]].all() and not filled[window[0]:].any()  # the cache holds what came before

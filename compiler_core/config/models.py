@@ -367,6 +367,9 @@ class LlmConfig(ConfigSection):
         False, description="Put fixed tokens in front of every sequence, their KV cache computed once in FP32 "
                            "(PrefixQuant), so the attention sink's massive activations never reach the quantized "
                            "graphs; the tokens are chosen on the calibration text.")
+    gptq: bool = Field(
+        False, description="Round the weights with GPTQ (codes that keep each layer's output on the calibration "
+                           "text, same per-channel format) instead of to the nearest code.")
 
 
 class SaveSampleConfig(ConfigSection):

@@ -139,11 +139,23 @@ def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | floa
     ``min_scale`` keeps the int32 bias of near-zero channels (``bias / (s_x * s_w)``) in range.
     """
     qmax = code_range(bits)[1]
-    rows = weight.reshape(weight.shape[0], -1)
-    absmax = np.abs(rows).max(axis=1)
-    scale = np.maximum(np.where(absmax > 0, _mse_clip(rows, absmax, qmax) / qmax, 1.0), min_scale)
+    scale = weight_channel_scales(weight, bits, min_scale)
     codes = np.clip(round_half_away(weight / _per_row(scale, weight)), -qmax, qmax)
     return codes, scale
+
+
+def weight_channel_scales(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0) -> np.ndarray:
+    """The per-output-channel weight scales the compiler chooses: the MSE-best clip of ``max |w|``, over ``qmax``.
+
+    Args:
+        weight: ``[out_channels, ...]``.
+        bits: code width (8, 4 or 16).
+        min_scale: a floor per channel (keeps a large bias in int32).
+    """
+    qmax = code_range(bits)[1]
+    rows = weight.reshape(weight.shape[0], -1)
+    absmax = np.abs(rows).max(axis=1)
+    return np.maximum(np.where(absmax > 0, _mse_clip(rows, absmax, qmax) / qmax, 1.0), min_scale)
 
 
 WEIGHT_CLIP_CANDIDATES = np.linspace(0.5, 1.0, 26)
