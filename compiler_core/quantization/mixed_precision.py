@@ -2,6 +2,9 @@
 
 1. Quantize with the config as given (int8 unless it says otherwise) on the cached statistics and
    measure the target on the held-out samples with the bit-exact simulator. If it holds, stop.
+   With ``zeroPoints`` (default) and a symmetric calibration method, measure its zero-point
+   counterpart too (no latency cost: one-sided tensors such as Relu/HardSwish outputs get their
+   eighth bit back) and continue from whichever measures better.
 2. Rank the layers by the sensitivity analysis (:mod:`compiler_core.analysis.sensitivity`) on a few
    *calibration* samples (the held-out ones only judge): the output noise a layer injects when it
    alone is quantized, its activation and its weights measured apart (the int16 variants of the
@@ -35,7 +38,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.config import CompileConfig
+from compiler_core.config import CalibrationMethod, CompileConfig
 from compiler_core.errors import CalibrationError, ConfigError
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.program import QuantizedModel
@@ -124,6 +127,19 @@ def with_overrides(config: CompileConfig, activations: Sequence[str], weights: S
     return config.model_copy(update={"bit": bit, "mixed_precision": mixed})
 
 
+ZERO_POINT_METHODS = {CalibrationMethod.WChALayer: CalibrationMethod.WChALayerZeropoint,
+                      CalibrationMethod.WChAMulti: CalibrationMethod.WChAMultiZeropoint}
+"""Each symmetric calibration method and its zero-point (asymmetric activation) counterpart."""
+
+
+def with_zero_points(config: CompileConfig) -> CompileConfig | None:
+    """``config`` with the zero-point counterpart of its calibration method (``None`` if it has zero points)."""
+    method = ZERO_POINT_METHODS.get(config.calibration.method)
+    if method is None:
+        return None
+    return config.model_copy(update={"calibration": config.calibration.model_copy(update={"method": method})})
+
+
 def int16_layers(model: QuantizedModel) -> int:
     """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor counts)."""
     return sum(1 for op in model.ops if "16" in op.precision or
@@ -191,9 +207,11 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
     search = _Search(config, evaluate, settings.target.kind, settings.target.value, reporter)
     with reporter.stage("mixed-precision", total=0, message="int8 program on the held-out samples"):
         float_graph, base_model, _ = search.base()
+        if not search.met() and settings.zero_points:
+            float_graph, base_model = search.zero_point_base(float_graph, base_model)
     seconds = {"base": time.perf_counter() - started}
     sensitivity = None
-    if not search.points[0]["meets_target"]:
+    if not search.met():
         step = time.perf_counter()
         samples = [sample for _, sample in zip(range(settings.sensitivity_samples), calibration)]
         from compiler_core.analysis.sensitivity import analyze_sensitivity
@@ -234,6 +252,27 @@ class _Search:
         self.base_latency = latency
         self._record(0, [], [], [], self.config, model, report, latency)
         return float_graph, model, report
+
+    def met(self) -> bool:
+        """A point tried so far meets the target within the limits."""
+        return any(point["meets_target"] for point in self.points)
+
+    def zero_point_base(self, float_graph: ir.Model, model: QuantizedModel) -> tuple[ir.Model, QuantizedModel]:
+        """Measure the config with zero-point activation ranges; search from it when it measures better.
+
+        A symmetric range spends half its codes on negative values a one-sided tensor never takes (the
+        output of a Relu, HardSwish or Sigmoid); a zero point gives them to the values it has, at no
+        latency cost. Returns the float graph and program the search ranks its layers on.
+        """
+        variant = with_zero_points(self.config)
+        if variant is None:
+            return float_graph, model
+        graph, other, report, latency = self.evaluate(variant)
+        point = self._record(0, [], [], [], variant, other, report, latency)
+        if point["metric"] <= self.points[0]["metric"]:
+            return float_graph, model
+        self.config = variant
+        return graph, other
 
     def run(self, units: Sequence[Unit], counted: int) -> None:
         settings = self.config.mixed_precision
@@ -308,6 +347,7 @@ class _Search:
                  "int16_fraction": fraction, "metric": metric,
                  "latency_ms": latency, "latency_increase": latency / self.base_latency - 1 if self.base_latency else 0.0,
                  "within_limits": within, "meets_target": metric >= self.value and within,
+                 "zero_points": config.calibration.method in ZERO_POINT_METHODS.values(),
                  "overrides": {"activation16Bits": [exact_pattern(n) for n in activations],
                                "weight16Bits": [exact_pattern(n) for n in weights]},
                  "outputs": {name: {k: row.get(k) for k in ("sqnr_db", "cosine_mean", "top1_agreement") if k in row}
