@@ -20,7 +20,9 @@
    estimated latency on the target device. A prefix stops growing once a point exceeds
    ``maxInt16Fraction`` (counted on the program: layers with any int16 input, output or weights,
    so the readers of a widened tensor count too) or the latency budget; a bisection then looks for
-   the longest prefix within the limits.
+   the longest prefix within the limits. If no prefix meets the target, units are added one by one
+   after the longest prefix within the limits, each kept only if the point stays within them (a
+   costly unit is skipped, a cheaper one after it may still fit).
 4. The chosen point is the smallest passing prefix (or, if none passes, the most accurate point
    tried); its layers become exact-name entries of ``bit.layerOverrides.activation16Bits`` /
    ``weight16Bits`` in the resolved config, with ``mixedPrecision.apply`` off, so compiling that
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 PART_SHARE = 0.1
 """A layer's activation (weights) is promoted when it makes at least this share of the layer's own noise."""
 MAX_BISECTION_STEPS = 4
+MAX_SKIP_STEPS = 8
+"""Points tried past the longest prefix within the limits, skipping the units that do not fit."""
 
 
 @dataclass
@@ -297,6 +301,7 @@ class _Search:
         if passing is None and over is not None:
             passing = self._largest_within(units, failing, over)
         if passing is None:
+            self._past_the_limits(units)
             return
         for _ in range(MAX_BISECTION_STEPS):
             if passing - failing <= 1:
@@ -306,6 +311,23 @@ class _Search:
                 passing = middle
             else:
                 failing = middle
+
+    def _past_the_limits(self, units: Sequence[Unit]) -> None:
+        """No prefix met the target: from the longest prefix within the limits, add the next units one by one,
+        skipping each unit that takes the point past them (a costly unit need not end the search: a cheaper one
+        after it may still fit), for at most :data:`MAX_SKIP_STEPS` points."""
+        within = [p["units"] for p in self.points if p["within_limits"] and p.get("prefix")]
+        size = max(within, default=0)
+        if size >= len(units):
+            return
+        chosen = list(units[:size])
+        over = any(p["units"] == size + 1 and not p["within_limits"] for p in self.points if p.get("prefix"))
+        for unit in list(units[size + int(over):])[:MAX_SKIP_STEPS]:
+            point = self._try(chosen + [unit], len(chosen) + 1, prefix=False)
+            if point["within_limits"]:
+                chosen.append(unit)
+            if point["meets_target"]:
+                return
 
     def _largest_within(self, units: Sequence[Unit], within: int, over: int) -> int | None:
         """Bisect between a prefix within the limits and one past them; a passing size if one is met."""
@@ -322,7 +344,7 @@ class _Search:
                 over = middle
         return None
 
-    def _try(self, units: Sequence[Unit], size: int) -> dict[str, Any]:
+    def _try(self, units: Sequence[Unit], size: int, prefix: bool = True) -> dict[str, Any]:
         chosen = units[:size]
         activations = sorted({n for unit in chosen for n in unit.activations})
         weights = sorted({n for unit in chosen for n in unit.weights})
@@ -330,6 +352,7 @@ class _Search:
         _, model, report, latency = self.evaluate(config)
         point = self._record(size, [n for unit in chosen for n in unit.layers], activations, weights, config, model,
                              report, latency)
+        point["prefix"] = prefix
         self.reporter.emit("mixed-precision", len(self.points), 0,
                            f"{size} unit(s): {self.kind} {point['metric']}, {point['int16_layers']} int16 layer(s)")
         return point
