@@ -38,11 +38,14 @@ more calibration-split samples on which the search checks its target) and the co
 samples (other scenes / pages / the scikit-image text photo), which judge every row:
 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
-- ours AMP: the same with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
-  ``maxInt16Fraction`` 0.25, latency budget +15 %): int16 layers, their share, estimated latency
-  change on aries-rb, points tried, search time;
-- onnxruntime ``quantize_static`` (QDQ, per-channel int8) with MinMax, Percentile and Entropy
-  calibration on the same calibration samples (single-input float models only).
+- ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
+- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
+  ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config arguments): int16 layers,
+  their share, estimated latency change on aries-rb, points tried, search time;
+- onnxruntime ``quantize_static`` (QDQ, int8) with MinMax (per-channel and per-tensor weights), Percentile and
+  Entropy (per tensor) calibration on the same calibration samples (single-input float models only).
+
+Every row shows the per-sample cosines too; the report records the load average at the start and the end.
 
 **Configs on corpus models** (``--configs ppocr_det``): :data:`CORPUS_CONFIGS` (int8, int16 activations,
 each with and without the empirical bias correction, and ``a16w16``) on the corpus entry's calibration data,
