@@ -32,6 +32,7 @@ def parse_model(
     backend: str | None = None,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, Any] | None = None,
+    output_names: Sequence[str] | None = None,
     callback: ProgressCallback | None = None,
     cancel_token: CancelToken | None = None,
     **frontend_options: Any,
@@ -53,7 +54,8 @@ def parse_model(
         source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
         reporter.advance()
     try:
-        graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants, reporter=reporter)
+        graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants,
+                             output_names=output_names, reporter=reporter)
     except InternalError as error:
         raise _blame_source(error, model, backend) from error.__cause__
     except QBCompilerError:
@@ -68,7 +70,8 @@ def parse_model(
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
         backend=backend,
         parser_options={"input_shape_dict": {k: list(v) for k, v in (input_shape_dict or {}).items()},
-                        "constant_inputs": {k: _fingerprint(v) for k, v in constants.items()}},
+                        "constant_inputs": {k: _fingerprint(v) for k, v in constants.items()},
+                        **({"output_names": list(output_names)} if output_names else {})},
     )
     return graph, provenance
 
@@ -81,6 +84,7 @@ def mblt_compile(
     target_device: str | None = None,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, Any] | None = None,
+    output_names: Sequence[str] | None = None,
     callback: ProgressCallback | None = None,
     cancel_token: CancelToken | None = None,
     **frontend_options: Any,
@@ -94,6 +98,8 @@ def mblt_compile(
         target_device: If given, the device string is validated and a support summary is logged.
         input_shape_dict: Static shapes for inputs with dynamic dimensions.
         constant_inputs: Inputs to bind to constants (e.g. ``{"sr": 16000}``).
+        output_names: Tensors to end the graph at (e.g. the boxes and scores before a NonMaxSuppression);
+            ``None`` keeps the model's own outputs.
         callback: Receives :class:`~compiler_core.progress.ProgressEvent` objects.
         cancel_token: Cancels the job between steps; nothing is written then.
 
@@ -105,7 +111,8 @@ def mblt_compile(
         raise ArgumentError("No output path given for the MBLT.", hint="Pass mblt_save_path / --output.")
     device = _device(target_device)
     graph, provenance = parse_model(model, backend=backend, input_shape_dict=input_shape_dict,
-                                    constant_inputs=constant_inputs, callback=reporter, **frontend_options)
+                                    constant_inputs=constant_inputs, output_names=output_names, callback=reporter,
+                                    **frontend_options)
     if device is not None:
         _log_support(graph, device)
     with reporter.stage("write", total=1, message=f"writing {mblt_save_path}"):
@@ -266,7 +273,7 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
         target_device: ``aries-rb``, ``regulus-ra``, ``regulus-rb`` or ``regulus-rb-usb``.
         calib_data_path: Calibration data (folder, ``.txt`` list or JSON manifest; or a list of them).
         save_path: Output ``.mxq`` (default ``./tmp.mxq``); the analysis JSON is written beside it.
-        **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, frontend options (``feed_dict``,
+        **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, ``output_names``, frontend options (``feed_dict``,
             ``submodule``, ``allow_pickle``, ``dynamic_axes``), ``inference_scheme``,
             ``cpu_offload``, ``use_random_calib``, ``layer_bias_correction``, ``image_channels``,
             ``config_preset``, ``compile_config``, ``config_save_path``, sub-configs
@@ -287,7 +294,8 @@ FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
 def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
                             save_path: str | Path = "./tmp.mxq", backend: str | None = None,
                             input_shape_dict: Mapping[str, Sequence[int]] | None = None,
-                            constant_inputs: Mapping[str, Any] | None = None, callback: ProgressCallback | None = None,
+                            constant_inputs: Mapping[str, Any] | None = None,
+                            output_names: Sequence[str] | None = None, callback: ProgressCallback | None = None,
                             cancel_token: CancelToken | None = None, **kwargs: Any):
     """Parse the source model (to a temporary MBLT), then :func:`mxq_compile_from_mblt`."""
     import tempfile
@@ -297,7 +305,8 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
-                            constant_inputs=constant_inputs, callback=reporter, **frontend_options)
+                            constant_inputs=constant_inputs, output_names=output_names, callback=reporter,
+                            **frontend_options)
         kwargs.setdefault("model_path", [str(model)] if isinstance(model, (str, Path)) else None)
         return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
                                      save_path=save_path, callback=reporter, **kwargs)

@@ -137,6 +137,12 @@ def _bind_pairs(items: Sequence[str] | None) -> dict[str, Any]:
     return bound
 
 
+def _names(items: list[str] | None) -> list[str] | None:
+    """``--output-names a,b --output-names c`` -> ``["a", "b", "c"]`` (None when not given)."""
+    names = [name.strip() for item in items or [] for name in item.split(",") if name.strip()]
+    return names or None
+
+
 # -- commands ------------------------------------------------------------------------------------
 
 
@@ -148,7 +154,7 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     started = time.perf_counter()
     path = mblt_compile(args.model, output, backend=config.backend, target_device=config.target_device,
                         input_shape_dict=config.input_shape_dict, constant_inputs=_bind_pairs(args.bind_input),
-                        callback=out.progress, **_frontend_options(args))
+                        output_names=_names(args.output_names), callback=out.progress, **_frontend_options(args))
     elapsed = time.perf_counter() - started
     summary = _mblt_summary(path)
     payload = {"command": "parse", "output": str(path), "seconds": round(elapsed, 3), **summary,
@@ -425,6 +431,7 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
     started = time.perf_counter()
     options = {"input_shape_dict": _shape_pairs(getattr(args, "input_shape", None)) or None,
                "constant_inputs": _bind_pairs(getattr(args, "bind_input", None)) or None,
+               "output_names": _names(getattr(args, "output_names", None)),
                "backend": getattr(args, "backend", None), **_frontend_options(args)}
     result = mxq_compile(model, target_device=args.target_device, calib_data_path=args.calib_data_path,
                          save_path=args.output, compile_config=args.compile_config, config_preset=args.config_preset,
@@ -520,6 +527,7 @@ def cmd_sweep(args: argparse.Namespace, out: Output) -> dict[str, Any]:
 
     options = {"input_shape_dict": _shape_pairs(args.input_shape) or None,
                "constant_inputs": _bind_pairs(args.bind_input) or None, "backend": args.backend,
+               "output_names": _names(args.output_names),
                **_frontend_options(args)}
     result = run_sweep(args.grid, args.output_dir, model=args.model, mblt=args.mblt,
                        calib_data_path=args.calib_data_path, target_device=args.target_device,
@@ -643,8 +651,8 @@ def _support_report_for_model(args: argparse.Namespace, out: Output):
 
     profile = get_device(args.target_device)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
-                           constant_inputs=_bind_pairs(args.bind_input), callback=out.progress,
-                           **_frontend_options(args))
+                           constant_inputs=_bind_pairs(args.bind_input), output_names=_names(args.output_names),
+                           callback=out.progress, **_frontend_options(args))
     check_fit(graph, profile)
     return check_support(graph, args.target_device)
 
@@ -683,6 +691,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="static shape for an input with dynamic dims (repeatable)")
     parser.add_argument("--bind-input", action="append", metavar="NAME=VALUE",
                         help="bind an input (torch: a forward() argument) to a constant, e.g. sr=16000")
+    parser.add_argument("--output-names", action="append", metavar="NAME[,NAME...]",
+                        help="end the graph at these tensors, e.g. the boxes and scores before a NonMaxSuppression "
+                             "(repeatable)")
     parser.add_argument("--submodule", help="torchscript/torch: export this child module (e.g. _model)")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="torch: load a pickled full module (this runs code from the file)")

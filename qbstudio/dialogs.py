@@ -87,6 +87,29 @@ def ask_import_choice(parent: QWidget | None, new_model: str, current_model: str
     return {id(new): IMPORT_NEW, id(replace): IMPORT_REPLACE}.get(id(box.clickedButton()))
 
 
+def ask_cut_graph(parent: QWidget | None, error: BaseException, cut_at: list[str]) -> bool:
+    """The model ends in post-processing a static graph cannot hold: import it up to ``cut_at`` instead?"""
+    box, cut = cut_graph_box(parent, error, cut_at)
+    box.exec()
+    return box.clickedButton() is cut
+
+
+def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str]) -> tuple[QMessageBox, object]:
+    """The question of :func:`ask_cut_graph` and its accept button (not shown yet)."""
+    message, _, details = error_parts(error)
+    names = ", ".join(f"<b>{html.escape(name)}</b>" for name in cut_at)
+    box = QMessageBox(QMessageBox.Icon.Question, "Import model", html.escape(message),
+                      QMessageBox.StandardButton.Cancel, parent)
+    box.setInformativeText(f"Import the model up to {names} instead? Those tensors become its outputs; run the "
+                           "post-processing on them after the MXQ (the command line does the same with "
+                           f"<code>--output-names {html.escape(','.join(cut_at))}</code>).")
+    if details:
+        box.setDetailedText(details)
+    cut = box.addButton("Import up to these tensors", QMessageBox.ButtonRole.AcceptRole)
+    box.setDefaultButton(cut)
+    return box, cut
+
+
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:
     """Unsaved work before ``why`` (e.g. "closing"): ``save``, ``discard`` or None (cancel)."""
     answer = QMessageBox.question(

@@ -13,6 +13,7 @@ import logging
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -535,7 +536,7 @@ class MainWindow(QMainWindow):
 
         self._pending_model = model
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
-                              input_shapes=model.input_shapes)
+                              input_shapes=model.input_shapes, output_names=model.output_names)
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
     def _start_model_job(self, name: str, function: Any, *args: Any, **kwargs: Any) -> None:
@@ -566,7 +567,16 @@ class MainWindow(QMainWindow):
         self._outcomes["model"] = "ready"
 
     def _on_model_failed(self, error: Exception) -> None:
+        pending, previous = self._pending_model, self._previous_specs
         self._pending_model, self._previous_specs = None, None
+        cut_at = getattr(error, "fields", {}).get("cut_at") if isinstance(error, QBCompilerError) else None
+        if pending is not None and cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
+            def reparse() -> None:  # after the failed job has left the runner
+                self._previous_specs = previous
+                self._start_parse(replace(pending, output_names=list(cut_at)))
+
+            QTimer.singleShot(0, reparse)
+            return
         self.statusBar().showMessage("Model import failed.", 5000)
         dialogs.show_error(self, "Cannot import model", error)
 
@@ -955,11 +965,12 @@ class MainWindow(QMainWindow):
             return
         nodes = f", {len(self.loaded.model.graph)} nodes" if self.loaded else " (loading…)"
         shapes = "".join(f"<br>{name}: {dims}" for name, dims in model.input_shapes.items())
+        cut = f"<br>cut at: {html.escape(', '.join(model.output_names))}" if model.output_names else ""
         inputs = "".join(f"<br>input {spec.name}: {list(spec.shape)} {spec.dtype.name}" for spec in self._specs())
         notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.fit_notes)
         notes = f"<div style='color:#b26a00'><b>Settings re-derived for this model:</b><ul>{notes}</ul></div>" if notes else ""
         self.model_label.setText(f"<b>{Path(model.path).name}</b><br>backend: <b>{model.backend}</b>{nodes}"
-                                 f"{shapes if not inputs else ''}{inputs}{notes}")
+                                 f"{shapes if not inputs else ''}{inputs}{cut}{notes}")
 
     def _fill_recent_menus(self) -> None:
         for menu, items in ((self.recent_projects_menu, self.preferences.recent_projects),

@@ -40,10 +40,14 @@ class LoadedModel:
 
 
 def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
-                callback=None, cancel_token=None) -> LoadedModel:
-    """Parse ``source`` to ``mblt_path`` (atomic; nothing written on cancel) and load the result."""
+                output_names: list[str] | None = None, callback=None, cancel_token=None) -> LoadedModel:
+    """Parse ``source`` to ``mblt_path`` (atomic; nothing written on cancel) and load the result.
+
+    ``output_names`` ends the graph at those tensors (e.g. before a NonMaxSuppression).
+    """
     reporter = as_reporter(callback, cancel_token)
-    path = mblt_compile(source, mblt_path, backend=backend, input_shape_dict=input_shapes or None, callback=reporter)
+    path = mblt_compile(source, mblt_path, backend=backend, input_shape_dict=input_shapes or None,
+                        output_names=output_names or None, callback=reporter)
     return open_mblt(path, callback=reporter)
 
 

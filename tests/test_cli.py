@@ -163,3 +163,20 @@ def test_compile_without_a_shape_names_the_dynamic_input(capsys, tmp_path):
     code, _, err = _cli(capsys, "compile", "--model", str(_dynamic_conv(tmp_path)), "--target-device", "aries-rb",
                         "--use-random-calib", "--output", str(tmp_path / "m.mxq"))
     assert code == 1 and "DYNAMIC_SHAPE" in _error_line(err) and "'x'" in err
+
+
+def test_output_names_end_the_graph_early_in_parse_and_compile(capsys, tmp_path):
+    import onnx
+
+    middle = onnx.load(str(SAMPLE)).graph.node[3].output[0]
+    code, out, _ = _cli(capsys, "parse", "--model", str(SAMPLE), "-o", str(tmp_path / "cut.mblt"),
+                        "--output-names", middle)
+    assert code == 0
+    assert [value.name for value in onnx.load(str(tmp_path / "cut.mblt")).graph.output] == [middle]
+    code, _, _ = _cli(capsys, "compile", "--model", str(SAMPLE), "-o", str(tmp_path / "cut.mxq"),
+                      "--target-device", "aries-rb", "--use-random-calib", "--output-names", middle)
+    assert code == 0
+    from compiler_core.runtime import Model
+    assert [spec.name for spec in Model(str(tmp_path / "cut.mxq")).program.outputs] == [middle]
+    code, _, err = _cli(capsys, "parse", "--model", str(SAMPLE), "-o", str(tmp_path / "x.mblt"), "--output-names", "nope")
+    assert code != 0 and "ERROR [ARGUMENT_ERROR]" in _error_line(err)

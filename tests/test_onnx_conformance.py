@@ -42,6 +42,8 @@ NODE_TESTS_DIR = REPO_ROOT / "build" / "testdata" / "onnx-node-tests"
 REPORT_DIR = REPO_ROOT / "build" / "conformance"
 RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test.case.node.expect() gives every node case these
 BFLOAT16_RTOL = 2**-6  # Runner.assert_similar_outputs: two bfloat16 ULPs
+WIDENED_FLOATS = ("float16", "bfloat16", "float64")
+"""Float types the MBLT carries as float32: their outputs are compared as float32 at the source type's tolerance."""
 MIN_PASS_RATE = 0.95
 WORKERS = 2
 SMOKE_CASES = (
@@ -129,7 +131,16 @@ def _run(model_bytes: bytes, names: list[str], inputs: list[np.ndarray]) -> list
     missing = sorted(set(feed_names) - set(names))
     if missing:
         raise KeyError(f"the canonical model has inputs the test data lacks: {missing}")
-    return session.run(None, {name: array for name, array in zip(names, inputs) if name in feed_names})
+    types = {value.name: value.type for value in session.get_inputs()}
+    # The MBLT computes float16/bfloat16/float64 models in float32 (compiler_core/mblt/precision.py):
+    # feed it the case's float data as float32, as a user would.
+    return session.run(None, {name: array.astype(np.float32) if types[name] == "tensor(float)" and is_float(array)
+                              else array for name, array in zip(names, inputs) if name in feed_names})
+
+
+def is_float(array: np.ndarray) -> bool:
+    """Float data of any width (ml_dtypes' bfloat16 is not numpy kind "f")."""
+    return array.dtype.kind == "f" or array.dtype.name == "bfloat16"
 
 
 def compare(actual: list[np.ndarray], expected: list[np.ndarray]) -> str | None:
@@ -144,9 +155,10 @@ def compare(actual: list[np.ndarray], expected: list[np.ndarray]) -> str | None:
             if not np.array_equal(out, ref):
                 return f"output {index} strings differ"
             continue
-        if out.dtype != ref.dtype:
+        widened = out.dtype == np.float32 and ref.dtype.name in WIDENED_FLOATS
+        if out.dtype != ref.dtype and not widened:
             return f"output {index} dtype {out.dtype}, expected {ref.dtype}"
-        rtol = BFLOAT16_RTOL if out.dtype.name == "bfloat16" else RTOL
+        rtol = BFLOAT16_RTOL if ref.dtype.name == "bfloat16" else RTOL
         out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
         if not np.allclose(out64, ref64, rtol=rtol, atol=ATOL, equal_nan=True):
             error = np.nanmax(np.abs(out64 - ref64)) if out.size else 0.0

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from test_onnx_conformance import _read_tensors, _shape_like_inputs, node_tests_dir, select_cases
+from test_onnx_conformance import _read_tensors, _shape_like_inputs, is_float, node_tests_dir, select_cases
 
 from compiler_core.ops import COST_CLASSES, UNITS, all_ops, canonical_op_types
 from compiler_core.quantization import kernels
@@ -159,7 +159,10 @@ def _check_compile_case(case: Path, tmp: Path) -> tuple[str, str]:
         return "constant", ""  # every input bound: nothing left to compile
     if not check_support(mblt, "aries-rb").all_supported:
         return "unsupported", ""
-    feeds = {n: a for n, a in zip(names, inputs) if n in {v.name for v in mblt.graph.inputs}}
+    kept = {v.name: v.dtype for v in mblt.graph.inputs}
+    # float16/bfloat16/float64 cases compute in float32 in the MBLT: feed them as float32, as a user would
+    feeds = {n: a.astype(np.float32) if kept[n] == ir.DataType.FLOAT and is_float(a) else a
+             for n, a in zip(names, inputs) if n in kept}
     rng = np.random.default_rng(0)
     calibration = [feeds] + [{k: (v * (1 + 0.1 * rng.standard_normal(v.shape))).astype(v.dtype) if v.dtype.kind == "f"
                               else v for k, v in feeds.items()} for _ in range(3)]

@@ -433,3 +433,119 @@ def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monk
     finally:
         monkeypatch.undo()
         gc.unfreeze()
+
+
+def _half_conv_model(float_io: bool) -> onnx.ModelProto:
+    """Conv + BN + Relu + Mul by a Constant, all in float16 (a ``model.half()``-style export).
+
+    ``float_io``: float32 graph input and output with Casts around the float16 body (onnxconverter-common's
+    ``keep_io_types=True``); else float16 input and a float32 output through a final Cast.
+    """
+    half = lambda name, *shape, offset=0.0: numpy_helper.from_array(  # noqa: E731
+        (RNG.standard_normal(shape) * 0.5 + offset).astype(np.float16), name)
+    stats = [half("s", 4, offset=1.0), half("b", 4), half("m", 4),
+             numpy_helper.from_array(np.full(4, 0.8, np.float16), "v")]
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=half("w", 4, 3, 3, 3)),
+        helper.make_node("Conv", ["xh", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(0.5, np.float16), "k")),
+        helper.make_node("Mul", ["r", "k"], ["mh"]),
+        helper.make_node("Cast", ["mh"], ["y"], to=TensorProto.FLOAT),
+    ]
+    if float_io:
+        nodes.insert(0, helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16))
+    else:
+        nodes[1].input[0] = "x"
+    x_type = TensorProto.FLOAT if float_io else TensorProto.FLOAT16
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], stats)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("float_io", [False, True], ids=["float16-io", "float32-io"])
+def test_float16_model_parses_to_float32_and_is_supported(tmp_path, float_io):
+    from compiler_core.targets import check_support
+
+    source = _save(_half_conv_model(float_io), tmp_path / "half.onnx")
+    mblt = mblt_compile(source, tmp_path / "half.mblt")
+    canonical = onnx.load(str(mblt))
+    types = {value.type.tensor_type.elem_type for value in
+             [*canonical.graph.input, *canonical.graph.output, *canonical.graph.value_info]}
+    types |= {tensor.data_type for tensor in canonical.graph.initializer}
+    assert types == {TensorProto.FLOAT}
+    assert "Cast" not in {node.op_type for node in canonical.graph.node}
+    assert check_support(load_mblt(mblt), "aries-rb").all_supported
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    expected = _run(source, {"x": x if float_io else x.astype(np.float16)})[0]
+    np.testing.assert_allclose(_run(mblt, {"x": x})[0], expected, atol=0.02, rtol=0.01)  # float16 rounding
+
+
+def test_float64_model_computes_in_float32_with_huge_constants_clipped(tmp_path):
+    weights = numpy_helper.from_array(RNG.standard_normal((6, 4)), "w")
+    fill = numpy_helper.from_array(np.array([-1e300, 0, 0, 0], np.float64), "fill")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Add", ["r", "fill"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 4])], [weights, fill])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "double.onnx")
+    mblt = mblt_compile(source, tmp_path / "double.mblt")
+    canonical = onnx.load(str(mblt))
+    assert {tensor.data_type for tensor in canonical.graph.initializer} == {TensorProto.FLOAT}
+    assert canonical.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    x = RNG.standard_normal((2, 6))
+    got = _run(mblt, {"x": x.astype(np.float32)})[0]
+    assert np.all(np.isfinite(got)) and np.all(got[:, 0] == -np.finfo(np.float32).max)
+    np.testing.assert_allclose(got[:, 1:], _run(source, {"x": x})[0][:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def _detector_with_nms() -> onnx.ModelProto:
+    """Conv -> boxes and scores -> NonMaxSuppression (data-dependent output size); a threshold input feeds only NMS."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["flat"]),
+             helper.make_node("Transpose", ["flat"], ["rows"], perm=[0, 2, 1]),
+             helper.make_node("Split", ["rows", "split"], ["boxes", "logits"], axis=2),
+             helper.make_node("Sigmoid", ["logits"], ["probabilities"]),
+             helper.make_node("Transpose", ["probabilities"], ["scores"], perm=[0, 2, 1]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "threshold"], ["selected"],
+                              name="box_selection")]
+    weights = [_tensor("w", 6, 3, 3, 3), numpy_helper.from_array(np.array([1, 6, 64], np.int64), "shape"),
+               numpy_helper.from_array(np.array([4, 2], np.int64), "split"),
+               numpy_helper.from_array(np.array([10], np.int64), "keep"),
+               numpy_helper.from_array(np.array([0.5], np.float32), "iou")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+              helper.make_tensor_value_info("threshold", TensorProto.FLOAT, [1])]
+    graph = helper.make_graph(nodes, "detector", inputs, [helper.make_tensor_value_info("selected", TensorProto.INT64, None)],
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_non_max_suppression_is_refused_with_the_tensors_to_cut_at(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(source, tmp_path / "detector.mblt")
+    assert caught.value.fields["cut_at"] == ["boxes", "scores"]
+    assert "--output-names boxes,scores" in caught.value.hint
+    assert not (tmp_path / "detector.mblt").exists()
+
+
+def test_output_names_cut_the_graph_before_post_processing(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    mblt = mblt_compile(source, tmp_path / "detector.mblt", output_names=["boxes", "scores"])
+    canonical = onnx.load(str(mblt))
+    assert [value.name for value in canonical.graph.output] == ["boxes", "scores"]
+    assert [value.name for value in canonical.graph.input] == ["x"]  # the NMS threshold input went with it
+    assert "NonMaxSuppression" not in {node.op_type for node in canonical.graph.node}
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    cut = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(onnx.load(source))).extract_model(["x"], ["boxes", "scores"])
+    for ours, reference in zip(_run(mblt, {"x": x}), _run(_save(cut, tmp_path / "cut.onnx"), {"x": x})):
+        np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+    assert read_provenance(mblt)["parser_options"]["output_names"] == ["boxes", "scores"]
+
+
+def test_output_names_that_are_not_tensors_are_an_argument_error(tmp_path):
+    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    with pytest.raises(ArgumentError, match=r"\['box'\]") as caught:
+        mblt_compile(source, tmp_path / "detector.mblt", output_names=["box", "scores"])
+    assert "boxes" in caught.value.hint

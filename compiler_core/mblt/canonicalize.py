@@ -35,7 +35,9 @@ from compiler_core.errors import (
 )
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
+from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
 from compiler_core.mblt.naming import assign_canonical_names
+from compiler_core.mblt.precision import compute_in_float32
 from compiler_core.mblt.recurrent import decompose_lstms
 from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
@@ -59,6 +61,7 @@ def canonicalize(
     *,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, np.ndarray] | None = None,
+    output_names: Sequence[str] | None = None,
     reporter: Reporter | None = None,
 ) -> ir.Model:
     """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
@@ -67,6 +70,8 @@ def canonicalize(
         model: The source model (protobuf or onnx-ir); an onnx-ir model is modified in place.
         input_shape_dict: Static shapes for inputs with dynamic dimensions, by input name.
         constant_inputs: Inputs to bind to constant values (e.g. a sample-rate selector).
+        output_names: Tensors to make the graph's outputs, cutting away what only the other outputs need
+            (post-processing such as NonMaxSuppression); ``None`` keeps the model's outputs.
         reporter: Progress and cancellation.
 
     Returns:
@@ -83,10 +88,13 @@ def canonicalize(
     source_inference: list[InvalidModelError] = []  # the pinned source's own inference failure, if any
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
+        ("cut at outputs", lambda m: cut_at_outputs(m, output_names or ())),
+        ("refuse data-dependent ops", refuse_data_dependent_ops),
         ("check operators", _check_known_ops),
         ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
         ("bind constant inputs", lambda m: _bind_constant_inputs(m, constant_inputs or {})),
+        ("compute in float32", compute_in_float32),
         ("convert to opset 21", _convert_opset),
         ("lift constants", lambda m: source_inference.extend(filter(None, [_lift_constants(m)]))),
         ("optimize", _optimize),

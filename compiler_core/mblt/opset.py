@@ -15,6 +15,14 @@ MBLT_IR_VERSION = 10
 MBLT_FORMAT_VERSION = "1"
 
 
+DATA_DEPENDENT_OPS = frozenset({"NonMaxSuppression", "NonZero", "Unique", "Compress"})
+"""Ops whose output shape depends on the input values: never in a static MBLT unless folded as constants.
+
+They are post-processing in real models (box selection, masking); the parse refuses them early with the
+tensors to cut the graph at (``output_names``).
+"""
+
+
 def is_mblt_op(domain: str, op_type: str) -> bool:
     """True if ``op_type`` in ``domain`` may appear in a canonical MBLT.
 

@@ -68,7 +68,7 @@ def correct_biases(float_graph: ir.Model, model: QuantizedModel, samples: Sequen
     feeds = {spec.name: np.concatenate([np.asarray(s[spec.name]) for s in samples]) for spec in model.inputs}
     env = fast.quantize_inputs(feeds)
     count = len(samples)
-    last_use = _last_uses(model)
+    last_use = model.last_uses()
     outputs = {spec.name for spec in model.outputs}
     shifts = []
     with reporter.stage("bias-correction", total=len(layers), message=f"{len(layers)} layers, {count} samples"):
@@ -112,15 +112,6 @@ def _run_step(step, op: IntOp, env: dict, count: int) -> list[np.ndarray]:
                  else value for value in inputs]
         parts.append(step.run(chunk))
     return [np.concatenate([part[position] for part in parts]) for position in range(len(parts[0]))]
-
-
-def _last_uses(model: QuantizedModel) -> dict[str, int]:
-    last = {}
-    for index, op in enumerate(model.ops):
-        for name in op.inputs:
-            if name:
-                last[name] = index
-    return last
 
 
 def _channel_axis(op: IntOp, ndim: int) -> int:

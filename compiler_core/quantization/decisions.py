@@ -136,10 +136,21 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
             if record.bits == 16:
                 factor = max(factor, options.int16_headroom)
             record.calibrate(low * factor, high * factor, source="observer")
+    for name in _empty_tensors(view, set(records) - set(ranges)):
+        records[name].calibrate(0.0, 0.0, source="empty tensor")  # no values, so no range to observe
     _freeze_sets(records, sets, fixed, options)
     if options.residual_scales == "channel":
         per_channel_residuals(view, groups, records, options, excluded=head | masked | set(fixed) | _grouped(sets))
     return records
+
+
+def _empty_tensors(view: GraphView, names: set[str]) -> list[str]:
+    """The tensors among ``names`` with no elements (a dimension of 0): calibration never sees a value of them."""
+    if not names:
+        return []
+    values = [*view.graph.inputs, *(output for node in view.nodes for output in node.outputs)]
+    return [value.name for value in values
+            if value.name in names and value.shape is not None and any(dim == 0 for dim in value.shape)]
 
 
 def _grouped(sets: _UnionFind) -> set[str]:

@@ -40,29 +40,21 @@ def execute(model: QuantizedModel, env: dict[str, np.ndarray], *, keep: Collecti
         keep: tensor names to keep for the caller (``True`` keeps all); outputs are always kept.
     """
     kernels.load_all()
-    last_use = _last_uses(model)
+    last_use = model.last_uses()
     wanted = {spec.name for spec in model.outputs}
     for index, op in enumerate(model.ops):
         inputs = [env[name] if name else None for name in op.inputs]
         for name, value in zip(op.outputs, kernels.KERNELS[op.kind](op, inputs)):
             env[name] = value
         for name in op.inputs:
-            if name and last_use.get(name) == index and name not in wanted and not _kept(name, keep):
+            if name and last_use.get(name) == index and name not in wanted and not is_kept(name, keep):
                 env.pop(name, None)
     return env
 
 
-def _kept(name: str, keep: Collection[str] | bool) -> bool:
+def is_kept(name: str, keep: Collection[str] | bool) -> bool:
+    """Whether ``keep`` (``True`` for all, else a collection of names) asks for tensor ``name``."""
     return keep is True or (not isinstance(keep, bool) and name in keep)
-
-
-def _last_uses(model: QuantizedModel) -> dict[str, int]:
-    last = {}
-    for index, op in enumerate(model.ops):
-        for name in op.inputs:
-            if name:
-                last[name] = index
-    return last
 
 
 def run_codes(model: QuantizedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

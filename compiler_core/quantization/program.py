@@ -89,6 +89,18 @@ class QuantizedModel:
         assert record.params is not None, f"tensor {tensor} is not frozen"
         return record.params
 
+    def last_uses(self) -> dict[str, int]:
+        """Index of the last operation that reads each tensor (tensors nothing reads are absent).
+
+        Executors free an intermediate tensor after its last reader ran.
+        """
+        last = {}
+        for index, op in enumerate(self.ops):
+            for name in op.inputs:
+                if name:
+                    last[name] = index
+        return last
+
     def layer_table(self) -> list[dict[str, Any]]:
         """One row per operation: name, op, precision, output scale and bits."""
         rows = []

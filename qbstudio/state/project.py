@@ -46,12 +46,14 @@ class ModelRef:
         backend: Frontend name (``onnx`` ...), as detected or chosen.
         sha256: Content hash when the model was imported ("" for folders).
         input_shapes: Static shapes chosen for inputs with dynamic dimensions.
+        output_names: Tensors the graph was cut at on import (empty: the model's own outputs).
     """
 
     path: str
     backend: str
     sha256: str = ""
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    output_names: list[str] = field(default_factory=list)
 
     def changed_on_disk(self) -> bool:
         """Whether the file's hash differs from the one recorded at import."""

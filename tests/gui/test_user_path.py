@@ -660,3 +660,52 @@ def test_import_dialogs_offer_every_model_kind_and_folders(qtbot, make_window, a
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "hf"))
     window.act_import_folder.trigger()
     assert imported == [saved_model, tmp_path / "net.pt", tmp_path / "hf"]
+
+
+# ---------------------------------------------------------------- post-processing the NPU graph cannot hold
+
+
+def detector_with_nms(path: Path) -> Path:
+    """Conv -> boxes and scores -> NonMaxSuppression (its output size depends on the data)."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 6, 256], np.int64), "shape"),
+             numpy_helper.from_array(np.array([4, 2], np.int64), "split"),
+             numpy_helper.from_array(np.array([10], np.int64), "keep"),
+             numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.3], np.float32), "threshold")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["flat"]),
+             helper.make_node("Transpose", ["flat"], ["rows"], perm=[0, 2, 1]),
+             helper.make_node("Split", ["rows", "split"], ["boxes", "logits"], axis=2),
+             helper.make_node("Sigmoid", ["logits"], ["probabilities"]),
+             helper.make_node("Transpose", ["probabilities"], ["scores"], perm=[0, 2, 1]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "threshold"], ["selected"])]
+    graph = helper.make_graph(nodes, "detector", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("selected", TensorProto.INT64, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, make_window, answers, monkeypatch,
+                                                                         tmp_path):
+    offered = []
+    monkeypatch.setattr(dialogs, "ask_cut_graph", lambda _parent, error, cut_at: offered.append(cut_at) or False)
+    window = make_window()
+    source = detector_with_nms(tmp_path / "detector.onnx")
+    assert window.import_model(source)
+    qtbot.waitUntil(lambda: bool(answers.errors), timeout=TIMEOUT_MS)
+    assert offered == [["boxes", "scores"]] and "NonMaxSuppression" in answers.errors[0][1]
+    assert window.project.model is None
+
+    monkeypatch.setattr(dialogs, "ask_cut_graph", lambda _parent, error, cut_at: offered.append(cut_at) or True)
+    wait_model(qtbot, window, lambda: window.import_model(source))
+    assert window.project.model.output_names == ["boxes", "scores"]
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["boxes", "scores"]
+    assert "cut at: boxes, scores" in window.model_label.text()
+    assert len(answers.errors) == 1  # the accepted offer is not also shown as an error
+    saved = tmp_path / "detector.qbproj"
+    assert window.save_project_as(saved)
+    wait_model(qtbot, window, lambda: window.open_path(saved))
+    assert window.project.model.output_names == ["boxes", "scores"]
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["boxes", "scores"]

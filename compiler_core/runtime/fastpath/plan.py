@@ -23,6 +23,7 @@ import numpy as np
 
 from compiler_core.errors import ArgumentError
 from compiler_core.quantization import kernels
+from compiler_core.quantization.executor import is_kept
 from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp, QuantizedModel
 
@@ -121,7 +122,7 @@ class FastExecutor:
         context = PlanContext(model)
         self.steps = [build_step(op, context) for op in model.ops]
         self.batchable = all(len(shape) >= 1 and shape[0] == 1 for shape in model.shapes.values())
-        self._last_use = _last_uses(model)
+        self._last_use = model.last_uses()
         self._outputs = [spec.name for spec in model.outputs]
         logger.debug("Fast plan of %d operations: %s", len(self.steps), self.methods())
 
@@ -155,7 +156,7 @@ class FastExecutor:
                for name, value in codes.items()}
         env = self.execute(env, keep=keep, batch=count)
         return {name: _batched(_widen(value) if as_int64 else value, count) for name, value in env.items()
-                if name in self._outputs or _kept(name, keep)}
+                if name in self._outputs or is_kept(name, keep)}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Dequantized (float32) outputs, as :func:`compiler_core.quantization.executor.run`."""
@@ -192,7 +193,7 @@ class FastExecutor:
             for name, value in zip(op.outputs, outputs):
                 env[name] = value
             for name in op.inputs:
-                if name and self._last_use.get(name) == index and name not in self._outputs and not _kept(name, keep):
+                if name and self._last_use.get(name) == index and name not in self._outputs and not is_kept(name, keep):
                     env.pop(name, None)
         return env
 
@@ -238,19 +239,6 @@ def _batched(value: np.ndarray, count: int) -> np.ndarray:
 
 def _widen(value: np.ndarray) -> np.ndarray:
     return value.astype(np.int64) if value.dtype == np.float32 else value
-
-
-def _kept(name: str, keep: Collection[str] | bool) -> bool:
-    return keep is True or (not isinstance(keep, bool) and name in keep)
-
-
-def _last_uses(model: QuantizedModel) -> dict[str, int]:
-    last = {}
-    for index, op in enumerate(model.ops):
-        for name in op.inputs:
-            if name:
-                last[name] = index
-    return last
 
 
 _CACHE: dict[int, tuple[weakref.ref, FastExecutor]] = {}

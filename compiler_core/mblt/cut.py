@@ -1,0 +1,101 @@
+"""Cut a source graph at chosen tensors: they become its outputs, and what only the rest needs goes.
+
+Detection exports often end in post-processing whose output size depends on the data
+(``NonMaxSuppression``, ``NonZero``, ``TopK`` over a data-dependent ``k``): a static NPU graph cannot hold
+it, and the host runs it better anyway. ``output_names`` (``--output-names`` on the command line) names
+the tensors to stop at, e.g. the raw boxes and scores before NMS, as ``onnx.utils.extract_model`` would;
+graph inputs that only fed the cut-away part are removed too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from compiler_core.errors import ArgumentError, UnsupportedOpsError
+from compiler_core.mblt.opset import DATA_DEPENDENT_OPS
+
+logger = logging.getLogger(__name__)
+
+
+def cut_at_outputs(model: ir.Model, output_names: Sequence[str]) -> None:
+    """Make the tensors ``output_names`` the graph's outputs (in that order) and drop what no longer feeds them.
+
+    Raises:
+        ArgumentError: a name is not a tensor of the main graph, or is given twice.
+    """
+    if not output_names:
+        return
+    graph = model.graph
+    values = {value.name: value for value in graph.inputs}
+    values.update((output.name, output) for node in graph for output in node.outputs)
+    missing = [name for name in output_names if name not in values]
+    if missing:
+        last = [output.name for node in list(graph)[-8:] for output in node.outputs]
+        raise ArgumentError(f"output_names names {missing}, which are not tensors of the model's main graph.",
+                            hint=f"Tensors near the end of the graph: {', '.join(last)}. The model's outputs: "
+                                 f"{', '.join(value.name for value in graph.outputs)}.")
+    if len(set(output_names)) != len(output_names):
+        raise ArgumentError(f"output_names repeats a tensor: {list(output_names)}.", hint="Name each tensor once.")
+    before = len(graph)
+    graph.outputs.clear()
+    graph.outputs.extend(values[name] for name in output_names)
+    RemoveUnusedNodesPass()(model)
+    kept = set(output_names)
+    unused = [value for value in graph.inputs if not value.uses() and value.name not in kept]
+    for value in unused:
+        graph.inputs.remove(value)
+    logger.info("Cut the graph at %s: %d of %d nodes kept%s", ", ".join(output_names), len(graph), before,
+                f"; inputs no longer used: {', '.join(value.name for value in unused)}" if unused else "")
+
+
+def refuse_data_dependent_ops(model: ir.Model) -> None:
+    """Refuse a main graph that computes a data-dependent op (NonMaxSuppression ...) at run time.
+
+    The error names the run-time tensors those nodes read, which are what ``output_names`` should cut at
+    (before canonicalization renames them).
+
+    Raises:
+        UnsupportedOpsError: such a node reads a value computed at run time.
+    """
+    runtime = _runtime_values(model.graph)
+    offending = [node for node in model.graph if node.domain in ("", "ai.onnx") and node.op_type in DATA_DEPENDENT_OPS
+                 and any(value in runtime for value in node.inputs)]
+    if not offending:
+        return
+    cut, inputs = [], set(model.graph.inputs)
+    for node in offending:  # graph inputs (an NMS threshold) are parameters, not tensors to cut at
+        cut.extend(value.name for value in node.inputs if value in runtime and value not in inputs
+                   and value.name not in cut and not _computed_by(value, offending))
+    ops = sorted({node.op_type for node in offending})
+    raise UnsupportedOpsError(
+        f"{len(offending)} node(s) compute {', '.join(ops)}, whose output size depends on the data "
+        f"(e.g. {offending[0].name or offending[0].op_type}); a static NPU graph cannot hold it. This is usually "
+        "post-processing that runs better on the host.",
+        hint=f"End the graph before it: --output-names {','.join(cut)} (Python: output_names=[...]), then run "
+             f"{ops[0]} on the MXQ's outputs; or export the model without it.",
+        ops=[{"op": op, "count": sum(node.op_type == op for node in offending),
+              "nodes": [node.name for node in offending if node.op_type == op][:3],
+              "reason": "output size depends on the data"} for op in ops],
+        cut_at=cut)
+
+
+def _computed_by(value: ir.Value, nodes: list[ir.Node]) -> bool:
+    """True if ``value`` comes (directly) from one of ``nodes``: cutting there would keep the op."""
+    return value.producer() in nodes
+
+
+_STATIC_RESULT_OPS = frozenset({"Shape", "Size"})
+"""Ops whose result is known once the input shapes are pinned (exporters feed them into NonZero and co.)."""
+
+
+def _runtime_values(graph: ir.Graph) -> set[ir.Value]:
+    """Values that depend on a graph input's data (the graph is in topological order, as ONNX requires)."""
+    runtime = set(graph.inputs)
+    for node in graph:
+        if node.op_type not in _STATIC_RESULT_OPS and any(value in runtime for value in node.inputs):
+            runtime.update(node.outputs)
+    return runtime
