@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 SAMPLE := resources/samples/fashion_cnn
 
-.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus hf-architectures tile-exact cost-model clean wheel package package-test desktop-validate
+.PHONY: setup run run-cli test lint bench bench-llm fuzz corpus hf-architectures layer-zoo tile-exact cost-model clean wheel package package-test desktop-validate
 
 setup: $(STAMP)
 
@@ -78,11 +78,15 @@ corpus: setup
 	$(PY) bench/corpus.py
 	$(PY) bench/corpus.py --markdown --write docs/models.md
 
-# Tile-level simulator vs golden executor, bit for bit, on every corpus model and every core mode
-# (build/tile_exact/results.json; 57 minutes on the shared 2-core machine under load; two models run in `make test`).
 hf-architectures: setup
 	$(PY) bench/hf_architectures.py
 
+# torch layers and Keras applications the corpus rarely has (random weights): compile and follow the framework
+layer-zoo: setup
+	$(PY) bench/layer_zoo.py
+
+# Tile-level simulator vs golden executor, bit for bit, on every corpus model and every core mode
+# (build/tile_exact/results.json; 57 minutes on the shared 2-core machine under load; two models run in `make test`).
 tile-exact: setup
 	$(PY) bench/tile_exact.py
 

@@ -344,6 +344,122 @@ def test_unsupported_lstm_is_left_alone(tmp_path):
 
 
 
+def gru_rnn_model(op_type: str, direction: str = "forward", layout: int = 0, bias: bool = True, initial: bool = True,
+                  linear_before_reset: int = 0, outputs=("Y", "Y_h")) -> onnx.ModelProto:
+    gates = 3 if op_type == "GRU" else 1
+    directions = 2 if direction == "bidirectional" else 1
+    x_shape = [SEQ, BATCH, INPUT] if layout == 0 else [BATCH, SEQ, INPUT]
+    state_shape = [directions, BATCH, HIDDEN] if layout == 0 else [BATCH, directions, HIDDEN]
+    constants = {"W": RNG.standard_normal([directions, gates * HIDDEN, INPUT]).astype(np.float32),
+                 "R": RNG.standard_normal([directions, gates * HIDDEN, HIDDEN]).astype(np.float32) * 0.5}
+    inputs = {"X": x_shape}
+    names = ["X", "W", "R", "", "", ""]
+    if bias:
+        constants["B"] = RNG.standard_normal([directions, 2 * gates * HIDDEN]).astype(np.float32) * 0.3
+        names[3] = "B"
+    if initial:
+        inputs["h0"] = state_shape
+        names[5] = "h0"
+    while not names[-1]:
+        names.pop()
+    node_outputs = [name if name in outputs else "" for name in ("Y", "Y_h")]
+    while not node_outputs[-1]:
+        node_outputs.pop()
+    extra = {"linear_before_reset": linear_before_reset} if op_type == "GRU" else {}
+    node = helper.make_node(op_type, names, node_outputs, hidden_size=HIDDEN, direction=direction, layout=layout,
+                            name="cell", **extra)
+    model = make_model([node], inputs, {name: None for name in outputs}, constants)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize(("op_type", "direction", "layout", "bias", "initial", "linear_before_reset", "outputs"), [
+    ("GRU", "forward", 0, True, True, 0, ("Y", "Y_h")),
+    ("GRU", "forward", 0, True, False, 1, ("Y", "Y_h")),  # how torch exports nn.GRU
+    ("GRU", "bidirectional", 0, True, True, 1, ("Y",)),
+    ("GRU", "reverse", 0, False, False, 0, ("Y_h",)),
+    ("GRU", "bidirectional", 1, True, False, 0, ("Y", "Y_h")),
+    ("RNN", "forward", 0, True, True, 0, ("Y", "Y_h")),
+    ("RNN", "bidirectional", 0, False, False, 0, ("Y",)),
+])
+def test_gru_and_rnn_decompose_to_primitive_ops(tmp_path, op_type, direction, layout, bias, initial,
+                                                linear_before_reset, outputs):
+    model = gru_rnn_model(op_type, direction, layout, bias, initial, linear_before_reset, outputs)
+    onnx.save(model, str(tmp_path / "cell.onnx"))
+    graph, _ = parse_model(tmp_path / "cell.onnx", backend="onnx")
+    ops = {node.op_type for node in graph.graph}
+    assert op_type not in ops and ops <= {"MatMul", "Add", "Sub", "Sigmoid", "Tanh", "Mul", "Split", "Squeeze",
+                                          "Unsqueeze", "Concat", "Transpose", "Reshape", "Slice", "Identity"}
+    feeds = feeds_for(model)
+    if layout == 0:
+        expected = _run(model.SerializeToString(), feeds)
+    else:  # onnxruntime has no batch-major (layout 1) GRU
+        expected = ReferenceEvaluator(model).run(None, feeds)
+    actual = _run(ir.to_proto(graph).SerializeToString(), feeds)
+    for want, got in zip(expected, actual):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_decomposed_torch_gru_quantizes(tmp_path):
+    model = gru_rnn_model("GRU", "bidirectional", 0, True, False, 1, ("Y",))
+    mblt, program = quantized(tmp_path, model)
+    # "scale": 1 - z of the first step, whose state is zero
+    assert {op.kind for op in program.ops} <= {"linear", "add", "lut", "mul", "move", "concat", "scale"}
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= 0.99
+
+
+
+# -- Einsum lowering ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
+    ("bhid,bhjd->bhij", [1, 2, 5, 4], [1, 2, 6, 4]),   # attention scores
+    ("bhij,bhjd->bhid", [1, 2, 5, 6], [1, 2, 6, 4]),   # attention context
+    ("bnd,dh->bnh", [1, 5, 4], [4, 3]),                # a projection
+    ("ij,kj->ik", [5, 4], [3, 4]),                     # B transposed
+    ("bij,bjk->bki", [2, 5, 4], [2, 4, 3]),            # output in another order
+    ("nchw,kc->nkhw", [1, 4, 3, 5], [6, 4]),           # a 1x1 convolution
+    ("abcd,cde->abe", [1, 2, 3, 4], [3, 4, 5]),        # two contracted indices
+    ("...id,...jd->...ij", [1, 2, 5, 4], [1, 2, 6, 4]),
+    ("ij,ij->i", [5, 4], [5, 4]),                      # row-wise dot products
+])
+def test_matrix_product_einsum_becomes_matmul(tmp_path, equation, a, b):
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    assert "Einsum" not in {node.op_type for node in graph.graph}
+    assert "MatMul" in {node.op_type for node in graph.graph}
+    feeds = feeds_for(model)
+    (expected,) = _run(model.SerializeToString(), feeds)
+    (actual,) = _run(ir.to_proto(graph).SerializeToString(), feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
+    ("ij,k->i", [5, 4], [3]),                # kept: an index summed within one operand
+    ("bij,jk->bik", [2, 5, 4], [4, 3]),      # lowered: b is a free index of the first operand
+    ("bij,bjk->bik", [2, 5, 4], [1, 4, 3]),  # kept: the batch index broadcasts
+])
+def test_einsums_outside_the_matrix_product_form_are_kept(tmp_path, equation, a, b):
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    lowered = "Einsum" not in {node.op_type for node in graph.graph}
+    assert lowered == (equation == "bij,jk->bik")
+    feeds = feeds_for(model)
+    np.testing.assert_allclose(_run(ir.to_proto(graph).SerializeToString(), feeds)[0],
+                               _run(model.SerializeToString(), feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_lowered_einsum_attention_quantizes(tmp_path):
+    model = make_model([helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhid,bhjd->bhij"),
+                        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+                        helper.make_node("Einsum", ["p", "v"], ["y"], equation="bhij,bhjd->bhid")],
+                       {"q": [1, 2, 6, 8], "k": [1, 2, 6, 8], "v": [1, 2, 6, 8]}, {"y": None})
+    mblt, program = quantized(tmp_path, model)
+    assert golden_vs_qdq(mblt, program, feeds_for(model)) >= 0.99
+
+
 @pytest.mark.parametrize("shape", [[1, 4, 9], [1, 4, 3, 5], [1, 2, 3, 4, 5]])
 def test_global_max_pool_reduces_every_spatial_axis(tmp_path, shape):
     """onnx.reference's GlobalMaxPool is wrong unless 4-D; ours matches onnxruntime on 1-D, 2-D and 3-D."""

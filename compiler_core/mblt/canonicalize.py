@@ -36,9 +36,10 @@ from compiler_core.errors import (
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_version
 from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
+from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import compute_in_float32
-from compiler_core.mblt.recurrent import decompose_lstms
+from compiler_core.mblt.recurrent import decompose_recurrent
 from compiler_core.mblt.rule_index import LiftConstants, RemoveUnusedNodes, indexed_rules, optimize
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
@@ -288,7 +289,8 @@ def _legalize(model: ir.Model) -> None:
     Rules are applied until none matches (a ``Conv -> Add -> Mul -> Add`` chain folds one op per
     round), with constant folding between rounds so every rule sees folded constants.
     """
-    decompose_lstms(model)  # unrolled into the ops the quantizer has kernels for
+    decompose_recurrent(model)  # unrolled into the ops the quantizer has kernels for
+    lower_einsums(model)  # matrix-product equations become MatMul
     rules = RewriteRuleSet(indexed_rules([*MBLT_REWRITE_RULES, *_LIBRARY_RULES]))
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):

@@ -1,10 +1,10 @@
-"""Unroll ONNX LSTM nodes into primitive ops (MatMul, Add, Sigmoid, Tanh, Mul, Split, Concat ...).
+"""Unroll ONNX LSTM, GRU and RNN nodes into primitive ops (MatMul, Add, Sigmoid, Tanh, Mul, Split, Concat ...).
 
 The quantizer has kernels for the primitives, not for a recurrent cell, so canonicalization
-unrolls every LSTM whose sequence length is static into the equations of the ONNX spec, step by
-step. The input projection of all steps is one MatMul (with both biases folded into one Add);
-each step adds ``H @ R^T`` and applies the gates. Every new node keeps the LSTM's
-``mblt.source_name``. LSTMs outside the supported subset (non-default activations,
+unrolls every LSTM/GRU/RNN whose sequence length is static into the equations of the ONNX spec,
+step by step. The input projection of all steps is one MatMul (with the biases that add to it folded
+into one Add); each step adds ``H @ R^T`` and applies the gates. Every new node keeps the cell's
+``mblt.source_name``. Cells outside the supported subset (non-default activations,
 ``input_forget``, partial ``sequence_lens``, non-constant weights) are left alone and later fail
 quantization with the usual "no integer kernel" error; the reason is logged.
 """
@@ -20,16 +20,17 @@ import onnx_ir as ir
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME_KEY = "mblt.source_name"
-_DEFAULT_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
+_DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 
 
-def decompose_lstms(model: ir.Model) -> int:
-    """Unroll every supported LSTM of the main graph in place; returns how many were unrolled."""
+def decompose_recurrent(model: ir.Model) -> int:
+    """Unroll every supported LSTM, GRU and RNN of the main graph in place; returns how many were unrolled."""
     count = 0
-    for node in [n for n in model.graph if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]:
+    cells = [n for n in model.graph if n.op_type in _DEFAULT_ACTIVATIONS and n.domain in ("", "ai.onnx")]
+    for node in cells:
         reason = _unsupported_reason(node)
         if reason:
-            logger.info("LSTM %s is kept (%s); it has no integer kernel", node.name, reason)
+            logger.info("%s %s is kept (%s); it has no integer kernel", node.op_type, node.name, reason)
             continue
         _unroll(model.graph, node)
         count += 1
@@ -55,8 +56,9 @@ def _unsupported_reason(node: ir.Node) -> str:
             return f"{name} is not a constant"
     if _attribute(node, "input_forget", 0):
         return "input_forget = 1"
+    defaults = _DEFAULT_ACTIVATIONS[node.op_type]
     activations = [a.lower() for a in _attribute(node, "activations", [])]
-    if activations and any(a != _DEFAULT_ACTIVATIONS[i % 3] for i, a in enumerate(activations)):
+    if activations and any(a != defaults[i % len(defaults)] for i, a in enumerate(activations)):
         return f"activations {activations}"
     lengths = _input(node, 4)
     if lengths is not None:
@@ -115,13 +117,21 @@ def _unroll(graph: ir.Graph, node: ir.Node) -> None:
     x = node.inputs[0]
     seq_len = x.shape[1 if layout else 0]
     sequence_major = emit.op("Transpose", [x], {"perm": [1, 0, 2]}) if layout else x
-    states = [_initial_states(emit, node, index, directions, layout) for index in (5, 6)]
+    lstm = node.op_type == "LSTM"
+    states = [_initial_states(emit, node, index, directions, layout) for index in ((5, 6) if lstm else (5,))]
+    clip = _attribute(node, "clip", None)
     outputs = []
     for direction in range(directions):
-        weights = _direction_weights(emit, node, direction, hidden)
-        steps = _project_inputs(emit, sequence_major, weights, seq_len)
-        outputs.append(_run_direction(emit, steps, weights, states[0][direction], states[1][direction],
-                                      reverse[direction], _attribute(node, "clip", None)))
+        if lstm:
+            weights = _direction_weights(emit, node, direction, hidden)
+            steps = _project_inputs(emit, sequence_major, weights, seq_len)
+            outputs.append(_run_direction(emit, steps, weights, states[0][direction], states[1][direction],
+                                          reverse[direction], clip))
+        else:
+            weights = _gru_rnn_weights(emit, node, direction, hidden)
+            steps = _project_inputs(emit, sequence_major, weights, seq_len)
+            outputs.append(_run_gru_rnn(emit, node.op_type, steps, weights, states[0][direction], reverse[direction],
+                                        clip))
     _replace_outputs(graph, node, emit, outputs, layout)
 
 
@@ -157,7 +167,84 @@ def _direction_weights(emit: _Emitter, node: ir.Node, direction: int, hidden: in
                     emit.const(np.ascontiguousarray(r.T), f"R{direction}"), bias, peepholes)
 
 
-def _project_inputs(emit: _Emitter, x: ir.Value, weights: _Weights, seq_len: int) -> list[ir.Value]:
+@dataclass
+class _GruRnnWeights:
+    w_t: ir.Value              # [input, gates * H]
+    r_t: ir.Value              # [H, gates * H] (GRU with linear_before_reset = 0: the z and r gates only)
+    bias: ir.Value | None      # [gates * H]: what adds to the input projection
+    rh_t: ir.Value | None      # GRU, linear_before_reset = 0: [H, H] of the candidate gate
+    rbh: ir.Value | None       # GRU, linear_before_reset = 1: [H], added to H @ Rh^T before the reset gate
+    linear_before_reset: bool
+
+
+def _gru_rnn_weights(emit: _Emitter, node: ir.Node, direction: int, hidden: int) -> _GruRnnWeights:
+    """GRU gates z, r, h (ONNX order) or the one RNN gate; the biases that add to ``X @ W^T`` folded into one."""
+    w = node.inputs[1].const_value.numpy()[direction]
+    r = node.inputs[2].const_value.numpy()[direction]
+    gates = w.shape[0] // hidden
+    before_reset = bool(_attribute(node, "linear_before_reset", 0)) and node.op_type == "GRU"
+    bias_value = _input(node, 3)
+    b = bias_value.const_value.numpy()[direction] if bias_value is not None else np.zeros(2 * gates * hidden, w.dtype)
+    wb, rb = b[:gates * hidden], b[gates * hidden:]
+    folded = wb + rb
+    rbh = None
+    if before_reset:  # Rbh sits inside r * (H @ Rh^T + Rbh)
+        folded = np.concatenate([folded[:2 * hidden], wb[2 * hidden:]])
+        rbh = emit.const(np.ascontiguousarray(rb[2 * hidden:]), f"Rbh{direction}")
+    bias = emit.const(folded.astype(w.dtype), f"B{direction}") if bias_value is not None or rbh is not None else None
+    if node.op_type == "GRU" and not before_reset:  # r multiplies H before Rh: a separate MatMul
+        return _GruRnnWeights(emit.const(np.ascontiguousarray(w.T), f"W{direction}"),
+                              emit.const(np.ascontiguousarray(r[:2 * hidden].T), f"R{direction}"), bias,
+                              emit.const(np.ascontiguousarray(r[2 * hidden:].T), f"Rh{direction}"), None, False)
+    return _GruRnnWeights(emit.const(np.ascontiguousarray(w.T), f"W{direction}"),
+                          emit.const(np.ascontiguousarray(r.T), f"R{direction}"), bias, None, rbh, before_reset)
+
+
+def _run_gru_rnn(emit: _Emitter, op_type: str, steps: list[ir.Value], weights: _GruRnnWeights, h: ir.Value | None,
+                 reverse: bool, clip: float | None) -> tuple[list, ir.Value, None]:
+    """The GRU or RNN cell over the sequence; returns (H per position, last H, no cell state)."""
+    hidden_states: list[ir.Value | None] = [None] * len(steps)
+    for t in (reversed(range(len(steps))) if reverse else range(len(steps))):
+        h = _gru_cell(emit, steps[t], weights, h, clip) if op_type == "GRU" else _rnn_cell(emit, steps[t], weights, h,
+                                                                                             clip)
+        hidden_states[t] = h
+    return hidden_states, h, None
+
+
+def _rnn_cell(emit: _Emitter, projected: ir.Value, weights: _GruRnnWeights, h, clip):
+    """One RNN step: ``tanh(X W^T + Wb + Rb + H R^T)``."""
+    if h is not None:
+        projected = emit.op("Add", [projected, emit.op("MatMul", [h, weights.r_t])])
+    return _activate(emit, "Tanh", projected, clip)
+
+
+def _gru_cell(emit: _Emitter, projected: ir.Value, weights: _GruRnnWeights, h, clip):
+    """One GRU step (ONNX gate order z, r, h); ``H' = (1 - z) * candidate + z * H``."""
+    xz, xr, xh = emit.split(projected, -1, 3)
+    if h is None:  # the initial state is zero: every H @ R^T term vanishes
+        z, r = _activate(emit, "Sigmoid", xz, clip), _activate(emit, "Sigmoid", xr, clip)
+        inner = xh if weights.rbh is None else emit.op("Add", [xh, emit.op("Mul", [r, weights.rbh])])
+        candidate = _activate(emit, "Tanh", inner, clip)
+        one = emit.const(np.array(1.0, dtype=np.float32), f"one{len(emit.nodes)}")
+        return emit.op("Mul", [emit.op("Sub", [one, z]), candidate])
+    recurrent = emit.op("MatMul", [h, weights.r_t])
+    if weights.linear_before_reset:
+        hz, hr, hh = emit.split(recurrent, -1, 3)
+        if weights.rbh is not None:
+            hh = emit.op("Add", [hh, weights.rbh])
+    else:
+        hz, hr = emit.split(recurrent, -1, 2)
+    z = _activate(emit, "Sigmoid", emit.op("Add", [xz, hz]), clip)
+    r = _activate(emit, "Sigmoid", emit.op("Add", [xr, hr]), clip)
+    if weights.linear_before_reset:
+        inner = emit.op("Add", [xh, emit.op("Mul", [r, hh])])
+    else:
+        inner = emit.op("Add", [xh, emit.op("MatMul", [emit.op("Mul", [r, h]), weights.rh_t])])
+    candidate = _activate(emit, "Tanh", inner, clip)
+    return emit.op("Add", [candidate, emit.op("Mul", [z, emit.op("Sub", [h, candidate])])])
+
+
+def _project_inputs(emit: _Emitter, x: ir.Value, weights: _Weights | _GruRnnWeights, seq_len: int) -> list[ir.Value]:
     """``X @ W^T + (Wb + Rb)`` for all steps at once, then one ``[batch, 4H]`` piece per step."""
     projected = emit.op("MatMul", [x, weights.w_t])
     if weights.bias is not None:

@@ -75,12 +75,15 @@ OPS: dict[str, OpDef] = _table(
     _linear("ConvTranspose", c.conv_window, **_CONV),
     _linear("MatMul", c.matrix_operands, max_rank=4),
     _linear("Gemm", c.gemm_plain_a, const_inputs=(1, 2)),
-    _no_kernel("Einsum", "linear", "no integer kernel for this equation; write it with MatMul"),
+    _no_kernel("Einsum", "linear", "canonicalization turns matrix-product equations into MatMul; this one "
+               "sums an index within one operand, broadcasts, or has one operand"),
     # -- recurrent: canonicalization unrolls what it can into MatMul and gate steps ------------
     _no_kernel("LSTM", "recurrent", "canonicalization unrolls LSTMs with default activations and a static "
                "sequence length; this one was kept"),
-    _no_kernel("GRU", "recurrent", "GRU is not unrolled; export it unrolled or run it on the CPU"),
-    _no_kernel("RNN", "recurrent", "RNN is not unrolled; export it unrolled or run it on the CPU"),
+    _no_kernel("GRU", "recurrent", "canonicalization unrolls GRUs with default activations and a static "
+               "sequence length; this one was kept"),
+    _no_kernel("RNN", "recurrent", "canonicalization unrolls RNNs with the default tanh and a static "
+               "sequence length; this one was kept"),
     # -- pooling ------------------------------------------------------------------------------
     _move("MaxPool", VEC, checks=(c.pool_window, c.no_pool_indices), batch_axis=0),
     OpDef("AveragePool", "pooling", VEC, "average_pool", checks=(c.average_window, c.pool_floor_mode, c.explicit_pool_pads),
