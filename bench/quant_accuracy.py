@@ -38,11 +38,14 @@ more calibration-split samples on which the search checks its target) and the co
 samples (other scenes / pages / the scikit-image text photo), which judge every row:
 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
-- ours AMP: the same with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
-  ``maxInt16Fraction`` 0.25, latency budget +15 %): int16 layers, their share, estimated latency
-  change on aries-rb, points tried, search time;
-- onnxruntime ``quantize_static`` (QDQ, per-channel int8) with MinMax, Percentile and Entropy
-  calibration on the same calibration samples (single-input float models only).
+- ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
+- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
+  ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config arguments): int16 layers,
+  their share, estimated latency change on aries-rb, points tried, search time;
+- onnxruntime ``quantize_static`` (QDQ, int8) with MinMax (per-channel and per-tensor weights), Percentile and
+  Entropy (per tensor) calibration on the same calibration samples (single-input float models only).
+
+Every row shows the per-sample cosines too; the report records the load average at the start and the end.
 
 **Configs on corpus models** (``--configs ppocr_det``): :data:`CORPUS_CONFIGS` (int8, int16 activations,
 each with and without the empirical bias correction, and ``a16w16``) on the corpus entry's calibration data,
@@ -55,6 +58,7 @@ worst output's mean over samples.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -237,16 +241,73 @@ class ArrayReader:
         return next(self.samples, None)
 
 
-def ort_static(source: Path, samples: list[dict], output: Path, method: str) -> Path:
+def ort_static(source: Path, samples: list[dict], output: Path, method: str, per_channel: bool = True) -> Path:
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     ort.set_default_logger_severity(3)
     pre = realdata.ort_preprocess(source, output.with_suffix(".pre.onnx"))
-    quantize_static(str(pre), str(output), ArrayReader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=getattr(CalibrationMethod, method))
+    with _histograms_in_chunks():
+        quantize_static(str(pre), str(output), ArrayReader(samples), quant_format=QuantFormat.QDQ,
+                        per_channel=per_channel, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=getattr(CalibrationMethod, method))
     return output
+
+
+HISTOGRAM_CHUNK = 2
+"""Samples per ``collect_data`` call of onnxruntime's histogram calibrators (Percentile, Entropy)."""
+
+
+@contextlib.contextmanager
+def _histograms_in_chunks():
+    """onnxruntime's histogram calibrators keep every sample's intermediate tensors until the histograms are built
+    (PP-OCR det, 16 pages: 15.6 GB, and the out-of-memory killer); fed :data:`HISTOGRAM_CHUNK` samples per
+    ``collect_data`` call, their own collector merges the histograms and memory stays bounded."""
+    from onnxruntime.quantization.calibrate import HistogramCalibrater
+
+    original = HistogramCalibrater.collect_data
+
+    def collect_in_chunks(self, data_reader):
+        while True:
+            chunk = [s for s in (data_reader.get_next() for _ in range(HISTOGRAM_CHUNK)) if s]
+            if not chunk:
+                return
+            original(self, ArrayReader(chunk))
+            self.clear_collected_data()
+
+    HistogramCalibrater.collect_data = collect_in_chunks
+    try:
+        yield
+    finally:
+        HistogramCalibrater.collect_data = original
+
+
+ORT_ROWS = (("MinMax", True), ("MinMax", False), ("Percentile", False), ("Entropy", False))
+"""onnxruntime ``quantize_static`` rows of ``--amp``: (calibration method, per-channel weights). Per-channel QDQ
+is tried with MinMax only: on PP-OCR det onnxruntime cannot load its own per-channel output (a per-channel
+DequantizeLinear on a BatchNorm-folded bias), so the other methods run per tensor."""
+
+
+def run_ort_rows(source: Path, calib: list[dict], evaluation: list[dict], reference, folder: Path) -> dict:
+    """onnxruntime ``quantize_static`` (:data:`ORT_ROWS`) on the same calibration samples, judged on the same held-out
+    samples; a failure is a table cell, not the end of the bench."""
+    rows = {}
+    for method, per_channel in ORT_ROWS:
+        label = f"onnxruntime {method}, per-{'channel' if per_channel else 'tensor'}"
+        started = time.perf_counter()
+        try:
+            path = ort_static(source, calib, folder / f"ort_{method}_{per_channel}.onnx", method, per_channel)
+            test = ort_outputs(path, evaluation)
+            rows[label] = {"cosine": worst_cosine(reference, test), "per_sample": _per_sample(reference, test),
+                           "seconds": time.perf_counter() - started}
+        except Exception as error:  # noqa: BLE001  (the peer's own error is the result)
+            rows[label] = {"error": f"{type(error).__name__}: {error}"[:200]}
+        print(label, json.dumps(rows[label]), flush=True)
+    return rows
+
+
+def _per_sample(reference, test) -> list[float]:
+    return [worst_cosine([r], [t]) for r, t in zip(reference, test)]
 
 
 def run_amp_model(name: str, args, folder: Path) -> dict:
@@ -271,39 +332,39 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": args.amp_holdout,
               "calibration_config": {"numSamples": corpus.N_CALIB}}
     rows = {}
-    started = time.perf_counter()
-    int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **common)
-    rows["ours int8"] = {"cosine": worst_cosine(reference, mxq_outputs(int8.mxq_path, evaluation)),
-                         "seconds": time.perf_counter() - started,
-                         "latency_ms": next(iter(int8.schedule.values()))["latency_ms"]}
+    for label, extra in (("ours int8", {}), ("ours int8, zero points", {"calibration_config": {
+            "numSamples": corpus.N_CALIB, "method": 2}})):
+        started = time.perf_counter()
+        int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **{**common, **extra})
+        test = mxq_outputs(int8.mxq_path, evaluation)
+        rows[label] = {"cosine": worst_cosine(reference, test), "per_sample": _per_sample(reference, test),
+                       "seconds": time.perf_counter() - started,
+                       "latency_ms": next(iter(int8.schedule.values()))["latency_ms"]}
+        print(name, label, json.dumps(rows[label]), flush=True)
     kind, _, value = args.amp_target.partition("=")
     started = time.perf_counter()
     amp = mxq_compile(mblt, save_path=folder / f"{name}_amp.mxq", mixed_precision_config={
         "apply": True, "target": {"kind": kind, "value": float(value)}, "maxInt16Fraction": args.amp_fraction,
-        "latencyBudget": args.amp_budget}, **common)
+        "latencyBudget": args.amp_budget}, **{**common, **json.loads(args.amp_config)})
     mixed = amp.mixed_precision
     chosen = mixed["points"][mixed["chosen"]]
-    rows["ours AMP"] = {"cosine": worst_cosine(reference, mxq_outputs(amp.mxq_path, evaluation)),
+    test = mxq_outputs(amp.mxq_path, evaluation)
+    rows["ours AMP"] = {"cosine": worst_cosine(reference, test), "per_sample": _per_sample(reference, test),
                         "seconds": time.perf_counter() - started, "target_met": mixed["target_met"],
                         "holdout_metric": chosen["metric"], "int16_layers": chosen["int16_layers"],
                         "int16_fraction": chosen["int16_fraction"], "latency_increase": chosen["latency_increase"],
                         "latency_ms": chosen["latency_ms"], "points": len(mixed["points"]),
                         "search_seconds": mixed["seconds"],
-                        "tried": [{k: p[k] for k in ("units", "int16_layers", "int16_fraction", "metric",
-                                                      "latency_increase", "pareto", "chosen")}
+                        "zero_points": chosen.get("zero_points", False), "overrides": mixed["overrides"],
+                        "tried": [{k: p.get(k) for k in ("units", "int16_layers", "int16_fraction", "metric",
+                                                          "latency_increase", "zero_points", "pareto", "chosen")}
                                   for p in mixed["points"]]}
+    print(name, "ours AMP", json.dumps(rows["ours AMP"]), flush=True)
     if len(specs) == 1 and source.suffix == ".onnx":
         source = _pinned(source, entry.input_shape_dict, folder / f"{name}_pinned.onnx")
         ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib[:corpus.N_CALIB]]
         ort_eval = [{_source_input(source): s[specs[0].name]} for s in evaluation]
-        for method in ("MinMax", "Percentile", "Entropy"):
-            started = time.perf_counter()
-            try:
-                path = ort_static(source, ort_calib, folder / f"{name}_ort_{method}.onnx", method)
-                rows[f"onnxruntime {method}"] = {"cosine": worst_cosine(reference, ort_outputs(path, ort_eval)),
-                                                 "seconds": time.perf_counter() - started}
-            except Exception as error:  # a peer failure is a table cell, not the end of the bench
-                rows[f"onnxruntime {method}"] = {"error": f"{type(error).__name__}: {error}"[:200]}
+        rows.update(run_ort_rows(source, ort_calib, ort_eval, reference, folder))
     return rows
 
 
@@ -403,26 +464,34 @@ def _source_input(source: Path) -> str:
 
 def print_amp(report: dict) -> None:
     print(f"\nAutomatic mixed precision, target {report['target']} on {report['holdout']} calibration-split samples, "
-          f"judged on the corpus's held-out samples (aries-rb)")
-    print(f"{'model':18s} {'tool':24s} {'cosine':>8s} {'int16':>9s} {'est. lat.':>9s} {'points':>6s} {'seconds':>8s}")
+          f"judged on the corpus's {report['eval']} held-out samples (aries-rb); {report['calibration']} calibration "
+          f"samples; AMP config {report['amp_config']}; load average {report['load'][0]:.1f} at the start, "
+          f"{report['load'][1]:.1f} at the end")
+    print(f"{'model':18s} {'tool':34s} {'cosine':>8s} {'per sample':>28s} {'int16':>9s} {'est. lat.':>9s} "
+          f"{'points':>6s} {'seconds':>8s}")
     for model, rows in report["models"].items():
         for tool, row in rows.items():
             if "error" in row:
-                print(f"{model:18s} {tool:24s} {row['error']}")
+                print(f"{model:18s} {tool:34s} {row['error']}")
                 continue
             share = f"{row['int16_layers']} {row['int16_fraction']:4.0%}" if "int16_layers" in row else ""
             latency = f"{row['latency_increase']:+.1%}" if "latency_increase" in row else ""
-            print(f"{model:18s} {tool:24s} {row['cosine']:8.4f} {share:>9s} {latency:>9s} "
+            samples = " ".join(f"{value:.3f}" for value in row.get("per_sample", []))
+            print(f"{model:18s} {tool:34s} {row['cosine']:8.4f} {samples:>28s} {share:>9s} {latency:>9s} "
                   f"{row.get('points', ''):>6} {row['seconds']:8.1f}")
 
 
 def main_amp(args) -> None:
-    report = {"target": args.amp_target, "holdout": args.amp_holdout, "models": {}}
+    import corpus
+
+    report = {"target": args.amp_target, "holdout": args.amp_holdout, "calibration": corpus.N_CALIB,
+              "eval": corpus.N_EVAL, "amp_config": args.amp_config, "models": {}, "load": [os.getloadavg()[0]]}
     with tempfile.TemporaryDirectory(prefix="bench-amp-") as scratch:
         for name in args.amp.split(","):
             os.environ.setdefault("QBCOMPILER_CACHE_DIR", str(Path(scratch) / "cache"))
             report["models"][name] = run_amp_model(name, args, Path(scratch))
             print(name, json.dumps(report["models"][name], default=str)[:2000], flush=True)
+    report["load"].append(os.getloadavg()[0])
     print_amp(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
@@ -441,6 +510,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--amp", metavar="NAMES", help="automatic mixed precision on these corpus models instead")
     parser.add_argument("--amp-target", default="cosine=0.99", help="AMP target KIND=VALUE (default cosine=0.99)")
     parser.add_argument("--amp-holdout", type=int, default=4, help="calibration-split samples the search judges on")
+    parser.add_argument("--amp-config", default="{}",
+                        help="more config arguments of the AMP compile, as JSON (e.g. layer_bias_correction_config)")
     parser.add_argument("--amp-fraction", type=float, default=0.25, help="maxInt16Fraction (default 0.25)")
     parser.add_argument("--configs", metavar="NAMES", help="CORPUS_CONFIGS on these corpus models instead")
     parser.add_argument("--amp-budget", type=float, default=0.15, help="latency budget (default 0.15)")

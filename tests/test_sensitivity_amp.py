@@ -169,7 +169,7 @@ def test_mixed_precision_respects_the_int16_fraction_and_says_when_the_target_is
                                                                      "target": {"kind": "sqnrDb", "value": 30.0}})
     mixed = result.mixed_precision
     assert not mixed["target_met"]
-    assert [point["units"] for point in mixed["points"]] == [0]  # nothing may be promoted: only the base point
+    assert {point["units"] for point in mixed["points"]} == {0}  # nothing may be promoted: only the base point(s)
 
 
 def test_top1_target_needs_classifier_outputs(outlier, tmp_path):
@@ -205,3 +205,66 @@ def test_analyze_sensitivity_runs_every_variant_on_every_sample(outlier):
     layers = len(report.layers)
     assert report.samples == 3
     assert report.variants == 3 * (1 + 2 * layers)  # baseline, then alone and kept16 per layer
+
+
+def _relu_model() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv: the Relu output is one-sided, and a symmetric int8 range gives it 7 bits."""
+    rng = np.random.default_rng(5)  # its own generator: the margins below do not depend on the test order
+    weight = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    mixing = rng.standard_normal((8, 8, 1, 1)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Conv", ["b", "m"], ["y"], name="mix")]
+    graph = helper.make_graph(nodes, "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(mixing, "m")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _relu_setup(tmp_path: Path) -> tuple[Path, Path]:
+    source = tmp_path / "relu.onnx"
+    onnx.save(_relu_model(), str(source))
+    mblt = mblt_compile(source, tmp_path / "relu.mblt", backend="onnx")
+    calib = tmp_path / "relu_calib"
+    calib.mkdir()
+    rng = np.random.default_rng(6)
+    for index in range(24):
+        np.save(calib / f"{index:02d}.npy", rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    return mblt, calib
+
+
+def _relu_compile(mblt: Path, calib: Path, zero_points: bool, target: float):
+    saved = mblt.with_name(f"relu_{zero_points}_{target}.json")
+    result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=mblt.with_suffix(".mxq"),
+                         analysis_holdout=6, config_save_path=saved, mixed_precision_config={
+                             "apply": True, "zeroPoints": zero_points, "target": {"kind": "sqnrDb", "value": target}})
+    return result.mixed_precision, json.loads(saved.read_text())
+
+
+def test_mixed_precision_takes_zero_point_ranges_before_any_int16_layer(tmp_path):
+    mblt, calib = _relu_setup(tmp_path)
+    mixed, config = _relu_compile(mblt, calib, True, 99.0)
+    symmetric, zero_point = mixed["points"][0], mixed["points"][1]
+    assert not symmetric["zero_points"] and zero_point["zero_points"]
+    assert zero_point["units"] == 0 and zero_point["latency_increase"] == pytest.approx(0.0)
+    assert zero_point["metric"] > symmetric["metric"] + 0.5  # the Relu output gets its 8th bit back
+    target = (symmetric["metric"] + zero_point["metric"]) / 2
+    mixed, config = _relu_compile(mblt, calib, True, target)
+    assert mixed["target_met"] and mixed["chosen"] == 1 and mixed["sensitivity"] is None
+    assert config["calibration"]["method"] == 2  # the saved config reproduces the zero-point program
+    mixed, config = _relu_compile(mblt, calib, False, target)
+    assert not any(point["zero_points"] for point in mixed["points"])
+    assert config["calibration"]["method"] == 0
+
+
+def test_mixed_precision_skips_units_past_the_latency_budget_and_tries_later_ones(outlier, tmp_path):
+    mblt, calib = outlier
+    result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "m.mxq",
+                         analysis_holdout=6, mixed_precision_config={"apply": True, "latencyBudget": 0.0,
+                                                                     "maxInt16Fraction": 1.0,
+                                                                     "target": {"kind": "sqnrDb", "value": 60.0}})
+    mixed = result.mixed_precision
+    skipped = [point for point in mixed["points"] if point.get("prefix") is False]
+    assert skipped, "after the prefixes, single units are tried"
+    assert all(not point["within_limits"] for point in skipped)  # every int16 layer costs latency here
+    assert not mixed["target_met"] and mixed["points"][mixed["chosen"]]["units"] == 0

@@ -357,6 +357,9 @@ class MixedPrecisionConfig(ConfigSection):
                                 "(0.15 = +15 %, first core mode, cost model estimate); none: unbounded.")
     sensitivity_samples: PositiveInt = Field(
         2, description="Calibration samples the sensitivity analysis that ranks the layers runs on.")
+    zero_points: bool = Field(
+        True, description="Before promoting layers, also measure zero-point activation ranges (calibration "
+                          "method 2/3 for 0/1; no latency cost) and search from them when they measure better.")
 
 
 class LlmConfig(ConfigSection):

@@ -2,6 +2,9 @@
 
 1. Quantize with the config as given (int8 unless it says otherwise) on the cached statistics and
    measure the target on the held-out samples with the bit-exact simulator. If it holds, stop.
+   With ``zeroPoints`` (default) and a symmetric calibration method, measure its zero-point
+   counterpart too (no latency cost: one-sided tensors such as Relu/HardSwish outputs get their
+   eighth bit back) and continue from whichever measures better.
 2. Rank the layers by the sensitivity analysis (:mod:`compiler_core.analysis.sensitivity`) on a few
    *calibration* samples (the held-out ones only judge): the output noise a layer injects when it
    alone is quantized, its activation and its weights measured apart (the int16 variants of the
@@ -17,7 +20,9 @@
    estimated latency on the target device. A prefix stops growing once a point exceeds
    ``maxInt16Fraction`` (counted on the program: layers with any int16 input, output or weights,
    so the readers of a widened tensor count too) or the latency budget; a bisection then looks for
-   the longest prefix within the limits.
+   the longest prefix within the limits. If no prefix meets the target, units are added one by one
+   after the longest prefix within the limits, each kept only if the point stays within them (a
+   costly unit is skipped, a cheaper one after it may still fit).
 4. The chosen point is the smallest passing prefix (or, if none passes, the most accurate point
    tried); its layers become exact-name entries of ``bit.layerOverrides.activation16Bits`` /
    ``weight16Bits`` in the resolved config, with ``mixedPrecision.apply`` off, so compiling that
@@ -35,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.config import CompileConfig
+from compiler_core.config import CalibrationMethod, CompileConfig
 from compiler_core.errors import CalibrationError, ConfigError
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.program import QuantizedModel
@@ -45,6 +50,8 @@ logger = logging.getLogger(__name__)
 PART_SHARE = 0.1
 """A layer's activation (weights) is promoted when it makes at least this share of the layer's own noise."""
 MAX_BISECTION_STEPS = 4
+MAX_SKIP_STEPS = 8
+"""Points tried past the longest prefix within the limits, skipping the units that do not fit."""
 
 
 @dataclass
@@ -124,6 +131,19 @@ def with_overrides(config: CompileConfig, activations: Sequence[str], weights: S
     return config.model_copy(update={"bit": bit, "mixed_precision": mixed})
 
 
+ZERO_POINT_METHODS = {CalibrationMethod.WChALayer: CalibrationMethod.WChALayerZeropoint,
+                      CalibrationMethod.WChAMulti: CalibrationMethod.WChAMultiZeropoint}
+"""Each symmetric calibration method and its zero-point (asymmetric activation) counterpart."""
+
+
+def with_zero_points(config: CompileConfig) -> CompileConfig | None:
+    """``config`` with the zero-point counterpart of its calibration method (``None`` if it has zero points)."""
+    method = ZERO_POINT_METHODS.get(config.calibration.method)
+    if method is None:
+        return None
+    return config.model_copy(update={"calibration": config.calibration.model_copy(update={"method": method})})
+
+
 def int16_layers(model: QuantizedModel) -> int:
     """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor counts)."""
     return sum(1 for op in model.ops if "16" in op.precision or
@@ -191,9 +211,11 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
     search = _Search(config, evaluate, settings.target.kind, settings.target.value, reporter)
     with reporter.stage("mixed-precision", total=0, message="int8 program on the held-out samples"):
         float_graph, base_model, _ = search.base()
+        if not search.met() and settings.zero_points:
+            float_graph, base_model = search.zero_point_base(float_graph, base_model)
     seconds = {"base": time.perf_counter() - started}
     sensitivity = None
-    if not search.points[0]["meets_target"]:
+    if not search.met():
         step = time.perf_counter()
         samples = [sample for _, sample in zip(range(settings.sensitivity_samples), calibration)]
         from compiler_core.analysis.sensitivity import analyze_sensitivity
@@ -235,6 +257,27 @@ class _Search:
         self._record(0, [], [], [], self.config, model, report, latency)
         return float_graph, model, report
 
+    def met(self) -> bool:
+        """A point tried so far meets the target within the limits."""
+        return any(point["meets_target"] for point in self.points)
+
+    def zero_point_base(self, float_graph: ir.Model, model: QuantizedModel) -> tuple[ir.Model, QuantizedModel]:
+        """Measure the config with zero-point activation ranges; search from it when it measures better.
+
+        A symmetric range spends half its codes on negative values a one-sided tensor never takes (the
+        output of a Relu, HardSwish or Sigmoid); a zero point gives them to the values it has, at no
+        latency cost. Returns the float graph and program the search ranks its layers on.
+        """
+        variant = with_zero_points(self.config)
+        if variant is None:
+            return float_graph, model
+        graph, other, report, latency = self.evaluate(variant)
+        point = self._record(0, [], [], [], variant, other, report, latency)
+        if point["metric"] <= self.points[0]["metric"]:
+            return float_graph, model
+        self.config = variant
+        return graph, other
+
     def run(self, units: Sequence[Unit], counted: int) -> None:
         settings = self.config.mixed_precision
         limit = int(np.floor(settings.max_int16_fraction * counted + 1e-9))
@@ -258,6 +301,7 @@ class _Search:
         if passing is None and over is not None:
             passing = self._largest_within(units, failing, over)
         if passing is None:
+            self._past_the_limits(units)
             return
         for _ in range(MAX_BISECTION_STEPS):
             if passing - failing <= 1:
@@ -267,6 +311,23 @@ class _Search:
                 passing = middle
             else:
                 failing = middle
+
+    def _past_the_limits(self, units: Sequence[Unit]) -> None:
+        """No prefix met the target: from the longest prefix within the limits, add the next units one by one,
+        skipping each unit that takes the point past them (a costly unit need not end the search: a cheaper one
+        after it may still fit), for at most :data:`MAX_SKIP_STEPS` points."""
+        within = [p["units"] for p in self.points if p["within_limits"] and p.get("prefix")]
+        size = max(within, default=0)
+        if size >= len(units):
+            return
+        chosen = list(units[:size])
+        over = any(p["units"] == size + 1 and not p["within_limits"] for p in self.points if p.get("prefix"))
+        for unit in list(units[size + int(over):])[:MAX_SKIP_STEPS]:
+            point = self._try(chosen + [unit], len(chosen) + 1, prefix=False)
+            if point["within_limits"]:
+                chosen.append(unit)
+            if point["meets_target"]:
+                return
 
     def _largest_within(self, units: Sequence[Unit], within: int, over: int) -> int | None:
         """Bisect between a prefix within the limits and one past them; a passing size if one is met."""
@@ -283,7 +344,7 @@ class _Search:
                 over = middle
         return None
 
-    def _try(self, units: Sequence[Unit], size: int) -> dict[str, Any]:
+    def _try(self, units: Sequence[Unit], size: int, prefix: bool = True) -> dict[str, Any]:
         chosen = units[:size]
         activations = sorted({n for unit in chosen for n in unit.activations})
         weights = sorted({n for unit in chosen for n in unit.weights})
@@ -291,6 +352,7 @@ class _Search:
         _, model, report, latency = self.evaluate(config)
         point = self._record(size, [n for unit in chosen for n in unit.layers], activations, weights, config, model,
                              report, latency)
+        point["prefix"] = prefix
         self.reporter.emit("mixed-precision", len(self.points), 0,
                            f"{size} unit(s): {self.kind} {point['metric']}, {point['int16_layers']} int16 layer(s)")
         return point
@@ -308,6 +370,7 @@ class _Search:
                  "int16_fraction": fraction, "metric": metric,
                  "latency_ms": latency, "latency_increase": latency / self.base_latency - 1 if self.base_latency else 0.0,
                  "within_limits": within, "meets_target": metric >= self.value and within,
+                 "zero_points": config.calibration.method in ZERO_POINT_METHODS.values(),
                  "overrides": {"activation16Bits": [exact_pattern(n) for n in activations],
                                "weight16Bits": [exact_pattern(n) for n in weights]},
                  "outputs": {name: {k: row.get(k) for k in ("sqnr_db", "cosine_mean", "top1_agreement") if k in row}
