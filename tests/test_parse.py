@@ -500,7 +500,7 @@ def test_float64_model_computes_in_float32_with_huge_constants_clipped(tmp_path)
     np.testing.assert_allclose(got[:, 1:], _run(source, {"x": x})[0][:, 1:], rtol=1e-5, atol=1e-5)
 
 
-def _detector_with_nms() -> onnx.ModelProto:
+def detector_with_nms() -> onnx.ModelProto:
     """Conv -> boxes and scores -> NonMaxSuppression (data-dependent output size); a threshold input feeds only NMS."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Reshape", ["c", "shape"], ["flat"]),
@@ -522,7 +522,7 @@ def _detector_with_nms() -> onnx.ModelProto:
 
 
 def test_non_max_suppression_is_refused_with_the_tensors_to_cut_at(tmp_path):
-    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    source = _save(detector_with_nms(), tmp_path / "detector.onnx")
     with pytest.raises(UnsupportedOpsError) as caught:
         mblt_compile(source, tmp_path / "detector.mblt")
     assert caught.value.fields["cut_at"] == ["boxes", "scores"]
@@ -531,7 +531,7 @@ def test_non_max_suppression_is_refused_with_the_tensors_to_cut_at(tmp_path):
 
 
 def test_output_names_cut_the_graph_before_post_processing(tmp_path):
-    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    source = _save(detector_with_nms(), tmp_path / "detector.onnx")
     mblt = mblt_compile(source, tmp_path / "detector.mblt", output_names=["boxes", "scores"])
     canonical = onnx.load(str(mblt))
     assert [value.name for value in canonical.graph.output] == ["boxes", "scores"]
@@ -545,7 +545,7 @@ def test_output_names_cut_the_graph_before_post_processing(tmp_path):
 
 
 def test_output_names_that_are_not_tensors_are_an_argument_error(tmp_path):
-    source = _save(_detector_with_nms(), tmp_path / "detector.onnx")
+    source = _save(detector_with_nms(), tmp_path / "detector.onnx")
     with pytest.raises(ArgumentError, match=r"\['box'\]") as caught:
         mblt_compile(source, tmp_path / "detector.mblt", output_names=["box", "scores"])
     assert "boxes" in caught.value.hint

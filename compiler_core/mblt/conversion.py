@@ -58,7 +58,7 @@ def convert_source_proto(proto: onnx.ModelProto,
     The call sees what :func:`convert_version` gives it (every initializer also a graph input, the large ones
     without their data, the large ``Constant`` weights set aside). Afterwards only the user's inputs remain
     inputs, and each large initializer is back in its place, in the order :func:`convert_version` leaves them,
-    as a stub without data (its name, type and dims): the caller gives it its tensor, returned by name, once
+    as a data-less entry (its name, type and dims): the caller gives it its tensor, returned by name, once
     the model is deserialized, so the weights are never copied. ``proto`` is consumed.
 
     Returns:
@@ -113,15 +113,15 @@ def _initializers_to_inputs(proto: onnx.ModelProto) -> dict[str, onnx.TensorProt
 
 
 def _inputs_to_initializers(proto: onnx.ModelProto, user_inputs: int, aside: dict[str, onnx.TensorProto]) -> None:
-    """Undo :func:`_initializers_to_inputs` on the converted model: a data-less stub of each set-aside initializer
+    """Undo :func:`_initializers_to_inputs` on the converted model: a data-less entry for each set-aside initializer
     follows the other initializers, in the order of the inputs, and only the user's inputs remain inputs."""
     graph = proto.graph
     for info in graph.input[user_inputs:]:
         if info.name in aside:
             tensor = aside[info.name]
-            stub = graph.initializer.add()
-            stub.name, stub.data_type = tensor.name, tensor.data_type
-            stub.dims.extend(tensor.dims)
+            entry = graph.initializer.add()
+            entry.name, entry.data_type = tensor.name, tensor.data_type
+            entry.dims.extend(tensor.dims)
     del graph.input[user_inputs:]
 
 

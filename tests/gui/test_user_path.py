@@ -22,6 +22,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+from test_parse import detector_with_nms  # noqa: E402  (the Conv -> boxes, scores -> NMS model)
 
 from qbstudio import dialogs  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
@@ -665,34 +666,13 @@ def test_import_dialogs_offer_every_model_kind_and_folders(qtbot, make_window, a
 # ---------------------------------------------------------------- post-processing the NPU graph cannot hold
 
 
-def detector_with_nms(path: Path) -> Path:
-    """Conv -> boxes and scores -> NonMaxSuppression (its output size depends on the data)."""
-    rng = np.random.default_rng(2)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([1, 6, 256], np.int64), "shape"),
-             numpy_helper.from_array(np.array([4, 2], np.int64), "split"),
-             numpy_helper.from_array(np.array([10], np.int64), "keep"),
-             numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
-             numpy_helper.from_array(np.array([0.3], np.float32), "threshold")]
-    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Reshape", ["c", "shape"], ["flat"]),
-             helper.make_node("Transpose", ["flat"], ["rows"], perm=[0, 2, 1]),
-             helper.make_node("Split", ["rows", "split"], ["boxes", "logits"], axis=2),
-             helper.make_node("Sigmoid", ["logits"], ["probabilities"]),
-             helper.make_node("Transpose", ["probabilities"], ["scores"], perm=[0, 2, 1]),
-             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "threshold"], ["selected"])]
-    graph = helper.make_graph(nodes, "detector", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("selected", TensorProto.INT64, None)], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, make_window, answers, monkeypatch,
                                                                          tmp_path):
     offered = []
     monkeypatch.setattr(dialogs, "ask_cut_graph", lambda _parent, error, cut_at: offered.append(cut_at) or False)
     window = make_window()
-    source = detector_with_nms(tmp_path / "detector.onnx")
+    source = tmp_path / "detector.onnx"
+    onnx.save(detector_with_nms(), source)
     assert window.import_model(source)
     qtbot.waitUntil(lambda: bool(answers.errors), timeout=TIMEOUT_MS)
     assert offered == [["boxes", "scores"]] and "NonMaxSuppression" in answers.errors[0][1]
