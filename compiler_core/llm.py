@@ -272,7 +272,7 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                 calib_token_ids: Sequence[int] | None = None, calib_text: str | None = None,
                 num_samples: int = 32, config_preset: str = "llm", tokenizer: Any = None,
                 last_logits: bool = False, outlier_prefix: bool | Sequence[int] | None = None,
-                gptq: bool | None = None, **compile_kwargs: Any) -> dict[str, Any]:
+                gptq: bool | None = None, rotate: bool | None = None, **compile_kwargs: Any) -> dict[str, Any]:
     """Compile a Llama-family causal LM to ``<stem>.prefill.mxq``, ``<stem>.decode.mxq`` and ``save_path``.
 
     Args:
@@ -298,6 +298,10 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
         gptq: round the Linear weights with GPTQ (:mod:`compiler_core.quantization.gptq`) on up to
             :data:`GPTQ_TOKENS` calibration tokens before export; ``None`` follows the config's
             ``llm.gptq``. A live module is copied first, never changed.
+        rotate: rotate the residual stream by an orthogonal matrix folded into the weights
+            (:func:`compiler_core.quantization.llm_rotation.rotate_residual`) after the prefix is chosen
+            and before GPTQ and calibration; ``None`` follows the config's ``llm.rotate``. A live module
+            is copied first, never changed.
         **compile_kwargs: passed to :func:`compiler_core.api.mxq_compile` (``compile_config`` ...).
 
     Returns:
@@ -320,6 +324,9 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
     prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
     shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
+    rotation = None
+    if _config(config_preset, compile_kwargs).llm.rotate if rotate is None else rotate:
+        model, rotation = _rotate(model, source)
     rounding = None
     if _config(config_preset, compile_kwargs).llm.gptq if gptq is None else gptq:
         model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
@@ -336,6 +343,8 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     if prefix is not None:
         prefix.save(folder / f"{stem}.prefix.npz")
         manifest["prefix"] = {**selection, "cache": f"{stem}.prefix.npz"}
+    if rotation is not None:
+        manifest["rotation"] = rotation
     if rounding is not None:
         manifest["gptq"] = rounding
     if tokenizer is not None:
@@ -355,6 +364,19 @@ def _config(preset: str, compile_kwargs: dict):
     from compiler_core.config.resolve import resolve_config
 
     return resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
+
+
+def _rotate(model, source) -> tuple[Any, dict[str, Any]]:
+    """``model`` (a copy when the caller gave a live module) with its residual stream rotated, and the summary."""
+    import copy
+
+    import torch
+
+    from compiler_core.quantization.llm_rotation import rotate_residual
+
+    if isinstance(source, torch.nn.Module):
+        model = copy.deepcopy(model)
+    return model, rotate_residual(model)
 
 
 def _gptq(model, source, tokens: Sequence[int], prefix: Sequence[int], preset: str,

@@ -407,3 +407,26 @@ def test_decode_calibration_takes_several_tokens_per_window(compiled):
         assert len(set(window)) == len(window) and min(window) > len(PREFIX)
         filled = np.abs(np.load(folder / rows[chunk * DECODE_SAMPLES_PER_CHUNK][3])).sum(axis=(0, 1, 3)) > 0
         assert filled[:window[0]].all() and not filled[window[0]:].any()  # the cache holds what came before
+
+
+def test_residual_rotation_keeps_the_model_and_flattens_outlier_features():
+    import copy
+
+    from compiler_core.quantization.llm_rotation import random_orthogonal, rotate_residual
+
+    q = random_orthogonal(48)
+    assert np.allclose(q @ q.T, np.eye(48), atol=1e-12)
+    original = small_llama()
+    with torch.no_grad():  # an outlier feature in the residual stream, as trained LLMs have
+        original.model.embed_tokens.weight[:, 5] *= 200.0
+    rotated = copy.deepcopy(original)
+    summary = rotate_residual(rotated)
+    assert summary == {"method": "random-orthogonal", "seed": 0, "width": 256}
+    assert rotated.lm_head.weight is not rotated.model.embed_tokens.weight  # untied, then rotated apart
+    assert all(float(layer.input_layernorm.weight.detach().min()) == 1.0 for layer in rotated.model.layers)
+    ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before, after = original(ids, output_hidden_states=True), rotated(ids, output_hidden_states=True)
+    assert torch.allclose(before.logits, after.logits, atol=1e-4)
+    peak = lambda hidden: float(hidden.abs().amax() / hidden.pow(2).mean().sqrt())  # noqa: E731
+    assert peak(after.hidden_states[1]) < peak(before.hidden_states[1]) / 4  # one scale now fits every feature

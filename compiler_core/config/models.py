@@ -373,6 +373,10 @@ class LlmConfig(ConfigSection):
     gptq: bool = Field(
         False, description="Round the weights with GPTQ (codes that keep each layer's output on the calibration "
                            "text, same per-channel format) instead of to the nearest code.")
+    rotate: bool = Field(
+        False, description="Rotate the residual stream by an orthogonal matrix folded into the weights (QuaRot): "
+                           "its outlier features spread over all features, so one int16 scale per tensor fits "
+                           "them; the model computes the same function.")
 
 
 class SaveSampleConfig(ConfigSection):
