@@ -21,6 +21,8 @@ inputs), ``scores`` (q kᵀ), ``softmax`` (probabilities), ``attn`` (probabiliti
 
 Usage: ``python bench/llm_activations.py [--variants all all-but-resid ...] [--weights int16]
 [--decode-samples 4] [--scale-margin 1.0] [--rotate] [--free]``: teacher-forced only unless ``--free``.
+``--ceiling [float64 float16 bfloat16]`` instead compares FP32 with the whole model computed in other
+float types (transformers' own forward): how often another float arithmetic alone flips FP32's near-ties.
 """
 
 from __future__ import annotations
@@ -243,6 +245,25 @@ def variants(names: list[str]) -> dict[str, set[str]]:
     return out
 
 
+def ceiling(model, prompts: list[list[int]], references: list[list[int]], dtypes: list[str]) -> None:
+    """Free-running and teacher-forced agreement of the whole model computed in other float types (transformers)."""
+    import copy
+
+    import torch
+    from llm_weights import forced, greedy
+
+    for name in dtypes:
+        other = copy.deepcopy(model).to(getattr(torch, name))
+        firsts, agree = [], 0
+        for ids, reference in zip(prompts, references):
+            ours = greedy(other, ids)
+            firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
+            agree += forced(other, ids, reference)
+        total = NEW_TOKENS * len(prompts)
+        print(f"model in {name:8s} first divergences {firsts}: mean {np.mean(firsts):4.1f}, "
+              f"{sum(firsts) / total:6.1%} before it; teacher-forced {agree / total:6.1%}", flush=True)
+
+
 def main() -> None:
     import torch
     from llm import CALIBRATION_PASSAGE, PROMPTS
@@ -259,6 +280,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--rotate", action="store_true", help="rotate the residual stream first "
                         "(compiler_core.quantization.llm_rotation)")
+    parser.add_argument("--ceiling", nargs="*", metavar="DTYPE", help="only compare FP32 with the whole model in "
+                        "these torch dtypes (float64 float16 bfloat16): how often another float arithmetic flips "
+                        "FP32's near-ties")
     parser.add_argument("--free", action="store_true", help="also free-running generation (32 decode steps a prompt)")
     args = parser.parse_args()
     chosen = variants(args.variants)
@@ -266,6 +290,9 @@ def main() -> None:
     model, tokenizer = load_causal_lm(smollm2_gguf_path())
     prompts = [tokenizer(prompt)["input_ids"] for prompt in PROMPTS[:args.prompts]]
     references = [greedy(model, ids) for ids in prompts]  # FP32 weights and activations, transformers' own loop
+    if args.ceiling is not None:
+        ceiling(model, prompts, references, args.ceiling or ["float64", "float16", "bfloat16"])
+        return
     if args.rotate:
         from compiler_core.quantization.llm_rotation import rotate_residual
 

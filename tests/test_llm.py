@@ -430,3 +430,26 @@ def test_residual_rotation_keeps_the_model_and_flattens_outlier_features():
     assert torch.allclose(before.logits, after.logits, atol=1e-4)
     peak = lambda hidden: float(hidden.abs().amax() / hidden.pow(2).mean().sqrt())  # noqa: E731
     assert peak(after.hidden_states[1]) < peak(before.hidden_states[1]) / 4  # one scale now fits every feature
+
+
+def test_rotated_compile_matches_fp32_and_leaves_the_module(tmp_path):
+    from compiler_core.llm import compile_llm
+    from compiler_core.runtime.llm import LlmModel
+
+    torch.manual_seed(2)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    tiny = transformers.LlamaForCausalLM(config).eval()
+    tokens = np.random.default_rng(6).integers(0, 511, 8 * 8)
+    manifest = compile_llm(tiny, tmp_path / "r.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
+                           num_samples=8, outlier_prefix=False, rotate=True)
+    assert manifest["rotation"] == {"method": "random-orthogonal", "seed": 0, "width": 64}
+    assert json.loads((tmp_path / "r.llm.json").read_text())["rotation"]["width"] == 64
+    assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # the caller's module is left as it was
+    ids = np.random.default_rng(7).integers(0, 512, 12)
+    with torch.no_grad():
+        reference = tiny(torch.as_tensor(ids)[None]).logits[0].numpy()
+    lm = LlmModel(tmp_path / "r.llm.json")
+    prefill = lm.prefill(ids[:8])
+    assert min(cosine(prefill[i], reference[i]) for i in range(8)) >= 0.99
+    assert cosine(lm.prompt_logits(ids), reference[-1]) >= 0.99  # 8 tokens of prefill, then 4 decode steps
