@@ -261,6 +261,7 @@ def main() -> None:
     parser.add_argument("--first-prompt", type=int, default=0, help="skip the prompts before this one")
     parser.add_argument("--no-perplexity", action="store_true", help="generation (and speed) only")
     parser.add_argument("--no-plain", action="store_true", help="no FP32 generation without the prefix")
+    parser.add_argument("--no-generation", action="store_true", help="perplexity only (no generation, no speed)")
     args = parser.parse_args()
     del PROMPTS[args.prompts:]
     del PROMPTS[:args.first_prompt]
@@ -288,6 +289,10 @@ def main() -> None:
         results["perplexity"] = ppl = perplexity(lm, model, heldout, args.ppl_windows)
         print(f"perplexity over {ppl['tokens']} held-out tokens: FP32 {ppl['fp32']:.3f}, MXQ {ppl['mxq']:.3f} "
               f"({ppl['rise']:+.1%}); FP32 without the prefix {ppl['fp32_without_prefix']:.3f}")
+    if args.no_generation:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return
     print("greedy generation vs FP32:")
     results["generation"] = gen = generation(lm, model, tokenizer, args.new_tokens)
     print(f"  (a) free-running (the issue's measure): mean first divergence {gen['mean_first_divergence']:.1f} / "
