@@ -317,18 +317,21 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
     folder.mkdir(parents=True, exist_ok=True)
     model, loaded_tokenizer = graphs.load_causal_lm(source)
     tokenizer = tokenizer or loaded_tokenizer
-    fit = check_memory_fit(model.config, target_device, max_len,
-                           weight_bits=_weight_bits(_config(config_preset, compile_kwargs)))
+    config = _config(config_preset, compile_kwargs)
+    rotate = config.llm.rotate if rotate is None else rotate
+    gptq = config.llm.gptq if gptq is None else gptq
+    fit = check_memory_fit(_untied(model.config) if rotate or gptq else model.config, target_device, max_len,
+                           weight_bits=_weight_bits(config))
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
     selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
     prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
     shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
     rotation = None
-    if _config(config_preset, compile_kwargs).llm.rotate if rotate is None else rotate:
+    if rotate:
         model, rotation = _rotate(model, source)
     rounding = None
-    if _config(config_preset, compile_kwargs).llm.gptq if gptq is None else gptq:
+    if gptq:
         model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
     prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
     prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
@@ -364,6 +367,15 @@ def _config(preset: str, compile_kwargs: dict):
     from compiler_core.config.resolve import resolve_config
 
     return resolve_config(compile_kwargs.get("compile_config"), preset, llm_config=compile_kwargs.get("llm_config"))
+
+
+def _untied(model_config: Any) -> Any:
+    """A copy of a model config whose LM head has its own table (rotation and GPTQ untie a tied head)."""
+    import copy
+
+    untied = copy.copy(model_config)
+    untied.tie_word_embeddings = False
+    return untied
 
 
 def _rotate(model, source) -> tuple[Any, dict[str, Any]]:

@@ -445,6 +445,10 @@ def test_rotated_compile_matches_fp32_and_leaves_the_module(tmp_path):
                            num_samples=8, outlier_prefix=False, rotate=True)
     assert manifest["rotation"] == {"method": "random-orthogonal", "seed": 0, "width": 64}
     assert json.loads((tmp_path / "r.llm.json").read_text())["rotation"]["width"] == 64
+    from compiler_core.llm import llama_parameters
+
+    untied = transformers.LlamaConfig(**{**config.to_dict(), "tie_word_embeddings": False})
+    assert manifest["memory"]["weights_bytes"] == 2 * llama_parameters(untied)  # the untied head is counted
     assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # the caller's module is left as it was
     ids = np.random.default_rng(7).integers(0, 512, 12)
     with torch.no_grad():
