@@ -190,6 +190,7 @@ def kinds_of(graphs: str) -> tuple[str, ...]:
 
 
 def main() -> None:
+    global PRESET
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", default=str(REPO_ROOT / "build" / "llm" / "llama1b"))
     parser.add_argument("--json", help="write the results here")
@@ -202,7 +203,6 @@ def main() -> None:
     parser.add_argument("--graphs", choices=("both", "decode"), default="both",
                         help="decode: tokens/s only (skips the prefill compiles, the longer ones)")
     args = parser.parse_args()
-    global PRESET
     PRESET = args.preset
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
