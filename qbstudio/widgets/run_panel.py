@@ -9,6 +9,7 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from compiler_core.progress import ProgressEvent
+from qbstudio.widgets.fit import fit_width
 from qbstudio.widgets.summary import CompileSummary
 
 logger = logging.getLogger(__name__)
@@ -34,12 +35,12 @@ class RunPanel(QWidget):
         self.compile_button.clicked.connect(self.compile_requested)
         self.cancel_button = QPushButton("Cancel", objectName="cancelButton", enabled=False)
         self.cancel_button.clicked.connect(self.cancel_requested)
-        self.stage_label = QLabel("Idle", objectName="stageLabel")
+        self.stage_label = fit_width(QLabel("Idle", objectName="stageLabel"))
         self.elapsed_label = QLabel("", objectName="elapsedLabel")
         self.progress = QProgressBar(objectName="stageProgress")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.reason_label = QLabel("", objectName="compileBlocked", wordWrap=True)
+        self.reason_label = fit_width(QLabel("", objectName="compileBlocked"))
         self.reason_label.setStyleSheet("color: #b26a00")
         self.offload_button = QPushButton("Offload head/tail to CPU", objectName="offloadButton")
         self.offload_button.setToolTip("Turn on CPU offload: the unsupported layers at the start and end of the "
@@ -96,6 +97,7 @@ class RunPanel(QWidget):
     def show_progress(self, event: ProgressEvent) -> None:
         """Show one progress event (busy indicator when the total is unknown)."""
         text = event.message or event.stage
+        self.stage_label.setToolTip(text)
         self.stage_label.setText(f"<b>{event.stage}</b> — {text}" if text != event.stage else f"<b>{text}</b>")
         if event.total:
             self.progress.setRange(0, event.total)
@@ -110,6 +112,7 @@ class RunPanel(QWidget):
         self.compile_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         self.stage_label.setText(outcome)
+        self.stage_label.setToolTip(outcome)
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if outcome == "Done" else 0)
 
