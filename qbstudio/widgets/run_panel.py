@@ -49,6 +49,7 @@ class RunPanel(QWidget):
         self.offload_button.hide()
         self.summary = CompileSummary(self)
         self._started = 0.0
+        self._shown_before = None  # the run the summary showed before a job: shown again if the job ends without one
         self._clock = QTimer(self, interval=200)
         self._clock.timeout.connect(self._tick)
         self._build()
@@ -76,6 +77,7 @@ class RunPanel(QWidget):
     def started(self) -> None:
         """Switch to the running state."""
         self._started = time.perf_counter()
+        self._shown_before = self.summary.run
         self.compile_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.stage_label.setText("Starting…")
@@ -88,6 +90,7 @@ class RunPanel(QWidget):
         """Idle, no outcome, no summary: another project or model is open."""
         self._clock.stop()
         self._started = 0.0
+        self._shown_before = None
         self.stage_label.setText("Idle")
         self.elapsed_label.setText("")
         self.progress.setRange(0, 1)
@@ -106,8 +109,13 @@ class RunPanel(QWidget):
             self.progress.setRange(0, 0)
 
     def finished(self, outcome: str) -> None:
-        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``)."""
+        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``).
+
+        The summary shows the run it showed before the job again (a new run, when there is one, replaces it).
+        """
         self._clock.stop()
+        if self.summary.run is None:
+            self.summary.show_run(self._shown_before)
         self._tick()
         self.compile_button.setEnabled(True)
         self.cancel_button.setEnabled(False)

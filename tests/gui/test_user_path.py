@@ -284,6 +284,13 @@ def test_compile_summary_says_compiling_while_a_compile_runs(qtbot, make_window,
     assert window.run_panel.stage_label.text() == "Done"
     assert window.session.runs.latest.model_sha256 == window.session.model_sha256
 
+    done = window.session.runs.latest  # a cancelled compile shows the last run again, not "Compiling..."
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+        window.cancel_jobs()
+    assert blocker.args == ["cancelled"]
+    assert window.run_panel.summary.run is done and "Compiling" not in window.run_panel.summary.header.text()
+
 
 # ---------------------------------------------------------------- 3. no wheel edits
 
