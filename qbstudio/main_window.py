@@ -789,6 +789,7 @@ class MainWindow(QMainWindow):
         worker.failed.connect(self._on_sensitivity_failed)
         worker.cancelled.connect(lambda: self.run_panel.finished("Sensitivity analysis cancelled"))
         self.tabs.setCurrentIndex(2)
+        self.run_panel.started(compiling=False)  # its clock, progress and Cancel; the last run's summary stays
         self.runner.start("compile", worker)  # one heavy job at a time: it shares the compile slot
         return True
 

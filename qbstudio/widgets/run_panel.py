@@ -74,8 +74,8 @@ class RunPanel(QWidget):
         """Whether a compile is shown as running."""
         return self._clock.isActive()
 
-    def started(self) -> None:
-        """Switch to the running state."""
+    def started(self, *, compiling: bool = True) -> None:
+        """Switch to the running state (``compiling``: the summary says a new run is coming; else it stays)."""
         self._started = time.perf_counter()
         self._shown_before = self.summary.run
         self.compile_button.setEnabled(False)
@@ -84,7 +84,8 @@ class RunPanel(QWidget):
         self.progress.setRange(0, 0)
         self._clock.start()
         self._tick()
-        self.summary.show_running()
+        if compiling:
+            self.summary.show_running()
 
     def reset(self) -> None:
         """Idle, no outcome, no summary: another project or model is open."""
