@@ -60,6 +60,7 @@ from qbstudio.widgets.wheel_guard import guard_wheel
 from qbstudio.workers import JobRunner, Worker, import_modules
 
 if TYPE_CHECKING:
+    from compiler_core.progress import ProgressEvent
     from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -536,19 +537,30 @@ class MainWindow(QMainWindow):
         from qbstudio.tasks import parse_model
 
         self._pending_model = model
+        self.tabs.setCurrentIndex(0)  # where the parsed graph appears (and, until then, what the parse does)
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
-                              input_shapes=model.input_shapes, output_names=model.output_names)
+                              input_shapes=model.input_shapes, output_names=model.output_names,
+                              busy=f"Parsing {Path(model.path).name} ({model.backend})")
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
-    def _start_model_job(self, name: str, function: Any, *args: Any, **kwargs: Any) -> None:
+    def _start_model_job(self, name: str, function: Any, *args: Any, busy: str = "Opening the parsed model",
+                         **kwargs: Any) -> None:
         self.central.setCurrentWidget(self.tabs)
         worker = Worker(name, function, *args, **kwargs)
-        worker.progress.connect(lambda event: self.statusBar().showMessage(
-            f"{name}: {event.stage} {event.message}".strip()))
+        self.graph.show_progress(f"{busy}…")
+        worker.progress.connect(lambda event: self._show_model_progress(name, busy, event))
         worker.succeeded.connect(self._on_model_loaded)
         worker.failed.connect(self._on_model_failed)
-        worker.cancelled.connect(lambda: self.statusBar().showMessage("Model loading cancelled.", 5000))
+        worker.cancelled.connect(self._on_model_cancelled)
         self.runner.start("model", worker)
+
+    def _show_model_progress(self, name: str, busy: str, event: ProgressEvent) -> None:
+        self.statusBar().showMessage(f"{name}: {event.stage} {event.message}".strip())
+        self.graph.show_progress(f"{busy}…\n\n{event.stage}: {event.message}" if event.message else f"{busy}…")
+
+    def _on_model_cancelled(self) -> None:
+        self.graph.show_progress(None)
+        self.statusBar().showMessage("Model loading cancelled.", 5000)
 
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
         pending, self._pending_model = self._pending_model, None
@@ -580,6 +592,7 @@ class MainWindow(QMainWindow):
 
             QTimer.singleShot(0, reparse)
             return
+        self.graph.show_progress(None)
         self.statusBar().showMessage("Model import failed.", 5000)
         dialogs.show_error(self, "Cannot import model", error)
 

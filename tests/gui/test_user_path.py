@@ -23,7 +23,7 @@ pytest.importorskip("PySide6.QtWebEngineWidgets")
 from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
 from test_parse import detector_with_nms  # noqa: E402  (the Conv -> boxes, scores -> NMS model)
 
 from qbstudio import dialogs  # noqa: E402
@@ -771,3 +771,40 @@ def test_long_errors_paths_and_notes_never_widen_the_window_past_a_laptop_screen
         assert hint.width() <= screen[0] and hint.height() <= screen[1], (index, hint)
     assert window.width() <= screen[0] and window.height() <= screen[1]
     assert "Failed" in window.run_panel.stage_label.toolTip()
+
+
+# ---------------------------------------------------------------- frontends whose libraries clash with Chromium
+
+KERAS_MODEL = """
+import sys, keras
+inputs = keras.Input((16, 16, 3), batch_size=1)
+hidden = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(hidden))
+keras.Model(inputs, outputs).save(sys.argv[1])
+"""
+
+
+def test_a_keras_model_imports_without_taking_tensorflow_into_the_workbench(qtbot, make_window, answers, tmp_path):
+    """Importing TensorFlow where the graph view's Chromium runs ended the workbench with a segmentation fault
+    (every Keras or SavedModel import); the parse runs in a child process, so TensorFlow never loads here."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("tensorflow") is None:  # not importorskip: importing it here would hide the crash
+        pytest.skip("TensorFlow is not installed (the tf extra)")
+
+    source = tmp_path / "small.keras"
+    subprocess.run([sys.executable, "-c", KERAS_MODEL, str(source)], check=True, capture_output=True, timeout=300)
+    had_tensorflow = "tensorflow" in sys.modules  # another test of this worker may have imported it
+    window = make_window()
+    window.tabs.setCurrentIndex(3)
+    placeholder = window.graph.findChild(QLabel, "graphPlaceholder")
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT_MS):
+        assert window.import_model(source)
+        assert window.tabs.currentIndex() == 0  # the Graph tab says what the parse does until the graph comes
+        assert placeholder.isVisible() and placeholder.text().startswith("Parsing small.keras (tf)")
+    qtbot.waitUntil(lambda: window.graph.is_ready, timeout=TIMEOUT_MS)
+    assert answers.errors == []
+    assert "Conv" in [node.op_type for node in window.loaded.model.graph]
+    assert ("tensorflow" in sys.modules) == had_tensorflow
