@@ -122,7 +122,8 @@ class ModelInputsDialog(QDialog):
     """Asks for what a torch or TorchScript ``forward`` needs to be traced: each tensor's shape, each scalar's value.
 
     Args:
-        needed: ``{"name", "type"}`` of each parameter (the error's ``inputs_needed``).
+        needed: ``{"name", "type", "optional"}`` of each parameter (the error's ``inputs_needed``); an optional
+            one (it has a default in forward) may be left empty.
         parent: Parent widget.
         model_name: The model's file name.
         signature: The error's hint, which shows ``forward``'s signature.
@@ -132,6 +133,7 @@ class ModelInputsDialog(QDialog):
                  signature: str = "") -> None:
         super().__init__(parent)
         self.setWindowTitle("Model inputs")
+        self.setMinimumWidth(520)
         self._needed = needed
         self.fields: dict[str, QLineEdit] = {}
         layout = QVBoxLayout(self)
@@ -142,7 +144,8 @@ class ModelInputsDialog(QDialog):
         for item in needed:
             scalar = is_scalar_type(item["type"])
             field = QLineEdit(objectName=f"input:{item['name']}")
-            field.setPlaceholderText(f"a value ({item['type']})" if scalar else "shape, e.g. 1, 3, 224, 224")
+            field.setPlaceholderText(("optional: " if item.get("optional") else "")
+                                     + (f"a value ({item['type']})" if scalar else "shape, e.g. 1, 3, 224, 224"))
             field.textChanged.connect(self._validate)
             self.fields[item["name"]] = field
             form.addRow(QLabel(f"<b>{html.escape(item['name'])}</b> <small>({html.escape(item['type'])})</small>"),
@@ -167,8 +170,11 @@ class ModelInputsDialog(QDialog):
         shapes: dict[str, list[int]] = {}
         constants: dict[str, Any] = {}
         for item in self._needed:
+            text = self.fields[item["name"]].text()
+            if item.get("optional") and not text.strip():
+                continue  # forward's default (a tensor input with a default value may also be given)
             try:
-                value = read_input_answer(item["type"], self.fields[item["name"]].text())
+                value = read_input_answer(item["type"], text)
             except ValueError as error:
                 raise ValueError(f"{item['name']}: expected {error}") from None
             (shapes if isinstance(value, list) else constants)[item["name"]] = value
@@ -177,8 +183,9 @@ class ModelInputsDialog(QDialog):
     def _validate(self) -> None:
         try:
             self.answers()
-        except ValueError as error:
-            self.problem.setText(str(error))
+        except ValueError as error:  # said once something is typed; OK waits for every field
+            typed = any(field.text().strip() for field in self.fields.values())
+            self.problem.setText(str(error) if typed else "")
             self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(False)
             return
         self.problem.setText("")
@@ -192,6 +199,21 @@ def ask_model_inputs(parent: QWidget | None, needed: list[dict[str, str]], model
     if dialog.exec() != QDialog.DialogCode.Accepted:
         return None
     return dialog.answers()
+
+
+def ask_submodule(parent: QWidget | None, error: BaseException, children: list[str]) -> str | None:
+    """A TorchScript module that does not convert as a whole: compile one of its ``children`` instead?"""
+    message, _, details = error_parts(error)
+    box = QMessageBox(QMessageBox.Icon.Question, "Import model", html.escape(message),
+                      QMessageBox.StandardButton.Cancel, parent)
+    box.setInformativeText("A forward that keeps state in attributes or checks its inputs in Python does not "
+                           "convert. Compile one of its submodules instead (often the stateless network inside; "
+                           "the command line does the same with <code>--submodule NAME</code>):")
+    if details:
+        box.setDetailedText(details)
+    buttons = {box.addButton(name, QMessageBox.ButtonRole.AcceptRole): name for name in children}
+    box.exec()
+    return buttons.get(box.clickedButton())
 
 
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:

@@ -541,6 +541,7 @@ class MainWindow(QMainWindow):
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
                               input_shapes=model.input_shapes, output_names=model.output_names,
                               constant_inputs=model.constant_inputs, allow_pickle=model.allow_pickle,
+                              submodule=model.submodule,
                               busy=f"Parsing {Path(model.path).name} ({model.backend})")
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
@@ -621,6 +622,11 @@ class MainWindow(QMainWindow):
                 f"{error.message}\n\nLoad it only if you trust where the file comes from. (A model saved with "
                 "torch.export.save as .pt2 needs no such trust.)"):
             return replace(pending, allow_pickle=True)
+        children = fields.get("submodules")
+        if children and not pending.submodule:
+            child = dialogs.ask_submodule(self, error, children)
+            if child:  # another module, other inputs: the answers given for the whole one do not apply
+                return replace(pending, submodule=child, input_shapes={}, constant_inputs={})
         if needed:
             answer = dialogs.ask_model_inputs(self, needed, Path(pending.path).name, error)
             if answer is not None:

@@ -49,6 +49,7 @@ class ModelRef:
         output_names: Tensors the graph was cut at on import (empty: the model's own outputs).
         constant_inputs: Scalar inputs bound to constants on import (a TorchScript ``forward``'s ``sr: int``).
         allow_pickle: The user trusted this pickled torch module, whose loading runs code stored in it.
+        submodule: The child module of a TorchScript file compiled instead of the whole (``_model``); "" for all.
     """
 
     path: str
@@ -58,6 +59,7 @@ class ModelRef:
     output_names: list[str] = field(default_factory=list)
     constant_inputs: dict[str, float] = field(default_factory=dict)
     allow_pickle: bool = False
+    submodule: str = ""
 
     def changed_on_disk(self) -> bool:
         """Whether the file's hash differs from the one recorded at import."""
