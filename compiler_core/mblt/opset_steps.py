@@ -1,0 +1,314 @@
+"""Opset upgrades done on the protobuf without the ONNX C API, where they are the C API's own result.
+
+``onnx.version_converter`` walks the model opset by opset and, at each step where an op's schema
+changes, applies the adapter registered for that op and step. Most adapters only restamp the opset
+(``CompatibleAdapter``: the new version widens the types or adds an attribute whose default is the
+old behaviour); a few rewrite the node. :func:`convert_natively` upgrades a flat graph in Python
+when every step of every node is one of those restamps or one of the adapters written here, doing
+to the protobuf what the C++ adapter does:
+
+- ``AxesAttributeToInput`` (ReduceSum/Squeeze/Unsqueeze 12 -> 13, the other Reduce ops 17 -> 18):
+  the ``axes`` attribute becomes an int64 ``Constant`` node inserted before the node, read as the
+  node's next input;
+- ``Softmax_12_13`` (Softmax, LogSoftmax): ``axis`` on the last dimension becomes ``-1``; any other
+  axis gets the ``Shape -> Flatten -> op(axis=-1) -> Reshape`` sandwich (the input's rank comes from
+  the same non-strict shape inference the C API runs first);
+- ``BatchNormalization_13_14``: a check only (no training outputs).
+
+Any other step returns None and the caller uses the C API. The new nodes are unnamed and the new
+values are called ``_v_<n>``, as the C API names them. :data:`COMPATIBLE_STEPS` lists, per op, the
+versions (up to 21) whose step from the previous opset is a ``CompatibleAdapter`` registration in
+onnx 1.23's ``onnx/version_converter/convert.h``; tests compare the result with the C API's.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+
+import onnx
+
+logger = logging.getLogger(__name__)
+
+COMPATIBLE_STEPS: dict[str, tuple[int, ...]] = {
+    "Abs": (13,),
+    "Add": (13, 14),
+    "ArgMax": (11, 12, 13),
+    "ArgMin": (11, 12, 13),
+    "AveragePool": (7, 10, 11, 19),
+    "BatchNormalization": (12, 15),
+    "Cast": (9, 13, 19, 21),
+    "CastLike": (19, 21),
+    "Ceil": (13,),
+    "Clip": (12, 13),
+    "Compress": (11,),
+    "Concat": (11, 13),
+    "Constant": (9, 11, 12, 13, 19, 21),
+    "ConstantOfShape": (20, 21),
+    "Conv":
+    (11,),
+    "ConvTranspose": (11,),
+    "CumSum": (14,),
+    "DepthToSpace": (11, 13),
+    "DequantizeLinear": (13, 19, 21),
+    "Div": (13, 14),
+    "Dropout": (10, 13),
+    "Equal": (11, 13, 19),
+    "Erf": (13,),
+    "Exp": (13,),
+    "Expand": (13,),
+    "Flatten": (9, 11, 13, 21),
+    "Floor": (13,),
+    "Gather": (11, 13),
+    "GatherElements": (13,),
+    "GatherND": (12, 13),
+    "Gemm": (6, 9, 11, 13),
+    "Greater": (9, 13),
+    "GreaterOrEqual": (16,),
+    "GroupNormalization": (21,),
+    "Hardmax":
+    (11, 13),
+    "Identity": (13, 14, 16, 19, 21),
+    "If": (11, 13, 16, 19, 21),
+    "IsInf": (20,),
+    "IsNaN": (13, 20),
+    "LRN": (13,),
+    "LeakyRelu": (16,),
+    "Less": (9, 13),
+    "LessOrEqual": (16,),
+    "Log": (13,),
+    "LogSoftmax": (11,),
+    "Loop": (11, 13, 16, 19, 21),
+    "LpPool": (11,),
+    "MatMul": (9, 13),
+    "Max": (8, 12, 13),
+    "MaxPool": (8, 10, 11,
+    12),
+    "MaxUnpool": (11,),
+    "Mean": (8, 13),
+    "MeanVarianceNormalization": (13,),
+    "Min": (8, 12, 13),
+    "Mod": (13,),
+    "Mul": (13, 14),
+    "Neg": (13,),
+    "NegativeLogLikelihoodLoss": (13,),
+    "NonMaxSuppression": (11,),
+    "NonZero": (13,),
+    "OneHot": (11,),
+    "OptionalGetElement": (18,),
+    "OptionalHasElement": (18,),
+    "PRelu": (7, 9, 16),
+    "Pad": (13, 18,
+    19, 21),
+    "Pow": (12, 13, 15),
+    "QLinearMatMul": (21,),
+    "QuantizeLinear": (13, 19, 21),
+    "Reciprocal": (13,),
+    "ReduceL1": (11, 13),
+    "ReduceL2": (11, 13),
+    "ReduceLogSum": (11, 13),
+    "ReduceLogSumExp": (11, 13),
+    "ReduceMax":
+    (11, 12, 13, 20),
+    "ReduceMean": (11, 13),
+    "ReduceMin": (11, 12, 13, 20),
+    "ReduceProd": (11, 13),
+    "ReduceSum":
+    (11,),
+    "ReduceSumSquare": (11, 13),
+    "Relu": (13, 14),
+    "Reshape": (13, 14, 19, 21),
+    "Resize": (13, 18, 19),
+    "Scan": (11, 16, 19, 21),
+    "ScatterElements": (13, 16, 18),
+    "ScatterND": (13, 16, 18),
+    "Shape": (13, 15, 19, 21),
+    "Sigmoid": (13,),
+    "Sign": (13,),
+    "Size": (13, 19, 21),
+    "Slice": (11, 13),
+    "Softmax": (11,),
+    "SoftmaxCrossEntropyLoss": (13,),
+    "SpaceToDepth": (13,),
+    "Split": (11,),
+    "Sqrt": (13,),
+    "Squeeze": (11, 21),
+    "Sub": (13, 14),
+    "Sum": (8, 13),
+    "Tanh": (13,),
+    "Tile": (13,),
+    "TopK": (11,),
+    "Transpose": (13, 21),
+    "Unsqueeze": (11, 21),
+    "Where": (16,),
+}
+"""Op -> versions whose upgrade step from the previous opset only restamps the node (onnx 1.23's ``convert.h``)."""
+
+_AXES_TO_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceL1": 18, "ReduceL2": 18, "ReduceLogSum": 18,
+                  "ReduceLogSumExp": 18, "ReduceMax": 18, "ReduceMean": 18, "ReduceMin": 18, "ReduceProd": 18,
+                  "ReduceSumSquare": 18}
+"""Op -> the version at which ``axes`` moves from an attribute to an input (the ``AxesAttributeToInput`` steps)."""
+_SOFTMAX_OPS = ("Softmax", "LogSoftmax")
+
+
+@functools.cache
+def _all_schema_versions() -> dict[str, tuple[int, ...]]:
+    versions: dict[str, set[int]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            versions.setdefault(schema.name, set()).add(schema.since_version)
+    return {name: tuple(sorted(found)) for name, found in versions.items()}
+
+
+def _steps(op_type: str, source: int, target: int) -> list[int] | None:
+    """The versions in (source, target] at which the op's schema changes, or None for an unknown op."""
+    versions = _all_schema_versions().get(op_type)
+    return None if versions is None else [v for v in versions if source < v <= target]
+
+
+def _plan(node: onnx.NodeProto, source: int, target: int) -> list[str] | None:
+    """The adapters the upgrade applies to ``node`` (``axes``, ``softmax``, ``batchnorm``), or None if one is not
+    written here."""
+    steps = _steps(node.op_type, source, target)
+    if steps is None:
+        return None
+    adapters = []
+    compatible = COMPATIBLE_STEPS.get(node.op_type, ())
+    for version in steps:
+        if version in compatible:
+            continue
+        if _AXES_TO_INPUT.get(node.op_type) == version:
+            adapters.append("axes")
+        elif node.op_type in _SOFTMAX_OPS and version == 13:
+            adapters.append("softmax")
+        elif node.op_type == "BatchNormalization" and version == 14 and len(node.output) < 4:
+            continue
+        else:
+            return None
+    return adapters
+
+
+def convert_natively(proto: onnx.ModelProto, target_version: int) -> onnx.ModelProto | None:
+    """The C API's upgrade of a flat, default-domain model to ``target_version``, or None where it is not written here.
+
+    ``proto`` is left as it is; the result is a new model (the caller has set large weights aside, so the copy is
+    small).
+    """
+    graph = proto.graph
+    default = [entry for entry in proto.opset_import if entry.domain in ("", "ai.onnx")]
+    if len(default) != 1 or not 1 <= default[0].version <= target_version or proto.functions:
+        return None
+    source = default[0].version
+    plans = []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                     for a in node.attribute):
+            return None
+        plan = _plan(node, source, target_version)
+        if plan is None:
+            return None
+        plans.append(plan)
+    ranks = _softmax_input_ranks(proto, plans)
+    if ranks is None:
+        return None
+    converted = onnx.ModelProto()
+    converted.CopyFrom(proto)
+    for entry in converted.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.domain, entry.version = entry.domain, target_version  # the C API writes the domain even if empty
+    if any(plans):
+        _adapt_nodes(converted.graph, plans, ranks)
+    return converted
+
+
+def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[str]]) -> dict[str, int] | None:
+    """Input name -> rank for every Softmax the upgrade adapts, as the C API sees it after its first, non-strict
+    inference: 0 where no shape is known (the C++ adapter reads an empty size list then); None if inference fails."""
+    names = {node.input[0] for node, plan in zip(proto.graph.node, plans) if "softmax" in plan}
+    if not names:
+        return {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return None
+    graph = inferred.graph
+    ranks = dict.fromkeys(names, 0)
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        if info.name in names and info.type.tensor_type.HasField("shape"):
+            ranks[info.name] = len(info.type.tensor_type.shape.dim)
+    return ranks
+
+
+def _adapt_nodes(graph: onnx.GraphProto, plans: list[list[str]], ranks: dict[str, int]) -> None:
+    """Rewrite the nodes whose plan has adapters, inserting the C API's new nodes around them."""
+    taken = {name for node in graph.node for name in (*node.input, *node.output)}
+    taken |= {info.name for info in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
+    counter = itertools.count(len(taken))
+
+    def fresh() -> str:
+        name = f"_v_{next(counter)}"
+        while name in taken:
+            name = f"_v_{next(counter)}"
+        taken.add(name)
+        return name
+
+    nodes = []
+    for node, plan in zip(graph.node, plans):
+        if not plan:
+            nodes.append(node)
+            continue
+        adapted = onnx.NodeProto()
+        adapted.CopyFrom(node)
+        before: list[onnx.NodeProto] = []
+        after: list[onnx.NodeProto] = []
+        for adapter in plan:
+            if adapter == "axes":
+                before.extend(_axes_to_input(adapted, fresh))
+            else:
+                sandwich = _softmax_12_13(adapted, ranks[node.input[0]], fresh)
+                if sandwich is not None:
+                    before.extend(sandwich[0])
+                    after.extend(sandwich[1])
+        nodes.extend([*before, adapted, *after])
+    kept = onnx.GraphProto()
+    kept.node.extend(nodes)
+    graph.ClearField("node")
+    graph.node.extend(kept.node)
+
+
+def _axes_to_input(node: onnx.NodeProto, fresh) -> list[onnx.NodeProto]:
+    """``AxesAttributeToInput``: the ``axes`` attribute becomes a ``Constant`` input (nothing without the attribute)."""
+    index = next((i for i, a in enumerate(node.attribute) if a.name == "axes"), None)
+    if index is None:
+        return []
+    axes = list(node.attribute[index].ints)
+    del node.attribute[index]
+    constant = onnx.NodeProto(op_type="Constant", output=[fresh()])
+    value = constant.attribute.add(name="value", type=onnx.AttributeProto.TENSOR)
+    value.t.data_type = onnx.TensorProto.INT64
+    value.t.dims.append(len(axes))
+    value.t.int64_data.extend(axes)
+    node.input.append(constant.output[0])
+    return [constant]
+
+
+def _softmax_12_13(node: onnx.NodeProto, rank: int, fresh) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
+    """``Softmax_12_13``: ``axis = -1`` when the old axis is the last one, else the Flatten/Reshape sandwich."""
+    attribute = next((a for a in node.attribute if a.name == "axis"), None)
+    axis = attribute.i if attribute is not None else 1
+    if axis < 0:
+        axis += rank
+    if attribute is None:
+        attribute = node.attribute.add(name="axis", type=onnx.AttributeProto.INT)
+    attribute.i = -1
+    if axis == rank - 1:
+        return None
+    source, output = node.input[0], node.output[0]
+    shape = onnx.NodeProto(op_type="Shape", input=[source], output=[fresh()])
+    flatten = onnx.NodeProto(op_type="Flatten", input=[source], output=[fresh()])
+    flatten.attribute.add(name="axis", type=onnx.AttributeProto.INT, i=axis)
+    node.input[0] = flatten.output[0]
+    node.output[0] = f"{output}_intermediate"
+    reshape = onnx.NodeProto(op_type="Reshape", input=[node.output[0], shape.output[0]], output=[output])
+    return [shape, flatten], [reshape]
