@@ -324,8 +324,14 @@ def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] =
 
 
 def _check_acyclic(graph: onnx.GraphProto, path: Path) -> None:
-    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope)."""
+    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope).
+
+    A graph whose nodes are listed in topological order (what exporters write) has no loop; that is checked
+    first, in one walk.
+    """
     producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    if all(producer.get(name, -1) < index for index, node in enumerate(graph.node) for name in node.input):
+        return
     waiting = [len({producer[name] for name in node.input if name in producer}) for node in graph.node]
     consumers: dict[int, set[int]] = {}
     for index, node in enumerate(graph.node):
