@@ -73,6 +73,17 @@ def _cases() -> dict[str, onnx.ModelProto]:
              helper.make_node("Clip", ["n", "", ""], ["r"]),
              helper.make_node("HardSigmoid", ["r"], ["h"]),
              helper.make_node("Mul", ["r", "h"], ["y"])], [_x([1, 3, 8, 8])], [_y()], 11, [weights, *stats]),
+        "split without and with sizes, opset 17": _model(
+            [helper.make_node("Split", ["x"], ["a", "b"], axis=1),
+             helper.make_node("Split", ["a", "sizes"], ["c", "d"], axis=2),
+             helper.make_node("Concat", ["c", "d", "b"], ["y"], axis=2)], [_x([1, 4, 4])], [_y()], 17,
+            [numpy_helper.from_array(np.array([1, 3], np.int64), "sizes")]),
+        "recurrent cells get a layout": _model(
+            [helper.make_node("LSTM", ["x", "wl", "rl"], ["", "h"], hidden_size=2),
+             helper.make_node("GRU", ["x", "wg", "rg"], ["", "g"], hidden_size=2, linear_before_reset=1),
+             helper.make_node("Add", ["h", "g"], ["y"])], [_x([3, 1, 4])], [_y()], 11,
+            [numpy_helper.from_array(rng.standard_normal((1, gates * 2, size)).astype(np.float32), name)
+             for name, gates, size in (("wl", 4, 4), ("rl", 4, 2), ("wg", 3, 4), ("rg", 3, 2))]),
         "opset 17 to 21": _model([helper.make_node("ReduceMean", ["x"], ["a"], axes=[1]),
                                   helper.make_node("LayerNormalization", ["a", "s"], ["y"])],
                                  [_x([2, 3, 4])], [_y()], 17, [stats[0]]),
@@ -141,3 +152,19 @@ def test_a_parse_that_needs_only_written_steps_does_not_call_the_c_api(tmp_path,
     native, _ = parse_model(tmp_path / "old.onnx", input_shape_dict=shapes)
     assert calls == []
     assert ir.to_proto(native).SerializeToString() == ir.to_proto(through_c_api).SerializeToString()
+
+
+def test_an_upgrade_that_fails_strict_inference_is_the_c_api_upgrade(monkeypatch):
+    """Strict inference keeps the C API's (non-strict) value info when it fails: such a model takes the C API."""
+    nodes = [helper.make_node("Split", ["x"], ["a", "b"], axis=1),
+             helper.make_node("Concat", ["a", "b", "x"], ["y"], axis=2)]  # a [1, 2, 4] and x [1, 4, 4] differ in dim 1
+    source = _model(nodes, [_x([1, 4, 4])], [_y()], 17)
+    results = []
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(conversion, "convert_natively", lambda proto, version: None)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(source)
+        converted, inferred, _ = conversion.convert_source_proto(copy, 21)
+        results.append((converted.SerializeToString(deterministic=True), inferred))
+    assert results[0] == results[1] and not results[0][1] and "num_outputs" in str(onnx.ModelProto.FromString(results[0][0]))

@@ -13,7 +13,9 @@ to the protobuf what the C++ adapter does:
 - ``Softmax_12_13`` (Softmax, LogSoftmax): ``axis`` on the last dimension becomes ``-1``; any other
   axis gets the ``Shape -> Flatten -> op(axis=-1) -> Reshape`` sandwich (the input's rank comes from
   the same non-strict shape inference the C API runs first);
-- ``BatchNormalization_13_14``: a check only (no training outputs).
+- ``BatchNormalization_13_14``: a check only (no training outputs);
+- ``Split_17_18``: a Split without a ``split`` input gets ``num_outputs``, its output count;
+- ``SetAttribute(layout, 0)``: LSTM, GRU and RNN 13 -> 14.
 
 Any other step returns None and the caller uses the C API. The new nodes are unnamed and the new
 values are called ``_v_<n>``, as the C API names them. :data:`COMPATIBLE_STEPS` lists, per op, the
@@ -150,6 +152,7 @@ _AXES_TO_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceL1": 1
                   "ReduceSumSquare": 18}
 """Op -> the version at which ``axes`` moves from an attribute to an input (the ``AxesAttributeToInput`` steps)."""
 _SOFTMAX_OPS = ("Softmax", "LogSoftmax")
+_RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
 @functools.cache
@@ -168,8 +171,8 @@ def _steps(op_type: str, source: int, target: int) -> list[int] | None:
 
 
 def _plan(node: onnx.NodeProto, source: int, target: int) -> list[str] | None:
-    """The adapters the upgrade applies to ``node`` (``axes``, ``softmax``, ``batchnorm``), or None if one is not
-    written here."""
+    """The adapters the upgrade applies to ``node`` (``axes``, ``softmax``, ``num_outputs``, ``layout``), or None if
+    one is not written here."""
     steps = _steps(node.op_type, source, target)
     if steps is None:
         return None
@@ -184,6 +187,10 @@ def _plan(node: onnx.NodeProto, source: int, target: int) -> list[str] | None:
             adapters.append("softmax")
         elif node.op_type == "BatchNormalization" and version == 14 and len(node.output) < 4:
             continue
+        elif node.op_type == "Split" and version == 18:
+            adapters.append("num_outputs")
+        elif node.op_type in _RECURRENT_OPS and version == 14:
+            adapters.append("layout")
         else:
             return None
     return adapters
@@ -265,6 +272,11 @@ def _adapt_nodes(graph: onnx.GraphProto, plans: list[list[str]], ranks: dict[str
         for adapter in plan:
             if adapter == "axes":
                 before.extend(_axes_to_input(adapted, fresh))
+            elif adapter == "num_outputs":  # Split_17_18: without a split input, the output count is explicit
+                if len(adapted.input) != 2 and not any(a.name == "num_outputs" for a in adapted.attribute):
+                    _set_int(adapted, "num_outputs", len(adapted.output))
+            elif adapter == "layout":  # SetAttribute(layout, 0): the 13 -> 14 step of LSTM, GRU and RNN
+                _set_int(adapted, "layout", 0)
             else:
                 sandwich = _softmax_12_13(adapted, ranks[node.input[0]], fresh)
                 if sandwich is not None:
@@ -275,6 +287,16 @@ def _adapt_nodes(graph: onnx.GraphProto, plans: list[list[str]], ranks: dict[str
     kept.node.extend(nodes)
     graph.ClearField("node")
     graph.node.extend(kept.node)
+
+
+def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
+    """Set an int attribute as the C++ IR does: in place of an attribute of that name, else after the others."""
+    attribute = next((a for a in node.attribute if a.name == name), None)
+    if attribute is None:
+        attribute = node.attribute.add()
+    else:
+        attribute.Clear()
+    attribute.name, attribute.type, attribute.i = name, onnx.AttributeProto.INT, value
 
 
 def _axes_to_input(node: onnx.NodeProto, fresh) -> list[onnx.NodeProto]:
