@@ -29,21 +29,13 @@ def _y(name="y"):
 
 
 def _normalized(model: onnx.ModelProto) -> bytes:
-    """The model after ONNX's strict inference (as the parse runs it on the upgrade), without model fields, its new
-    values renamed by order of appearance (the C API numbers them after its own value count) and its value info
-    sorted by name (inference lists it in the order it meets the values)."""
+    """The model after ONNX's strict inference (as the parse runs it on the upgrade), without model fields and with
+    its value info sorted by name (inference lists it in the order it meets the values). New values keep their
+    names: the C API's numbering (``_v_<n>``) reaches the MBLT through the folder's provenance metadata."""
     copy, _ = conversion._strict_inference(model)
     for field in ("ir_version", "producer_name", "producer_version"):
         copy.ClearField(field)
-    names: dict[str, str] = {}
-    for node in copy.graph.node:
-        for field in (node.input, node.output):
-            for index, name in enumerate(field):
-                if name.startswith("_v_"):
-                    field[index] = names.setdefault(name, f"new{len(names)}")
-    infos = sorted(copy.graph.value_info, key=lambda info: names.get(info.name, info.name))
-    for info in infos:
-        info.name = names.get(info.name, info.name)
+    infos = sorted(copy.graph.value_info, key=lambda info: info.name)
     copy.graph.ClearField("value_info")
     copy.graph.value_info.extend(infos)
     return copy.SerializeToString(deterministic=True)

@@ -26,7 +26,6 @@ onnx 1.23's ``onnx/version_converter/convert.h``; tests compare the result with 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 
 import onnx
@@ -170,9 +169,9 @@ def _steps(op_type: str, source: int, target: int) -> list[int] | None:
     return None if versions is None else [v for v in versions if source < v <= target]
 
 
-def _plan(node: onnx.NodeProto, source: int, target: int) -> list[str] | None:
-    """The adapters the upgrade applies to ``node`` (``axes``, ``softmax``, ``num_outputs``, ``layout``), or None if
-    one is not written here."""
+def _plan(node: onnx.NodeProto, source: int, target: int) -> list[tuple[int, str]] | None:
+    """The (version, adapter) steps the upgrade applies to ``node`` (adapters ``axes``, ``softmax``, ``num_outputs``,
+    ``layout``), or None if one is not written here."""
     steps = _steps(node.op_type, source, target)
     if steps is None:
         return None
@@ -182,15 +181,15 @@ def _plan(node: onnx.NodeProto, source: int, target: int) -> list[str] | None:
         if version in compatible:
             continue
         if _AXES_TO_INPUT.get(node.op_type) == version:
-            adapters.append("axes")
+            adapters.append((version, "axes"))
         elif node.op_type in _SOFTMAX_OPS and version == 13:
-            adapters.append("softmax")
+            adapters.append((version, "softmax"))
         elif node.op_type == "BatchNormalization" and version == 14 and len(node.output) < 4:
             continue
         elif node.op_type == "Split" and version == 18:
-            adapters.append("num_outputs")
+            adapters.append((version, "num_outputs"))
         elif node.op_type in _RECURRENT_OPS and version == 14:
-            adapters.append("layout")
+            adapters.append((version, "layout"))
         else:
             return None
     return adapters
@@ -224,15 +223,15 @@ def convert_natively(proto: onnx.ModelProto, target_version: int) -> onnx.ModelP
     for entry in converted.opset_import:
         if entry.domain in ("", "ai.onnx"):
             entry.domain, entry.version = entry.domain, target_version  # the C API writes the domain even if empty
-    if any(plans):
-        _adapt_nodes(converted.graph, plans, ranks)
+    if any(plans) and not _adapt_nodes(converted, plans, ranks):
+        return None
     return converted
 
 
-def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[str]]) -> dict[str, int] | None:
+def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[tuple[int, str]]]) -> dict[str, int] | None:
     """Input name -> rank for every Softmax the upgrade adapts, as the C API sees it after its first, non-strict
     inference: 0 where no shape is known (the C++ adapter reads an empty size list then); None if inference fails."""
-    names = {node.input[0] for node, plan in zip(proto.graph.node, plans) if "softmax" in plan}
+    names = {node.input[0] for node, plan in zip(proto.graph.node, plans) if any(a == "softmax" for _, a in plan)}
     if not names:
         return {}
     try:
@@ -247,46 +246,65 @@ def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[str]]) -> dict
     return ranks
 
 
-def _adapt_nodes(graph: onnx.GraphProto, plans: list[list[str]], ranks: dict[str, int]) -> None:
-    """Rewrite the nodes whose plan has adapters, inserting the C API's new nodes around them."""
-    taken = {name for node in graph.node for name in (*node.input, *node.output)}
-    taken |= {info.name for info in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
-    counter = itertools.count(len(taken))
+class _ValueNames:
+    """The C++ IR's names for new values: ``_v_<n>``, ``n`` counting every value created since the import.
 
-    def fresh() -> str:
-        name = f"_v_{next(counter)}"
-        while name in taken:
-            name = f"_v_{next(counter)}"
-        taken.add(name)
+    The import creates one value for the empty name, one per graph input, one per initializer that is not an input
+    (IR >= 4) and one per node output (empty optional outputs included); each adapter's new node adds its outputs.
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        inputs = {info.name for info in graph.input}
+        separate = sum(1 for t in graph.initializer if t.name not in inputs) if model.ir_version >= 4 else 0
+        self._next = 2 + len(graph.input) + separate + sum(len(node.output) for node in graph.node)
+        self._taken = {name for node in graph.node for name in (*node.input, *node.output)} | inputs
+        self._taken |= {info.name for info in graph.output} | {t.name for t in graph.initializer}
+        self.clash = False
+
+    def __call__(self) -> str:
+        """The next value's name (a value named by the adapter itself still takes its number)."""
+        name = f"_v_{self._next}"
+        self._next += 1
+        self.clash |= name in self._taken
         return name
 
-    nodes = []
-    for node, plan in zip(graph.node, plans):
-        if not plan:
-            nodes.append(node)
-            continue
-        adapted = onnx.NodeProto()
-        adapted.CopyFrom(node)
-        before: list[onnx.NodeProto] = []
-        after: list[onnx.NodeProto] = []
-        for adapter in plan:
-            if adapter == "axes":
-                before.extend(_axes_to_input(adapted, fresh))
-            elif adapter == "num_outputs":  # Split_17_18: without a split input, the output count is explicit
-                if len(adapted.input) != 2 and not any(a.name == "num_outputs" for a in adapted.attribute):
-                    _set_int(adapted, "num_outputs", len(adapted.output))
-            elif adapter == "layout":  # SetAttribute(layout, 0): the 13 -> 14 step of LSTM, GRU and RNN
-                _set_int(adapted, "layout", 0)
-            else:
-                sandwich = _softmax_12_13(adapted, ranks[node.input[0]], fresh)
-                if sandwich is not None:
-                    before.extend(sandwich[0])
-                    after.extend(sandwich[1])
-        nodes.extend([*before, adapted, *after])
-    kept = onnx.GraphProto()
-    kept.node.extend(nodes)
+
+def _adapt_nodes(model: onnx.ModelProto, plans: list[list[tuple[int, str]]], ranks: dict[str, int]) -> bool:
+    """Rewrite the nodes whose plan has adapters, inserting the C API's new nodes around them, in the C API's order
+    (opset step by opset step, nodes in graph order); False if a new value's name is already used (left to the C
+    API)."""
+    graph = model.graph
+    fresh = _ValueNames(model)
+    adapted: dict[int, onnx.NodeProto] = {}
+    before: dict[int, list[onnx.NodeProto]] = {}
+    after: dict[int, list[onnx.NodeProto]] = {}
+    steps = sorted((version, index, adapter) for index, plan in enumerate(plans) for version, adapter in plan)
+    for _, index, adapter in steps:
+        node = adapted.get(index)
+        if node is None:
+            node = adapted[index] = onnx.NodeProto()
+            node.CopyFrom(graph.node[index])
+        if adapter == "axes":
+            before.setdefault(index, []).extend(_axes_to_input(node, fresh))
+        elif adapter == "num_outputs":  # Split_17_18: without a split input, the output count is explicit
+            if len(node.input) != 2 and not any(a.name == "num_outputs" for a in node.attribute):
+                _set_int(node, "num_outputs", len(node.output))
+        elif adapter == "layout":  # SetAttribute(layout, 0): the 13 -> 14 step of LSTM, GRU and RNN
+            _set_int(node, "layout", 0)
+        else:
+            sandwich = _softmax_12_13(node, ranks[graph.node[index].input[0]], fresh)
+            if sandwich is not None:
+                before.setdefault(index, []).extend(sandwich[0])
+                after.setdefault(index, []).extend(sandwich[1])
+    if fresh.clash:
+        return False
+    nodes = onnx.GraphProto()
+    for index, node in enumerate(graph.node):
+        nodes.node.extend([*before.get(index, ()), adapted.get(index, node), *after.get(index, ())])
     graph.ClearField("node")
-    graph.node.extend(kept.node)
+    graph.node.extend(nodes.node)
+    return True
 
 
 def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
@@ -332,5 +350,6 @@ def _softmax_12_13(node: onnx.NodeProto, rank: int, fresh) -> tuple[list[onnx.No
     flatten.attribute.add(name="axis", type=onnx.AttributeProto.INT, i=axis)
     node.input[0] = flatten.output[0]
     node.output[0] = f"{output}_intermediate"
+    fresh()  # the Reshape's output is a new value too, renamed to the Softmax's old output name
     reshape = onnx.NodeProto(op_type="Reshape", input=[node.output[0], shape.output[0]], output=[output])
     return [shape, flatten], [reshape]
