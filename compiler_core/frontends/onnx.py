@@ -155,16 +155,34 @@ def _first_invalid_text(message) -> str | None:
         fields = [(field, getattr(message, field.name)) for field in text_and_messages
                   if (len(getattr(message, field.name)) if _repeated(field) else message.HasField(field.name))]
     for field, value in fields:
-        if field.type == field.TYPE_STRING:
-            values = value if _repeated(field) else [value]
-            if any(not isinstance(item, str) for item in values):
+        kind = _field_kind(field)
+        if kind == _TEXT:
+            if type(value) is not str:  # protobuf hands text that is not UTF-8 back as bytes
                 return field.full_name
-        elif field.type == field.TYPE_MESSAGE:
-            for item in value if _repeated(field) else [value]:
+        elif kind == _TEXTS:
+            try:
+                "".join(value)  # a bytes item raises
+            except TypeError:
+                return field.full_name
+        elif kind != _OTHER:
+            for item in value if kind == _MESSAGES else (value,):
                 found = _first_invalid_text(item)
                 if found is not None:
                     return found
     return None
+
+
+_OTHER, _TEXT, _TEXTS, _MESSAGE, _MESSAGES = range(5)
+
+
+@functools.cache
+def _field_kind(field) -> int:
+    """How :func:`_first_invalid_text` reads a field: not at all, as text (one or repeated), as messages."""
+    if field.type == field.TYPE_STRING:
+        return _TEXTS if _repeated(field) else _TEXT
+    if field.type == field.TYPE_MESSAGE:
+        return _MESSAGES if _repeated(field) else _MESSAGE
+    return _OTHER
 
 
 @functools.cache
