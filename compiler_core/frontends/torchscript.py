@@ -147,8 +147,10 @@ def example_arguments(module: Any, parameters: list[dict[str, Any]], feed_dict: 
     if missing:
         raise ArgumentError(
             f"forward needs a value for {', '.join(p['name'] for p in missing)}.",
-            hint=f"{signature_text(parameters)}: give tensors in feed_dict or their shapes in input_shape_dict, "
-                 "and scalars in feed_dict (e.g. feed_dict={'sr': 16000}).")
+            hint=f"{signature_text(parameters)}: give each tensor's shape and each scalar's value "
+                 "(command line: --input-shape x=1,576 --bind-input sr=16000; Python: input_shape_dict, "
+                 "constant_inputs).",
+            inputs_needed=[{"name": p["name"], "type": p["type"]} for p in missing])
     dtypes = _index_inputs(module)
     args = tuple(_argument(p, feed_dict, input_shape_dict, dtypes) for p in used)
     constants = {p["name"]: feed_dict[p["name"]] for p in used
