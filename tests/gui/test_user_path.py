@@ -912,3 +912,26 @@ def test_silero_vad_torchscript_is_imported_through_its_stateless_submodule(qtbo
     assert [value.name for value in window.loaded.model.graph.inputs][:1] == ["x"]
     readiness = window.readiness()  # its STFT Conv runs on the host: offload is offered, as for the ONNX export
     assert readiness.ok or readiness.offload_helps, readiness.reason
+
+
+def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, answers, monkeypatch):
+    """all-MiniLM-L6-v2's folder: every forward parameter defaults to None, so the error listed none and the
+    workbench stopped; it now asks for input_ids (and offers the masks as optional)."""
+    pytest.importorskip("transformers")
+    realmodels = pytest.importorskip("realmodels")
+    try:
+        folder = realmodels.minilm_dir()
+    except realmodels.RealModelUnavailable as error:
+        pytest.skip(str(error))
+    asked = []
+
+    def inputs(_parent, needed, _name, _error):
+        asked.append([(item["name"], item["optional"]) for item in needed])
+        return {"input_ids": [1, 16], "attention_mask": [1, 16]}, {}
+
+    monkeypatch.setattr(dialogs, "ask_model_inputs", inputs)
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(folder))
+    assert answers.errors == []
+    assert asked == [[("input_ids", False), ("attention_mask", True), ("token_type_ids", True)]]
+    assert [value.name for value in window.loaded.model.graph.inputs] == ["input_ids", "attention_mask"]
