@@ -410,7 +410,8 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     kind, _, value = args.amp_target.partition("=")
     started = time.perf_counter()
     amp = mxq_compile(mblt, save_path=folder / f"{name}_amp.mxq", mixed_precision_config={
-        "apply": True, "target": {"kind": kind, "value": float(value)}, "maxInt16Fraction": args.amp_fraction,
+        "apply": True, "target": {"kind": kind, "value": float(value), "statistic": args.amp_statistic},
+        "maxInt16Fraction": args.amp_fraction, "sensitivitySamples": args.amp_sensitivity_samples,
         "latencyBudget": args.amp_budget}, **{**common, **json.loads(args.amp_config)})
     mixed = amp.mixed_precision
     chosen = mixed["points"][mixed["chosen"]]
@@ -554,7 +555,8 @@ def print_amp(report: dict) -> None:
 
 
 def main_amp(args) -> None:
-    report = {"target": args.amp_target, "amp_config": args.amp_config, "models": {}, "load": [os.getloadavg()[0]]}
+    report = {"target": f"{args.amp_target} ({args.amp_statistic})", "amp_config": args.amp_config, "models": {},
+              "load": [os.getloadavg()[0]]}
     with tempfile.TemporaryDirectory(prefix="bench-amp-") as scratch:
         for name in args.amp.split(","):
             os.environ.setdefault("QBCOMPILER_CACHE_DIR", str(Path(scratch) / "cache"))
@@ -584,6 +586,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--amp-fraction", type=float, default=0.25, help="maxInt16Fraction (default 0.25)")
     parser.add_argument("--configs", metavar="NAMES", help="CORPUS_CONFIGS on these corpus models instead")
     parser.add_argument("--amp-budget", type=float, default=0.15, help="latency budget (default 0.15)")
+    parser.add_argument("--amp-statistic", choices=("mean", "worst"), default="mean",
+                        help="AMP cosine target on the mean of the search samples or on the worst one")
+    parser.add_argument("--amp-sensitivity-samples", type=int, default=2,
+                        help="calibration samples the AMP sensitivity ranking runs on (default 2)")
     parser.add_argument("--skip-onnxruntime", action="store_true", help="--amp without the onnxruntime rows")
     return parser.parse_args()
 
