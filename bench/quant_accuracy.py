@@ -427,7 +427,7 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
                                                           "latency_increase", "zero_points", "pareto", "chosen")}
                                   for p in mixed["points"]]}
     print(name, "ours AMP", json.dumps(rows["ours AMP"]), flush=True)
-    rows["splits"] = {"sources": sources}
+    rows["splits"] = sources
     if len(specs) == 1 and source.suffix == ".onnx" and not args.skip_onnxruntime:
         source = _pinned(source, entry.input_shape_dict, folder / f"{name}_pinned.onnx")
         ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib]
@@ -549,7 +549,7 @@ def print_amp(report: dict) -> None:
             share = f"{row['int16_layers']} {row['int16_fraction']:4.0%}" if "int16_layers" in row else ""
             latency = f"{row['latency_increase']:+.1%}" if "latency_increase" in row else ""
             samples = " ".join(f"{value:.3f}" for value in row.get("per_sample", []))
-            worst = min(row.get("per_sample") or [float("nan")])
+            worst = float(np.nanmin(row["per_sample"])) if row.get("per_sample") else float("nan")
             print(f"{model:18s} {tool:34s} {row['cosine']:8.4f} {worst:6.3f} {samples:>60s} {share:>9s} {latency:>9s} "
                   f"{row.get('points', ''):>6} {row['seconds']:8.1f}")
 
