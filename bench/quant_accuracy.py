@@ -32,20 +32,24 @@ us); a cached mode switch is shown as a percentage of our first run.
 Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40 | --held-out 300] [--runs 1]
 [--executor golden|qdq] [--json out.json]``.
 
-**Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, the
-corpus entry's real calibration data (``tests/corpus.py``: ``N_CALIB`` samples, plus ``--amp-holdout``
-more calibration-split samples on which the search checks its target) and the corpus's own held-out
-samples (other scenes / pages / the scikit-image text photo), which judge every row:
+**Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, three splits
+(:func:`amp_splits`): calibration (the corpus entry's ``N_CALIB`` real samples, ``tests/corpus.py``), search
+(``--amp-holdout`` more calibration-split samples on which the search checks its target; the manifest puts them
+exactly where the compiler's ``analysisHoldout`` takes its held-out samples, so every tool calibrates on the same
+samples) and held out (the corpus's own held-out samples: other scenes / pages / the scikit-image text photo),
+which judge every row. Text detectors (:data:`EXTRA_DATA`) get photos with text in every split
+(``tests/text_photos.py``, :data:`TEXT_PHOTOS`; each split from its own photographs). The rows:
 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
 - ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
-- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
-  ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config arguments): int16 layers,
-  their share, estimated latency change on aries-rb, points tried, search time;
+- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99, on the mean
+  or ``--amp-statistic worst`` sample, ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config
+  arguments): int16 layers, their share, estimated latency change on aries-rb, points tried, search time;
 - onnxruntime ``quantize_static`` (QDQ, int8) with MinMax (per-channel and per-tensor weights), Percentile and
   Entropy (per tensor) calibration on the same calibration samples (single-input float models only).
 
-Every row shows the per-sample cosines too; the report records the load average at the start and the end.
+Every row shows the mean, the minimum and the per-sample cosines; the report records the samples and distinct
+sources of each split and the load average at the start and the end (``--skip-onnxruntime`` leaves the peer out).
 
 **Configs on corpus models** (``--configs ppocr_det``): :data:`CORPUS_CONFIGS` (int8, int16 activations,
 each with and without the empirical bias correction, and ``a16w16``) on the corpus entry's calibration data,

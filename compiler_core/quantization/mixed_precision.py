@@ -22,7 +22,8 @@
    so the readers of a widened tensor count too) or the latency budget; a bisection then looks for
    the longest prefix within the limits. If no prefix meets the target, units are added one by one
    after the longest prefix within the limits, each kept only if the point stays within them (a
-   costly unit is skipped, a cheaper one after it may still fit).
+   costly unit is skipped, a cheaper one after it may still fit). A cosine target is judged on the mean over
+   the held-out samples, or with ``target.statistic: worst`` on the worst sample's cosine.
 4. The chosen point is the smallest passing prefix (or, if none passes, the most accurate point
    tried); its layers become exact-name entries of ``bit.layerOverrides.activation16Bits`` /
    ``weight16Bits`` in the resolved config, with ``mixedPrecision.apply`` off, so compiling that
