@@ -111,6 +111,7 @@ class MainWindow(QMainWindow):
         guard_none_refcount()
         self.dirs = dirs or AppDirs.default()
         self.preferences = preferences or Preferences.load(self.dirs.preferences_file)
+        self.dirs.prune_untitled()
         self.runner = JobRunner(self)
         self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
@@ -551,6 +552,7 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
         pending, self._pending_model = self._pending_model, None
+        imported = pending is not None and pending is not self.project.model  # not the project's own, restored
         if pending is not None:
             self.project.model = pending
         previous, self._previous_specs = self._previous_specs, None
@@ -563,7 +565,8 @@ class MainWindow(QMainWindow):
             self._update_model_label()
         QTimer.singleShot(WARM_UP_DELAY_MS, warm_up)  # not while the graph renders: two cores only
         self.statusBar().showMessage(f"Model ready: {len(loaded.model.graph)} nodes", 5000)
-        self.mark_dirty()
+        if imported or self.fit_notes:  # an opened project, as it was, is neither edited nor autosaved
+            self.mark_dirty()
         self._outcomes["model"] = "ready"
 
     def _on_model_failed(self, error: Exception) -> None:
@@ -786,6 +789,7 @@ class MainWindow(QMainWindow):
         worker.failed.connect(self._on_sensitivity_failed)
         worker.cancelled.connect(lambda: self.run_panel.finished("Sensitivity analysis cancelled"))
         self.tabs.setCurrentIndex(2)
+        self.run_panel.started(compiling=False)  # its clock, progress and Cancel; the last run's summary stays
         self.runner.start("compile", worker)  # one heavy job at a time: it shares the compile slot
         return True
 
@@ -875,8 +879,8 @@ class MainWindow(QMainWindow):
         try:
             if self.project.writable:
                 path = self.project.save()
-            elif self.project.model is not None:
-                path = self.project.write_copy(self._autosave_path())
+            elif self.project.model is not None and (self._dirty or self._autosave_path().exists()):
+                path = self.project.write_copy(self._autosave_path())  # not for a sample opened and left as it is
                 if self.preferences.recent_projects[:1] != [str(path)]:
                     self.preferences.add_recent_project(path)
                     self._fill_recent_menus()
@@ -891,18 +895,32 @@ class MainWindow(QMainWindow):
         return path
 
     def save_project_as(self, path: str | Path) -> bool:
-        """Save the project to ``path`` (its work folder moves beside it)."""
+        """Save the project to ``path`` (its work folder moves beside it).
+
+        An untitled project's autosave and work folder go once it is saved: Recent lists the saved file only.
+        """
+        autosave = None if self.project.writable else self._autosave_path()
         try:
             saved = self.project.save(path)
         except (QBCompilerError, OSError) as error:
             dialogs.show_error(self, "Cannot save project", error)
             return False
+        if autosave is not None:
+            self._forget_autosave(autosave)
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
         return True
+
+    def _forget_autosave(self, autosave: Path) -> None:
+        """Delete a just-saved untitled project's autosave and its Recent entry (its old work folder is pruned at
+        a later start, once nothing shows it: :meth:`AppDirs.prune_untitled`)."""
+        autosave.unlink(missing_ok=True)
+        self.preferences.recent_projects = [item for item in self.preferences.recent_projects
+                                            if Path(item).resolve() != autosave.resolve()]
+        self._fill_recent_menus()
 
     def _on_save(self) -> None:
         if self.project.writable:

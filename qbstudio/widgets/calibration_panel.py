@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -49,6 +50,7 @@ from qbstudio.state.calibration import (
 )
 from qbstudio.state.project import CalibrationSource
 from qbstudio.state.settings import CompileSettings
+from qbstudio.widgets.fit import fit_width
 from qbstudio.workers import JobRunner, Worker
 
 logger = logging.getLogger(__name__)
@@ -157,9 +159,12 @@ class CalibrationPanel(QWidget):
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
-        left_widget.setMaximumWidth(460)
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)  # shrinks on short screens
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(left_widget)
+        scroll.setMaximumWidth(460)
         layout = QHBoxLayout(self)
-        layout.addWidget(left_widget)
+        layout.addWidget(scroll)
         layout.addWidget(self._preview_group(), 1)
 
     def _source_group(self) -> QGroupBox:
@@ -282,12 +287,12 @@ class CalibrationPanel(QWidget):
         layout = QVBoxLayout(group)
         top = QHBoxLayout()
         self.preview_button = QPushButton("Refresh preview", clicked=self.refresh_preview)
-        self.preview_status = QLabel("", wordWrap=True)
+        self.preview_status = fit_width(QLabel(""))
         self.fix_size_button = QPushButton(clicked=self._on_fix_size, objectName="fixSize")
         self.fix_size_button.hide()
         self._fix_size: tuple[int, int] | None = None
         top.addWidget(self.preview_button)
-        top.addWidget(self.preview_status, 1)
+        top.addStretch(1)
         top.addWidget(self.fix_size_button)
         self.warning_label = QLabel("", wordWrap=True, objectName="calibWarnings")
         self.warning_label.setTextFormat(Qt.TextFormat.RichText)
@@ -297,6 +302,7 @@ class CalibrationPanel(QWidget):
         scroll = QScrollArea(widgetResizable=True)
         scroll.setWidget(self.grid_holder)
         layout.addLayout(top)
+        layout.addWidget(self.preview_status)
         layout.addWidget(self.warning_label)
         layout.addWidget(scroll, 1)
         return group

@@ -68,9 +68,13 @@ def test_sensitivity_table_from_the_compile_menu_feeds_the_int16_list(qtbot, tmp
         assert window.act_sensitivity in window.menuBar().actions()[1].menu().actions()
         assert window.start_sensitivity()
         assert not window.start_sensitivity()  # one heavy job at a time
+        panel = window.run_panel  # its own clock and Cancel; the summary is not told a compile runs
+        assert panel.running and panel.cancel_button.isEnabled() and not panel.compile_button.isEnabled()
+        assert "Compiling" not in panel.summary.header.text()
         qtbot.waitUntil(lambda: window.sensitivity_dialog is not None and window.sensitivity_dialog.isVisible(),
                         timeout=180_000)
         assert errors == []
+        assert not panel.running and panel.stage_label.text() == "Sensitivity analysis done"
         view = window.sensitivity_dialog.view
         assert view.table.rowCount() == len(view.report["layers"]) > 5
         assert view.table.item(0, 0).text() == "1"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +203,21 @@ def test_runs_belong_to_their_model_and_a_new_model_rederives_settings(qtbot, ma
 # ---------------------------------------------------------------- 2. one state, one refresh
 
 
+def test_the_sample_opened_and_left_as_it_is_is_not_autosaved(qtbot, make_window, answers):
+    """Each `make run` opened the sample and left an autosave and a Recent entry, crowding out real projects."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    window.close()
+    assert not window.dirs.autosave_dir.exists() or not any(window.dirs.autosave_dir.iterdir())
+    assert window.preferences.recent_projects == []
+
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    window.set_device("regulus-rb")  # an edit: now there is work to recover
+    assert window.autosave() is not None
+    assert window.preferences.recent_projects == [str(window._autosave_path())]
+
+
 def test_switching_sample_model_project_new_resets_every_panel(qtbot, make_window, answers, tmp_path):
     window = make_window()
     open_sample_with_preview(qtbot, window)
@@ -266,6 +283,13 @@ def test_compile_summary_says_compiling_while_a_compile_runs(qtbot, make_window,
     assert blocker.args == ["done"], answers.errors
     assert window.run_panel.stage_label.text() == "Done"
     assert window.session.runs.latest.model_sha256 == window.session.model_sha256
+
+    done = window.session.runs.latest  # a cancelled compile shows the last run again, not "Compiling..."
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+        window.cancel_jobs()
+    assert blocker.args == ["cancelled"]
+    assert window.run_panel.summary.run is done and "Compiling" not in window.run_panel.summary.header.text()
 
 
 # ---------------------------------------------------------------- 3. no wheel edits
@@ -375,7 +399,18 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     assert window.welcome.recent.isVisibleTo(window) and window.welcome.no_recent.isHidden()
     assert window.welcome.recent.height() >= window.welcome.recent.sizeHintForRow(0)
 
-    wait_model(qtbot, window, lambda: window.open_path(recent))
+    opened = []
+    window.project_loaded.connect(lambda: opened.append(window.project.work_dir))
+    view = window.welcome.recent
+    centre = view.visualItemRect(view.item(0)).center()
+
+    def double_click() -> None:  # press, release, double-click, release: what a mouse sends
+        QTest.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=centre)
+        QTest.mouseDClick(view.viewport(), Qt.MouseButton.LeftButton, pos=centre)
+
+    wait_model(qtbot, window, double_click)
+    QApplication.processEvents()
+    assert opened == [work_dir] and answers.errors == []  # a double-click opens it once (it opened it twice)
     assert window.project.work_dir == work_dir and len(window.project.runs) == 1
     assert window.windowTitle().startswith("Untitled — model.onnx")
     assert work_dir.name not in window.windowTitle()
@@ -385,6 +420,21 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     window.close()
     assert window.isVisible()  # closing with unsaved runs asks; Cancel keeps the window
     answers.save_answer = dialogs.DISCARD
+
+    # saved under a name, the recovered project leaves Recent's autosaved entry and, later, its old folder
+    saved = window.save_project_as(tmp_path / "kept.qbproj") and tmp_path / "kept.qbproj"
+    assert saved and not Path(recent).exists()
+    assert window.preferences.recent_projects == [str(saved)]
+    assert [action.text() for action in window.recent_projects_menu.actions()] == [str(saved)]
+    mxq = Path(window.project.runs.latest.mxq_path)
+    assert mxq.is_file() and work_dir not in mxq.parents
+    assert window.dirs.prune_untitled() == []  # too recent: another window may still show it
+    old = time.time() - 7200
+    for item in [work_dir, *work_dir.rglob("*")]:
+        os.utime(item, (old, old))
+    assert window.dirs.prune_untitled() == [work_dir] and not work_dir.exists()
+    wait_model(qtbot, window, lambda: window.open_path(saved))
+    assert Path(window.project.runs.latest.mxq_path).is_file()
 
 
 # ---------------------------------------------------------------- 7. log dock
@@ -689,3 +739,35 @@ def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, 
     wait_model(qtbot, window, lambda: window.open_path(saved))
     assert window.project.model.output_names == ["boxes", "scores"]
     assert [value.name for value in window.loaded.model.graph.outputs] == ["boxes", "scores"]
+
+
+# ---------------------------------------------------------------- the window fits a laptop screen
+
+
+def test_long_errors_paths_and_notes_never_widen_the_window_past_a_laptop_screen(qtbot, make_window, answers,
+                                                                                tmp_path):
+    """A failed compile's long message, a deep MXQ path and a re-derived model's notes wrap inside the window.
+
+    They used to set the window's minimum width (2,355 px after one failure), and the calibration and sweep
+    forms its minimum height (826 px): on a 1366x768 or 1280x800 screen the window no longer fitted.
+    """
+    screen = (1280, 720)
+    window = make_window()
+    window.resize(*screen)
+    open_sample_with_preview(qtbot, window)
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb_classifier.onnx")))
+    assert "re-derived" in window.model_label.text()
+    run = fake_run(window)
+    deep = Path(run.mxq_path).parent.joinpath(*["a_deeply_nested_output_folder"] * 6, "a_long_model_name.mxq")
+    deep.parent.mkdir(parents=True)
+    deep.write_bytes(b"MXQ")
+    run.mxq_path = str(deep)
+    window.run_panel.summary.show_run(run)
+    window.run_panel.finished("Failed: " + "the model has an operator the chosen device cannot run; " * 8)
+    for index in range(window.tabs.count()):
+        window.tabs.setCurrentIndex(index)
+        QApplication.processEvents()
+        hint = window.minimumSizeHint()
+        assert hint.width() <= screen[0] and hint.height() <= screen[1], (index, hint)
+    assert window.width() <= screen[0] and window.height() <= screen[1]
+    assert "Failed" in window.run_panel.stage_label.toolTip()
