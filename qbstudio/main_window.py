@@ -60,6 +60,7 @@ from qbstudio.widgets.wheel_guard import guard_wheel
 from qbstudio.workers import JobRunner, Worker, import_modules
 
 if TYPE_CHECKING:
+    from compiler_core.progress import ProgressEvent
     from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -536,19 +537,32 @@ class MainWindow(QMainWindow):
         from qbstudio.tasks import parse_model
 
         self._pending_model = model
+        self.tabs.setCurrentIndex(0)  # where the parsed graph appears (and, until then, what the parse does)
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
-                              input_shapes=model.input_shapes, output_names=model.output_names)
+                              input_shapes=model.input_shapes, output_names=model.output_names,
+                              constant_inputs=model.constant_inputs, allow_pickle=model.allow_pickle,
+                              submodule=model.submodule,
+                              busy=f"Parsing {Path(model.path).name} ({model.backend})")
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
-    def _start_model_job(self, name: str, function: Any, *args: Any, **kwargs: Any) -> None:
+    def _start_model_job(self, name: str, function: Any, *args: Any, busy: str = "Opening the parsed model",
+                         **kwargs: Any) -> None:
         self.central.setCurrentWidget(self.tabs)
         worker = Worker(name, function, *args, **kwargs)
-        worker.progress.connect(lambda event: self.statusBar().showMessage(
-            f"{name}: {event.stage} {event.message}".strip()))
+        self.graph.show_progress(f"{busy}…")
+        worker.progress.connect(lambda event: self._show_model_progress(name, busy, event))
         worker.succeeded.connect(self._on_model_loaded)
         worker.failed.connect(self._on_model_failed)
-        worker.cancelled.connect(lambda: self.statusBar().showMessage("Model loading cancelled.", 5000))
+        worker.cancelled.connect(self._on_model_cancelled)
         self.runner.start("model", worker)
+
+    def _show_model_progress(self, name: str, busy: str, event: ProgressEvent) -> None:
+        self.statusBar().showMessage(f"{name}: {event.stage} {event.message}".strip())
+        self.graph.show_progress(f"{busy}…\n\n{event.stage}: {event.message}" if event.message else f"{busy}…")
+
+    def _on_model_cancelled(self) -> None:
+        self.graph.show_progress(None)
+        self.statusBar().showMessage("Model loading cancelled.", 5000)
 
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
         pending, self._pending_model = self._pending_model, None
@@ -572,16 +586,54 @@ class MainWindow(QMainWindow):
     def _on_model_failed(self, error: Exception) -> None:
         pending, previous = self._pending_model, self._previous_specs
         self._pending_model, self._previous_specs = None, None
-        cut_at = getattr(error, "fields", {}).get("cut_at") if isinstance(error, QBCompilerError) else None
-        if pending is not None and cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
-            def reparse() -> None:  # after the failed job has left the runner
+        retry = self._answer_for(pending, error) if pending is not None else None
+        if retry is not None:
+            def reparse() -> None:
                 self._previous_specs = previous
-                self._start_parse(replace(pending, output_names=list(cut_at)))
+                self._start_parse(retry)
 
-            QTimer.singleShot(0, reparse)
+            self._when_model_slot_free(reparse)
             return
+        self.graph.show_progress(None)
         self.statusBar().showMessage("Model import failed.", 5000)
         dialogs.show_error(self, "Cannot import model", error)
+
+    def _when_model_slot_free(self, action: Any) -> None:
+        """Call ``action`` once the failed model job has left the runner (its slot frees after this signal)."""
+        if not self.runner.is_busy("model"):
+            QTimer.singleShot(0, action)
+            return
+
+        def once(slot: str, busy: bool) -> None:
+            if slot == "model" and not busy:
+                self.runner.busy_changed.disconnect(once)
+                QTimer.singleShot(0, action)
+
+        self.runner.busy_changed.connect(once)
+
+    def _answer_for(self, pending: ModelRef, error: Exception) -> ModelRef | None:
+        """What the user gives for a parse that stopped on a question (cut the graph, inputs, pickle), or None."""
+        fields = error.fields if isinstance(error, QBCompilerError) else {}
+        cut_at, needed = fields.get("cut_at"), fields.get("inputs_needed")
+        if cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
+            return replace(pending, output_names=list(cut_at))
+        if fields.get("needs_allow_pickle") and not pending.allow_pickle and dialogs.ask_yes_no(
+                self, "Load a pickled module?",
+                f"{error.message}\n\nLoad it only if you trust where the file comes from. (A model saved with "
+                "torch.export.save as .pt2 needs no such trust.)"):
+            return replace(pending, allow_pickle=True)
+        children = fields.get("submodules")
+        if children and not pending.submodule:
+            child = dialogs.ask_submodule(self, error, children)
+            if child:  # another module, other inputs: the answers given for the whole one do not apply
+                return replace(pending, submodule=child, input_shapes={}, constant_inputs={})
+        if needed:
+            answer = dialogs.ask_model_inputs(self, needed, Path(pending.path).name, error)
+            if answer is not None:
+                shapes, constants = answer
+                return replace(pending, input_shapes={**pending.input_shapes, **shapes},
+                               constant_inputs={**pending.constant_inputs, **constants})
+        return None
 
     def _specs(self) -> list:
         if self.loaded is None:

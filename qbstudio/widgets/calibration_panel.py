@@ -479,9 +479,11 @@ class CalibrationPanel(QWidget):
         self._clear_grid()
         message = getattr(error, "message", str(error))
         self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
-        self.count_label.setText("—")
-        self.warning_label.setText("")
         size = getattr(error, "fields", {}).get("resize_to")
+        files = getattr(error, "fields", {}).get("files") or []
+        # a size mismatch lists every image: they were found, only not at the model's size
+        self.count_label.setText(f"{len(files)} image(s), not at the model's input size" if size and files else "—")
+        self.warning_label.setText("")
         self._offer_size_fix(tuple(size) if size else None)
         self.preview_failed.emit(error)
         if self._report_errors and size is None:  # a size mismatch is said here, with its one-click fix

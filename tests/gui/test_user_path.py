@@ -23,7 +23,7 @@ pytest.importorskip("PySide6.QtWebEngineWidgets")
 from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
 from test_parse import detector_with_nms  # noqa: E402  (the Conv -> boxes, scores -> NMS model)
 
 from qbstudio import dialogs  # noqa: E402
@@ -771,3 +771,144 @@ def test_long_errors_paths_and_notes_never_widen_the_window_past_a_laptop_screen
         assert hint.width() <= screen[0] and hint.height() <= screen[1], (index, hint)
     assert window.width() <= screen[0] and window.height() <= screen[1]
     assert "Failed" in window.run_panel.stage_label.toolTip()
+
+
+# ---------------------------------------------------------------- frontends whose libraries clash with Chromium
+
+KERAS_MODEL = """
+import sys, keras
+inputs = keras.Input((16, 16, 3), batch_size=1)
+hidden = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(hidden))
+keras.Model(inputs, outputs).save(sys.argv[1])
+"""
+
+
+def test_a_keras_model_imports_without_taking_tensorflow_into_the_workbench(qtbot, make_window, answers, tmp_path):
+    """Importing TensorFlow where the graph view's Chromium runs ended the workbench with a segmentation fault
+    (every Keras or SavedModel import); the parse runs in a child process, so TensorFlow never loads here."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("tensorflow") is None:  # not importorskip: importing it here would hide the crash
+        pytest.skip("TensorFlow is not installed (the tf extra)")
+
+    source = tmp_path / "small.keras"
+    subprocess.run([sys.executable, "-c", KERAS_MODEL, str(source)], check=True, capture_output=True, timeout=300)
+    had_tensorflow = "tensorflow" in sys.modules  # another test of this worker may have imported it
+    window = make_window()
+    window.tabs.setCurrentIndex(3)
+    placeholder = window.graph.findChild(QLabel, "graphPlaceholder")
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT_MS):
+        assert window.import_model(source)
+        assert window.tabs.currentIndex() == 0  # the Graph tab says what the parse does until the graph comes
+        assert placeholder.isVisible() and placeholder.text().startswith("Parsing small.keras (tf)")
+    qtbot.waitUntil(lambda: window.graph.is_ready, timeout=TIMEOUT_MS)
+    assert answers.errors == []
+    assert "Conv" in [node.op_type for node in window.loaded.model.graph]
+    assert ("tensorflow" in sys.modules) == had_tensorflow
+
+
+# ---------------------------------------------------------------- torch files that need inputs or trust
+
+def scripted_tensor_and_int(path: Path) -> Path:
+    """A TorchScript module whose forward takes a tensor and an int (like Silero VAD's ``x, sr``)."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(1, 4, 3)
+
+        def forward(self, x: torch.Tensor, sr: int) -> torch.Tensor:
+            return self.conv(x.unsqueeze(1)) * (sr / 16000)
+
+    torch.jit.script(Scaled()).save(str(path))
+    return path
+
+
+def test_torchscript_and_pickled_modules_ask_for_their_inputs_and_trust(qtbot, make_window, answers, monkeypatch,
+                                                                       tmp_path):
+    """The GUI answered "give tensors in feed_dict" (an API word) and stopped; it now asks for the tensor shapes
+    and scalar values forward needs, and whether to trust a pickled module, and keeps the answers."""
+    pytest.importorskip("torch")
+    import torch
+
+    asked = []
+
+    def inputs(_parent, needed, model_name, _error):
+        asked.append((model_name, [(item["name"], item["type"]) for item in needed]))
+        return {"x": [1, 64]}, {"sr": 16000}
+
+    monkeypatch.setattr(dialogs, "ask_model_inputs", inputs)
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(scripted_tensor_and_int(tmp_path / "vad_like.jit")))
+    assert asked == [("vad_like.jit", [("x", "Tensor"), ("sr", "int")])] and answers.errors == []
+    assert window.project.model.input_shapes == {"x": [1, 64]}
+    assert window.project.model.constant_inputs == {"sr": 16000}
+    assert [value.name for value in window.loaded.model.graph.inputs] == ["x"]
+    saved = tmp_path / "vad.qbproj"
+    assert window.save_project_as(saved)
+    wait_model(qtbot, window, lambda: window.open_path(saved))
+    assert window.project.model.constant_inputs == {"sr": 16000}
+
+    trusted = []
+    monkeypatch.setattr(dialogs, "ask_yes_no", lambda _parent, title, _text: trusted.append(title) or True)
+    monkeypatch.setattr(dialogs, "ask_model_inputs",
+                        lambda _parent, needed, _name, _error: asked.append([i["name"] for i in needed])
+                        or ({"input": [1, 3, 16, 16]}, {}))
+    pickled = tmp_path / "whole_module.pt"
+    torch.save(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()), pickled)
+    answers.import_choice = dialogs.IMPORT_NEW
+    wait_model(qtbot, window, lambda: window.import_model(pickled))
+    assert trusted == ["Load a pickled module?"] and asked[-1] == ["input"] and answers.errors == []
+    assert window.project.model.allow_pickle and window.project.model.input_shapes == {"input": [1, 3, 16, 16]}
+
+
+def test_the_model_inputs_dialog_takes_shapes_and_numbers_only(qtbot):
+    dialog = dialogs.ModelInputsDialog([{"name": "x", "type": "Tensor"}, {"name": "sr", "type": "int"}], None,
+                                       "vad.jit", "forward(x: Tensor, sr: int): ...")
+    qtbot.addWidget(dialog)
+    ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+    assert not ok.isEnabled() and dialog.problem.text() == ""  # nothing typed yet: no complaint
+    dialog.fields["x"].setText("1, five")
+    assert not ok.isEnabled() and "x: expected a shape" in dialog.problem.text()
+    dialog.fields["x"].setText("1, 576")
+    dialog.fields["sr"].setText("16 kHz")
+    assert not ok.isEnabled() and dialog.problem.text() == "sr: expected a number (int)"
+    dialog.fields["sr"].setText("16000")
+    assert ok.isEnabled() and dialog.answers() == ({"x": [1, 576]}, {"sr": 16000})
+
+
+def test_silero_vad_torchscript_is_imported_through_its_stateless_submodule(qtbot, make_window, answers,
+                                                                           monkeypatch):
+    """The real Silero VAD TorchScript file: its top-level forward (state kept in Python) does not convert; the
+    workbench offers its submodules, then asks the chosen one's inputs (the GUI had no way to either)."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None:
+        pytest.skip("silero-vad is not installed (notes/test-data.md)")
+    source = Path(spec.submodule_search_locations[0]) / "data" / "silero_vad.jit"
+    asked = []
+    shapes = {"x": [1, 576], "state": [2, 1, 128]}
+
+    def inputs(_parent, needed, _name, _error):
+        asked.append([item["name"] for item in needed])
+        return ({item["name"]: shapes[item["name"]] for item in needed if item["name"] in shapes},
+                {item["name"]: 16000 for item in needed if item["name"] == "sr"})
+
+    offered = []
+    monkeypatch.setattr(dialogs, "ask_model_inputs", inputs)
+    monkeypatch.setattr(dialogs, "ask_submodule", lambda _parent, _error, children: offered.append(children) or
+                        "_model")
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(source))
+    assert answers.errors == [] and offered == [["_model", "_model_8k"]]
+    assert asked == [["x", "sr"], ["x", "state"]] and window.project.model.submodule == "_model"
+    assert window.project.model.input_shapes == shapes  # the LSTM state, optional in forward, given too
+    assert [value.name for value in window.loaded.model.graph.inputs][:1] == ["x"]
+    readiness = window.readiness()  # its STFT Conv runs on the host: offload is offered, as for the ONNX export
+    assert readiness.ok or readiness.offload_helps, readiness.reason
