@@ -13,7 +13,10 @@ number). Peak memory is the subprocess's own peak resident set size, the kernel'
 high-water mark ``VmHWM`` from ``/proc/self/status`` (so it covers C++ and Python allocations alike;
 not tracemalloc, not ``ru_maxrss``, which on Linux carries the parent's peak across ``exec``), reported
 whole and as the growth over the post-import high-water mark. Medians of
-the runs are shown with the ratios ours / onnxsim (below 1 is better for us).
+the runs are shown with the ratios ours / onnxsim (below 1 is better for us), and the minimum CPU time
+of each tool: other processes on a shared machine only ever add time (cache and scheduler
+interference), so the minimum is the least noisy estimate of the work itself. The runs of the two
+tools are interleaved (ours, onnxsim, ours, ...) so that a burst of load hits both alike.
 
 onnxsim gets the same information as our parser: the pinned input shapes (``overwrite_input_shapes``)
 and the constant inputs folded in as initializers; ``check_n=0`` so it does not run onnxruntime.
@@ -265,14 +268,19 @@ def benchmark(model_name: str, runs: int) -> dict:
     is_onnx = spec["backend"] == "onnx"
     result = {"model": model_name, "backend": spec["backend"],
               "nodes_before": count_nodes(onnx.load(spec["source"]).graph) if is_onnx else None}
-    for tool in TOOLS if is_onnx else TOOLS[:1]:
-        records = [measure(tool, spec) for _ in range(runs)]
-        errors = [r["error"] for r in records if "error" in r]
+    tools = TOOLS if is_onnx else TOOLS[:1]
+    records: dict[str, list[dict]] = {tool: [] for tool in tools}
+    for _ in range(runs):  # interleaved: a burst of load on the machine hits both tools alike
+        for tool in tools:
+            records[tool].append(measure(tool, spec))
+    for tool in tools:
+        errors = [r["error"] for r in records[tool] if "error" in r]
         if errors:
             result[tool] = {"error": errors[0]}
             continue
-        result[tool] = {key: statistics.median(r[key] for r in records)
+        result[tool] = {key: statistics.median(r[key] for r in records[tool])
                         for key in ("seconds", "cpu_s", "peak_rss_mb", "growth_mb", "nodes_after")}
+        result[tool]["min_cpu_s"] = min(r["cpu_s"] for r in records[tool])
     return result
 
 
@@ -289,7 +297,7 @@ def _cell(record: dict | None, key: str, width: int, digits: int) -> str:
 def format_table(results: list[dict]) -> str:
     """Plain-text table, one row per model (onnxsim columns ``-`` where the source is not ONNX)."""
     header = (f"{'model':<28}{'backend':<12}{'nodes':>7}{'ours':>7}{'sim':>7}  {'ours s':>7}{'sim s':>7}{'ratio':>7}  "
-              f"{'our cpu':>8}{'sim cpu':>8}{'ratio':>7}  {'ours MB':>8}{'sim MB':>8}{'ratio':>7}  {'ours +MB':>9}{'sim +MB':>9}{'ratio':>7}")
+              f"{'our cpu':>8}{'sim cpu':>8}{'ratio':>7}  {'our min':>8}{'sim min':>8}{'ratio':>7}  {'ours MB':>8}{'sim MB':>8}{'ratio':>7}  {'ours +MB':>9}{'sim +MB':>9}{'ratio':>7}")
     rows = [header, "-" * len(header)]
     for result in results:
         ours, sim = result["ours"], result.get("onnxsim")
@@ -301,6 +309,7 @@ def format_table(results: list[dict]) -> str:
         rows.append(f"{prefix}{_cell(ours, 'nodes_after', 7, 0)}{_cell(sim, 'nodes_after', 7, 0)}  "
                     f"{_cell(ours, 'seconds', 7, 2)}{_cell(sim, 'seconds', 7, 2)}{_ratio(result, 'seconds'):>7}  "
                     f"{_cell(ours, 'cpu_s', 8, 2)}{_cell(sim, 'cpu_s', 8, 2)}{_ratio(result, 'cpu_s'):>7}  "
+                    f"{_cell(ours, 'min_cpu_s', 8, 2)}{_cell(sim, 'min_cpu_s', 8, 2)}{_ratio(result, 'min_cpu_s'):>7}  "
                     f"{_cell(ours, 'peak_rss_mb', 8, 0)}{_cell(sim, 'peak_rss_mb', 8, 0)}"
                     f"{_ratio(result, 'peak_rss_mb'):>7}  {_cell(ours, 'growth_mb', 9, 0)}"
                     f"{_cell(sim, 'growth_mb', 9, 0)}{_ratio(result, 'growth_mb'):>7}")
@@ -311,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(catalogue()))
-    parser.add_argument("--runs", type=int, default=3, help="fresh-process measurements per tool (median)")
+    parser.add_argument("--runs", type=int, default=3, help="fresh-process measurements per tool (median and minimum)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--child", nargs=2, metavar=("TOOL", "SPEC_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -329,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(benchmark(name, args.runs))
         except realmodels.RealModelUnavailable as error:
             print(f"{name}: skipped ({error})", file=sys.stderr)
-    print(f"parse benchmark, median of {args.runs} fresh processes per cell; time = load + transform + save "
-          "(s = wall, cpu = user + system CPU seconds of the child); MB = peak RSS (VmHWM), +MB = growth over "
+    print(f"parse benchmark, median of {args.runs} fresh processes per cell (interleaved ours/onnxsim; min = minimum "
+          "CPU time); time = load + transform + save (s = wall, cpu = user + system CPU seconds of the child); MB = peak RSS (VmHWM), +MB = growth over "
           "the post-import peak; onnxsim only for ONNX sources")
     print(format_table(results))
     if args.json:

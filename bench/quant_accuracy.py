@@ -32,20 +32,24 @@ us); a cached mode switch is shown as a percentage of our first run.
 Usage: ``python bench/quant_accuracy.py [--samples 256] [--eval 40 | --held-out 300] [--runs 1]
 [--executor golden|qdq] [--json out.json]``.
 
-**Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, the
-corpus entry's real calibration data (``tests/corpus.py``: ``N_CALIB`` samples, plus ``--amp-holdout``
-more calibration-split samples on which the search checks its target) and the corpus's own held-out
-samples (other scenes / pages / the scikit-image text photo), which judge every row:
+**Automatic mixed precision on corpus models** (``--amp ppocr_det,hand_landmark,...``): per model, three splits
+(:func:`amp_splits`): calibration (the corpus entry's ``N_CALIB`` real samples, ``tests/corpus.py``), search
+(``--amp-holdout`` more calibration-split samples on which the search checks its target; the manifest puts them
+exactly where the compiler's ``analysisHoldout`` takes its held-out samples, so every tool calibrates on the same
+samples) and held out (the corpus's own held-out samples: other scenes / pages / the scikit-image text photo),
+which judge every row. Text detectors (:data:`EXTRA_DATA`) get photos with text in every split
+(``tests/text_photos.py``, :data:`TEXT_PHOTOS`; each split from its own photographs). The rows:
 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
 - ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
-- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99,
-  ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config arguments): int16 layers,
-  their share, estimated latency change on aries-rb, points tried, search time;
+- ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99, on the mean
+  or ``--amp-statistic worst`` sample, ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config
+  arguments): int16 layers, their share, estimated latency change on aries-rb, points tried, search time;
 - onnxruntime ``quantize_static`` (QDQ, int8) with MinMax (per-channel and per-tensor weights), Percentile and
   Entropy (per tensor) calibration on the same calibration samples (single-input float models only).
 
-Every row shows the per-sample cosines too; the report records the load average at the start and the end.
+Every row shows the mean, the minimum and the per-sample cosines; the report records the samples and distinct
+sources of each split and the load average at the start and the end (``--skip-onnxruntime`` leaves the peer out).
 
 **Configs on corpus models** (``--configs ppocr_det``): :data:`CORPUS_CONFIGS` (int8, int16 activations,
 each with and without the empirical bias correction, and ``a16w16``) on the corpus entry's calibration data,
@@ -310,6 +314,75 @@ def _per_sample(reference, test) -> list[float]:
     return [worst_cosine([r], [t]) for r, t in zip(reference, test)]
 
 
+TEXT_PHOTOS = {"calib": 8, "search": 4, "eval": 6}
+"""Photos with text (``tests/text_photos.py``) added to each split of a text detector's data by ``--amp``."""
+EXTRA_DATA = {"ppocr_det": "imagenet"}
+"""Corpus models whose ``--amp`` splits get :data:`TEXT_PHOTOS` (value: the corpus feed's pixel normalization)."""
+
+
+SPLIT_OF = {"calibration": "calib", "search": "search", "held_out": "eval"}
+"""The ``text_photos`` split of each ``--amp`` split."""
+
+
+def amp_splits(name: str, specs, holdout: int) -> tuple[dict[str, list], dict[str, dict]]:
+    """The three splits of ``--amp`` for corpus model ``name`` (parsed inputs ``specs``): ``calibration``,
+    ``search`` (``holdout`` more calibration-split samples the search judges its target on) and ``held_out`` (the
+    corpus's own held-out samples), each with the photos with text of :data:`TEXT_PHOTOS` for an
+    :data:`EXTRA_DATA` model; and per split, what its samples are and how many distinct sources they come from."""
+    import corpus
+    import text_photos
+
+    entry = corpus.corpus_by_name()[name]
+    n_calib = corpus.N_CALIB
+    corpus.N_CALIB = n_calib + holdout  # the feeds size their calibration pools from it
+    try:
+        pages = [entry.feed(specs, "calib", i) for i in range(corpus.N_CALIB)]
+    finally:
+        corpus.N_CALIB = n_calib
+    splits = {"calibration": pages[:n_calib], "search": pages[n_calib:],
+              "held_out": [entry.feed(specs, "eval", i) for i in range(corpus.N_EVAL)]}
+    sources = {"calibration": {"corpus samples": n_calib}, "search": {"corpus samples": holdout},
+               "held_out": {"corpus samples": corpus.N_EVAL}}
+    norm = EXTRA_DATA.get(name)
+    if norm is None:
+        return splits, sources
+    spec = corpus._only(specs)
+    height, width = spec.shape[1:3] if corpus._is_nhwc(spec.shape) else spec.shape[2:4]
+    for part, split in SPLIT_OF.items():
+        photos = [{spec.name: corpus.image_tensor(text_photos.text_photo(split, i, width, height), spec, norm)}
+                  for i in range(TEXT_PHOTOS[split])]
+        splits[part] = _interleave(splits[part], photos) if part == "calibration" else splits[part] + photos
+        sources[part].update({"photos with text": len(photos),
+                              "distinct photographs": text_photos.distinct_photos(split)})
+    return splits, sources
+
+
+def _interleave(first: list, second: list) -> list:
+    """``first`` and ``second`` alternated (the rest of the longer one at the end): the sensitivity analysis
+    ranks layers on the first calibration samples, which then hold both kinds."""
+    merged = [item for pair in zip(first, second) for item in pair]
+    return merged + first[len(second):] + second[len(first):]
+
+
+def search_positions(total: int, holdout: int) -> list[int]:
+    """The manifest positions the compiler holds out (``analysisHoldout``) from ``total`` samples: the search split
+    goes exactly there, so that ours and onnxruntime calibrate on the same samples."""
+    from compiler_core.calibration.dataset import CalibrationDataset
+
+    held = CalibrationDataset([], list(range(total)), "bench", {}, []).split(holdout)[1]
+    return list(held.samples)
+
+
+def amp_manifest(folder: Path, calibration: list, search: list) -> Path:
+    """A calibration manifest with ``search`` at :func:`search_positions` and ``calibration`` elsewhere, in order."""
+    import corpus
+
+    total = len(calibration) + len(search)
+    positions = set(search_positions(total, len(search)))
+    pools = (iter(calibration), iter(search))
+    return corpus.write_manifest(folder, [next(pools[index in positions]) for index in range(total)])
+
+
 def run_amp_model(name: str, args, folder: Path) -> dict:
     import corpus
 
@@ -320,20 +393,17 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     mblt = mblt_compile(source, folder / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
                         constant_inputs=entry.constant_inputs or None)
     specs = corpus._mblt_inputs(mblt)
-    evaluation = [entry.feed(specs, "eval", i) for i in range(corpus.N_EVAL)]
-    n_calib = corpus.N_CALIB
-    corpus.N_CALIB = n_calib + args.amp_holdout  # the feeds size their calibration pools from it
-    try:
-        calib = [entry.feed(specs, "calib", i) for i in range(corpus.N_CALIB)]
-    finally:
-        corpus.N_CALIB = n_calib
-    manifest = corpus.write_manifest(folder / f"{name}_calib", calib)
+    splits, sources = amp_splits(name, specs, args.amp_holdout)
+    calib, evaluation = splits["calibration"], splits["held_out"]
+    manifest = amp_manifest(folder / f"{name}_calib", calib, splits["search"])
+    print(name, "splits", json.dumps(sources), flush=True)
     reference = ort_outputs(mblt, evaluation)
-    common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": args.amp_holdout,
-              "calibration_config": {"numSamples": corpus.N_CALIB}}
+    holdout = len(splits["search"])
+    common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": holdout,
+              "calibration_config": {"numSamples": len(calib)}}
     rows = {}
     for label, extra in (("ours int8", {}), ("ours int8, zero points", {"calibration_config": {
-            "numSamples": corpus.N_CALIB, "method": 2}})):
+            "numSamples": len(calib), "method": 2}})):
         started = time.perf_counter()
         int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **{**common, **extra})
         test = mxq_outputs(int8.mxq_path, evaluation)
@@ -344,7 +414,8 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     kind, _, value = args.amp_target.partition("=")
     started = time.perf_counter()
     amp = mxq_compile(mblt, save_path=folder / f"{name}_amp.mxq", mixed_precision_config={
-        "apply": True, "target": {"kind": kind, "value": float(value)}, "maxInt16Fraction": args.amp_fraction,
+        "apply": True, "target": {"kind": kind, "value": float(value), "statistic": args.amp_statistic},
+        "maxInt16Fraction": args.amp_fraction, "sensitivitySamples": args.amp_sensitivity_samples,
         "latencyBudget": args.amp_budget}, **{**common, **json.loads(args.amp_config)})
     mixed = amp.mixed_precision
     chosen = mixed["points"][mixed["chosen"]]
@@ -360,9 +431,10 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
                                                           "latency_increase", "zero_points", "pareto", "chosen")}
                                   for p in mixed["points"]]}
     print(name, "ours AMP", json.dumps(rows["ours AMP"]), flush=True)
-    if len(specs) == 1 and source.suffix == ".onnx":
+    rows["splits"] = sources
+    if len(specs) == 1 and source.suffix == ".onnx" and not args.skip_onnxruntime:
         source = _pinned(source, entry.input_shape_dict, folder / f"{name}_pinned.onnx")
-        ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib[:corpus.N_CALIB]]
+        ort_calib = [{_source_input(source): s[specs[0].name]} for s in calib]
         ort_eval = [{_source_input(source): s[specs[0].name]} for s in evaluation]
         rows.update(run_ort_rows(source, ort_calib, ort_eval, reference, folder))
     return rows
@@ -463,29 +535,32 @@ def _source_input(source: Path) -> str:
 
 
 def print_amp(report: dict) -> None:
-    print(f"\nAutomatic mixed precision, target {report['target']} on {report['holdout']} calibration-split samples, "
-          f"judged on the corpus's {report['eval']} held-out samples (aries-rb); {report['calibration']} calibration "
-          f"samples; AMP config {report['amp_config']}; load average {report['load'][0]:.1f} at the start, "
+    print(f"\nAutomatic mixed precision, target {report['target']} on the search split, judged on the held-out split "
+          f"(aries-rb); AMP config {report['amp_config']}; load average {report['load'][0]:.1f} at the start, "
           f"{report['load'][1]:.1f} at the end")
-    print(f"{'model':18s} {'tool':34s} {'cosine':>8s} {'per sample':>28s} {'int16':>9s} {'est. lat.':>9s} "
+    for model, rows in report["models"].items():
+        for part, counts in rows.get("splits", {}).items():
+            print(f"{model:18s} {part:12s} " + ", ".join(f"{value} {key}" for key, value in counts.items()))
+    print(f"{'model':18s} {'tool':34s} {'cosine':>8s} {'min':>6s} {'per sample':>60s} {'int16':>9s} {'est. lat.':>9s} "
           f"{'points':>6s} {'seconds':>8s}")
     for model, rows in report["models"].items():
         for tool, row in rows.items():
+            if tool == "splits":
+                continue
             if "error" in row:
                 print(f"{model:18s} {tool:34s} {row['error']}")
                 continue
             share = f"{row['int16_layers']} {row['int16_fraction']:4.0%}" if "int16_layers" in row else ""
             latency = f"{row['latency_increase']:+.1%}" if "latency_increase" in row else ""
             samples = " ".join(f"{value:.3f}" for value in row.get("per_sample", []))
-            print(f"{model:18s} {tool:34s} {row['cosine']:8.4f} {samples:>28s} {share:>9s} {latency:>9s} "
+            worst = float(np.nanmin(row["per_sample"])) if row.get("per_sample") else float("nan")
+            print(f"{model:18s} {tool:34s} {row['cosine']:8.4f} {worst:6.3f} {samples:>60s} {share:>9s} {latency:>9s} "
                   f"{row.get('points', ''):>6} {row['seconds']:8.1f}")
 
 
 def main_amp(args) -> None:
-    import corpus
-
-    report = {"target": args.amp_target, "holdout": args.amp_holdout, "calibration": corpus.N_CALIB,
-              "eval": corpus.N_EVAL, "amp_config": args.amp_config, "models": {}, "load": [os.getloadavg()[0]]}
+    report = {"target": f"{args.amp_target} ({args.amp_statistic})", "amp_config": args.amp_config, "models": {},
+              "load": [os.getloadavg()[0]]}
     with tempfile.TemporaryDirectory(prefix="bench-amp-") as scratch:
         for name in args.amp.split(","):
             os.environ.setdefault("QBCOMPILER_CACHE_DIR", str(Path(scratch) / "cache"))
@@ -515,6 +590,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--amp-fraction", type=float, default=0.25, help="maxInt16Fraction (default 0.25)")
     parser.add_argument("--configs", metavar="NAMES", help="CORPUS_CONFIGS on these corpus models instead")
     parser.add_argument("--amp-budget", type=float, default=0.15, help="latency budget (default 0.15)")
+    parser.add_argument("--amp-statistic", choices=("mean", "worst"), default="mean",
+                        help="AMP cosine target on the mean of the search samples or on the worst one")
+    parser.add_argument("--amp-sensitivity-samples", type=int, default=2,
+                        help="calibration samples the AMP sensitivity ranking runs on (default 2)")
+    parser.add_argument("--skip-onnxruntime", action="store_true", help="--amp without the onnxruntime rows")
     return parser.parse_args()
 
 

@@ -460,6 +460,8 @@ def _mixed_precision_option(args: argparse.Namespace) -> dict[str, Any] | None:
     for key, name in (("maxInt16Fraction", "max_int16_fraction"), ("latencyBudget", "latency_budget")):
         if getattr(args, name, None) is not None:
             section[key] = getattr(args, name)
+    if getattr(args, "mixed_precision_statistic", None):
+        section.setdefault("target", {})["statistic"] = args.mixed_precision_statistic
     return section or None
 
 
@@ -580,7 +582,8 @@ def _compile_text(payload: dict[str, Any]) -> str:
     mixed = payload.get("mixed_precision")
     if mixed:
         target = mixed["target"]
-        lines.append(f"  mixed precision: {target['kind']} >= {target['value']} "
+        worst = " (worst sample)" if target.get("statistic") == "worst" else ""
+        lines.append(f"  mixed precision: {target['kind']}{worst} >= {target['value']} "
                      f"{'met' if mixed['target_met'] else 'NOT met'} ({mixed['metric']:.5f}) with "
                      f"{mixed['int16_layers']} int16 layer(s) ({mixed['int16_fraction']:.0%}), estimated latency "
                      f"{mixed['latency_increase']:+.1%}; {mixed['points_tried']} points tried")
@@ -719,6 +722,9 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
                         help="mixed precision: largest share of int16 layers (default 0.25)")
     parser.add_argument("--latency-budget", type=float, metavar="F",
                         help="mixed precision: largest estimated latency increase (0.15 = +15 %%)")
+    parser.add_argument("--mixed-precision-statistic", choices=["mean", "worst"],
+                        help="mixed precision, cosine target: mean over the held-out samples (default) or the worst "
+                             "sample's")
 
 
 def build_parser() -> argparse.ArgumentParser:

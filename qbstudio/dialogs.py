@@ -17,13 +17,21 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QLabel,
+    QLineEdit,
     QMessageBox,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from qbstudio.state.shapes import InputShape, dynamic_dim_keys, resolve_shapes, suggest_dims
+from qbstudio.state.shapes import (
+    InputShape,
+    dynamic_dim_keys,
+    is_scalar_type,
+    read_input_answer,
+    resolve_shapes,
+    suggest_dims,
+)
 from qbstudio.widgets.wheel_guard import guard_wheel
 
 logger = logging.getLogger(__name__)
@@ -108,6 +116,104 @@ def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str
     cut = box.addButton("Import up to these tensors", QMessageBox.ButtonRole.AcceptRole)
     box.setDefaultButton(cut)
     return box, cut
+
+
+class ModelInputsDialog(QDialog):
+    """Asks for what a torch or TorchScript ``forward`` needs to be traced: each tensor's shape, each scalar's value.
+
+    Args:
+        needed: ``{"name", "type", "optional"}`` of each parameter (the error's ``inputs_needed``); an optional
+            one (it has a default in forward) may be left empty.
+        parent: Parent widget.
+        model_name: The model's file name.
+        signature: The error's hint, which shows ``forward``'s signature.
+    """
+
+    def __init__(self, needed: list[dict[str, str]], parent: QWidget | None = None, model_name: str = "",
+                 signature: str = "") -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Model inputs")
+        self.setMinimumWidth(520)
+        self._needed = needed
+        self.fields: dict[str, QLineEdit] = {}
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel(f"To trace <b>{html.escape(model_name)}</b>, the compiler runs its forward once. "
+                                "Give the shape of each tensor input and the value of each number (numbers become "
+                                "constants of the graph):", wordWrap=True))
+        form = QFormLayout()
+        for item in needed:
+            scalar = is_scalar_type(item["type"])
+            field = QLineEdit(objectName=f"input:{item['name']}")
+            field.setPlaceholderText(("optional: " if item.get("optional") else "")
+                                     + (f"a value ({item['type']})" if scalar else "shape, e.g. 1, 3, 224, 224"))
+            field.textChanged.connect(self._validate)
+            self.fields[item["name"]] = field
+            form.addRow(QLabel(f"<b>{html.escape(item['name'])}</b> <small>({html.escape(item['type'])})</small>"),
+                        field)
+        layout.addLayout(form)
+        if signature:
+            layout.addWidget(QLabel(f"<small>{html.escape(signature)}</small>", wordWrap=True))
+        self.problem = QLabel(objectName="inputsProblem", styleSheet="color: #c62828;", wordWrap=True)
+        layout.addWidget(self.problem)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        self._validate()
+
+    def answers(self) -> tuple[dict[str, list[int]], dict[str, Any]]:
+        """``(shapes of the tensor inputs, values of the scalar inputs)``.
+
+        Raises:
+            ValueError: a field does not hold what its type needs (the message names the input).
+        """
+        shapes: dict[str, list[int]] = {}
+        constants: dict[str, Any] = {}
+        for item in self._needed:
+            text = self.fields[item["name"]].text()
+            if item.get("optional") and not text.strip():
+                continue  # forward's default (a tensor input with a default value may also be given)
+            try:
+                value = read_input_answer(item["type"], text)
+            except ValueError as error:
+                raise ValueError(f"{item['name']}: expected {error}") from None
+            (shapes if isinstance(value, list) else constants)[item["name"]] = value
+        return shapes, constants
+
+    def _validate(self) -> None:
+        try:
+            self.answers()
+        except ValueError as error:  # said once something is typed; OK waits for every field
+            typed = any(field.text().strip() for field in self.fields.values())
+            self.problem.setText(str(error) if typed else "")
+            self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(False)
+            return
+        self.problem.setText("")
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(True)
+
+
+def ask_model_inputs(parent: QWidget | None, needed: list[dict[str, str]], model_name: str, error: BaseException
+                     ) -> tuple[dict[str, list[int]], dict[str, Any]] | None:
+    """Show :class:`ModelInputsDialog`: ``(shapes, scalar values)``, or None if cancelled."""
+    dialog = ModelInputsDialog(needed, parent, model_name, getattr(error, "hint", ""))
+    if dialog.exec() != QDialog.DialogCode.Accepted:
+        return None
+    return dialog.answers()
+
+
+def ask_submodule(parent: QWidget | None, error: BaseException, children: list[str]) -> str | None:
+    """A TorchScript module that does not convert as a whole: compile one of its ``children`` instead?"""
+    message, _, details = error_parts(error)
+    box = QMessageBox(QMessageBox.Icon.Question, "Import model", html.escape(message),
+                      QMessageBox.StandardButton.Cancel, parent)
+    box.setInformativeText("A forward that keeps state in attributes or checks its inputs in Python does not "
+                           "convert. Compile one of its submodules instead (often the stateless network inside; "
+                           "the command line does the same with <code>--submodule NAME</code>):")
+    if details:
+        box.setDetailedText(details)
+    buttons = {box.addButton(name, QMessageBox.ButtonRole.AcceptRole): name for name in children}
+    box.exec()
+    return buttons.get(box.clickedButton())
 
 
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:

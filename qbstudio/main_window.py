@@ -60,6 +60,7 @@ from qbstudio.widgets.wheel_guard import guard_wheel
 from qbstudio.workers import JobRunner, Worker, import_modules
 
 if TYPE_CHECKING:
+    from compiler_core.progress import ProgressEvent
     from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class MainWindow(QMainWindow):
         guard_none_refcount()
         self.dirs = dirs or AppDirs.default()
         self.preferences = preferences or Preferences.load(self.dirs.preferences_file)
+        self.dirs.prune_untitled()
         self.runner = JobRunner(self)
         self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
@@ -535,22 +537,36 @@ class MainWindow(QMainWindow):
         from qbstudio.tasks import parse_model
 
         self._pending_model = model
+        self.tabs.setCurrentIndex(0)  # where the parsed graph appears (and, until then, what the parse does)
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
-                              input_shapes=model.input_shapes, output_names=model.output_names)
+                              input_shapes=model.input_shapes, output_names=model.output_names,
+                              constant_inputs=model.constant_inputs, allow_pickle=model.allow_pickle,
+                              submodule=model.submodule,
+                              busy=f"Parsing {Path(model.path).name} ({model.backend})")
         self.statusBar().showMessage(f"Parsing {Path(model.path).name} ({model.backend})…")
 
-    def _start_model_job(self, name: str, function: Any, *args: Any, **kwargs: Any) -> None:
+    def _start_model_job(self, name: str, function: Any, *args: Any, busy: str = "Opening the parsed model",
+                         **kwargs: Any) -> None:
         self.central.setCurrentWidget(self.tabs)
         worker = Worker(name, function, *args, **kwargs)
-        worker.progress.connect(lambda event: self.statusBar().showMessage(
-            f"{name}: {event.stage} {event.message}".strip()))
+        self.graph.show_progress(f"{busy}…")
+        worker.progress.connect(lambda event: self._show_model_progress(name, busy, event))
         worker.succeeded.connect(self._on_model_loaded)
         worker.failed.connect(self._on_model_failed)
-        worker.cancelled.connect(lambda: self.statusBar().showMessage("Model loading cancelled.", 5000))
+        worker.cancelled.connect(self._on_model_cancelled)
         self.runner.start("model", worker)
+
+    def _show_model_progress(self, name: str, busy: str, event: ProgressEvent) -> None:
+        self.statusBar().showMessage(f"{name}: {event.stage} {event.message}".strip())
+        self.graph.show_progress(f"{busy}…\n\n{event.stage}: {event.message}" if event.message else f"{busy}…")
+
+    def _on_model_cancelled(self) -> None:
+        self.graph.show_progress(None)
+        self.statusBar().showMessage("Model loading cancelled.", 5000)
 
     def _on_model_loaded(self, loaded: LoadedModel) -> None:
         pending, self._pending_model = self._pending_model, None
+        imported = pending is not None and pending is not self.project.model  # not the project's own, restored
         if pending is not None:
             self.project.model = pending
         previous, self._previous_specs = self._previous_specs, None
@@ -563,22 +579,61 @@ class MainWindow(QMainWindow):
             self._update_model_label()
         QTimer.singleShot(WARM_UP_DELAY_MS, warm_up)  # not while the graph renders: two cores only
         self.statusBar().showMessage(f"Model ready: {len(loaded.model.graph)} nodes", 5000)
-        self.mark_dirty()
+        if imported or self.fit_notes:  # an opened project, as it was, is neither edited nor autosaved
+            self.mark_dirty()
         self._outcomes["model"] = "ready"
 
     def _on_model_failed(self, error: Exception) -> None:
         pending, previous = self._pending_model, self._previous_specs
         self._pending_model, self._previous_specs = None, None
-        cut_at = getattr(error, "fields", {}).get("cut_at") if isinstance(error, QBCompilerError) else None
-        if pending is not None and cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
-            def reparse() -> None:  # after the failed job has left the runner
+        retry = self._answer_for(pending, error) if pending is not None else None
+        if retry is not None:
+            def reparse() -> None:
                 self._previous_specs = previous
-                self._start_parse(replace(pending, output_names=list(cut_at)))
+                self._start_parse(retry)
 
-            QTimer.singleShot(0, reparse)
+            self._when_model_slot_free(reparse)
             return
+        self.graph.show_progress(None)
         self.statusBar().showMessage("Model import failed.", 5000)
         dialogs.show_error(self, "Cannot import model", error)
+
+    def _when_model_slot_free(self, action: Any) -> None:
+        """Call ``action`` once the failed model job has left the runner (its slot frees after this signal)."""
+        if not self.runner.is_busy("model"):
+            QTimer.singleShot(0, action)
+            return
+
+        def once(slot: str, busy: bool) -> None:
+            if slot == "model" and not busy:
+                self.runner.busy_changed.disconnect(once)
+                QTimer.singleShot(0, action)
+
+        self.runner.busy_changed.connect(once)
+
+    def _answer_for(self, pending: ModelRef, error: Exception) -> ModelRef | None:
+        """What the user gives for a parse that stopped on a question (cut the graph, inputs, pickle), or None."""
+        fields = error.fields if isinstance(error, QBCompilerError) else {}
+        cut_at, needed = fields.get("cut_at"), fields.get("inputs_needed")
+        if cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
+            return replace(pending, output_names=list(cut_at))
+        if fields.get("needs_allow_pickle") and not pending.allow_pickle and dialogs.ask_yes_no(
+                self, "Load a pickled module?",
+                f"{error.message}\n\nLoad it only if you trust where the file comes from. (A model saved with "
+                "torch.export.save as .pt2 needs no such trust.)"):
+            return replace(pending, allow_pickle=True)
+        children = fields.get("submodules")
+        if children and not pending.submodule:
+            child = dialogs.ask_submodule(self, error, children)
+            if child:  # another module, other inputs: the answers given for the whole one do not apply
+                return replace(pending, submodule=child, input_shapes={}, constant_inputs={})
+        if needed:
+            answer = dialogs.ask_model_inputs(self, needed, Path(pending.path).name, error)
+            if answer is not None:
+                shapes, constants = answer
+                return replace(pending, input_shapes={**pending.input_shapes, **shapes},
+                               constant_inputs={**pending.constant_inputs, **constants})
+        return None
 
     def _specs(self) -> list:
         if self.loaded is None:
@@ -786,6 +841,7 @@ class MainWindow(QMainWindow):
         worker.failed.connect(self._on_sensitivity_failed)
         worker.cancelled.connect(lambda: self.run_panel.finished("Sensitivity analysis cancelled"))
         self.tabs.setCurrentIndex(2)
+        self.run_panel.started(compiling=False)  # its clock, progress and Cancel; the last run's summary stays
         self.runner.start("compile", worker)  # one heavy job at a time: it shares the compile slot
         return True
 
@@ -875,8 +931,8 @@ class MainWindow(QMainWindow):
         try:
             if self.project.writable:
                 path = self.project.save()
-            elif self.project.model is not None:
-                path = self.project.write_copy(self._autosave_path())
+            elif self.project.model is not None and (self._dirty or self._autosave_path().exists()):
+                path = self.project.write_copy(self._autosave_path())  # not for a sample opened and left as it is
                 if self.preferences.recent_projects[:1] != [str(path)]:
                     self.preferences.add_recent_project(path)
                     self._fill_recent_menus()
@@ -891,18 +947,32 @@ class MainWindow(QMainWindow):
         return path
 
     def save_project_as(self, path: str | Path) -> bool:
-        """Save the project to ``path`` (its work folder moves beside it)."""
+        """Save the project to ``path`` (its work folder moves beside it).
+
+        An untitled project's autosave and work folder go once it is saved: Recent lists the saved file only.
+        """
+        autosave = None if self.project.writable else self._autosave_path()
         try:
             saved = self.project.save(path)
         except (QBCompilerError, OSError) as error:
             dialogs.show_error(self, "Cannot save project", error)
             return False
+        if autosave is not None:
+            self._forget_autosave(autosave)
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
         return True
+
+    def _forget_autosave(self, autosave: Path) -> None:
+        """Delete a just-saved untitled project's autosave and its Recent entry (its old work folder is pruned at
+        a later start, once nothing shows it: :meth:`AppDirs.prune_untitled`)."""
+        autosave.unlink(missing_ok=True)
+        self.preferences.recent_projects = [item for item in self.preferences.recent_projects
+                                            if Path(item).resolve() != autosave.resolve()]
+        self._fill_recent_menus()
 
     def _on_save(self) -> None:
         if self.project.writable:

@@ -39,16 +39,41 @@ class LoadedModel:
     sha256: str = ""
 
 
-def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
-                output_names: list[str] | None = None, callback=None, cancel_token=None) -> LoadedModel:
-    """Parse ``source`` to ``mblt_path`` (atomic; nothing written on cancel) and load the result.
+PARSE_TARGET = "qbstudio.tasks:parse_to_file"
+"""What :func:`parse_model` runs in a child process."""
 
-    ``output_names`` ends the graph at those tensors (e.g. before a NonMaxSuppression).
+
+def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
+                output_names: list[str] | None = None, constant_inputs: dict[str, float] | None = None,
+                allow_pickle: bool = False, submodule: str = "", callback=None, cancel_token=None) -> LoadedModel:
+    """Parse ``source`` to ``mblt_path`` in a child process (atomic; nothing written on cancel), load it here.
+
+    ``output_names`` ends the graph at those tensors (e.g. before a NonMaxSuppression); ``constant_inputs``
+    binds scalar inputs; ``allow_pickle`` lets the torch frontend unpickle a whole module; ``submodule`` compiles
+    a TorchScript file's child module instead of the whole. The frontends'
+    libraries stay out of the workbench's process: importing TensorFlow (Keras, SavedModel) where
+    QtWebEngine's Chromium runs crashed the workbench with a segmentation fault, and what a frontend loads
+    (TensorFlow, torch: gigabytes) is freed with the child. A child that dies is an InternalError here.
     """
+    from qbstudio.process_jobs import run_in_process
+
+    path = run_in_process(PARSE_TARGET, str(source), str(mblt_path), backend=backend, input_shapes=input_shapes,
+                          output_names=output_names, constant_inputs=constant_inputs, allow_pickle=allow_pickle,
+                          submodule=submodule, callback=callback, cancel_token=cancel_token)
+    return open_mblt(path, callback=callback, cancel_token=cancel_token)
+
+
+def parse_to_file(source: str, mblt_path: str, *, backend: str | None, input_shapes: dict[str, list[int]],
+                  output_names: list[str] | None = None, constant_inputs: dict[str, float] | None = None,
+                  allow_pickle: bool = False, submodule: str = "", callback=None, cancel_token=None) -> str:
+    """Parse ``source`` to ``mblt_path`` (atomic; nothing written on cancel); returns the MBLT's path."""
     reporter = as_reporter(callback, cancel_token)
-    path = mblt_compile(source, mblt_path, backend=backend, input_shape_dict=input_shapes or None,
-                        output_names=output_names or None, callback=reporter)
-    return open_mblt(path, callback=reporter)
+    options: dict[str, Any] = {"allow_pickle": True} if allow_pickle else {}  # torch frontend options only
+    if submodule:
+        options["submodule"] = submodule
+    return str(mblt_compile(source, mblt_path, backend=backend, input_shape_dict=input_shapes or None,
+                            constant_inputs=constant_inputs or None, output_names=output_names or None,
+                            callback=reporter, **options))
 
 
 def open_mblt(mblt_path: str | Path, *, callback=None, cancel_token=None) -> LoadedModel:

@@ -16,6 +16,7 @@ from compiler_core.errors import (
     ArgumentError,
     CancelledError,
     DynamicShapeError,
+    InvalidModelError,
     ModelLoadError,
     UnsupportedOpsError,
 )
@@ -217,6 +218,24 @@ def test_unknown_ops_listed_together(tmp_path):
     assert ops["Frobnicate"]["nodes"] == ["frob"]
     assert "FancyOp x2" in str(info.value) and "Frobnicate x1" in str(info.value)
     _assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_nodes_out_of_order_parse_and_a_loop_is_refused(tmp_path, order):
+    """Nodes listed out of topological order are a valid graph; two nodes feeding each other are not."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"), helper.make_node("Neg", ["a"], ["y"], name="second")]
+    graph = helper.make_graph(nodes[::-1] if order == "reversed" else nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model, _ = parse_model(_save(helper.make_model(graph), tmp_path / "chain.onnx"))
+    assert [node.op_type for node in model.graph] == ["Relu", "Neg"]
+    loop = [helper.make_node("Add", ["x", "b"], ["a"], name="left"), helper.make_node("Relu", ["a"], ["b"], name="right"),
+            helper.make_node("Neg", ["a"], ["y"])]
+    graph = helper.make_graph(loop[::-1] if order == "reversed" else loop, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    with pytest.raises(InvalidModelError, match="cycle"):
+        parse_model(_save(helper.make_model(graph), tmp_path / "loop.onnx"))
 
 
 def test_op_outside_mblt_opset(tmp_path):

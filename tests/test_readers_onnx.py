@@ -300,3 +300,27 @@ def test_a_source_that_passes_its_own_checker_but_is_inconsistent_is_invalid_mod
     ([0, 4], [-1, 0], True, False), ([2, 3], [3, 2], False, True)])
 def test_reshape_fit_rule(source, target, allowzero, fits):
     assert (canonicalize_module._reshape_problem(source, target, allowzero) is None) == fits
+
+
+def _corrupt_text_model() -> bytes:
+    """A model whose text fields hold marker strings (each 8 ASCII bytes, so a same-length byte swap keeps it valid)."""
+    nodes = [helper.make_node("Relu", ["x"], ["MARKINPU"], name="MARKNAME", doc_string="MARKDOCS"),
+             helper.make_node("Neg", ["MARKINPU"], ["y"])]
+    nodes[0].metadata_props.add(key="mblt.note", value="MARKMETA")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["MARKDIMS", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(2, np.float32), "MARKTENS")])
+    return helper.make_model(graph).SerializeToString()
+
+
+@pytest.mark.parametrize("marker, field", [
+    (b"MARKNAME", "onnx.NodeProto.name"), (b"MARKINPU", "onnx.NodeProto.output"),  # first met as a node output
+    (b"MARKDOCS", "onnx.NodeProto.doc_string"), (b"MARKMETA", "onnx.StringStringEntryProto.value"),
+    (b"MARKDIMS", "onnx.TensorShapeProto.Dimension.dim_param"), (b"MARKTENS", "onnx.TensorProto.name"),
+])
+def test_text_that_is_not_utf8_is_refused_naming_its_field(tmp_path, marker, field):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(_corrupt_text_model().replace(marker, b"\xff\xfe" + marker[2:]))
+    with pytest.raises(ModelLoadError, match="is corrupt") as info:
+        parse_model(path)
+    assert f"'{field}'" in str(info.value)

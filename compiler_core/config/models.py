@@ -343,6 +343,15 @@ class MixedPrecisionTarget(ConfigSection):
         "cosine", description="cosine: worst output's mean cosine to FP32; sqnrDb: worst output SQNR (dB); "
                               "top1: worst classifier output's top-1 agreement with FP32 (0..1).")
     value: float = Field(0.99, description="The value to reach (at least).")
+    statistic: Literal["mean", "worst"] = Field(
+        "mean", description="cosine only: mean over the held-out samples, or the worst sample's cosine (every "
+                            "sample must reach the value: one input unlike the others cannot hide in the mean).")
+
+    @model_validator(mode="after")
+    def _worst_needs_cosine(self) -> MixedPrecisionTarget:
+        if self.statistic == "worst" and self.kind != "cosine":
+            raise ValueError(f"statistic 'worst' needs kind 'cosine' (per-sample values), got '{self.kind}'")
+        return self
 
 
 class MixedPrecisionConfig(ConfigSection):

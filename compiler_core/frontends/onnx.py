@@ -155,16 +155,34 @@ def _first_invalid_text(message) -> str | None:
         fields = [(field, getattr(message, field.name)) for field in text_and_messages
                   if (len(getattr(message, field.name)) if _repeated(field) else message.HasField(field.name))]
     for field, value in fields:
-        if field.type == field.TYPE_STRING:
-            values = value if _repeated(field) else [value]
-            if any(not isinstance(item, str) for item in values):
+        kind = _field_kind(field)
+        if kind == _TEXT:
+            if type(value) is not str:  # protobuf hands text that is not UTF-8 back as bytes
                 return field.full_name
-        elif field.type == field.TYPE_MESSAGE:
-            for item in value if _repeated(field) else [value]:
+        elif kind == _TEXTS:
+            try:
+                "".join(value)  # a bytes item raises
+            except TypeError:
+                return field.full_name
+        elif kind != _OTHER:
+            for item in value if kind == _MESSAGES else (value,):
                 found = _first_invalid_text(item)
                 if found is not None:
                     return found
     return None
+
+
+_OTHER, _TEXT, _TEXTS, _MESSAGE, _MESSAGES = range(5)
+
+
+@functools.cache
+def _field_kind(field) -> int:
+    """How :func:`_first_invalid_text` reads a field: not at all, as text (one or repeated), as messages."""
+    if field.type == field.TYPE_STRING:
+        return _TEXTS if _repeated(field) else _TEXT
+    if field.type == field.TYPE_MESSAGE:
+        return _MESSAGES if _repeated(field) else _MESSAGE
+    return _OTHER
 
 
 @functools.cache
@@ -324,8 +342,14 @@ def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] =
 
 
 def _check_acyclic(graph: onnx.GraphProto, path: Path) -> None:
-    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope)."""
+    """Refuse a graph whose nodes feed each other in a loop (Kahn's algorithm over this scope).
+
+    A graph whose nodes are listed in topological order (what exporters write) has no loop; that is checked
+    first, in one walk.
+    """
     producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    if all(producer.get(name, -1) < index for index, node in enumerate(graph.node) for name in node.input):
+        return
     waiting = [len({producer[name] for name in node.input if name in producer}) for node in graph.node]
     consumers: dict[int, set[int]] = {}
     for index, node in enumerate(graph.node):

@@ -187,8 +187,9 @@ def load_pickled_module(path: Path, *, allow_pickle: bool = False):
             raise ArgumentError(
                 f"'{path.name}' is a pickled Python object (a whole module), and loading it executes "
                 "code stored in the file.",
-                hint="If you trust the file, pass allow_pickle=True; safer: "
-                     "save the model with torch.export.save(...) as .pt2.", file=str(path)) from error
+                hint="If you trust the file, pass allow_pickle=True (command line: --allow-pickle); safer: "
+                     "save the model with torch.export.save(...) as .pt2.", file=str(path),
+                needs_allow_pickle=True) from error
         loaded = _unpickle(path)
     except Exception as error:  # truncated zip, not a torch file ...
         raise ModelLoadError(f"'{path.name}' cannot be read by torch.load: {exporter_reason(error)}",
@@ -352,6 +353,36 @@ def _default_shapes(module: Any) -> dict[str, list[int]]:
     return {"pixel_values": [1, channels, *size]}
 
 
+_MODEL_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_values",
+                      "input_features", "x", "input", "image", "images")
+"""Parameters asked for first when every parameter of ``forward`` has a default (transformers models)."""
+
+
+def _inputs_to_ask(module: Any) -> list[dict[str, Any]]:
+    """``{"name", "type", "optional"}`` of the forward parameters a user gives shapes or values for.
+
+    The required ones; when every one has a default (``input_ids=None`` ...), the usual model inputs among
+    them, the first required and the others optional, else the first two.
+    """
+    parameters = [p for p in forward_signature(module).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [p for p in parameters if p.default is p.empty]
+    if required:
+        return [{"name": p.name, "type": _annotation_text(p), "optional": False} for p in required]
+    chosen = [p for p in parameters if p.name in _MODEL_INPUT_NAMES] or parameters[:2]
+    return [{"name": p.name, "type": _annotation_text(p), "optional": index > 0} for index, p in enumerate(chosen)]
+
+
+def _annotation_text(parameter: inspect.Parameter) -> str:
+    """``Tensor``, ``int`` ... for a forward parameter (``Tensor`` when it has no annotation)."""
+    annotation = parameter.annotation
+    if annotation is parameter.empty:
+        return "Tensor"
+    if isinstance(annotation, str):  # postponed annotations (from __future__ import annotations)
+        return annotation.replace("torch.", "")
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "").replace("torch.", "")
+
+
 def _made_up_feed(module: Any, input_shape_dict: Mapping[str, Any] | None) -> dict[str, Any]:
     """Example inputs from shapes: int64 ids/masks for transformers models, seeded float32 noise otherwise."""
     input_shape_dict = input_shape_dict or _default_shapes(module)
@@ -362,7 +393,8 @@ def _made_up_feed(module: Any, input_shape_dict: Mapping[str, Any] | None) -> di
         raise ArgumentError(
             f"Exporting {type(module).__name__} needs example inputs: their shapes, or the inputs themselves.",
             hint=f"Give the shapes of forward's inputs ({signature_text(forward_signature(module))}): on the "
-                 f"command line e.g. {example}; in Python input_shape_dict={{...}} or feed_dict={{...}}.")
+                 f"command line e.g. {example}; in Python input_shape_dict={{...}} or feed_dict={{...}}.",
+            inputs_needed=_inputs_to_ask(module))
     import torch
 
     generator = torch.Generator().manual_seed(0)

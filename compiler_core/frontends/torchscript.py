@@ -65,7 +65,8 @@ def load_torchscript(
         onnx_model = export_legacy(target, args, names, None, None)
     except Exception as error:  # TorchScript-to-ONNX conversion raises many unrelated types
         raise ModelLoadError(f"The TorchScript exporter cannot convert {_title(target, submodule)}: "
-                             f"{exporter_reason(error)}", hint=_failure_hint(script, submodule)) from error
+                             f"{exporter_reason(error)}", hint=_failure_hint(script, submodule),
+                             submodules=None if submodule else _children(script) or None) from error
     _bind_constants(onnx_model, constants)
     record_module_paths(onnx_model, root=submodule or "")
     return onnx_model
@@ -147,8 +148,11 @@ def example_arguments(module: Any, parameters: list[dict[str, Any]], feed_dict: 
     if missing:
         raise ArgumentError(
             f"forward needs a value for {', '.join(p['name'] for p in missing)}.",
-            hint=f"{signature_text(parameters)}: give tensors in feed_dict or their shapes in input_shape_dict, "
-                 "and scalars in feed_dict (e.g. feed_dict={'sr': 16000}).")
+            hint=f"{signature_text(parameters)}: give each tensor's shape and each scalar's value "
+                 "(command line: --input-shape x=1,576 --bind-input sr=16000; Python: input_shape_dict, "
+                 "constant_inputs).",
+            inputs_needed=[{"name": p["name"], "type": p["type"], "optional": p["has_default"]}
+                           for p in parameters if p in missing or (p["has_default"] and "Tensor" in p["type"])])
     dtypes = _index_inputs(module)
     args = tuple(_argument(p, feed_dict, input_shape_dict, dtypes) for p in used)
     constants = {p["name"]: feed_dict[p["name"]] for p in used
@@ -234,7 +238,8 @@ def _failure_hint(script: Any, submodule: str | None) -> str:
     if submodule or not children:
         return "Simplify forward (no Python-side state or checks), or export the model to ONNX yourself."
     return ("A forward that keeps state in attributes or validates its inputs in Python may not convert; "
-            f"export a stateless submodule instead with submodule=NAME (children: {', '.join(children)}).")
+            f"export a stateless submodule instead (children: {', '.join(children)}; command line: "
+            f"--submodule {children[0]}; Python: submodule=\"{children[0]}\").")
 
 
 # -- GUI -----------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ Conv+BatchNorm fusion can fire, and the result is checked before anything is wri
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -583,7 +584,7 @@ def _legalize(model: ir.Model) -> None:
     """
     decompose_recurrent(model)  # unrolled into the ops the quantizer has kernels for
     lower_einsums(model)  # matrix-product equations become MatMul
-    rules = indexed_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
+    rules = _legalize_rules(indexed_rule_set)
     for _ in range(_MAX_REWRITE_ROUNDS):
         if not rules.apply_to_model(model):
             break
@@ -593,6 +594,13 @@ def _legalize(model: ir.Model) -> None:
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
+
+
+@functools.cache
+def _legalize_rules(make_rule_set: Callable[[list], RewriteRuleSet]) -> RewriteRuleSet:
+    """Our rules and the library's, as one rule set built once per process (rules keep no state between graphs,
+    like the library's default rule set); keyed by the factory, so a test may substitute the library's."""
+    return make_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
 
 
 def _fold_remaining_constants(model: ir.Model) -> None:

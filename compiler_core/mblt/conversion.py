@@ -23,6 +23,7 @@ import onnx_ir as ir
 import onnxscript.version_converter
 from onnxscript.version_converter import _c_api_utils, _version_converter
 
+from compiler_core.mblt.opset_steps import convert_natively
 from compiler_core.mblt.rule_index import Inline, RemoveUnusedFunctions, RemoveUnusedNodes, RemoveUnusedOpsets
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def convert_source_proto(proto: onnx.ModelProto,
                          target_version: int) -> tuple[onnx.ModelProto, bool, dict[str, onnx.TensorProto]]:
     """The C API conversion of :func:`convert_version` on a source protobuf, followed by ONNX's strict inference.
 
-    The call sees what :func:`convert_version` gives it (every initializer also a graph input, the large ones
+    Where :func:`~compiler_core.mblt.opset_steps.convert_natively` writes the C API's upgrade of the model and
+    strict inference succeeds on it, that is the result and the C API is not called. The C API call sees what :func:`convert_version` gives it (every initializer also a graph input, the large ones
     without their data, the large ``Constant`` weights set aside). Afterwards only the user's inputs remain
     inputs, and each large initializer is back in its place, in the order :func:`convert_version` leaves them,
     as a data-less entry (its name, type and dims): the caller gives it its tensor, returned by name, once
@@ -71,14 +73,28 @@ def convert_source_proto(proto: onnx.ModelProto,
     user_inputs = len(proto.graph.input)
     aside = _initializers_to_inputs(proto)
     weights = _take_constant_weights(proto)
-    converted = onnx.version_converter.convert_version(proto, target_version)
-    result, inferred = _strict_inference(converted)  # without the weights: they would be copied in and out
+    result, inferred = _native_conversion(proto, target_version)
+    if not inferred:  # not written natively, or its inference fails: the C API's result, whatever it infers
+        converted = onnx.version_converter.convert_version(proto, target_version)
+        result, inferred = _strict_inference(converted)  # without the weights: they would be copied in and out
     if weights and not _put_constant_weights(result, weights):
         logger.debug("A Constant node changed in the opset conversion; converting again with its weights")
         _put_constant_weights(proto, weights)
         result, inferred = _strict_inference(onnx.version_converter.convert_version(proto, target_version))
     _inputs_to_initializers(result, user_inputs, aside)
     return result, inferred, aside
+
+
+def _native_conversion(proto: onnx.ModelProto, target_version: int) -> tuple[onnx.ModelProto | None, bool]:
+    """(:func:`convert_natively`'s upgrade with ONNX's strict inference, True) where it is written and inference
+    succeeds, else (None, False); ``proto`` is not modified."""
+    converted = convert_natively(proto, target_version)
+    if converted is None:
+        return None, False
+    result, inferred = _strict_inference(converted)
+    if inferred:
+        logger.debug("Upgraded opset %s -> %s without the C API", proto.opset_import[0].version, target_version)
+    return result, inferred
 
 
 def _strict_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:

@@ -22,7 +22,8 @@
    so the readers of a widened tensor count too) or the latency budget; a bisection then looks for
    the longest prefix within the limits. If no prefix meets the target, units are added one by one
    after the longest prefix within the limits, each kept only if the point stays within them (a
-   costly unit is skipped, a cheaper one after it may still fit).
+   costly unit is skipped, a cheaper one after it may still fit). A cosine target is judged on the mean over
+   the held-out samples, or with ``target.statistic: worst`` on the worst sample's cosine.
 4. The chosen point is the smallest passing prefix (or, if none passes, the most accurate point
    tried); its layers become exact-name entries of ``bit.layerOverrides.activation16Bits`` /
    ``weight16Bits`` in the resolved config, with ``mixedPrecision.apply`` off, so compiling that
@@ -108,9 +109,11 @@ class MixedPrecisionResult:
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "sensitivity": self.sensitivity}
 
 
-def target_metric(analysis: Mapping[str, Any], kind: str) -> float | None:
-    """The worst output's value of ``kind`` (``cosine``, ``sqnrDb``, ``top1``) in an analysis report."""
-    key = {"cosine": "cosine_mean", "sqnrDb": "sqnr_db", "top1": "top1_agreement"}[kind]
+def target_metric(analysis: Mapping[str, Any], kind: str, statistic: str = "mean") -> float | None:
+    """The worst output's value of ``kind`` (``cosine``, ``sqnrDb``, ``top1``) in an analysis report; with
+    ``statistic`` ``worst``, the worst sample's cosine instead of the mean over samples."""
+    key = {"cosine": "cosine_min" if statistic == "worst" else "cosine_mean", "sqnrDb": "sqnr_db",
+           "top1": "top1_agreement"}[kind]
     values = [row[key] for row in analysis.get("outputs", {}).values() if row.get(key) is not None]
     return min(values) if values else None
 
@@ -358,7 +361,7 @@ class _Search:
         return point
 
     def _record(self, size: int, layers, activations, weights, config, model, report, latency) -> dict[str, Any]:
-        metric = target_metric(report, self.kind)
+        metric = target_metric(report, self.kind, self.config.mixed_precision.target.statistic)
         if metric is None:
             raise ConfigError(f"The mixed-precision target '{self.kind}' does not apply to this model's outputs.",
                               hint="Use cosine or sqnrDb (top1 needs [1, C] classifier outputs).")
@@ -373,7 +376,8 @@ class _Search:
                  "zero_points": config.calibration.method in ZERO_POINT_METHODS.values(),
                  "overrides": {"activation16Bits": [exact_pattern(n) for n in activations],
                                "weight16Bits": [exact_pattern(n) for n in weights]},
-                 "outputs": {name: {k: row.get(k) for k in ("sqnr_db", "cosine_mean", "top1_agreement") if k in row}
+                 "outputs": {name: {k: row.get(k) for k in ("sqnr_db", "cosine_mean", "cosine_min", "top1_agreement")
+                                   if k in row}
                              for name, row in report.get("outputs", {}).items()}}
         self.points.append(point)
         self.configs.append(config)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ logger = logging.getLogger(__name__)
 APP_NAME = "qbstudio"
 APP_AUTHOR = "qbstudio"
 HOME_ENV = "QBSTUDIO_HOME"
+AUTOSAVE_SUFFIX = ".qbproj"
+"""The project file suffix (``qbstudio.state.project.PROJECT_SUFFIX``), for autosaves."""
 MAX_RECENT = 10
 
 
@@ -65,6 +69,33 @@ class AppDirs:
     def autosave_dir(self) -> Path:
         """Where untitled projects are autosaved."""
         return self.data / "autosave"
+
+    def prune_untitled(self, min_age_s: float = 3600.0) -> list[Path]:
+        """Delete untitled work folders no autosave refers to, untouched for ``min_age_s``; returns them.
+
+        An untitled project is autosaved as ``autosave/<id>.qbproj`` beside its work folder ``untitled/<id>``
+        once it holds a model. A folder without that file is a project that was saved elsewhere (its work
+        folder was copied beside the saved file), or one that never held a model: nothing to recover. The age
+        keeps the folder of another running window that has not autosaved yet.
+        """
+        if not self.untitled_dir.is_dir():
+            return []
+        now, pruned = time.time(), []
+        for folder in self.untitled_dir.iterdir():
+            if not folder.is_dir() or (self.autosave_dir / f"{folder.name}{AUTOSAVE_SUFFIX}").exists():
+                continue
+            if now - _newest_mtime(folder) < min_age_s:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            pruned.append(folder)
+        if pruned:
+            logger.info("removed %d untitled work folder(s) no autosave refers to", len(pruned))
+        return pruned
+
+
+def _newest_mtime(folder: Path) -> float:
+    """The newest modification time of ``folder`` and the files under it."""
+    return max([folder.stat().st_mtime] + [item.stat().st_mtime for item in folder.rglob("*")])
 
 
 @dataclass

@@ -47,6 +47,9 @@ class ModelRef:
         sha256: Content hash when the model was imported ("" for folders).
         input_shapes: Static shapes chosen for inputs with dynamic dimensions.
         output_names: Tensors the graph was cut at on import (empty: the model's own outputs).
+        constant_inputs: Scalar inputs bound to constants on import (a TorchScript ``forward``'s ``sr: int``).
+        allow_pickle: The user trusted this pickled torch module, whose loading runs code stored in it.
+        submodule: The child module of a TorchScript file compiled instead of the whole (``_model``); "" for all.
     """
 
     path: str
@@ -54,6 +57,9 @@ class ModelRef:
     sha256: str = ""
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     output_names: list[str] = field(default_factory=list)
+    constant_inputs: dict[str, float] = field(default_factory=dict)
+    allow_pickle: bool = False
+    submodule: str = ""
 
     def changed_on_disk(self) -> bool:
         """Whether the file's hash differs from the one recorded at import."""

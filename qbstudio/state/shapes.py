@@ -101,3 +101,38 @@ def resolve_shapes(shapes: list[InputShape], values: dict[str, int]) -> dict[str
     return {shape.name: [dim if isinstance(dim, int) and dim > 0 else values[dim_key(shape, index)]
                          for index, dim in enumerate(shape.dims)]
             for shape in shapes if shape.dynamic}
+
+
+SCALAR_TYPES = {"int": int, "float": float, "bool": bool, "number": float}
+"""``forward`` parameter types (TorchScript schema or Python annotation text) whose value is one number."""
+
+
+def is_scalar_type(type_text: str) -> bool:
+    """Whether a ``forward`` parameter of this type takes one value (``sr: int``), not a tensor's shape."""
+    return type_text.strip().lower() in SCALAR_TYPES
+
+
+def read_input_answer(type_text: str, text: str) -> list[int] | int | float | bool:
+    """What the user typed for a ``forward`` parameter: a shape (``1, 576``) or a scalar (``16000``).
+
+    Raises:
+        ValueError: the text is not a shape of positive integers, or not a value of the scalar type;
+            the message says what is expected.
+    """
+    text = text.strip()
+    kind = SCALAR_TYPES.get(type_text.strip().lower())
+    if kind is bool:
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError("true or false")
+    if kind is not None:
+        try:
+            return kind(int(text) if kind is int else float(text))
+        except ValueError:
+            raise ValueError(f"a number ({type_text})") from None
+    parts = [part for part in text.replace("x", ",").replace(" ", ",").split(",") if part]
+    if not parts or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError("a shape of positive integers, e.g. 1, 3, 224, 224")
+    return [int(part) for part in parts]

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -49,6 +50,7 @@ from qbstudio.state.calibration import (
 )
 from qbstudio.state.project import CalibrationSource
 from qbstudio.state.settings import CompileSettings
+from qbstudio.widgets.fit import fit_width
 from qbstudio.workers import JobRunner, Worker
 
 logger = logging.getLogger(__name__)
@@ -157,9 +159,12 @@ class CalibrationPanel(QWidget):
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
-        left_widget.setMaximumWidth(460)
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)  # shrinks on short screens
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(left_widget)
+        scroll.setMaximumWidth(460)
         layout = QHBoxLayout(self)
-        layout.addWidget(left_widget)
+        layout.addWidget(scroll)
         layout.addWidget(self._preview_group(), 1)
 
     def _source_group(self) -> QGroupBox:
@@ -282,12 +287,12 @@ class CalibrationPanel(QWidget):
         layout = QVBoxLayout(group)
         top = QHBoxLayout()
         self.preview_button = QPushButton("Refresh preview", clicked=self.refresh_preview)
-        self.preview_status = QLabel("", wordWrap=True)
+        self.preview_status = fit_width(QLabel(""))
         self.fix_size_button = QPushButton(clicked=self._on_fix_size, objectName="fixSize")
         self.fix_size_button.hide()
         self._fix_size: tuple[int, int] | None = None
         top.addWidget(self.preview_button)
-        top.addWidget(self.preview_status, 1)
+        top.addStretch(1)
         top.addWidget(self.fix_size_button)
         self.warning_label = QLabel("", wordWrap=True, objectName="calibWarnings")
         self.warning_label.setTextFormat(Qt.TextFormat.RichText)
@@ -297,6 +302,7 @@ class CalibrationPanel(QWidget):
         scroll = QScrollArea(widgetResizable=True)
         scroll.setWidget(self.grid_holder)
         layout.addLayout(top)
+        layout.addWidget(self.preview_status)
         layout.addWidget(self.warning_label)
         layout.addWidget(scroll, 1)
         return group
@@ -473,9 +479,11 @@ class CalibrationPanel(QWidget):
         self._clear_grid()
         message = getattr(error, "message", str(error))
         self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
-        self.count_label.setText("—")
-        self.warning_label.setText("")
         size = getattr(error, "fields", {}).get("resize_to")
+        files = getattr(error, "fields", {}).get("files") or []
+        # a size mismatch lists every image: they were found, only not at the model's size
+        self.count_label.setText(f"{len(files)} image(s), not at the model's input size" if size and files else "—")
+        self.warning_label.setText("")
         self._offer_size_fix(tuple(size) if size else None)
         self.preview_failed.emit(error)
         if self._report_errors and size is None:  # a size mismatch is said here, with its one-click fix

@@ -40,6 +40,7 @@ from qbstudio.state.compare import (
 from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.widgets import compare_export
 from qbstudio.widgets.compare_graphs import TwinGraphs
+from qbstudio.widgets.fit import fit_width
 from qbstudio.widgets.histogram_view import HistogramView
 from qbstudio.widgets.layer_plot import RUN_COLOURS, LayerPlot
 from qbstudio.widgets.summary import human_size
@@ -245,7 +246,7 @@ class CompareView(QWidget):
         self.csv_button = QPushButton("Export per-layer CSV…", objectName="exportCsv", enabled=False)
         self.csv_button.setToolTip("Write one CSV row per layer per compared run (SQNR, cosine, precision ...)")
         self.csv_button.clicked.connect(lambda: self.export_csv())
-        self.picks_label = QLabel(objectName="picksLabel")
+        self.picks_label = fit_width(QLabel(objectName="picksLabel"))
         self.side = SideBySide()
         self.layers = LayerPlot()
         self.layers.layer_activated.connect(self._on_layer_clicked)

@@ -28,6 +28,8 @@ from qbstudio.netron.scripts import js_call
 
 logger = logging.getLogger(__name__)
 
+NO_MODEL_TEXT = "No model loaded."
+
 LARGE_GRAPH_NODES = 1000
 """Above this many nodes the view warns that Netron's layout will be slow."""
 
@@ -189,7 +191,7 @@ class GraphView(QWidget):
         self._banner.setStyleSheet("QLabel { background: #fff4d6; color: #1a1a1a; border-bottom: 1px solid #ffb300;"
                                    " padding: 4px 8px; }")
         self._banner.hide()
-        self._placeholder = QLabel("No model loaded.", self)
+        self._placeholder = QLabel(NO_MODEL_TEXT, self, wordWrap=True, objectName="graphPlaceholder")
         self._placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._web = QWebEngineView()
         self._web.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)
@@ -307,11 +309,20 @@ class GraphView(QWidget):
         renderer running for the next model.
         """
         shown = self._handler.model_name is not None
+        self._placeholder.setText(NO_MODEL_TEXT)
         self._reset_state()
         self._handler.clear_model()
         self._stack.setCurrentWidget(self._placeholder)
         if shown or self._web.url() not in (INDEX_URL, QUrl()):
             self._web.setUrl(INDEX_URL)
+
+    def show_progress(self, text: str | None) -> None:
+        """Say what a running import does where its graph will appear (None: it ended without a graph).
+
+        Only while no graph is shown: a graph on screen stays until the next one replaces it.
+        """
+        if self._stack.currentWidget() is self._placeholder:
+            self._placeholder.setText(text or NO_MODEL_TEXT)
 
     def set_support(self, statuses: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> None:
         """Colour nodes by support status, without reloading the page.

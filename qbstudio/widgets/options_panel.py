@@ -199,6 +199,10 @@ class OptionsPanel(QWidget):
         self.mixed_value = QDoubleSpinBox(decimals=4, minimum=0.0, maximum=200.0, singleStep=0.001,
                                           objectName="mixedPrecisionValue")
         self.mixed_value.valueChanged.connect(lambda value: self._edit("mixedPrecision.target.value", value))
+        self.mixed_statistic = QComboBox(objectName="mixedPrecisionStatistic")
+        for statistic, label in (("mean", "Mean over the held-out samples"), ("worst", "Worst held-out sample")):
+            self.mixed_statistic.addItem(label, statistic)
+        self.mixed_statistic.currentIndexChanged.connect(self._on_mixed_statistic)
         self.mixed_fraction = self._double_spin("mixedPrecision.maxInt16Fraction", 0.0, 1.0, 2, 0.05)
         self.mixed_fraction.setObjectName("mixedPrecisionFraction")
         self.mixed_budget = QDoubleSpinBox(decimals=2, minimum=-0.01, maximum=10.0, singleStep=0.05,
@@ -208,12 +212,18 @@ class OptionsPanel(QWidget):
         form.addRow(self.mixed_check)
         for label, widget, path in (("Target", self.mixed_kind, "mixedPrecision.target.kind"),
                                     ("Target value (at least)", self.mixed_value, "mixedPrecision.target.value"),
+                                    ("Cosine judged on", self.mixed_statistic, "mixedPrecision.target.statistic"),
                                     ("Max. int16 share of layers", self.mixed_fraction, "mixedPrecision.maxInt16Fraction"),
                                     ("Latency budget (+fraction)", self.mixed_budget, "mixedPrecision.latencyBudget")):
             self._add_row(form, label, widget, path)
         self.mixed_check.setToolTip(field_description("mixedPrecision.apply") + " The chosen layers are written "
                                     "into the saved config (bit.layerOverrides), so the compile is reproducible.")
         return group
+
+    def _on_mixed_statistic(self) -> None:
+        statistic = self.mixed_statistic.currentData()
+        if not self._refreshing and statistic != self.settings.config.mixed_precision.target.statistic:
+            self._apply(lambda: self.settings.set("mixedPrecision.target.statistic", statistic))
 
     def _on_mixed_kind(self) -> None:
         kind = self.mixed_kind.currentData()
@@ -312,8 +322,10 @@ class OptionsPanel(QWidget):
         self.mixed_value.setValue(mixed.target.value)
         self.mixed_fraction.setValue(mixed.max_int16_fraction)
         self.mixed_budget.setValue(-0.01 if mixed.latency_budget is None else mixed.latency_budget)
+        self._select_data(self.mixed_statistic, mixed.target.statistic)
         for widget in (self.mixed_kind, self.mixed_value, self.mixed_fraction, self.mixed_budget):
             widget.setEnabled(mixed.apply)
+        self.mixed_statistic.setEnabled(mixed.apply and mixed.target.kind == "cosine")
 
     def _refresh_target(self) -> None:
         device = self.settings.device

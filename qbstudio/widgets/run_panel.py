@@ -9,6 +9,7 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from compiler_core.progress import ProgressEvent
+from qbstudio.widgets.fit import fit_width
 from qbstudio.widgets.summary import CompileSummary
 
 logger = logging.getLogger(__name__)
@@ -34,12 +35,12 @@ class RunPanel(QWidget):
         self.compile_button.clicked.connect(self.compile_requested)
         self.cancel_button = QPushButton("Cancel", objectName="cancelButton", enabled=False)
         self.cancel_button.clicked.connect(self.cancel_requested)
-        self.stage_label = QLabel("Idle", objectName="stageLabel")
+        self.stage_label = fit_width(QLabel("Idle", objectName="stageLabel"))
         self.elapsed_label = QLabel("", objectName="elapsedLabel")
         self.progress = QProgressBar(objectName="stageProgress")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.reason_label = QLabel("", objectName="compileBlocked", wordWrap=True)
+        self.reason_label = fit_width(QLabel("", objectName="compileBlocked"))
         self.reason_label.setStyleSheet("color: #b26a00")
         self.offload_button = QPushButton("Offload head/tail to CPU", objectName="offloadButton")
         self.offload_button.setToolTip("Turn on CPU offload: the unsupported layers at the start and end of the "
@@ -48,6 +49,7 @@ class RunPanel(QWidget):
         self.offload_button.hide()
         self.summary = CompileSummary(self)
         self._started = 0.0
+        self._shown_before = None  # the run the summary showed before a job: shown again if the job ends without one
         self._clock = QTimer(self, interval=200)
         self._clock.timeout.connect(self._tick)
         self._build()
@@ -72,21 +74,24 @@ class RunPanel(QWidget):
         """Whether a compile is shown as running."""
         return self._clock.isActive()
 
-    def started(self) -> None:
-        """Switch to the running state."""
+    def started(self, *, compiling: bool = True) -> None:
+        """Switch to the running state (``compiling``: the summary says a new run is coming; else it stays)."""
         self._started = time.perf_counter()
+        self._shown_before = self.summary.run
         self.compile_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.stage_label.setText("Starting…")
         self.progress.setRange(0, 0)
         self._clock.start()
         self._tick()
-        self.summary.show_running()
+        if compiling:
+            self.summary.show_running()
 
     def reset(self) -> None:
         """Idle, no outcome, no summary: another project or model is open."""
         self._clock.stop()
         self._started = 0.0
+        self._shown_before = None
         self.stage_label.setText("Idle")
         self.elapsed_label.setText("")
         self.progress.setRange(0, 1)
@@ -96,6 +101,7 @@ class RunPanel(QWidget):
     def show_progress(self, event: ProgressEvent) -> None:
         """Show one progress event (busy indicator when the total is unknown)."""
         text = event.message or event.stage
+        self.stage_label.setToolTip(text)
         self.stage_label.setText(f"<b>{event.stage}</b> — {text}" if text != event.stage else f"<b>{text}</b>")
         if event.total:
             self.progress.setRange(0, event.total)
@@ -104,12 +110,18 @@ class RunPanel(QWidget):
             self.progress.setRange(0, 0)
 
     def finished(self, outcome: str) -> None:
-        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``)."""
+        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``).
+
+        The summary shows the run it showed before the job again (a new run, when there is one, replaces it).
+        """
         self._clock.stop()
+        if self.summary.run is None:
+            self.summary.show_run(self._shown_before)
         self._tick()
         self.compile_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         self.stage_label.setText(outcome)
+        self.stage_label.setToolTip(outcome)
         self.progress.setRange(0, 1)
         self.progress.setValue(1 if outcome == "Done" else 0)
 

@@ -43,7 +43,6 @@ from qbstudio.workers import JobRunner, Worker
 
 logger = logging.getLogger(__name__)
 
-PARSE_TARGET = "qbstudio.tasks:parse_model"
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 OPTIONAL_FRONTENDS = {"PyTorch": "torch", "TensorFlow": "tensorflow", "TFLite reader": "tflite"}
 
@@ -180,15 +179,16 @@ def compile_sample(out_dir: Path, *, callback=None, cancel_token=None) -> Sample
     """
     from compiler_core.config.models import CompileConfig
     from qbstudio.process_jobs import run_in_process
+    from qbstudio.tasks import PARSE_TARGET
 
     sample = resource_path("samples", "fashion_cnn")
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    loaded = run_in_process(PARSE_TARGET, str(sample / "model.onnx"), out_dir / "model.mblt", backend="onnx",
-                            input_shapes={}, callback=callback, cancel_token=cancel_token)
+    mblt = run_in_process(PARSE_TARGET, str(sample / "model.onnx"), str(out_dir / "model.mblt"), backend="onnx",
+                          input_shapes={}, callback=callback, cancel_token=cancel_token)
     config = CompileConfig.from_file(sample / "compile_config.yaml")
     save_path = out_dir / "run" / "fashion_cnn.mxq"
-    run_in_process(COMPILE_TARGET, loaded.mblt_path, save_path, config, str(sample / "calib"), False,
+    run_in_process(COMPILE_TARGET, Path(mblt), save_path, config, str(sample / "calib"), False,
                    callback=callback, cancel_token=cancel_token)
     digest = hashlib.sha256(save_path.read_bytes()).hexdigest()
     return SampleCompile(save_path, time.perf_counter() - started, digest)

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from qbstudio.state.runs import RunRecord
+from qbstudio.widgets.fit import fit_width
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class CompileSummary(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.run: RunRecord | None = None
-        self.header = QLabel(objectName="summaryHeader", wordWrap=True)
+        self.header = fit_width(QLabel(objectName="summaryHeader"))
         self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.metrics = QFormLayout()
         self.metrics_box = metrics_box = QGroupBox(METRICS_TITLE)
@@ -121,7 +122,7 @@ class CompileSummary(QWidget):
             f"({human_size(run.size_bytes)})<br><b>Device</b> {run.device} · <b>core modes</b> "
             f"{', '.join(run.core_modes)} · {run.duration_s:.1f} s<br><small>{run.config_summary}</small>")
         for label, text in metric_rows(run):
-            self.metrics.addRow(label, QLabel(text))
+            self.metrics.addRow(label, fit_width(QLabel(text)))
         self._fill_layers(run)
 
     def show_running(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -70,9 +70,7 @@ class WelcomePage(QWidget):
         self.recent = QListWidget(objectName="welcomeRecent")
         self.no_recent = QLabel("No recent projects yet: they are listed here once you open or save one.",
                                 objectName="welcomeNoRecent", styleSheet="color: #666;")
-        self.recent.itemActivated.connect(lambda item: self.recent_requested.emit(item.data(Qt.ItemDataRole.UserRole)))
-        self.recent.itemDoubleClicked.connect(
-            lambda item: self.recent_requested.emit(item.data(Qt.ItemDataRole.UserRole)))
+        self.recent.itemActivated.connect(self._on_recent_activated)  # double-click or Enter (both, it opened twice)
         docs = QLabel(f"Documentation shipped with the app: <a href='{DOCS_DIR.as_uri()}'>{DOCS_DIR}</a> "
                       f"(also Help › Documentation). Drop a model or project file anywhere on the window.",
                       wordWrap=True, openExternalLinks=True)
@@ -101,6 +99,11 @@ class WelcomePage(QWidget):
         holder.setMaximumWidth(900)
         outer = QHBoxLayout(self)
         outer.addWidget(holder, 1)
+
+    def _on_recent_activated(self, item: QListWidgetItem | None) -> None:
+        path = item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+        if path:  # after this signal returns: opening refills (clears) the list that holds ``item``
+            QTimer.singleShot(0, lambda: self.recent_requested.emit(path))
 
     def set_recent(self, entries: list[tuple[str, str]]) -> None:
         """Show ``(label, path)`` recent projects, newest first (the list is as tall as its entries)."""

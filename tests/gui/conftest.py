@@ -26,6 +26,21 @@ def pytest_configure(config) -> None:
     register_scheme()
 
 
+@pytest.fixture(autouse=True)
+def no_blocking_dialogs(monkeypatch):
+    """A modal dialog a test did not answer fails the test at once (it waited for a click until CI's timeout)."""
+    if importlib.util.find_spec("PySide6") is None:
+        return
+    from PySide6.QtWidgets import QDialog, QMessageBox
+
+    def refuse(dialog, *args, **kwargs):
+        text = dialog.text() if isinstance(dialog, QMessageBox) else dialog.windowTitle()
+        raise AssertionError(f"a test opened a modal {type(dialog).__name__} nobody answers: {text!r}")
+
+    monkeypatch.setattr(QMessageBox, "exec", refuse)
+    monkeypatch.setattr(QDialog, "exec", refuse)
+
+
 @pytest.fixture
 def dialog_calls(monkeypatch) -> list:
     """Error dialogs shown (title, message) instead of blocking; "save changes?" answers Discard."""

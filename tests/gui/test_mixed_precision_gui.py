@@ -23,7 +23,13 @@ def test_mixed_precision_controls_edit_the_config(qtbot, tmp_path):
     assert config.apply and config.target.kind == "cosine" and config.target.value == pytest.approx(0.99)
     assert panel.mixed_kind.isEnabled() and panel.mixed_value.isEnabled()
 
+    assert panel.mixed_statistic.isEnabled()
+    panel.mixed_statistic.setCurrentIndex(panel.mixed_statistic.findData("worst"))
+    assert panel.settings.config.mixed_precision.target.statistic == "worst"
+
     panel.mixed_kind.setCurrentIndex(panel.mixed_kind.findData("sqnrDb"))
+    assert panel.settings.config.mixed_precision.target.statistic == "mean"  # a worst sample needs a cosine
+    assert not panel.mixed_statistic.isEnabled()
     assert panel.settings.config.mixed_precision.target.kind == "sqnrDb"
     assert panel.mixed_value.value() == pytest.approx(30.0)  # a sensible default for the new kind
     panel.mixed_value.setValue(35.0)
@@ -31,7 +37,8 @@ def test_mixed_precision_controls_edit_the_config(qtbot, tmp_path):
     panel.mixed_budget.setValue(0.1)
     mixed = panel.settings.config.mixed_precision
     assert (mixed.target.value, mixed.max_int16_fraction, mixed.latency_budget) == (35.0, 0.15, 0.1)
-    assert panel.settings.to_dict()["config"]["mixedPrecision"]["target"] == {"kind": "sqnrDb", "value": 35.0}
+    assert panel.settings.to_dict()["config"]["mixedPrecision"]["target"] == {"kind": "sqnrDb", "value": 35.0,
+                                                                              "statistic": "mean"}
 
     panel.mixed_budget.setValue(panel.mixed_budget.minimum())  # shown as "unbounded"
     assert panel.mixed_budget.text() == "unbounded"
@@ -68,9 +75,13 @@ def test_sensitivity_table_from_the_compile_menu_feeds_the_int16_list(qtbot, tmp
         assert window.act_sensitivity in window.menuBar().actions()[1].menu().actions()
         assert window.start_sensitivity()
         assert not window.start_sensitivity()  # one heavy job at a time
+        panel = window.run_panel  # its own clock and Cancel; the summary is not told a compile runs
+        assert panel.running and panel.cancel_button.isEnabled() and not panel.compile_button.isEnabled()
+        assert "Compiling" not in panel.summary.header.text()
         qtbot.waitUntil(lambda: window.sensitivity_dialog is not None and window.sensitivity_dialog.isVisible(),
                         timeout=180_000)
         assert errors == []
+        assert not panel.running and panel.stage_label.text() == "Sensitivity analysis done"
         view = window.sensitivity_dialog.view
         assert view.table.rowCount() == len(view.report["layers"]) > 5
         assert view.table.item(0, 0).text() == "1"

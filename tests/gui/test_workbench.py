@@ -228,6 +228,7 @@ def test_images_of_other_sizes_offer_a_one_click_resize_to_the_model_input(qtbot
     assert errors.calls == [] and panel.fix_size_button.isVisible()
     assert panel.fix_size_button.text() == "Resize to 28×28 (model input)"
     assert "4 different sizes" in panel.preview_status.text() and "takes 28x28" in panel.preview_status.text()
+    assert panel.count_label.text() == "5 image(s), not at the model's input size"  # found, not "—"
     with qtbot.waitSignal(panel.preview_ready, timeout=MODEL_TIMEOUT_MS):
         panel.fix_size_button.click()
     assert not panel.fix_size_button.isVisible() and panel.preview.total == 5
