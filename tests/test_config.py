@@ -308,7 +308,7 @@ EXPECTED_PRESET_CHANGES = {
     "a16w16": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits",
                "bit.layerOverrides.weight16Bits"},
     "llm": {"llm.apply", "llm.outlierPrefix", "calibration.method", "bit.layerOverrides.activation16Bits"},
-    "llm_accurate": {"llm.apply", "llm.outlierPrefix", "calibration.method", "bit.layerOverrides.activation16Bits",
+    "llm_accurate": {"llm.apply", "llm.outlierPrefix", "llm.rotate", "calibration.method", "bit.layerOverrides.activation16Bits",
                      "bit.layerOverrides.weight16Bits"},
     "llm_fast": {"llm.apply", "llm.outlierPrefix", "calibration.method", "calibration.numSamples",
                  "bit.transformer.ffnBits"},
