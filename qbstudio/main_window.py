@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QByteArray, QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtCore import QByteArray, QPoint, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
     QDockWidget,
@@ -64,6 +64,16 @@ if TYPE_CHECKING:
     from qbstudio.tasks import CompileOutcome, LoadedModel
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_SIZE = QSize(1400, 900)
+
+
+def default_window_size(available: QSize | None) -> QSize:
+    """The first window's size: 1400x900, or 95 % of a smaller screen's free area (a 1366x768 laptop)."""
+    if available is None or not available.isValid():
+        return QSize(DEFAULT_WINDOW_SIZE)
+    return DEFAULT_WINDOW_SIZE.boundedTo(QSize(int(available.width() * 0.95), int(available.height() * 0.95)))
+
 
 MODEL_PATTERNS = " ".join(model_file_patterns())
 MODEL_FILTER = f"Models ({MODEL_PATTERNS});;All files (*)"
@@ -1075,10 +1085,14 @@ class MainWindow(QMainWindow):
 
     def _restore_layout(self) -> None:
         window = self.preferences.window
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        available = screen.availableGeometry().size() if screen is not None else None
         if window.get("geometry"):
             self.restoreGeometry(QByteArray.fromBase64(window["geometry"].encode()))
+            if available is not None:  # saved on a larger screen: no bigger than this one
+                self.resize(self.size().boundedTo(available))
         else:
-            self.resize(1400, 900)
+            self.resize(default_window_size(available))
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
         self._default_docks = not window.get("state")

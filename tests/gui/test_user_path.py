@@ -773,6 +773,18 @@ def test_long_errors_paths_and_notes_never_widen_the_window_past_a_laptop_screen
     assert "Failed" in window.run_panel.stage_label.toolTip()
 
 
+def test_the_first_window_fits_a_laptop_screen():
+    """A first start opened 1400x900 on a 1366x768 screen: the log and status bar were below its bottom edge."""
+    from PySide6.QtCore import QSize
+
+    from qbstudio.main_window import default_window_size
+
+    laptop = QSize(1366, 728)  # 1366x768 less a task bar
+    size = default_window_size(laptop)
+    assert size.width() <= laptop.width() and size.height() <= laptop.height()
+    assert default_window_size(QSize(2560, 1400)) == QSize(1400, 900) == default_window_size(None)
+
+
 # ---------------------------------------------------------------- frontends whose libraries clash with Chromium
 
 KERAS_MODEL = """
