@@ -75,6 +75,18 @@ def default_window_size(available: QSize | None) -> QSize:
     return DEFAULT_WINDOW_SIZE.boundedTo(QSize(int(available.width() * 0.95), int(available.height() * 0.95)))
 
 
+def unknown_model_error(path: Path, error: QBCompilerError) -> QBCompilerError:
+    """The workbench's words for a file no frontend claims (the CLI's hint says "pass --backend")."""
+    if path.suffix.lower() == ".gguf":
+        hint = (f"A GGUF file is a decoder LLM: compile it on the command line (qbcompiler compile --model "
+                f"{path.name} --output {path.stem}.llm.json, see docs/llm.md), then run the result here in "
+                "Compile > Try a Compiled LLM.")
+    else:
+        hint = (f"The workbench imports these files: {MODEL_PATTERNS}; and TensorFlow SavedModel or transformers "
+                "folders (File > Import Model Folder).")
+    return type(error)(error.message, hint=hint, **error.fields)
+
+
 MODEL_PATTERNS = " ".join(model_file_patterns())
 MODEL_FILTER = f"Models ({MODEL_PATTERNS});;All files (*)"
 PROJECT_FILTER = f"qb Studio project (*{PROJECT_SUFFIX})"
@@ -505,7 +517,7 @@ class MainWindow(QMainWindow):
         try:
             backend = detect_backend(path)
         except QBCompilerError as error:
-            dialogs.show_error(self, "Cannot import model", error)
+            dialogs.show_error(self, "Cannot import model", unknown_model_error(path, error))
             return False
         if not self._make_room_for(path):
             return False
