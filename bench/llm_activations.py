@@ -250,15 +250,11 @@ def ceiling(model, prompts: list[list[int]], references: list[list[int]], dtypes
     import copy
 
     import torch
-    from llm_weights import forced, greedy
+    from llm_weights import agreement
 
     for name in dtypes:
         other = copy.deepcopy(model).to(getattr(torch, name))
-        firsts, agree = [], 0
-        for ids, reference in zip(prompts, references):
-            ours = greedy(other, ids)
-            firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
-            agree += forced(other, ids, reference)
+        firsts, agree = agreement(other, prompts, references)
         total = NEW_TOKENS * len(prompts)
         print(f"model in {name:8s} first divergences {firsts}: mean {np.mean(firsts):4.1f}, "
               f"{sum(firsts) / total:6.1%} before it; teacher-forced {agree / total:6.1%}", flush=True)

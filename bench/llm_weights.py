@@ -106,6 +106,17 @@ def forced(model, ids: list[int], reference: list[int]) -> int:
     return sum(int(a) == b for a, b in zip(logits.argmax(-1).tolist(), reference))
 
 
+def agreement(model, prompts: list[list[int]], references: list[list[int]]) -> tuple[list[int], int]:
+    """Per prompt, the first greedy token that differs from the reference (NEW_TOKENS if none), and the
+    teacher-forced top-1 matches over all prompts."""
+    firsts, agree = [], 0
+    for ids, reference in zip(prompts, references):
+        ours = greedy(model, ids)
+        firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
+        agree += forced(model, ids, reference)
+    return firsts, agree
+
+
 def heldout(model, reference_logits: list, windows: list[list[int]]) -> tuple[float, float]:
     """Top-1 agreement with ``reference_logits`` and perplexity of ``model`` over ``windows`` (after the prefix)."""
     import torch
@@ -143,11 +154,7 @@ def main() -> None:
     print(f"FP32       held-out perplexity {heldout(model, held_reference, held)[1]:.3f}", flush=True)
     for kind in kinds:
         other = rounded(model, kind, windows)
-        firsts, agree = [], 0
-        for ids, reference in zip(prompts, references):
-            ours = greedy(other, ids)
-            firsts.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), NEW_TOKENS))
-            agree += forced(other, ids, reference)
+        firsts, agree = agreement(other, prompts, references)
         total = NEW_TOKENS * len(prompts)
         top1, ppl = heldout(other, held_reference, held)
         print(f"{kind:10s} first divergences {firsts}: mean {np.mean(firsts):.1f}, {sum(firsts) / total:.1%} before "

@@ -314,12 +314,17 @@ def test_reference_runs_the_fp32_exports(model, compiled):
     assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
 
 
+def tiny_llama_config(layers: int):
+    """A 64-wide Llama with 4 heads / 1 KV head, vocabulary 512 and tied embeddings (the small tests' model)."""
+    return transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                    num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+
+
 def test_cli_compiles_a_transformers_folder_to_a_manifest(tmp_path, capsys):
     from compiler_core.cli import run
 
     torch.manual_seed(1)
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    config = tiny_llama_config(1)
     folder = tmp_path / "tiny"
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
@@ -368,8 +373,7 @@ def test_compiled_weights_are_the_gptq_codes(tmp_path):
     from compiler_core.runtime.artifact import load_artifact
 
     torch.manual_seed(1)
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    config = tiny_llama_config(1)
     tiny = transformers.LlamaForCausalLM(config).eval()
     tokens = np.random.default_rng(5).integers(0, 511, 8 * 8)
     manifest = compile_llm(tiny, tmp_path / "g.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
@@ -437,8 +441,7 @@ def test_rotated_compile_matches_fp32_and_leaves_the_module(tmp_path):
     from compiler_core.runtime.llm import LlmModel
 
     torch.manual_seed(2)
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+    config = tiny_llama_config(2)
     tiny = transformers.LlamaForCausalLM(config).eval()
     tokens = np.random.default_rng(6).integers(0, 511, 8 * 8)
     manifest = compile_llm(tiny, tmp_path / "r.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
