@@ -95,3 +95,12 @@ def test_float_io_device_exchanges_float32(tmp_path):
     result = mxq_compile(mblt, "regulus-rb", SAMPLE_DIR / "calib", tmp_path / "s.mxq",
                          compile_config=SAMPLE_DIR / "compile_config.yaml", analysis_holdout=0)
     assert _launched(result.mxq_path).host_io == "float32"
+
+
+def test_inputs_to_run_are_not_warned_about_as_too_few_calibration_samples(usb_mxq, caplog):
+    """``qbcompiler run --input photo.png`` warned "Only 1 calibration sample(s)": it is an input, not calibration."""
+    artifact = Model(usb_mxq).artifact
+    one = sorted((SAMPLE_DIR / "test").iterdir())[0]
+    with caplog.at_level("WARNING"):
+        names = [name for name, _ in load_run_inputs(artifact, [str(one)])]
+    assert len(names) == 1 and "calibration sample" not in caplog.text

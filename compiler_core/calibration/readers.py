@@ -93,7 +93,8 @@ class ReadOptions:
 def open_calibration_data(calib_data_path: PathLike | Sequence[PathLike] | None, inputs: list[InputSpec], *,
                           preprocessing: PreprocessingConfig | Mapping[str, Any] | None = None,
                           image_channels: int = 0, use_random_calib: bool = False, max_samples: int | None = None,
-                          seed: int = 0, reporter: Reporter | ProgressCallback | None = None) -> CalibrationDataset:
+                          seed: int = 0, reporter: Reporter | ProgressCallback | None = None,
+                          for_calibration: bool = True) -> CalibrationDataset:
     """Open calibration data in any supported form and check it against ``inputs``.
 
     Every file is checked (existence, decoding, shape, dtype, channels, size after preprocessing)
@@ -112,6 +113,8 @@ def open_calibration_data(calib_data_path: PathLike | Sequence[PathLike] | None,
             For random data, the number of samples (default 32).
         seed: Seed of the random data.
         reporter: Progress and cancellation (:class:`~compiler_core.progress.Reporter` or callback).
+        for_calibration: Warn when there are few samples for steady ranges (False: inputs to run, e.g.
+            ``qbcompiler run --input photo.png``).
 
     Returns:
         The validated dataset.
@@ -136,7 +139,7 @@ def open_calibration_data(calib_data_path: PathLike | Sequence[PathLike] | None,
     if use_random_calib:
         logger.warning("use_random_calib is ignored because calibration data was given.")
     options = ReadOptions(_preprocessing_config(preprocessing), image_channels)
-    return _file_dataset(paths, inputs, options, max_samples, reporter)
+    return _file_dataset(paths, inputs, options, max_samples, reporter, for_calibration)
 
 
 def _preprocessing_config(value: PreprocessingConfig | Mapping[str, Any] | None) -> PreprocessingConfig:
@@ -156,7 +159,7 @@ def _path_list(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
 
 
 def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptions,
-                  max_samples: int | None, reporter: Reporter) -> CalibrationDataset:
+                  max_samples: int | None, reporter: Reporter, for_calibration: bool = True) -> CalibrationDataset:
     listings = [read_listing(path, inputs) for path in paths]
     rows = [row for listing in listings for row in listing.rows]
     if max_samples is not None and max_samples > 0:
@@ -165,7 +168,8 @@ def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptio
         columns, settings = _build_columns(rows, inputs, options, reporter)
     samples = [Sample.of([column[i] for column in columns]) for i in range(len(rows))]
     kind = "+".join(dict.fromkeys(listing.kind for listing in listings))
-    _warn_if_few(len(samples))
+    if for_calibration:
+        _warn_if_few(len(samples))
     notes = settings.pop("notes")
     return CalibrationDataset(inputs, samples, kind, settings, notes)
 

@@ -23,6 +23,6 @@ def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterato
     config = CompileConfig.model_validate(artifact.meta.get("config") or {})
     preprocessing = config.preprocessing if config.preprocessing.apply else None
     dataset = open_calibration_data(list(paths), input_specs_of(artifact), preprocessing=preprocessing,
-                                    image_channels=config.image_channels)
+                                    image_channels=config.image_channels, for_calibration=False)
     for index in range(len(dataset)):
         yield dataset.sources[index], dataset.sample(index)
