@@ -14,10 +14,13 @@ SUFFIX_BACKENDS: dict[str, str] = {
 CONTENT_DETECTED_SUFFIXES: tuple[str, ...] = (".pt",)
 """Suffixes whose backend is told from the file's bytes (``.pt``: ``torch.save`` or ``torch.jit.save``)."""
 
+LLM_SUFFIXES: tuple[str, ...] = (".gguf",)
+"""Decoder LLM files (llama.cpp GGUF): two graphs, prefill and decode (``compiler_core.frontends.llm``)."""
+
 MODEL_FOLDER_MARKERS: dict[str, str] = {"saved_model.pb": "tf", "config.json": "torch"}
 """A folder holding this file is a model of that backend (TensorFlow SavedModel, HuggingFace)."""
 
 
 def model_file_patterns() -> list[str]:
     """Glob patterns of every model file the compiler reads (``*.onnx`` ...), for file dialogs."""
-    return [f"*{suffix}" for suffix in (*SUFFIX_BACKENDS, *CONTENT_DETECTED_SUFFIXES)]
+    return [f"*{suffix}" for suffix in (*SUFFIX_BACKENDS, *CONTENT_DETECTED_SUFFIXES, *LLM_SUFFIXES)]

@@ -182,6 +182,52 @@ def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str,
     return paths[0], paths[1]
 
 
+def parse_llm(source: Any, prefill_path: str | Path, decode_path: str | Path, *,
+              prefill_len: int = graphs.DEFAULT_PREFILL_LEN, max_len: int = graphs.DEFAULT_MAX_LEN,
+              callback: Any = None, cancel_token: Any = None) -> tuple[Path, Path]:
+    """Parse a decoder LLM to its two MBLTs, to look at and check before compiling (no calibration).
+
+    The graphs are those :func:`compile_llm` compiles, without an outlier prefix, rotation or GPTQ rounding
+    (which change the weights, not the graphs' layers): ``prefill_path`` takes ``prefill_len`` tokens,
+    ``decode_path`` one token and a KV cache of ``max_len`` positions. Each MBLT is written atomically;
+    on cancel or error nothing new is left but a prefill MBLT written before the decode one failed.
+
+    Args:
+        source: A ``*ForCausalLM`` module, a transformers folder or a ``.gguf`` file.
+        prefill_path: The prefill graph's MBLT.
+        decode_path: The decode graph's MBLT.
+        prefill_len: N, tokens per prefill call.
+        max_len: L, KV-cache positions.
+        callback: Receives :class:`~compiler_core.progress.ProgressEvent` objects.
+        cancel_token: Cancels between steps.
+
+    Returns:
+        ``(prefill_path, decode_path)``.
+    """
+    import tempfile
+
+    from compiler_core.api import mblt_compile
+    from compiler_core.progress import as_reporter
+
+    reporter = as_reporter(callback, cancel_token)
+    prefill_path, decode_path = Path(prefill_path), Path(decode_path)
+    name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
+    with reporter.stage("load", total=1, message=f"loading {name} with transformers"):
+        model, _ = graphs.load_causal_lm(source)
+        reporter.advance()
+    shape = graphs.LlmShape(prefill_len, max_len)
+    prefill_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qb-llm-", dir=prefill_path.parent) as scratch:
+        with reporter.stage("export", total=1, message="exporting the prefill and decode graphs to ONNX"):
+            exported = export_graphs(model, shape, Path(scratch), "llm")
+            reporter.advance()
+        del model  # its weights are in the exports now: half the memory for the parses
+        for onnx_path, mblt_path in zip(exported, (prefill_path, decode_path), strict=True):
+            reporter.check()
+            mblt_compile(str(onnx_path), mblt_path, backend="onnx", callback=reporter)
+    return prefill_path, decode_path
+
+
 def _large(model: Any) -> bool:
     return sum(p.numel() for p in model.parameters()) * 4 > 1_500_000_000  # protobuf's 2 GB limit, with room
 

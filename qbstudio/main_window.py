@@ -39,6 +39,7 @@ from compiler_core import __version__ as core_version
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
 from compiler_core.formats import MODEL_FOLDER_MARKERS, model_file_patterns
+from compiler_core.frontends.llm import DEFAULT_MAX_LEN, DEFAULT_PREFILL_LEN
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
@@ -77,14 +78,24 @@ def default_window_size(available: QSize | None) -> QSize:
 
 def unknown_model_error(path: Path, error: QBCompilerError) -> QBCompilerError:
     """The workbench's words for a file no frontend claims (the CLI's hint says "pass --backend")."""
-    if path.suffix.lower() == ".gguf":
-        hint = (f"A GGUF file is a decoder LLM: compile it on the command line (qbcompiler compile --model "
-                f"{path.name} --output {path.stem}.llm.json, see docs/llm.md), then run the result here in "
-                "Compile > Try a Compiled LLM.")
-    else:
-        hint = (f"The workbench imports these files: {MODEL_PATTERNS}; and TensorFlow SavedModel or transformers "
-                "folders (File > Import Model Folder).")
+    hint = (f"The workbench imports these files: {MODEL_PATTERNS}; and TensorFlow SavedModel or transformers "
+            "folders (File > Import Model Folder).")
     return type(error)(error.message, hint=hint, **error.fields)
+
+
+LLM_BACKEND = "llm"
+"""``ModelRef.backend`` of a decoder LLM (GGUF file, ``*ForCausalLM`` folder): a prefill and a decode graph."""
+LLM_GRAPH_TIPS = {
+    "Prefill": f"The prompt graph: {DEFAULT_PREFILL_LEN} tokens in; their logits and KV-cache entries out",
+    "Decode": f"The generation graph: 1 token and the KV cache ({DEFAULT_MAX_LEN} positions) in; the next token's "
+              "logits and KV-cache entries out"}
+
+
+def llm_compile_hint(path: Path) -> str:
+    """Why Compile is off for a decoder LLM, and the command that compiles it."""
+    return (f"A decoder LLM compiles to a prefill and a decode MXQ on the command line: qbcompiler compile --model "
+            f"{path.name} --output {path.stem}.llm.json --calib-data-path TEXT.txt (docs/llm.md). Then run it here "
+            "in Compile > Try a Compiled LLM.")
 
 
 MODEL_PATTERNS = " ".join(model_file_patterns())
@@ -196,8 +207,18 @@ class MainWindow(QMainWindow):
 
     @property
     def report(self) -> Any:
-        """The loaded model's support report on the current device, or None."""
+        """The support report, on the current device, of the graph shown, or None."""
         return self.session.report
+
+    @property
+    def shown_model(self) -> Any:
+        """The ``ir.Model`` of the graph shown (a decoder LLM's prefill or decode graph), or None."""
+        return self.loaded.graph(self.graph.graph_name)[1] if self.loaded else None
+
+    @property
+    def is_llm(self) -> bool:
+        """Whether the project's model is a decoder LLM (two graphs: prefill and decode)."""
+        return self.project.model is not None and self.project.model.backend == LLM_BACKEND
 
     # ================================================================== building
 
@@ -359,6 +380,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.graph.node_selected.connect(self._on_graph_selection)
+        self.graph.graph_chosen.connect(self.show_graph)
         self.graph.node_context_requested.connect(self._on_node_context)
         self.graph.load_failed.connect(lambda text: self.statusBar().showMessage(f"Graph: {text}", 8000))
         self.support.node_activated.connect(self._on_support_selection)
@@ -434,6 +456,7 @@ class MainWindow(QMainWindow):
             self.graph.clear()
         else:
             self.tabs.setCurrentWidget(self.graph)  # Chromium does not lay out pages in hidden tabs
+            self.graph.set_graphs(loaded.graph_names, LLM_GRAPH_TIPS, current=loaded.name)
             self.graph.load_mblt(loaded.mblt_path)
         self.details.clear()
         self.support.set_report(None)
@@ -491,10 +514,14 @@ class MainWindow(QMainWindow):
             dialogs.show_error(self, "Model not found", f"The project's model '{model.path}' does not exist.")
             return
         if self.project.has_mblt and not model.changed_on_disk():
-            from qbstudio.tasks import open_mblt
+            from qbstudio.tasks import llm_decode_path, open_llm, open_mblt
 
-            self._start_model_job("open", open_mblt, self.project.mblt_path)
-            return
+            if model.backend != LLM_BACKEND:
+                self._start_model_job("open", open_mblt, self.project.mblt_path)
+                return
+            if llm_decode_path(self.project.mblt_path).is_file():
+                self._start_model_job("open", open_llm, self.project.mblt_path)
+                return
         if model.changed_on_disk():
             logger.warning("%s changed since it was imported; parsing it again", model.path)
         self._start_parse(model)
@@ -512,10 +539,11 @@ class MainWindow(QMainWindow):
         if not self._idle("import a model"):
             return False
         from compiler_core.frontends import detect_backend
+        from compiler_core.frontends.llm import is_causal_lm_source
 
         path = Path(path).absolute()
         try:
-            backend = detect_backend(path)
+            backend = LLM_BACKEND if is_causal_lm_source(path) else detect_backend(path)
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot import model", unknown_model_error(path, error))
             return False
@@ -549,17 +577,23 @@ class MainWindow(QMainWindow):
         from qbstudio.state.model_info import dynamic_inputs, onnx_input_shapes
 
         if backend != "onnx" or path.suffix.lower() == ".mblt":
-            return {}
+            return {}  # other frontends ask through their errors' fields (_answer_for); an LLM's shapes are fixed
         shapes = onnx_input_shapes(path)
         if not dynamic_inputs(shapes):
             return {}
         return dialogs.ask_input_shapes(self, shapes, model_name=path.name)
 
     def _start_parse(self, model: ModelRef) -> None:
-        from qbstudio.tasks import parse_model
+        from qbstudio.tasks import parse_llm_model, parse_model
 
         self._pending_model = model
         self.tabs.setCurrentIndex(0)  # where the parsed graph appears (and, until then, what the parse does)
+        if model.backend == LLM_BACKEND:
+            self._start_model_job("parse", parse_llm_model, model.path, self.project.mblt_path,
+                                  busy=f"Parsing the decoder LLM {Path(model.path).name} to its prefill and "
+                                       "decode graphs (transformers loads it; a minute or more)")
+            self.statusBar().showMessage(f"Parsing {Path(model.path).name} (decoder LLM)…")
+            return
         self._start_model_job("parse", parse_model, model.path, self.project.mblt_path, backend=model.backend,
                               input_shapes=model.input_shapes, output_names=model.output_names,
                               constant_inputs=model.constant_inputs, allow_pickle=model.allow_pickle,
@@ -657,6 +691,16 @@ class MainWindow(QMainWindow):
                                constant_inputs={**pending.constant_inputs, **constants})
         return None
 
+    def show_graph(self, name: str) -> None:
+        """Show the model's graph ``name`` (a decoder LLM's "Prefill" or "Decode"), with its support colours."""
+        if self.loaded is None:
+            return
+        if self.graph.graph_name != name:
+            self.graph.set_graphs(self.loaded.graph_names, LLM_GRAPH_TIPS, current=name)
+        self.graph.load_mblt(self.loaded.graph(name)[0])
+        self.details.clear()
+        self.check_support()
+
     def _specs(self) -> list:
         if self.loaded is None:
             return []
@@ -686,7 +730,7 @@ class MainWindow(QMainWindow):
             return
         from compiler_core.targets import check_support
 
-        self.session.set_report(check_support(self.loaded.model, self.project.settings.device))
+        self.session.set_report(check_support(self.shown_model, self.project.settings.device))
         statuses, reasons = statuses_from_report(self.report)
         self.graph.set_support(statuses, reasons)
         self.support.set_report(self.report.to_dict())
@@ -706,7 +750,7 @@ class MainWindow(QMainWindow):
         """Show node ``name``'s details, with support and the latest run's precision and SQNR."""
         from qbstudio.state.model_info import node_info
 
-        info = node_info(self.loaded.model, name) if self.loaded else None
+        info = node_info(self.shown_model, name) if self.loaded else None
         if info is None:
             self.details.clear()
             return
@@ -904,6 +948,8 @@ class MainWindow(QMainWindow):
             return Readiness(False, "Import a model first.")
         if self.runner.is_busy("model"):
             return Readiness(False, "The model is still loading.")
+        if self.is_llm:
+            return Readiness(False, llm_compile_hint(Path(self.project.model.path)))
         return compile_readiness(self.loaded.model, self.report, self.project.settings.config.cpu_offload)
 
     def _update_can_compile(self) -> None:
@@ -1055,7 +1101,9 @@ class MainWindow(QMainWindow):
         if model is None:
             self.model_label.setText("<i>No model. File › Import Model… or drop a model file here.</i>")
             return
-        nodes = f", {len(self.loaded.model.graph)} nodes" if self.loaded else " (loading…)"
+        nodes = (" (loading…)" if not self.loaded else
+                 "".join(f", {name.lower()} {len(self.loaded.graph(name)[1].graph)} nodes"
+                         for name in self.loaded.graph_names) or f", {len(self.loaded.model.graph)} nodes")
         shapes = "".join(f"<br>{name}: {dims}" for name, dims in model.input_shapes.items())
         cut = f"<br>cut at: {html.escape(', '.join(model.output_names))}" if model.output_names else ""
         inputs = "".join(f"<br>input {spec.name}: {list(spec.shape)} {spec.dtype.name}" for spec in self._specs())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,38 @@ class LoadedModel:
         mblt_path: The MBLT file.
         model: The MBLT loaded with onnx-ir.
         sha256: The MBLT file's content hash: runs compiled from it carry it.
+        name: The graph's name when the model has several ("Prefill" of a decoder LLM), else "".
+        others: The model's other graphs by name, each an MBLT path and its model (a decoder LLM's "Decode").
     """
 
     mblt_path: Path
     model: ir.Model
     sha256: str = ""
+    name: str = ""
+    others: dict[str, tuple[Path, ir.Model]] = field(default_factory=dict)
+
+    @property
+    def graph_names(self) -> list[str]:
+        """The names of the model's graphs, the main one first; empty for a model of one graph."""
+        return [self.name, *self.others] if self.others else []
+
+    def graph(self, name: str) -> tuple[Path, ir.Model]:
+        """The MBLT path and model of graph ``name`` (the main one for "" or its own name)."""
+        return self.others.get(name, (self.mblt_path, self.model))
 
 
 PARSE_TARGET = "qbstudio.tasks:parse_to_file"
 """What :func:`parse_model` runs in a child process."""
+LLM_PARSE_TARGET = "qbstudio.tasks:parse_llm_to_files"
+"""What :func:`parse_llm_model` runs in a child process."""
+LLM_GRAPHS = ("Prefill", "Decode")
+"""A decoder LLM's graph names, the project's MBLT first."""
+
+
+def llm_decode_path(mblt_path: str | Path) -> Path:
+    """Where a decoder LLM's decode graph is kept beside the project's MBLT (its prefill graph)."""
+    path = Path(mblt_path)
+    return path.with_name(f"{path.stem}.decode{path.suffix}")
 
 
 def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],
@@ -76,6 +99,23 @@ def parse_to_file(source: str, mblt_path: str, *, backend: str | None, input_sha
                             callback=reporter, **options))
 
 
+def parse_llm_model(source: str, mblt_path: str | Path, *, callback=None, cancel_token=None) -> LoadedModel:
+    """Parse a decoder LLM (GGUF file, transformers folder) in a child process: its prefill graph to
+    ``mblt_path``, its decode graph to :func:`llm_decode_path`; load both here."""
+    from qbstudio.process_jobs import run_in_process
+
+    run_in_process(LLM_PARSE_TARGET, str(source), str(mblt_path), callback=callback, cancel_token=cancel_token)
+    return open_llm(mblt_path, callback=callback, cancel_token=cancel_token)
+
+
+def parse_llm_to_files(source: str, mblt_path: str, *, callback=None, cancel_token=None) -> str:
+    """:func:`compiler_core.llm.parse_llm` to ``mblt_path`` and its :func:`llm_decode_path`."""
+    from compiler_core.llm import parse_llm
+
+    parse_llm(source, mblt_path, llm_decode_path(mblt_path), callback=as_reporter(callback, cancel_token))
+    return mblt_path
+
+
 def open_mblt(mblt_path: str | Path, *, callback=None, cancel_token=None) -> LoadedModel:
     """Load an existing MBLT."""
     reporter = as_reporter(callback, cancel_token)
@@ -84,6 +124,18 @@ def open_mblt(mblt_path: str | Path, *, callback=None, cancel_token=None) -> Loa
         sha = sha256_file(mblt_path)
         reporter.advance()
     return LoadedModel(Path(mblt_path), model, sha)
+
+
+def open_llm(mblt_path: str | Path, *, callback=None, cancel_token=None) -> LoadedModel:
+    """Load a decoder LLM's two MBLTs (prefill at ``mblt_path``, decode beside it)."""
+    loaded = open_mblt(mblt_path, callback=callback, cancel_token=cancel_token)
+    decode = llm_decode_path(mblt_path)
+    reporter = as_reporter(callback, cancel_token)
+    with reporter.stage("open", total=1, message=f"opening {decode.name}"):
+        loaded.others = {LLM_GRAPHS[1]: (decode, load_mblt(decode))}
+        reporter.advance()
+    loaded.name = LLM_GRAPHS[0]
+    return loaded
 
 
 @dataclass

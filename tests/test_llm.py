@@ -460,3 +460,35 @@ def test_rotated_compile_matches_fp32_and_leaves_the_module(tmp_path):
     prefill = lm.prefill(ids[:8])
     assert min(cosine(prefill[i], reference[i]) for i in range(8)) >= 0.99
     assert cosine(lm.prompt_logits(ids), reference[-1]) >= 0.99  # 8 tokens of prefill, then 4 decode steps
+
+
+def test_a_causal_lm_is_told_from_its_files_and_parses_to_both_graphs(model, tmp_path):
+    """What the workbench shows for a decoder LLM: the prefill and decode graphs compile_llm compiles."""
+    from compiler_core.api import load_mblt
+    from compiler_core.formats import model_file_patterns
+    from compiler_core.frontends import detect_backend
+    from compiler_core.llm import parse_llm
+    from compiler_core.targets import check_support
+
+    folder = tmp_path / "small"
+    model.save_pretrained(folder)
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    (encoder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert graphs.is_causal_lm_source(folder) and graphs.is_causal_lm_source(tmp_path / "x.GGUF")
+    assert not any(graphs.is_causal_lm_source(path) for path in (encoder, tmp_path / "broken", tmp_path / "m.onnx"))
+    assert "*.gguf" in model_file_patterns()
+    with pytest.raises(Exception, match="decoder LLM") as error:
+        detect_backend(tmp_path / "x.gguf")
+    assert "--output x.llm.json" in error.value.hint
+
+    prefill, decode = parse_llm(folder, tmp_path / "m.mblt", tmp_path / "m.decode.mblt", prefill_len=8, max_len=16)
+    prefill_model, decode_model = load_mblt(prefill), load_mblt(decode)
+    assert [v.name for v in prefill_model.graph.inputs] == ["input_ids", "position_ids"]
+    assert [v.name for v in decode_model.graph.inputs][:4] == ["input_ids", "position_ids", "cache_mask", "past_key_0"]
+    assert list(prefill_model.graph.inputs[0].shape) == [1, 8]
+    assert list(decode_model.graph.inputs[3].shape) == [1, 2, 16, 32]  # 2 KV heads, 16 positions, head dim 256/8
+    for parsed in (prefill_model, decode_model):  # what the graph view colours is what compile_llm compiles
+        assert check_support(parsed, "aries-rb").compilable

@@ -9,7 +9,7 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core.errors import ArgumentError, ModelLoadError
-from compiler_core.formats import MODEL_FOLDER_MARKERS, SUFFIX_BACKENDS
+from compiler_core.formats import LLM_SUFFIXES, MODEL_FOLDER_MARKERS, SUFFIX_BACKENDS
 
 BACKENDS = ("onnx", "torch", "torchscript", "tf", "tflite")
 
@@ -85,6 +85,10 @@ def detect_backend(path: str | Path) -> str:
             return "torchscript" if is_torchscript_archive(path) else "torch"
         if head[:1] == b"\x80":  # a pre-zip torch.save pickle
             return "torch"
+    if suffix in LLM_SUFFIXES:
+        raise ModelLoadError(f"'{path.name}' is a decoder LLM: it compiles to a prefill and a decode graph.",
+                             hint=f"qbcompiler compile --model {path.name} --output {path.stem}.llm.json "
+                                  "--calib-data-path TEXT.txt (docs/llm.md).", file=str(path))
     raise ModelLoadError(f"Cannot tell the kind of model from '{path.name}'.",
                          hint=f"Pass --backend (one of: {', '.join(BACKENDS)}).", file=str(path))
 

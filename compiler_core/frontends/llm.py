@@ -27,6 +27,7 @@ are ``Where(mask, scores, float32 min)``, which the quantizer saturates to the s
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from compiler_core.errors import ArgumentError, ModelLoadError
+from compiler_core.formats import LLM_SUFFIXES
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,23 @@ def smollm2_gguf_path() -> Path | None:
         return None
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     return path if path.is_file() else None
+
+
+def is_causal_lm_source(path: str | Path) -> bool:
+    """Whether ``path`` is a decoder LLM this module loads: a ``.gguf`` file, or a transformers folder whose
+    ``config.json`` names a ``*ForCausalLM`` architecture. Reads no weights and imports neither torch nor
+    transformers."""
+    path = Path(path)
+    if path.suffix.lower() in LLM_SUFFIXES:
+        return True
+    config = path / "config.json"
+    if not path.is_dir() or not config.is_file():
+        return False
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False  # the torch frontend reports what is wrong with the folder
+    return any(isinstance(name, str) and name.endswith("ForCausalLM") for name in architectures)
 
 
 def load_causal_lm(source: Any) -> tuple[Any, Any]:

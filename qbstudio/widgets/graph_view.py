@@ -19,7 +19,7 @@ import shiboken6
 from PySide6.QtCore import QCoreApplication, QPoint, QRectF, Qt, QUrl, Signal
 from PySide6.QtGui import QColor, QLinearGradient, QPainter
 from PySide6.QtWebEngineWidgets import QWebEngineView
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QTabBar, QVBoxLayout, QWidget
 
 from qbstudio.netron.page import LocalOnlyInterceptor, NetronPage, create_profile
 from qbstudio.netron.palette import SUPPORT_PALETTE
@@ -149,6 +149,7 @@ class GraphView(QWidget):
         load_failed(str): Netron shows an error, or a dialog it would wait on, instead of the graph.
         colouring_changed(str): The user chose another colouring (``support`` or a key of :meth:`set_colourings`).
         heat_painted(int, float): Heat colours reached the page: nodes coloured, milliseconds from the call.
+        graph_chosen(str): The user chose another graph of the model on the graph tabs (:meth:`set_graphs`).
     """
 
     ready = Signal()
@@ -157,6 +158,7 @@ class GraphView(QWidget):
     load_failed = Signal(str)
     colouring_changed = Signal(str)
     heat_painted = Signal(int, float)
+    graph_chosen = Signal(str)
 
     def __init__(self, parent: QWidget | None = None, *, scheme_handler: NetronSchemeHandler | None = None,
                  large_graph_threshold: int = LARGE_GRAPH_NODES) -> None:
@@ -191,6 +193,11 @@ class GraphView(QWidget):
         self._banner.setStyleSheet("QLabel { background: #fff4d6; color: #1a1a1a; border-bottom: 1px solid #ffb300;"
                                    " padding: 4px 8px; }")
         self._banner.hide()
+        self.graph_tabs = QTabBar(self, objectName="graphTabs")
+        self.graph_tabs.setDrawBase(False)
+        self.graph_tabs.setExpanding(False)
+        self.graph_tabs.currentChanged.connect(self._on_graph_tab)
+        self.graph_tabs.hide()
         self._placeholder = QLabel(NO_MODEL_TEXT, self, wordWrap=True, objectName="graphPlaceholder")
         self._placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._web = QWebEngineView()
@@ -219,6 +226,7 @@ class GraphView(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self._banner)
+        layout.addWidget(self.graph_tabs)
         layout.addWidget(self._stack, 1)
         layout.addLayout(footer)
 
@@ -292,6 +300,30 @@ class GraphView(QWidget):
         logger.info("Graph view: opening %s", path)
         self._web.setUrl(INDEX_URL)
 
+    def set_graphs(self, names: list[str], tips: Mapping[str, str] | None = None, current: str = "") -> None:
+        """Offer the model's graphs as tabs above the view (a decoder LLM's prefill and decode graphs);
+        fewer than two names hide the tabs. Choosing one sends :attr:`graph_chosen`; the caller loads it."""
+        self.graph_tabs.blockSignals(True)
+        while self.graph_tabs.count():
+            self.graph_tabs.removeTab(0)
+        for name in names:
+            index = self.graph_tabs.addTab(name)
+            self.graph_tabs.setTabData(index, name)
+            self.graph_tabs.setTabToolTip(index, (tips or {}).get(name, ""))
+        if current in names:
+            self.graph_tabs.setCurrentIndex(names.index(current))
+        self.graph_tabs.blockSignals(False)
+        self.graph_tabs.setVisible(len(names) > 1)
+
+    @property
+    def graph_name(self) -> str:
+        """The graph tab chosen ("" when the model has one graph)."""
+        return self.graph_tabs.tabData(self.graph_tabs.currentIndex()) or "" if self.graph_tabs.count() > 1 else ""
+
+    def _on_graph_tab(self, index: int) -> None:
+        if index >= 0:
+            self.graph_chosen.emit(self.graph_tabs.tabData(index))
+
     def warm_up(self) -> None:
         """Load Netron's page with no model, so the web engine's renderer starts before the first model.
 
@@ -309,6 +341,7 @@ class GraphView(QWidget):
         renderer running for the next model.
         """
         shown = self._handler.model_name is not None
+        self.set_graphs([])
         self._placeholder.setText(NO_MODEL_TEXT)
         self._reset_state()
         self._handler.clear_model()

@@ -950,16 +950,14 @@ def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, ans
 
 
 def test_a_file_no_frontend_reads_is_explained_in_the_workbench_s_words(make_window, answers, tmp_path, monkeypatch):
-    """The hint said "Pass --backend" (a CLI flag) in the workbench; a GGUF LLM gets the way that works."""
+    """The hint said "Pass --backend" (a CLI flag) in the workbench; it lists what the workbench imports.
+    (A GGUF file imports as a decoder LLM: tests/gui/test_llm_graphs.py.)"""
     shown = []
     monkeypatch.setattr(dialogs, "show_error", lambda _parent, title, error: shown.append((title, str(error))))
     window = make_window()
-    gguf = tmp_path / "SmolLM2.gguf"
-    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
     other = tmp_path / "weights.bin"
     other.write_bytes(b"\x00" * 16)
-    assert not window.import_model(gguf) and not window.import_model(other)
-    (title, gguf_text), (_, other_text) = shown
-    assert title == "Cannot import model" and "--backend" not in gguf_text + other_text
-    assert "--output SmolLM2.llm.json" in gguf_text and "Try a Compiled LLM" in gguf_text
-    assert "*.onnx" in other_text and "Import Model Folder" in other_text
+    assert not window.import_model(other)
+    [(title, other_text)] = shown
+    assert title == "Cannot import model" and "--backend" not in other_text
+    assert "*.onnx" in other_text and "*.gguf" in other_text and "Import Model Folder" in other_text
