@@ -28,6 +28,7 @@ import numpy as np
 from compiler_core.errors import ArgumentError, CalibrationError
 from compiler_core.fileio import atomic_write_text
 from compiler_core.frontends import llm as graphs
+from compiler_core.progress import as_reporter
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +208,6 @@ def parse_llm(source: Any, prefill_path: str | Path, decode_path: str | Path, *,
     import tempfile
 
     from compiler_core.api import mblt_compile
-    from compiler_core.progress import as_reporter
 
     reporter = as_reporter(callback, cancel_token)
     prefill_path, decode_path = Path(prefill_path), Path(decode_path)
@@ -361,7 +361,10 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                             hint=f"e.g. smollm2{MANIFEST_SUFFIX}; the MXQs are written beside it.")
     folder, stem = save_path.parent, save_path.name[: -len(MANIFEST_SUFFIX)]
     folder.mkdir(parents=True, exist_ok=True)
-    model, loaded_tokenizer = graphs.load_causal_lm(source)
+    reporter = as_reporter(compile_kwargs.get("callback"), compile_kwargs.get("cancel_token"))
+    with reporter.stage("load", total=1, message="loading the model with transformers"):
+        model, loaded_tokenizer = graphs.load_causal_lm(source)
+        reporter.advance()
     tokenizer = tokenizer or loaded_tokenizer
     config = _config(config_preset, compile_kwargs)
     rotate = config.llm.rotate if rotate is None else rotate
@@ -370,17 +373,29 @@ def compile_llm(source: Any, save_path: str | Path, *, target_device: str = "ari
                            weight_bits=_weight_bits(config))
     tokens = _calibration_tokens(calib_token_ids, calib_text, tokenizer)
     chunks = token_chunks(tokens, prefill_len, num_samples)
-    selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
+    reporter.check()
+    with reporter.stage("prefix", total=1, message="choosing the outlier prefix tokens"):
+        selection = _prefix_tokens(outlier_prefix, model, tokenizer, chunks, config_preset, compile_kwargs)
+        reporter.advance()
     prefix = graphs.prefix_cache(model, selection["token_ids"], max_len) if selection["token_ids"] else None
     shape = graphs.LlmShape(prefill_len, max_len, last_logits, len(prefix) if prefix else 0)
     rotation = None
     if rotate:
-        model, rotation = _rotate(model, source)
+        with reporter.stage("rotate", total=1, message="rotating the residual stream"):
+            model, rotation = _rotate(model, source)
+            reporter.advance()
     rounding = None
     if gptq:
-        model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
-    prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
-    prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
+        with reporter.stage("gptq", total=1, message="rounding the weights with GPTQ"):
+            model, rounding = _gptq(model, source, tokens, selection["token_ids"], config_preset, compile_kwargs)
+            reporter.advance()
+    reporter.check()
+    with reporter.stage("calibration", total=1, message=f"FP32 calibration samples from {len(chunks)} windows"):
+        prefill_calib, decode_calib = write_calibration(model, shape, chunks, folder / f"{stem}.calib", prefix=prefix)
+        reporter.advance()
+    with reporter.stage("export", total=1, message="exporting the prefill and decode graphs to ONNX"):
+        prefill_onnx, decode_onnx = export_graphs(model, shape, folder, stem, prefix)
+        reporter.advance()
     results = {}
     for kind, onnx_path, calib in (("prefill", prefill_onnx, prefill_calib), ("decode", decode_onnx, decode_calib)):
         logger.info("Compiling the %s graph of %s", kind, stem)

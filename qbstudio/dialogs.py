@@ -13,12 +13,16 @@ from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QDialogButtonBox,
+    QFileDialog,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMessageBox,
+    QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -298,3 +302,122 @@ def about_text(extra: dict[str, Any]) -> str:
     rows = "".join(f"<tr><td><b>{key}</b></td><td>{value}</td></tr>" for key, value in extra.items())
     return ("<h3>qb Studio</h3><p>Open, offline model compiler workbench for Mobilint-style NPUs.</p>"
             f"<table>{rows}</table>")
+
+
+class LlmCompileDialog(QDialog):
+    """What compiling a decoder LLM needs: calibration text, preset, prefill length, KV-cache length, windows.
+
+    Args:
+        model_name: The model's file or folder name.
+        device: The target device (the toolbar's).
+        request: The previous answers (:class:`qbstudio.tasks.LlmCompileRequest`), shown again.
+        max_cache: The device's longest KV cache (None: not limited).
+        parent: Parent widget.
+    """
+
+    def __init__(self, model_name: str, device: str, request: Any, max_cache: int | None = None,
+                 parent: QWidget | None = None) -> None:
+        from compiler_core.config.presets import PRESETS
+        from qbstudio.tasks import LLM_PRESETS
+
+        super().__init__(parent)
+        self.setWindowTitle("Compile a decoder LLM")
+        self.setMinimumWidth(560)
+        self._request = request
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel(
+            f"<b>{html.escape(model_name)}</b> compiles for <b>{html.escape(device)}</b> to a prefill MXQ, a decode "
+            "MXQ and a manifest (<code>.llm.json</code>) that Try a Compiled LLM runs. Calibration runs the FP32 "
+            "model on windows of your text; a model of 100M+ parameters takes many minutes.", wordWrap=True))
+        form = QFormLayout()
+        self.text_edit = QLineEdit(request.text_path, objectName="llmCalibrationText")
+        self.text_edit.setPlaceholderText("a plain UTF-8 text file in the model's language")
+        self.text_edit.textChanged.connect(self._validate)
+        browse = QPushButton("Choose…")
+        browse.clicked.connect(self._browse)
+        row = QHBoxLayout()
+        row.addWidget(self.text_edit, 1)
+        row.addWidget(browse)
+        form.addRow("Calibration text", row)
+        self.preset_combo = QComboBox(objectName="llmPreset")
+        for name in LLM_PRESETS:
+            self.preset_combo.addItem(name, name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, PRESETS[name].description,
+                                          Qt.ItemDataRole.ToolTipRole)
+        self.preset_combo.setCurrentIndex(max(self.preset_combo.findData(request.preset), 0))
+        form.addRow("Preset", self.preset_combo)
+        self.prefill_spin = QSpinBox(objectName="llmPrefillLen", minimum=1, maximum=4096, value=request.prefill_len)
+        self.prefill_spin.setToolTip("Tokens per prefill call; longer prompts are prefilled in chunks")
+        form.addRow("Prefill tokens", self.prefill_spin)
+        self.cache_spin = QSpinBox(objectName="llmMaxLen", minimum=2, maximum=max_cache or 131072,
+                                   value=min(request.max_len, max_cache or request.max_len))
+        self.cache_spin.setToolTip("KV-cache positions: the longest prompt plus generation"
+                                   + (f" ({device} allows {max_cache})" if max_cache else ""))
+        form.addRow("KV-cache length", self.cache_spin)
+        self.windows_spin = QSpinBox(objectName="llmWindows", minimum=1, maximum=1024, value=request.num_samples)
+        self.windows_spin.setToolTip("Calibration windows of 'prefill tokens' tokens taken from the text")
+        form.addRow("Calibration windows", self.windows_spin)
+        for spin in (self.prefill_spin, self.cache_spin, self.windows_spin):
+            guard_wheel(spin)
+            spin.valueChanged.connect(self._validate)
+        layout.addLayout(form)
+        self.problem = QLabel(objectName="llmProblem", styleSheet="color: #c62828;", wordWrap=True)
+        layout.addWidget(self.problem)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Compile")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        self._validate()
+
+    def answers(self) -> Any:
+        """The :class:`qbstudio.tasks.LlmCompileRequest` of the form."""
+        from dataclasses import replace
+
+        return replace(self._request, text_path=self.text_edit.text().strip(),
+                       preset=self.preset_combo.currentData(), prefill_len=self.prefill_spin.value(),
+                       max_len=self.cache_spin.value(), num_samples=self.windows_spin.value())
+
+    def problem_text(self) -> str:
+        """Why the form cannot be compiled as it is ("" when it can)."""
+        from pathlib import Path
+
+        answers = self.answers()
+        if not answers.text_path:
+            return ""  # nothing typed yet: Compile waits, nothing to complain about
+        path = Path(answers.text_path)
+        if not path.is_file():
+            return f"No file at '{path}'."
+        if path.stat().st_size == 0:
+            return f"'{path.name}' is empty."
+        if answers.prefill_len >= answers.max_len:
+            return "The KV cache must hold more positions than one prefill call."
+        return ""
+
+    def _validate(self) -> None:
+        problem = self.problem_text()
+        self.problem.setText(problem)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(
+            not problem and bool(self.text_edit.text().strip()))
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Calibration text", self.text_edit.text(),
+                                              "Text (*.txt *.md);;All files (*)")
+        if path:
+            self.text_edit.setText(path)
+
+
+def ask_llm_compile(parent: QWidget | None, model_name: str, device: str, request: Any,
+                    max_cache: int | None = None) -> Any:
+    """Show :class:`LlmCompileDialog`: the :class:`qbstudio.tasks.LlmCompileRequest`, or None if cancelled."""
+    dialog = LlmCompileDialog(model_name, device, request, max_cache, parent)
+    if dialog.exec() != QDialog.DialogCode.Accepted:
+        return None
+    return dialog.answers()
+
+
+def open_llm_try(parent: QWidget | None, manifest: str | None = None) -> QDialog:
+    """The non-modal Try a Compiled LLM window, on ``manifest`` when given."""
+    from qbstudio.widgets import llm_try
+
+    return llm_try.show_dialog(parent, manifest)

@@ -91,11 +91,10 @@ LLM_GRAPH_TIPS = {
               "logits and KV-cache entries out"}
 
 
-def llm_compile_hint(path: Path) -> str:
-    """Why Compile is off for a decoder LLM, and the command that compiles it."""
-    return (f"A decoder LLM compiles to a prefill and a decode MXQ on the command line: qbcompiler compile --model "
-            f"{path.name} --output {path.stem}.llm.json --calib-data-path TEXT.txt (docs/llm.md). Then run it here "
-            "in Compile > Try a Compiled LLM.")
+LLM_CALIBRATION_NOTE = (
+    "A decoder LLM calibrates on plain text, which Compile asks for, with the preset, the prefill length and the "
+    "KV-cache length. The image settings of this tab do not apply. (Command line: qbcompiler compile --model "
+    "MODEL --output NAME.llm.json --calib-data-path TEXT.txt.)")
 
 
 MODEL_PATTERNS = " ".join(model_file_patterns())
@@ -149,6 +148,7 @@ class MainWindow(QMainWindow):
         self.runner = JobRunner(self)
         self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
+        self._llm_request = None  # the last LLM compile dialog's answers, offered again
         self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
@@ -214,6 +214,11 @@ class MainWindow(QMainWindow):
     def shown_model(self) -> Any:
         """The ``ir.Model`` of the graph shown (a decoder LLM's prefill or decode graph), or None."""
         return self.loaded.graph(self.graph.graph_name)[1] if self.loaded else None
+
+    @property
+    def llm_manifests(self) -> list[Path]:
+        """The decoder LLMs compiled in this project (``llm/compile-NNN/*.llm.json``), the newest last."""
+        return sorted(self.project.work_dir.glob("llm/compile-*/*.llm.json"))
 
     @property
     def is_llm(self) -> bool:
@@ -462,7 +467,8 @@ class MainWindow(QMainWindow):
         self.support.set_report(None)
         self.check_support()
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
-                                     self._specs())
+                                     [] if self.is_llm else self._specs())
+        self.calibration.set_note(LLM_CALIBRATION_NOTE if self.is_llm else None)
         self.options.set_sample_count(None)
         self.options.set_model_channels({spec.channels for spec in self._specs() if spec.is_image})
         self._on_runs_changed()
@@ -626,6 +632,10 @@ class MainWindow(QMainWindow):
         if pending is not None:
             self.project.model = pending
         previous, self._previous_specs = self._previous_specs, None
+        if imported and not self.is_llm:  # a decoder LLM's decode graph, replaced: hundreds of MB
+            from qbstudio.tasks import llm_decode_path
+
+            llm_decode_path(self.project.mblt_path).unlink(missing_ok=True)
         self.session.set_model(loaded)
         self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous)
         if self.fit_notes:
@@ -841,6 +851,8 @@ class MainWindow(QMainWindow):
         if not readiness.ok:
             dialogs.show_error(self, "Cannot compile", readiness.reason)
             return False
+        if self.is_llm:
+            return self.start_llm_compile()
         run_id = self.project.runs.next_id()
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         calibration = self.project.calibration
@@ -857,6 +869,45 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentIndex(2)
         self.runner.start("compile", worker)
         return True
+
+    def start_llm_compile(self) -> bool:
+        """Ask for calibration text and LLM options, then compile the decoder LLM in the background.
+
+        The prefill MXQ, decode MXQ and ``.llm.json`` manifest go to a new folder under the project's
+        ``llm/``; when they are written, Try a Compiled LLM opens on the manifest.
+        """
+        from compiler_core.llm import MAX_CACHE_LEN
+        from qbstudio.tasks import LLM_COMPILE_TARGET, LlmCompileRequest
+
+        model, device = Path(self.project.model.path), self.project.settings.device
+        request = dialogs.ask_llm_compile(self, model.name, device,
+                                          self._llm_request or LlmCompileRequest(text_path=""),
+                                          MAX_CACHE_LEN.get(device))
+        if request is None:
+            return False
+        self._llm_request = request
+        base = self.project.work_dir / "llm"
+        number = 1 + max((int(p.name.rsplit("-", 1)[-1]) for p in base.glob("compile-*")
+                          if p.name.rsplit("-", 1)[-1].isdigit()), default=0)
+        manifest = base / f"compile-{number:03d}" / f"{model.stem}.llm.json"
+        worker = Worker("compile", run_in_process, LLM_COMPILE_TARGET, str(model), str(manifest), device, request)
+        worker.progress.connect(self.run_panel.show_progress)
+        worker.succeeded.connect(self._on_llm_compiled)
+        worker.failed.connect(self._on_compile_failed)
+        worker.cancelled.connect(self._on_compile_cancelled)
+        self.run_panel.started(compiling=False)
+        self.tabs.setCurrentIndex(2)
+        self.log_dock.start_section(f"LLM compile {manifest.parent.name} ({request.preset}, {device})")
+        self.runner.start("compile", worker)
+        return True
+
+    def _on_llm_compiled(self, manifest: dict) -> None:
+        path = manifest["path"]
+        self.run_panel.finished("Done")
+        logger.info("Wrote %s (%s, %s)", path, manifest.get("prefill"), manifest.get("decode"))
+        self.statusBar().showMessage(f"Compiled {Path(path).name}: try it in the window that opened", 8000)
+        self._outcomes["compile"] = "done"
+        self._llm_try = dialogs.open_llm_try(self, path)
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
         config, summary, model_sha256 = self._compile_settings
@@ -881,7 +932,7 @@ class MainWindow(QMainWindow):
         dialogs.show_error(self, "Compile failed", error)
 
     def _on_compile_cancelled(self) -> None:
-        self._discard_run_dir()
+        self._discard_run_dir()  # (an LLM compile's child removed its own folder)
         self.run_panel.finished("Cancelled")
         self.statusBar().showMessage("Compile cancelled; nothing was written.", 6000)
         self._outcomes["compile"] = "cancelled"
@@ -949,7 +1000,7 @@ class MainWindow(QMainWindow):
         if self.runner.is_busy("model"):
             return Readiness(False, "The model is still loading.")
         if self.is_llm:
-            return Readiness(False, llm_compile_hint(Path(self.project.model.path)))
+            return Readiness(True)  # its compile asks for calibration text (start_llm_compile)
         return compile_readiness(self.loaded.model, self.report, self.project.settings.config.cpu_offload)
 
     def _update_can_compile(self) -> None:
@@ -1177,9 +1228,8 @@ class MainWindow(QMainWindow):
 
     def show_llm_try(self) -> None:
         """The "Try it" window of a compiled LLM (imported on use)."""
-        from qbstudio.widgets import llm_try
-
-        self._llm_try = llm_try.show_dialog(self)
+        manifests = self.llm_manifests if self.is_llm else []
+        self._llm_try = dialogs.open_llm_try(self, str(manifests[-1]) if manifests else None)
 
     def _open_folder(self, path: Path) -> None:
         if not open_folder(path):

@@ -183,3 +183,55 @@ def sensitivity_report(mblt_path: Path, config: CompileConfig, calib_data_path: 
     report = sensitivity(mblt_path, calib_data_path, compile_config=config, use_random_calib=use_random or None,
                          samples=samples, callback=callback, cancel_token=cancel_token)
     return report.to_dict()
+
+
+@dataclass
+class LlmCompileRequest:
+    """What the workbench's LLM compile dialog asks for (:func:`compile_llm_job`).
+
+    Attributes:
+        text_path: Plain UTF-8 calibration text (tokenized with the model's tokenizer).
+        preset: ``llm``, ``llm_fast`` or ``llm_accurate``.
+        prefill_len: Tokens per prefill call.
+        max_len: KV-cache positions.
+        num_samples: Calibration windows of ``prefill_len`` tokens.
+    """
+
+    text_path: str
+    preset: str = "llm"
+    prefill_len: int = 32
+    max_len: int = 1024
+    num_samples: int = 32
+
+
+LLM_PRESETS = ("llm", "llm_accurate", "llm_fast")
+"""The compile presets offered for a decoder LLM, the default first."""
+LLM_COMPILE_TARGET = "qbstudio.tasks:compile_llm_job"
+"""What the workbench runs in a child process to compile a decoder LLM."""
+
+
+def compile_llm_job(source: str, manifest_path: str, device: str, request: LlmCompileRequest, *, callback=None,
+                    cancel_token=None) -> dict[str, Any]:
+    """:func:`compiler_core.llm.compile_llm` to ``manifest_path`` (``<stem>.llm.json``) and the MXQs beside it.
+
+    The manifest's folder is the compile's own: it is removed on failure or cancel. Returns the manifest as
+    written, with ``path``.
+    """
+    from compiler_core.errors import CalibrationError
+    from compiler_core.llm import compile_llm
+
+    folder = Path(manifest_path).parent
+    try:
+        try:
+            text = Path(request.text_path).read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise CalibrationError(f"Cannot read the calibration text '{request.text_path}': {error.strerror}.",
+                                   hint="Choose a plain text file.") from error
+        manifest = compile_llm(source, manifest_path, target_device=device, prefill_len=request.prefill_len,
+                               max_len=request.max_len, calib_text=text, num_samples=request.num_samples,
+                               config_preset=request.preset, callback=as_reporter(callback, cancel_token))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    manifest.pop("results", None)  # CompileResult objects: the MXQs and the manifest on disk say the same
+    return {**manifest, "path": str(manifest_path)}

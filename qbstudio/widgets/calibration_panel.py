@@ -159,13 +159,27 @@ class CalibrationPanel(QWidget):
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
-        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)  # shrinks on short screens
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setWidget(left_widget)
-        scroll.setMaximumWidth(460)
+        self._scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)  # shrinks on short screens
+        self._scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self._scroll.setWidget(left_widget)
+        self._scroll.setMaximumWidth(460)
+        self._preview_box = self._preview_group()
+        self.note_label = fit_width(QLabel("", objectName="calibNote", wordWrap=True))
+        self.note_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.note_label.setMargin(12)
+        self.note_label.hide()
         layout = QHBoxLayout(self)
-        layout.addWidget(scroll)
-        layout.addWidget(self._preview_group(), 1)
+        layout.addWidget(self.note_label, 1)
+        layout.addWidget(self._scroll)
+        layout.addWidget(self._preview_box, 1)
+
+    def set_note(self, text: str | None) -> None:
+        """Show ``text`` instead of the form and the preview, for a model that does not calibrate on files
+        (a decoder LLM calibrates on text, asked for by its compile); None shows the form again."""
+        self.note_label.setText(text or "")
+        self.note_label.setVisible(bool(text))
+        self._scroll.setVisible(not text)
+        self._preview_box.setVisible(not text)
 
     def _source_group(self) -> QGroupBox:
         group = QGroupBox("Calibration data")

@@ -225,8 +225,8 @@ class GraphView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
-        layout.addWidget(self._banner)
         layout.addWidget(self.graph_tabs)
+        layout.addWidget(self._banner)
         layout.addWidget(self._stack, 1)
         layout.addLayout(footer)
 
