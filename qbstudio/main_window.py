@@ -469,6 +469,7 @@ class MainWindow(QMainWindow):
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
                                      [] if self.is_llm else self._specs())
         self.calibration.set_note(LLM_CALIBRATION_NOTE if self.is_llm else None)
+        self.options.set_llm(self.is_llm)
         self.options.set_sample_count(None)
         self.options.set_model_channels({spec.channels for spec in self._specs() if spec.is_image})
         self._on_runs_changed()
@@ -479,7 +480,9 @@ class MainWindow(QMainWindow):
     def _on_runs_changed(self) -> None:
         runs = self.session.runs
         self.compare.set_history(runs)
-        if not self.run_panel.running:
+        if not self.run_panel.running and self.is_llm:
+            self._show_llm_summary()
+        elif not self.run_panel.running:
             self.run_panel.summary.show_run(runs.latest)
         if self.details.node:
             self.show_node(self.details.node)
@@ -890,7 +893,8 @@ class MainWindow(QMainWindow):
         number = 1 + max((int(p.name.rsplit("-", 1)[-1]) for p in base.glob("compile-*")
                           if p.name.rsplit("-", 1)[-1].isdigit()), default=0)
         manifest = base / f"compile-{number:03d}" / f"{model.stem}.llm.json"
-        worker = Worker("compile", run_in_process, LLM_COMPILE_TARGET, str(model), str(manifest), device, request)
+        worker = Worker("compile", run_in_process, LLM_COMPILE_TARGET, str(model), str(manifest), device, request,
+                        inference_scheme=self.project.settings.config.inference_scheme)
         worker.progress.connect(self.run_panel.show_progress)
         worker.succeeded.connect(self._on_llm_compiled)
         worker.failed.connect(self._on_compile_failed)
@@ -904,10 +908,37 @@ class MainWindow(QMainWindow):
     def _on_llm_compiled(self, manifest: dict) -> None:
         path = manifest["path"]
         self.run_panel.finished("Done")
+        self._show_llm_summary()
         logger.info("Wrote %s (%s, %s)", path, manifest.get("prefill"), manifest.get("decode"))
         self.statusBar().showMessage(f"Compiled {Path(path).name}: try it in the window that opened", 8000)
         self._outcomes["compile"] = "done"
         self._llm_try = dialogs.open_llm_try(self, path)
+
+    def _show_llm_summary(self) -> None:
+        """The Compile tab's summary of a decoder LLM: its newest compile (manifest, MXQs, accuracy) or the hint."""
+        manifests = self.llm_manifests
+        if not manifests:
+            self.run_panel.summary.show_note("<i>No LLM compiled yet. Compile asks for calibration text, then writes a "
+                                             "prefill MXQ, a decode MXQ and a manifest for Try a Compiled LLM.</i>")
+            return
+        path = manifests[-1]
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            self.run_panel.summary.show_note(f"<b>{html.escape(str(path))}</b> cannot be read: {html.escape(str(error))}")
+            return
+        accuracy = "".join(
+            f"<br>{kind}: mean output cosine {summary['mean_output_cosine']:.4f}, min SQNR "
+            f"{summary.get('min_output_sqnr_db', float('nan')):.1f} dB on held-out samples ({summary.get('verdict')})"
+            for kind, summary in manifest.get("analysis", {}).items()
+            if isinstance(summary, dict) and isinstance(summary.get("mean_output_cosine"), float))
+        self.run_panel.summary.show_note(
+            f"<b>Compiled LLM</b> ({len(manifests)} in this project)<br><b>Manifest</b> {html.escape(str(path))}<br>"
+            f"<b>MXQs</b> {html.escape(str(manifest.get('prefill')))}, {html.escape(str(manifest.get('decode')))}<br>"
+            f"<b>Device</b> {html.escape(str(manifest.get('device')))} · <b>preset</b> "
+            f"{html.escape(str(manifest.get('preset')))} · prefill {manifest.get('prefill_len')} tokens, cache "
+            f"{manifest.get('max_len')} positions{accuracy}<br>Compile › Try a Compiled LLM generates with it beside "
+            "FP32.")
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
         config, summary, model_sha256 = self._compile_settings
@@ -928,12 +959,16 @@ class MainWindow(QMainWindow):
     def _on_compile_failed(self, error: Exception) -> None:
         self._discard_run_dir()
         self.run_panel.finished(f"Failed: {getattr(error, 'code', type(error).__name__)}")
+        if self.is_llm:
+            self._show_llm_summary()
         self._outcomes["compile"] = "failed"
         dialogs.show_error(self, "Compile failed", error)
 
     def _on_compile_cancelled(self) -> None:
         self._discard_run_dir()  # (an LLM compile's child removed its own folder)
         self.run_panel.finished("Cancelled")
+        if self.is_llm:
+            self._show_llm_summary()
         self.statusBar().showMessage("Compile cancelled; nothing was written.", 6000)
         self._outcomes["compile"] = "cancelled"
 

@@ -210,8 +210,8 @@ LLM_COMPILE_TARGET = "qbstudio.tasks:compile_llm_job"
 """What the workbench runs in a child process to compile a decoder LLM."""
 
 
-def compile_llm_job(source: str, manifest_path: str, device: str, request: LlmCompileRequest, *, callback=None,
-                    cancel_token=None) -> dict[str, Any]:
+def compile_llm_job(source: str, manifest_path: str, device: str, request: LlmCompileRequest, *,
+                    inference_scheme: str = "single", callback=None, cancel_token=None) -> dict[str, Any]:
     """:func:`compiler_core.llm.compile_llm` to ``manifest_path`` (``<stem>.llm.json``) and the MXQs beside it.
 
     The manifest's folder is the compile's own: it is removed on failure or cancel. Returns the manifest as
@@ -229,7 +229,8 @@ def compile_llm_job(source: str, manifest_path: str, device: str, request: LlmCo
                                    hint="Choose a plain text file.") from error
         manifest = compile_llm(source, manifest_path, target_device=device, prefill_len=request.prefill_len,
                                max_len=request.max_len, calib_text=text, num_samples=request.num_samples,
-                               config_preset=request.preset, callback=as_reporter(callback, cancel_token))
+                               config_preset=request.preset, inference_scheme=inference_scheme,
+                               callback=as_reporter(callback, cancel_token))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

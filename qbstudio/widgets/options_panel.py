@@ -46,6 +46,8 @@ from qbstudio.state.settings import (
 logger = logging.getLogger(__name__)
 
 NO_PRESET_LABEL = "(keep current settings)"
+LLM_OPTIONS_NOTE = ("A decoder LLM is quantized by the LLM preset chosen when you press Compile (llm, llm_accurate or "
+                    "llm_fast); of these settings only the device and the inference scheme apply to it.")
 METHOD_LABELS = {0: "Per tensor, symmetric", 1: "Concat-shared, symmetric", 2: "Per tensor, zero point",
                  3: "Concat-shared, zero point"}
 OUTPUT_LABELS = {0: "Per layer", 1: "Per channel (not implemented)", 2: "Sigmoid (not implemented)"}
@@ -90,19 +92,31 @@ class OptionsPanel(QWidget):
         self._refreshing = False
         layout = QVBoxLayout(self)
         layout.addWidget(self._target_group())
-        layout.addWidget(self._calibration_group())
-        layout.addWidget(self._precision_group())
-        layout.addWidget(self._mixed_group())
-        layout.addWidget(self._options_group())
+        self.llm_note = QLabel(LLM_OPTIONS_NOTE, wordWrap=True, objectName="llmOptionsNote", styleSheet="color: #555")
+        self.llm_note.hide()
+        layout.addWidget(self.llm_note)
+        self._model_groups = [self._calibration_group(), self._precision_group(), self._mixed_group(),
+                              self._options_group()]
+        for group in self._model_groups:
+            layout.addWidget(group)
         layout.addLayout(self._file_buttons())
         layout.addStretch(1)
         self.refresh()
+
+    def set_llm(self, llm: bool) -> None:
+        """A decoder LLM compiles with an LLM preset chosen at Compile: only the device and the core modes apply;
+        the other settings are hidden (and kept for the next model)."""
+        self.llm_note.setVisible(llm)
+        for group in self._model_groups:
+            group.setVisible(not llm)
+        for widget in (self.preset_combo, self.preset_label):
+            self._target_form.setRowVisible(widget, not llm)
 
     # ------------------------------------------------------------------ building
 
     def _target_group(self) -> QGroupBox:
         group = QGroupBox("Target")
-        form = QFormLayout(group)
+        form = self._target_form = QFormLayout(group)
         self.device_combo = QComboBox(objectName="deviceCombo")
         self.device_combo.addItems(devices())
         self.device_combo.currentTextChanged.connect(self._on_device)

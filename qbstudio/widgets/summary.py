@@ -125,6 +125,11 @@ class CompileSummary(QWidget):
             self.metrics.addRow(label, fit_width(QLabel(text)))
         self._fill_layers(run)
 
+    def show_note(self, text: str) -> None:
+        """Show ``text`` (rich text) in place of a run: a model whose compile is not a run (a decoder LLM)."""
+        self.show_run(None)
+        self.header.setText(text)
+
     def show_running(self) -> None:
         """A compile is running: its results will appear here."""
         self.show_run(None)

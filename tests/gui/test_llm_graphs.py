@@ -92,6 +92,8 @@ def test_a_model_of_one_graph_has_no_graph_tabs(qtbot, make_window, answers, tmp
     assert window.loaded.graph_names == [] and not window.graph.graph_tabs.isVisible()
     assert window.graph.graph_name == ""
     assert not window.calibration.note_label.isVisibleTo(window.calibration)
+    assert not window.options.llm_note.isVisibleTo(window.options)
+    assert all(group.isVisibleTo(window.options) for group in window.options._model_groups)
     assert window.calibration.path_edit.isVisibleTo(window.calibration)
 
 
@@ -111,6 +113,9 @@ def test_a_decoder_llm_compiles_from_the_workbench_and_opens_in_try_it(qtbot, ma
     monkeypatch.setattr(dialogs, "open_llm_try", lambda _parent, manifest=None: opened.append(manifest))
     window.set_device("regulus-rb")
     assert window.act_compile.isEnabled()
+    assert window.options.llm_note.isVisibleTo(window.options)  # the image model's settings do not apply
+    assert not any(group.isVisibleTo(window.options) for group in window.options._model_groups)
+    assert "No LLM compiled yet" in window.run_panel.summary.header.text()
     with qtbot.waitSignal(window.compile_finished, timeout=600_000) as finished:
         assert window.start_compile()
     assert finished.args == ["done"], answers.errors
@@ -120,6 +125,9 @@ def test_a_decoder_llm_compiles_from_the_workbench_and_opens_in_try_it(qtbot, ma
     written = json.loads(manifest.read_text())
     assert written["device"] == "regulus-rb" and written["prefill_len"] == 8 and written["max_len"] == 16
     assert (manifest.parent / written["prefill"]).is_file() and (manifest.parent / written["decode"]).is_file()
+    header = window.run_panel.summary.header.text()
+    assert "Compiled LLM" in header and str(manifest) in header and "regulus-rb" in header
+    assert "decode: mean output cosine" in header
     window.show_llm_try()  # Compile > Try a Compiled LLM opens on the newest
     assert opened[-1] == str(manifest)
 
@@ -129,7 +137,7 @@ def test_a_decoder_llm_compiles_from_the_workbench_and_opens_in_try_it(qtbot, ma
         assert window.start_compile()
     assert failed.args == ["failed"] and asked[-1][2].text_path == str(text)
     assert answers.errors and answers.errors[-1][0] == "Compile failed" and "calibration text" in answers.errors[-1][1]
-    assert window.llm_manifests == [manifest]
+    assert window.llm_manifests == [manifest] and str(manifest) in window.run_panel.summary.header.text()
     assert sorted(p.name for p in (window.project.work_dir / "llm").iterdir()) == ["compile-001"]
 
 
