@@ -151,6 +151,11 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
 
     config = _resolve_config(args)
     output = args.output or str(Path(args.model).with_suffix(".mblt").name)
+    if not config.backend:
+        from compiler_core.frontends.llm import is_causal_lm_source
+
+        if is_causal_lm_source(args.model):
+            return _parse_llm(args, out, output, config.target_device)
     started = time.perf_counter()
     path = mblt_compile(args.model, output, backend=config.backend, target_device=config.target_device,
                         input_shape_dict=config.input_shape_dict, constant_inputs=_bind_pairs(args.bind_input),
@@ -166,6 +171,29 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         payload["support"] = report.counts()
         text += f"\nsupport on {config.target_device}: {_counts_text(report.counts())}"
     out.result(payload, text)
+    return payload
+
+
+def _parse_llm(args: argparse.Namespace, out: Output, output: str, device: str | None) -> dict[str, Any]:
+    """A decoder LLM -> its prefill MBLT at ``output`` and its decode MBLT beside it (``X.decode.mblt``)."""
+    from compiler_core.llm import decode_mblt_path, parse_llm
+
+    started = time.perf_counter()
+    paths = parse_llm(args.model, output, decode_mblt_path(output), callback=out.progress)
+    elapsed = time.perf_counter() - started
+    payload: dict[str, Any] = {"command": "parse", "output": str(paths[0]), "seconds": round(elapsed, 3), "graphs": {}}
+    lines = []
+    for kind, path in zip(("prefill", "decode"), paths, strict=True):
+        summary = _mblt_summary(path)
+        payload["graphs"][kind] = {"output": str(path), **summary}
+        lines.append(f"{kind}: {path} ({summary['nodes']} nodes, {summary['size_bytes'] / 1e6:.2f} MB)")
+        if device:
+            counts = _support_report(path, device).counts()
+            payload["graphs"][kind]["support"] = counts
+            lines[-1] += f"; support on {device}: {_counts_text(counts)}"
+    out.result(payload, f"Wrote a decoder LLM's two graphs in {elapsed:.2f} s\n" + "\n".join(lines)
+               + f"\nCompile it with: qbcompiler compile --model {args.model} --output NAME.llm.json "
+               "--calib-data-path TEXT.txt")
     return payload
 
 

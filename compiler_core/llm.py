@@ -183,6 +183,12 @@ def export_graphs(model: Any, shape: graphs.LlmShape, folder: Path, stem: str,
     return paths[0], paths[1]
 
 
+def decode_mblt_path(prefill_path: str | Path) -> Path:
+    """Where a decoder LLM's decode MBLT goes beside its prefill MBLT: ``m.mblt`` -> ``m.decode.mblt``."""
+    path = Path(prefill_path)
+    return path.with_name(f"{path.stem}.decode{path.suffix}")
+
+
 def parse_llm(source: Any, prefill_path: str | Path, decode_path: str | Path, *,
               prefill_len: int = graphs.DEFAULT_PREFILL_LEN, max_len: int = graphs.DEFAULT_MAX_LEN,
               callback: Any = None, cancel_token: Any = None) -> tuple[Path, Path]:

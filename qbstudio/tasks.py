@@ -62,8 +62,9 @@ LLM_GRAPHS = ("Prefill", "Decode")
 
 def llm_decode_path(mblt_path: str | Path) -> Path:
     """Where a decoder LLM's decode graph is kept beside the project's MBLT (its prefill graph)."""
-    path = Path(mblt_path)
-    return path.with_name(f"{path.stem}.decode{path.suffix}")
+    from compiler_core.llm import decode_mblt_path
+
+    return decode_mblt_path(mblt_path)
 
 
 def parse_model(source: str, mblt_path: str | Path, *, backend: str | None, input_shapes: dict[str, list[int]],

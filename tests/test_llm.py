@@ -492,3 +492,19 @@ def test_a_causal_lm_is_told_from_its_files_and_parses_to_both_graphs(model, tmp
     assert list(decode_model.graph.inputs[3].shape) == [1, 2, 16, 32]  # 2 KV heads, 16 positions, head dim 256/8
     for parsed in (prefill_model, decode_model):  # what the graph view colours is what compile_llm compiles
         assert check_support(parsed, "aries-rb").compilable
+
+
+def test_cli_parse_writes_both_graphs_of_a_causal_lm(tmp_path, capsys):
+    from compiler_core.api import load_mblt
+    from compiler_core.cli import run
+
+    torch.manual_seed(1)
+    folder = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(tiny_llama_config(1)).save_pretrained(folder)
+    output = tmp_path / "tiny.mblt"
+    assert run(["parse", "--model", str(folder), "--output", str(output), "--target-device", "regulus-ra"]) == 0, \
+        capsys.readouterr().err
+    text = capsys.readouterr().out
+    decode = tmp_path / "tiny.decode.mblt"
+    assert f"prefill: {output}" in text and f"decode: {decode}" in text and "--output NAME.llm.json" in text
+    assert [v.name for v in load_mblt(decode).graph.inputs][:3] == ["input_ids", "position_ids", "cache_mask"]
