@@ -39,7 +39,6 @@ from compiler_core import __version__ as core_version
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
 from compiler_core.formats import MODEL_FOLDER_MARKERS, model_file_patterns
-from compiler_core.frontends.llm import DEFAULT_MAX_LEN, DEFAULT_PREFILL_LEN
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
@@ -85,10 +84,15 @@ def unknown_model_error(path: Path, error: QBCompilerError) -> QBCompilerError:
 
 LLM_BACKEND = "llm"
 """``ModelRef.backend`` of a decoder LLM (GGUF file, ``*ForCausalLM`` folder): a prefill and a decode graph."""
-LLM_GRAPH_TIPS = {
-    "Prefill": f"The prompt graph: {DEFAULT_PREFILL_LEN} tokens in; their logits and KV-cache entries out",
-    "Decode": f"The generation graph: 1 token and the KV cache ({DEFAULT_MAX_LEN} positions) in; the next token's "
-              "logits and KV-cache entries out"}
+
+
+def llm_graph_tips() -> dict[str, str]:
+    """Tooltips of a decoder LLM's graph tabs (imported on use: the LLM frontend pulls in numpy and onnx-ir)."""
+    from compiler_core.frontends.llm import DEFAULT_MAX_LEN, DEFAULT_PREFILL_LEN
+
+    return {"Prefill": f"The prompt graph: {DEFAULT_PREFILL_LEN} tokens in; their logits and KV-cache entries out",
+            "Decode": f"The generation graph: 1 token and the KV cache ({DEFAULT_MAX_LEN} positions) in; the next "
+                      "token's logits and KV-cache entries out"}
 
 
 LLM_CALIBRATION_NOTE = (
@@ -461,7 +465,7 @@ class MainWindow(QMainWindow):
             self.graph.clear()
         else:
             self.tabs.setCurrentWidget(self.graph)  # Chromium does not lay out pages in hidden tabs
-            self.graph.set_graphs(loaded.graph_names, LLM_GRAPH_TIPS, current=loaded.name)
+            self.graph.set_graphs(loaded.graph_names, llm_graph_tips(), current=loaded.name)
             self.graph.load_mblt(loaded.mblt_path)
         self.details.clear()
         self.support.set_report(None)
@@ -709,7 +713,7 @@ class MainWindow(QMainWindow):
         if self.loaded is None:
             return
         if self.graph.graph_name != name:
-            self.graph.set_graphs(self.loaded.graph_names, LLM_GRAPH_TIPS, current=name)
+            self.graph.set_graphs(self.loaded.graph_names, llm_graph_tips(), current=name)
         self.graph.load_mblt(self.loaded.graph(name)[0])
         self.details.clear()
         self.check_support()

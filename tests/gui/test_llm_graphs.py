@@ -160,3 +160,13 @@ def test_the_llm_compile_dialog_says_what_is_wrong(qtbot, tmp_path):
     dialog.prefill_spin.setValue(64)
     dialog.preset_combo.setCurrentIndex(dialog.preset_combo.findData("llm_accurate"))
     assert dialog.answers() == LlmCompileRequest(str(tmp_path / "book.txt"), "llm_accurate", 64, 1024, 32)
+
+
+def test_the_main_window_module_imports_neither_numpy_nor_onnx_ir():
+    """The window shows before the heavy modules load (PRELOAD_MODULES); the LLM frontend is imported on use."""
+    import subprocess
+    import sys
+
+    probe = "import sys, qbstudio.main_window; print(sorted({'numpy', 'onnx_ir', 'torch'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
