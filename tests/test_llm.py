@@ -174,6 +174,41 @@ def test_not_a_llama_is_refused():
         graphs.load_causal_lm(torch.nn.Linear(2, 2))
 
 
+def _tiny(config_class, **extra):
+    torch.manual_seed(0)
+    config = config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, **extra)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # biases and norm weights away from their 0 / 1 initial values, as in a trained model
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("family", ["Qwen2", "Mistral"])
+def test_llama_like_families_are_rebuilt_exactly(family):
+    model, _ = graphs.load_causal_lm(_tiny(getattr(transformers, f"{family}Config")))
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = graphs.prefill_graph(model, graphs.LlmShape(12, 24))(ids, torch.arange(12)[None])[0]
+        np.testing.assert_allclose(got.numpy(), model(ids).logits.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("family, extra, what", [
+    ("Gemma", {"head_dim": 16}, "differ by"),  # scaled embeddings, 1 + w norms, GELU MLP: the names match Llama's
+    ("Qwen3", {"head_dim": 16}, "differ by"),  # per-head q/k norms
+    ("Phi3", {"pad_token_id": 0}, "cannot rebuild"),  # one fused qkv projection
+])
+def test_a_causal_lm_the_graphs_would_get_wrong_is_refused(family, extra, what):
+    """Before, Gemma and Qwen3 passed the module-name check and compiled to MXQs unrelated to the model."""
+    if not hasattr(transformers, f"{family}Config"):
+        pytest.skip(f"transformers has no {family}")
+    with pytest.raises(ArgumentError, match=what) as refused:
+        graphs.load_causal_lm(_tiny(getattr(transformers, f"{family}Config"), **extra))
+    assert family.lower() in str(refused.value).lower() and "Mistral, Qwen2" in refused.value.hint
+
+
 def test_rms_norm_is_one_layer_normalization(compiled):
     import onnx
 

@@ -149,8 +149,9 @@ def load_causal_lm(source: Any) -> tuple[Any, Any]:
     import torch
 
     if isinstance(source, torch.nn.Module):
-        check_llama(source)
-        return source.float().eval(), None
+        model = source.float().eval()
+        check_rebuilt(model)
+        return model, None
     path = Path(source)
     if not path.exists():
         raise ModelLoadError(f"LLM '{path}' does not exist.", hint="Pass a .gguf file or a transformers folder.",
@@ -173,8 +174,9 @@ def load_causal_lm(source: Any) -> tuple[Any, Any]:
     except Exception as error:  # no tokenizer files: the model still compiles from token ids
         logger.info("No tokenizer for %s (%s): calibrate with token ids", path.name, error)
         tokenizer = None
-    check_llama(model)
-    return model.eval(), tokenizer
+    model.eval()
+    check_rebuilt(model)
+    return model, tokenizer
 
 
 def check_llama(model: Any) -> None:
@@ -185,6 +187,43 @@ def check_llama(model: Any) -> None:
         raise ArgumentError(f"{type(model).__name__} is not a Llama-family causal LM.",
                             hint="The LLM path handles LlamaForCausalLM-style models (model.layers[*].self_attn, "
                                  "lm_head); export other models with backend='torch'.")
+
+
+REBUILD_TOKENS = 8
+"""Random tokens :func:`check_rebuilt` compares the prefill graph with the model on."""
+REBUILD_TOLERANCE = 1e-3
+"""Largest logit difference, relative to the largest logit, between the prefill graph and the model."""
+
+
+def check_rebuilt(model: Any) -> None:
+    """Raise :class:`ArgumentError` unless the prefill graph rebuilt from ``model``'s layers gives its logits.
+
+    The graphs rebuild a Llama block from its parts (RMSNorm, q/k/v/o projections, RoPE, gated MLP). A model
+    that passes :func:`check_llama` by its module names but computes something else (Gemma's scaled embeddings
+    and ``1 + w`` norms, Qwen3's per-head q/k norms, fused projections) would compile to an MXQ unrelated to
+    it; the model's own forward on :data:`REBUILD_TOKENS` random tokens decides.
+    """
+    import torch
+
+    check_llama(model)
+    name = f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})"
+    hint = ("The LLM path rebuilds Llama-style blocks (Llama, Mistral, Qwen2, SmolLM ...). Export other causal LMs "
+            "with backend='torch' as one graph without a KV cache, or ask for their layers to be added.")
+    ids = torch.randint(0, model.config.vocab_size, (1, REBUILD_TOKENS), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            expected = model(ids).logits
+            got = prefill_graph(model, LlmShape(REBUILD_TOKENS, 2 * REBUILD_TOKENS))(
+                ids, torch.arange(REBUILD_TOKENS)[None])[0]
+    except (AttributeError, TypeError, RuntimeError, ValueError) as error:
+        raise ArgumentError(f"{name} has layers the LLM graphs cannot rebuild ({type(error).__name__}: {error}).",
+                            hint=hint) from error
+    difference = float((got - expected).abs().max())
+    largest = float(expected.abs().max()) or 1.0
+    if not difference <= REBUILD_TOLERANCE * largest:
+        raise ArgumentError(f"{name} computes something the rebuilt Llama graphs do not: their logits differ by "
+                            f"{difference:.3g} (largest logit {largest:.3g}) on {REBUILD_TOKENS} random tokens.",
+                            hint=hint)
 
 
 # -- graphs ----------------------------------------------------------------------------------------
