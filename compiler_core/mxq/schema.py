@@ -186,6 +186,15 @@ def _table_1d(name: str):
     return rule
 
 
+def _lut_table(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    """A 1-D table, or one row per channel (``[C, codes]``) with ``axis`` 1."""
+    table = consts["table"]
+    if "axis" in op.get("attrs", {}):
+        ok = table.ndim == 2 and table.size > 0 and op["attrs"]["axis"] == 1
+        return None if ok else "constant 'table' of a per-channel look-up table must be [channels, codes] with axis 1"
+    return _table_1d("table")(op, consts)
+
+
 # -- output shapes per kind: what the kernel computes from its inputs' recorded shapes ------------------
 
 Shapes = list  # per input slot: the recorded shape (list of ints), or the standing-in constant's shape
@@ -352,7 +361,8 @@ SCHEMAS: dict[str, KindSchema] = {
                          slot_consts=_select_slot, shapes=_elementwise),
     "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}, shapes=_elementwise),
     "clamp": KindSchema(attrs={"clamp": CLAMP}, shapes=_elementwise),
-    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),), shapes=_elementwise),
+    "lut": KindSchema(attrs={"offset": INT}, optional_attrs={"axis": INT}, consts=("table",), rules=(_lut_table,),
+                      shapes=_elementwise),
     "move": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                        optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None),
                        slot_consts="*"),
