@@ -2,9 +2,9 @@
 
 A mobile-backbone block (Conv -> HardSwish -> depthwise Conv -> HardSwish -> pointwise Conv) with two output
 channels of the first convolution 40x wider than the rest: one 8-bit scale per tensor leaves the other
-channels a few codes. With per-channel scales the Conv output gets symmetric channel scales (its per-channel
-requantization), the HardSwish outputs one table per channel with zero points per channel (method 2), and
-the reading convolutions fold the channel scales into their weights. Checked: which tensors qualify, that
+channels a few codes. With per-channel scales (and zero points, method 2) the Conv outputs get them from
+their per-channel requantization, the HardSwish outputs from one table per channel, and the reading
+convolutions fold them into their weights. Checked: which tensors qualify, that
 the golden executor, the fast executor, the tile simulator (channel-sliced depthwise tiles) and the MXQ
 runtime agree bit for bit and the QDQ export within a step, and that the narrow channels gain accuracy.
 """
@@ -77,7 +77,8 @@ def test_feature_maps_between_convs_and_tables_get_channel_scales(tmp_path):
     assert conv_out in chosen and len(chosen) == 4  # both Conv outputs read by HardSwish, both HardSwish outputs
     assert not any(record.params.axis is not None for record in per_tensor.tensors.values())
     conv_params = chosen[conv_out]
-    assert np.size(conv_params.scale) == CHANNELS and not np.any(conv_params.zero_point)
+    assert np.size(conv_params.scale) == CHANNELS and np.size(conv_params.zero_point) == CHANNELS
+    assert np.any(conv_params.zero_point)  # method 2: a zero point per channel, applied by the requantization
     assert set(np.argsort(conv_params.scale)[-2:]) == set(WIDE)
     tables = [op for op in per_channel.ops if op.kind == "lut"]
     assert tables and all(op.consts["table"].shape == (CHANNELS, 256) and op.attrs["axis"] == 1 for op in tables)

@@ -342,7 +342,7 @@ _REQUANT = ("multiplier", "shift")
 _QUANTIZED = {"zp_y": INT, "clamp": CLAMP}
 
 SCHEMAS: dict[str, KindSchema] = {
-    "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, **_QUANTIZED},
+    "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, "zp_y": ZERO_POINT, "clamp": CLAMP},
                          optional_attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS,
                                          "group": INT, "weight_scale": NUMBERS, "output_padding": INTS},
                          consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,), shapes=_linear),

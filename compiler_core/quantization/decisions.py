@@ -248,9 +248,9 @@ def per_channel_feature_maps(view: GraphView, groups: list[Group], records: dict
 
     A tensor qualifies when it is 8-bit, 4-D, its own parameters (not shared, fixed or in the output head:
     ``excluded``), has per-channel statistics on axis 1 and more than one pixel, is produced by a Conv
-    without a clamping activation (its scales stay symmetric: one zero point per tensor) or by a look-up
-    table with an 8-bit input (zero points per channel with the asymmetric methods), and every reader is a
-    Conv (data input) or a look-up table.
+    without a clamping activation or by a look-up
+    table with an 8-bit input, and every reader is a Conv (data input) or a look-up table. With the
+    asymmetric methods (2/3) each channel gets its own zero point too.
     """
     main_of = {id(group.main): group for group in groups}
     chosen = []
@@ -266,7 +266,7 @@ def per_channel_feature_maps(view: GraphView, groups: list[Group], records: dict
         producer = _channel_producer(view, group, records)
         if producer is None or not _channel_readers(view, value, main_of):
             continue
-        params = _channel_params(record.params, ranges, symmetric=producer == "conv" or options.symmetric)
+        params = _channel_params(record.params, ranges, symmetric=options.symmetric)
         if params is not None:
             record.freeze(params, source="observer, per channel (feature map)")
             chosen.append(name)

@@ -187,6 +187,8 @@ class TileSimulator:
         for key in ("bias", "multiplier", "shift"):
             if main.consts[key].shape[:1] == (channels,):
                 op.consts[key] = main.consts[key][w0:w1]
+        if np.ndim(main.attrs["zp_y"]):  # per output channel
+            op.attrs["zp_y"] = main.attrs["zp_y"][w0:w1]
         return op
 
     def _matmul_tile(self, main: IntOp, geometry: MatmulGeometry, state, memory, r0: int, r1: int) -> list[np.ndarray]:

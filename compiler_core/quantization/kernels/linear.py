@@ -64,7 +64,8 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     multiplier, shift = quantize_multiplier(s_x * s_w / s_y)
     low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
     return IntOp(main.name, "linear", main.op_type, [x.name], [y.name],
-                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y, "clamp": [low, high], **_conv_attrs(main),
+                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y.tolist() if np.ndim(zp_y) else zp_y,
+                        "clamp": [low, high], **_conv_attrs(main),
                         "weight_scale": s_w.tolist()},
                  consts={"weight": q_weight.astype(np.int16 if bits == 16 else np.int8),
                          "bias": q_bias.astype(np.int32), "multiplier": multiplier.astype(np.int32),
@@ -80,8 +81,8 @@ def _output_scale(params, layout: str, rank: int) -> tuple[float | np.ndarray, i
     """
     if params.axis is not None and layout == "dense" and params.axis == rank - 1 and not np.any(params.zero_point):
         return np.asarray(params.scale, dtype=np.float64), 0
-    if params.axis == 1 and layout == "conv" and not np.any(params.zero_point):  # bit.activationScales channel
-        return np.asarray(params.scale, dtype=np.float64), 0
+    if params.axis == 1 and layout == "conv":  # bit.activationScales channel: scales and zero points per channel
+        return np.asarray(params.scale, dtype=np.float64), np.asarray(params.zero_point, dtype=np.int64)
     return scalar(params)
 
 
@@ -335,7 +336,8 @@ def run_linear(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     acc = acc.astype(np.int64) + consts["bias"].astype(np.int64).reshape(channel_shape)
     multiplier = consts["multiplier"].astype(np.int64).reshape(channel_shape)
     shift = consts["shift"].astype(np.int64).reshape(channel_shape)
-    y = requantize(acc, multiplier, shift) + attrs["zp_y"]
+    zero_point = np.asarray(attrs["zp_y"], dtype=np.int64)
+    y = requantize(acc, multiplier, shift) + (zero_point.reshape(channel_shape) if zero_point.ndim else zero_point)
     return [np.clip(y, *attrs["clamp"])]
 
 
