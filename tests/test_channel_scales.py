@@ -12,10 +12,13 @@ runtime agree bit for bit and the QDQ export within a step, and that the narrow 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler_core.api import mblt_compile, mxq_compile, quantize
@@ -26,6 +29,8 @@ from compiler_core.runtime import Accelerator, Model
 from compiler_core.runtime.fastpath.plan import executor_for
 from compiler_core.runtime.tilesim import run_tiles
 from compiler_core.targets import CORE_MODES, get_device
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))  # after tests/: bench/corpus.py is the bench
 
 CHANNELS = 16
 WIDE = (3, 11)
@@ -125,3 +130,35 @@ def _proto(model) -> bytes:
     import onnx_ir as ir
 
     return ir.to_proto(model).SerializeToString()
+
+
+@pytest.mark.slow
+def test_ppocr_det_int8_keeps_more_with_channel_scales(tmp_path, monkeypatch):
+    """PP-OCR det at 320x320 on the splits of ``bench/quant_accuracy.py --amp`` (calibration: 16 corpus pages and
+    scans and 8 photos with text; judged on the 8 search samples), int8 with zero points: per-channel feature-map
+    scales against one scale per tensor."""
+    import corpus
+    import quant_accuracy
+
+    from compiler_core.calibration.cache import CACHE_DIR_ENV
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    entry = corpus.corpus_by_name()["ppocr_det"]
+    mblt = mblt_compile(entry.source(), tmp_path / "det.mblt", input_shape_dict={"x": [1, 3, 320, 320]})
+    splits, _ = quant_accuracy.amp_splits("ppocr_det", corpus._mblt_inputs(mblt), 4)
+    manifest = corpus.write_manifest(tmp_path / "calib", splits["calibration"])
+    reference = ort.InferenceSession(str(mblt), providers=["CPUExecutionProvider"])
+    cosines = {}
+    for scales in ("tensor", "channel"):
+        model = quantize(mblt, manifest, analysis=False, analysis_holdout=0,
+                         calibration_config={"method": 2, "numSamples": len(splits["calibration"])},
+                         bit_config={"activationScales": scales}).model
+        fast = executor_for(model)
+        values = []
+        for sample in splits["search"]:
+            expected = reference.run(None, sample)[0].reshape(-1).astype(np.float64)
+            actual = next(iter(fast.run(sample).values())).reshape(-1).astype(np.float64)
+            values.append(float(expected @ actual / (np.linalg.norm(expected) * np.linalg.norm(actual))))
+        cosines[scales] = values
+    print(cosines)
+    assert np.mean(cosines["channel"]) >= np.mean(cosines["tensor"]) + 0.01, cosines
