@@ -291,7 +291,7 @@ class BitConfig(ConfigSection):
                               "applied by the producer's per-channel requantization or per-channel table and "
                               "folded into the reading convolution's weights or tables, so a few wide channels "
                               "cost the others nothing at int8 (PP-OCR det's HardSwish outputs: 16x the median "
-                              "channel). Conv outputs stay symmetric (zero point 0).")
+                              "channel); with calibration methods 2/3 each channel gets a zero point too.")
 
 
 # ---------------------------------------------------------------- other sections

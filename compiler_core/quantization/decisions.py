@@ -240,16 +240,16 @@ def per_channel_feature_maps(view: GraphView, groups: list[Group], records: dict
     A mobile backbone's pointwise convolution can leave a few channels 10-20x wider than the median one
     (PP-OCR det's Conv_2 / HardSwish_1: 306 / 163 against 25 / 10); one 8-bit scale sized for them leaves
     the others a handful of codes, and the depthwise convolution that reads them amplifies that rounding.
-    Channel ``c`` gets its own calibrated range (within the tensor's own frozen range, so nothing is
-    clipped that the per-tensor parameters keep). It costs no extra operation: a Conv producer already
+    Channel ``c`` gets its own calibrated range, cut to the tensor's own frozen range (a channel never reaches
+    past the per-tensor parameters; a held-out value past its channel's calibrated range is clipped, as one past
+    the tensor's range is with per-tensor parameters). It costs no extra operation: a Conv producer already
     requantizes per output channel (``s_x * s_w[c] / s_y[c]``), a look-up-table producer or reader holds
     one table per channel (``[C, 256]``), and a reading convolution folds the input scales into its
     weights before they are quantized per output channel (as for a uint8 image input).
 
     A tensor qualifies when it is 8-bit, 4-D, its own parameters (not shared, fixed or in the output head:
     ``excluded``), has per-channel statistics on axis 1 and more than one pixel, is produced by a Conv
-    without a clamping activation or by a look-up
-    table with an 8-bit input, and every reader is a Conv (data input) or a look-up table. With the
+    without a clamping activation or by a look-up table with an 8-bit input, and every reader is a Conv (data input) or a look-up table. With the
     asymmetric methods (2/3) each channel gets its own zero point too.
     """
     main_of = {id(group.main): group for group in groups}
