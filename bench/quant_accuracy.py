@@ -42,6 +42,8 @@ which judge every row. Text detectors (:data:`EXTRA_DATA`) get photos with text 
 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
 - ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
+- ours int8, zero points, channel scales: the same with ``bit.activationScales: channel`` (per-channel 8-bit scales
+  on the feature maps between convolutions and look-up tables);
 - ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99, on the mean
   or ``--amp-statistic worst`` sample, ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config
   arguments): int16 layers, their share, estimated latency change on aries-rb, points tried, search time;
@@ -402,14 +404,17 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     common = {"target_device": "aries-rb", "calib_data_path": manifest, "analysis_holdout": holdout,
               "calibration_config": {"numSamples": len(calib)}}
     rows = {}
-    for label, extra in (("ours int8", {}), ("ours int8, zero points", {"calibration_config": {
-            "numSamples": len(calib), "method": 2}})):
+    zero_points = {"calibration_config": {"numSamples": len(calib), "method": 2}}
+    for label, extra in (("ours int8", {}), ("ours int8, zero points", zero_points),
+                         ("ours int8, zero points, channel scales", {**zero_points,
+                                                                     "bit_config": {"activationScales": "channel"}})):
         started = time.perf_counter()
         int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **{**common, **extra})
         test = mxq_outputs(int8.mxq_path, evaluation)
         rows[label] = {"cosine": worst_cosine(reference, test), "per_sample": _per_sample(reference, test),
                        "seconds": time.perf_counter() - started,
                        "latency_ms": next(iter(int8.schedule.values()))["latency_ms"]}
+        rows[label]["latency_increase"] = rows[label]["latency_ms"] / rows["ours int8"]["latency_ms"] - 1
         print(name, label, json.dumps(rows[label]), flush=True)
     kind, _, value = args.amp_target.partition("=")
     started = time.perf_counter()
@@ -426,9 +431,11 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
                         "int16_fraction": chosen["int16_fraction"], "latency_increase": chosen["latency_increase"],
                         "latency_ms": chosen["latency_ms"], "points": len(mixed["points"]),
                         "search_seconds": mixed["seconds"],
-                        "zero_points": chosen.get("zero_points", False), "overrides": mixed["overrides"],
+                        "zero_points": chosen.get("zero_points", False),
+                        "channel_scales": chosen.get("channel_scales", False), "overrides": mixed["overrides"],
                         "tried": [{k: p.get(k) for k in ("units", "int16_layers", "int16_fraction", "metric",
-                                                          "latency_increase", "zero_points", "pareto", "chosen")}
+                                                          "latency_increase", "zero_points", "channel_scales",
+                                                          "pareto", "chosen")}
                                   for p in mixed["points"]]}
     print(name, "ours AMP", json.dumps(rows["ours AMP"]), flush=True)
     rows["splits"] = sources

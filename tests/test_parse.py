@@ -106,6 +106,27 @@ def test_provenance(conv_bn_path, tmp_path):
     assert load_mblt(out).graph.num_nodes() == 5
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_per_channel_affine_chain_after_conv_transpose_is_folded(tmp_path, group):
+    """``ConvTranspose -> Add -> Mul -> Sub -> Div`` by per-channel constants (PP-OCR det's head) folds into the
+    ConvTranspose's weights (output channels on axis 1 within each group) and bias."""
+    channels = 6
+    per_channel = {name: numpy_helper.from_array((RNG.standard_normal((1, channels, 1, 1)) * 0.5 + 1.5)
+                                                 .astype(np.float32), name) for name in ("a", "m", "s", "d")}
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], group=group, name="up"),
+             helper.make_node("Add", ["t", "a"], ["t1"]), helper.make_node("Mul", ["m", "t1"], ["t2"]),
+             helper.make_node("Sub", ["t2", "s"], ["t3"]), helper.make_node("Div", ["t3", "d"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [_tensor("w", 4, channels // group, 2, 2), _tensor("b", channels),
+                               *per_channel.values()])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "up.onnx")
+    out = mblt_compile(source, tmp_path / "up.mblt")
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["ConvTranspose"]
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, {"x": x})[0], _run(source, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 def test_constant_subgraph_folded(tmp_path):
     """Shape arithmetic feeding a Reshape folds away once the input shape is static."""
     nodes = [

@@ -130,7 +130,7 @@ def test_mixed_precision_promotes_the_weak_layer_and_the_saved_config_reproduces
     result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "amp.mxq",
                          analysis_holdout=6, config_save_path=saved,
                          mixed_precision_config={"apply": True, "target": {"kind": "sqnrDb", "value": 20.0},
-                                                 "maxInt16Fraction": 0.7})
+                                                 "maxInt16Fraction": 0.7, "channelScales": False})
     mixed = result.mixed_precision
     conv1 = _conv_names(mblt)[1]
     assert mixed["target_met"]
@@ -152,6 +152,24 @@ def test_mixed_precision_promotes_the_weak_layer_and_the_saved_config_reproduces
     assert (tmp_path / "amp.mxq").read_bytes() == first
 
 
+def test_mixed_precision_measures_channel_scales_before_promoting_layers(outlier, tmp_path):
+    """Per-channel 8-bit scales give conv1's output channels their own ranges: the target holds without int16."""
+    mblt, calib = outlier
+    saved = tmp_path / "chosen.json"
+    result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "amp.mxq",
+                         analysis_holdout=6, config_save_path=saved,
+                         mixed_precision_config={"apply": True, "target": {"kind": "sqnrDb", "value": 20.0},
+                                                 "maxInt16Fraction": 0.7})
+    mixed = result.mixed_precision
+    chosen = mixed["points"][mixed["chosen"]]
+    assert mixed["target_met"] and chosen["channel_scales"] and chosen["int16_layers"] == 0
+    assert all(not point["channel_scales"] and point["metric"] < 20.0 for point in mixed["points"][:mixed["chosen"]])
+    assert target_metric(result.quantize.analysis, "sqnrDb") >= 20.0
+    assert json.loads(saved.read_text())["bit"]["activationScales"] == "channel"
+    conv1_output = next(node.outputs[0].name for node in load_mblt(mblt).graph if node.name == _conv_names(mblt)[1])
+    assert result.quantize.model.params(conv1_output).axis == 1
+
+
 def test_mixed_precision_keeps_an_int8_program_that_already_meets_the_target(tmp_path):
     mblt, calib = _model_and_data(tmp_path, 1.0)
     result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "m.mxq",
@@ -166,7 +184,8 @@ def test_mixed_precision_respects_the_int16_fraction_and_says_when_the_target_is
     mblt, calib = outlier
     result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "m.mxq",
                          analysis_holdout=6, mixed_precision_config={"apply": True, "maxInt16Fraction": 0.0,
-                                                                     "target": {"kind": "sqnrDb", "value": 30.0}})
+                                                                     "target": {"kind": "sqnrDb", "value": 30.0},
+                                                                     "channelScales": False})
     mixed = result.mixed_precision
     assert not mixed["target_met"]
     assert {point["units"] for point in mixed["points"]} == {0}  # nothing may be promoted: only the base point(s)

@@ -284,6 +284,14 @@ class BitConfig(ConfigSection):
                               "applied by the layer's per-channel requantization and by the residual Add's "
                               "per-channel operand multipliers, so the outlier features cost the others nothing "
                               "at int8. Ignored where residualBits is 16.")
+    activation_scales: Literal["tensor", "channel"] = Field(
+        "tensor", description="Scale granularity of the 8-bit feature maps between convolutions and look-up "
+                              "tables (a Conv or unary-function output read only by Convs and unary functions): "
+                              "'channel' gives each channel its own scale (its calibrated per-channel range), "
+                              "applied by the producer's per-channel requantization or per-channel table and "
+                              "folded into the reading convolution's weights or tables, so a few wide channels "
+                              "cost the others nothing at int8 (PP-OCR det's HardSwish outputs: 16x the median "
+                              "channel); with calibration methods 2/3 each channel gets a zero point too.")
 
 
 # ---------------------------------------------------------------- other sections
@@ -369,6 +377,10 @@ class MixedPrecisionConfig(ConfigSection):
     zero_points: bool = Field(
         True, description="Before promoting layers, also measure zero-point activation ranges (calibration "
                           "method 2/3 for 0/1; no latency cost) and search from them when they measure better.")
+    channel_scales: bool = Field(
+        True, description="Before promoting layers, also measure per-channel 8-bit feature-map scales "
+                          "(bit.activationScales channel; costs only per-channel look-up tables) and search from "
+                          "them when they measure better.")
 
 
 class LlmConfig(ConfigSection):

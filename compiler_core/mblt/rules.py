@@ -140,15 +140,35 @@ class _ConvChannelAffine(RewriteRuleClassBase):
     """``Conv -> <op> constant`` (per output channel or scalar) folded into the convolution's weights and bias.
 
     Exporters write BatchNorm leftovers, learnable scales and biases (PP-OCR's
-    ``Conv -> Add(bias) -> Mul(scale) -> Add(shift)`` chains) as separate element-wise ops; each would
-    be its own quantization point with its own rounding. Folding them is exact in float.
+    ``Conv -> Add(bias) -> Mul(scale) -> Add(shift)`` chains, and its DB head's
+    ``ConvTranspose -> Add -> Mul -> Add``) as separate element-wise ops; each would be its own
+    quantization point with its own rounding, and its own pass over the feature map. Folding them is
+    exact in float. ``producer`` is ``Conv`` (output channels on weight axis 0) or ``ConvTranspose``
+    (weights ``[Cin, Cout/group, k...]``: output channel ``g * Cout/group + j`` is column ``j`` of group ``g``).
     """
 
     operator = ""
+    producer = "Conv"
 
     def pattern(self, op, x, w, c):
-        conv = op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["conv_out"])
+        conv = getattr(op, self.producer)(x, w, _allow_other_inputs=True, _allow_other_attributes=True,
+                                          _outputs=["conv_out"])
         return getattr(op, self.operator)(conv, c)
+
+    def _channels(self, node: ir.Node, weight_shape) -> int:
+        if self.producer == "Conv":
+            return int(weight_shape[0])
+        group = node.attributes.get("group")
+        return int(weight_shape[1]) * (int(group.as_int()) if group is not None else 1)
+
+    def _scaled(self, node: ir.Node, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        if self.producer == "Conv":
+            return weight * scale.reshape([-1] + [1] * (weight.ndim - 1))
+        group = node.attributes.get("group")
+        groups = int(group.as_int()) if group is not None else 1
+        grouped = weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:])
+        factors = scale.reshape(groups, 1, weight.shape[1], *[1] * (weight.ndim - 2))
+        return (grouped * factors).reshape(weight.shape)
 
     def check(self, context, x, w, c, conv_out) -> MatchResult:
         result = MatchResult()
@@ -158,9 +178,10 @@ class _ConvChannelAffine(RewriteRuleClassBase):
             return result.fail(f"{node.name}: weights or bias are not constants.")
         if len(conv_out.uses()) != 1 or conv_out.is_graph_output():
             return result.fail(f"{node.name}: the convolution's output has other consumers.")
-        if conv_out.shape is None or _channel_constant(c, w.const_value.shape[0], len(conv_out.shape)) is None:
+        channels = self._channels(node, w.const_value.shape)
+        if conv_out.shape is None or _channel_constant(c, channels, len(conv_out.shape)) is None:
             return result.fail(f"{node.name}: the {self.operator} operand is not a per-channel constant.")
-        if self.operator == "Div" and np.any(_channel_constant(c, w.const_value.shape[0], len(conv_out.shape)) == 0):
+        if self.operator == "Div" and np.any(_channel_constant(c, channels, len(conv_out.shape)) == 0):
             return result.fail(f"{node.name}: division by zero.")
         return result
 
@@ -168,20 +189,20 @@ class _ConvChannelAffine(RewriteRuleClassBase):
         node = conv_out.producer()
         original = w.const_value.numpy()
         weight = original.astype(np.float64)
-        channels = weight.shape[0]
+        channels = self._channels(node, weight.shape)
         bias_value = node.inputs[2] if len(node.inputs) > 2 else None
         bias = bias_value.const_value.numpy().astype(np.float64) if bias_value is not None else np.zeros(channels)
         factor = _channel_constant(c, channels, len(conv_out.shape))
         scale, shift = {"Mul": (factor, 0.0), "Div": (1.0 / factor, 0.0),
                         "Add": (1.0, factor), "Sub": (1.0, -factor)}[self.operator]
         scale = np.broadcast_to(scale, (channels,))
-        new_weight = weight * scale.reshape([-1] + [1] * (weight.ndim - 1))
+        new_weight = self._scaled(node, weight, scale)
         new_bias = bias * scale + shift
         dtype = original.dtype
         weight_init = op.initializer(ir.Tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
         bias_init = op.initializer(ir.Tensor(new_bias.astype(dtype)), name=f"{node.name}_b_{self.operator.lower()}")
         attributes = {name: attribute for name, attribute in node.attributes.items()}
-        return op.Conv(x, weight_init, bias_init, **attributes)
+        return getattr(op, self.producer)(x, weight_init, bias_init, **attributes)
 
 
 class ConvMulChannel(_ConvChannelAffine):
@@ -206,6 +227,30 @@ class ConvDivChannel(_ConvChannelAffine):
     """``Conv / c``."""
 
     operator = "Div"
+
+
+class ConvTransposeMulChannel(_ConvChannelAffine):
+    """``ConvTranspose * c``."""
+
+    operator, producer = "Mul", "ConvTranspose"
+
+
+class ConvTransposeAddChannel(_ConvChannelAffine):
+    """``ConvTranspose + c``."""
+
+    operator, producer = "Add", "ConvTranspose"
+
+
+class ConvTransposeSubChannel(_ConvChannelAffine):
+    """``ConvTranspose - c``."""
+
+    operator, producer = "Sub", "ConvTranspose"
+
+
+class ConvTransposeDivChannel(_ConvChannelAffine):
+    """``ConvTranspose / c``."""
+
+    operator, producer = "Div", "ConvTranspose"
 
 
 class SplitWideConvKernel(RewriteRuleClassBase):
@@ -456,8 +501,8 @@ class LayerNormAdd(_LayerNormAffine):
 
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
-     ConvMulChannel.rule(), ConvAddChannel.rule(), WrittenOutLayerNormDiv.rule(),
-     WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
-    commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), SplitWideConvKernel.rule(),
-                           CollapseHighRankTranspose.rule()]
+     ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
+     WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
+    commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
+                           ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule()]
 """Our rules, in application order (operand orders of commutative ops included)."""

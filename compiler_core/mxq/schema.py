@@ -186,6 +186,15 @@ def _table_1d(name: str):
     return rule
 
 
+def _lut_table(op: dict, consts: dict[str, np.ndarray]) -> str | None:
+    """A 1-D table, or one row per channel (``[C, codes]``) with ``axis`` 1."""
+    table = consts["table"]
+    if "axis" in op.get("attrs", {}):
+        ok = table.ndim == 2 and table.size > 0 and op["attrs"]["axis"] == 1
+        return None if ok else "constant 'table' of a per-channel look-up table must be [channels, codes] with axis 1"
+    return _table_1d("table")(op, consts)
+
+
 # -- output shapes per kind: what the kernel computes from its inputs' recorded shapes ------------------
 
 Shapes = list  # per input slot: the recorded shape (list of ints), or the standing-in constant's shape
@@ -333,7 +342,7 @@ _REQUANT = ("multiplier", "shift")
 _QUANTIZED = {"zp_y": INT, "clamp": CLAMP}
 
 SCHEMAS: dict[str, KindSchema] = {
-    "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, **_QUANTIZED},
+    "linear": KindSchema(attrs={"layout": STRING, "zp_x": ZERO_POINT, "zp_y": ZERO_POINT, "clamp": CLAMP},
                          optional_attrs={"kernel": INTS, "pads": INTS, "strides": INTS, "dilations": INTS,
                                          "group": INT, "weight_scale": NUMBERS, "output_padding": INTS},
                          consts=("weight", "bias", *_REQUANT), rules=(_linear_shapes,), shapes=_linear),
@@ -352,7 +361,8 @@ SCHEMAS: dict[str, KindSchema] = {
                          slot_consts=_select_slot, shapes=_elementwise),
     "quantize": KindSchema(attrs={"scale": NUMBER, "zp_y": INT, "qmin": INT, "qmax": INT}, shapes=_elementwise),
     "clamp": KindSchema(attrs={"clamp": CLAMP}, shapes=_elementwise),
-    "lut": KindSchema(attrs={"offset": INT}, consts=("table",), rules=(_table_1d("table"),), shapes=_elementwise),
+    "lut": KindSchema(attrs={"offset": INT}, optional_attrs={"axis": INT}, consts=("table",), rules=(_lut_table,),
+                      shapes=_elementwise),
     "move": KindSchema(attrs={"attributes": ATTRIBUTES}, optional_attrs={"float_evaluated": BOOL, "dequantize": DICT},
                        optional_consts=("input*",), integer_consts=False, inputs=(1, None), outputs=(1, None),
                        slot_consts="*"),

@@ -18,7 +18,7 @@ import numpy as np
 from compiler_core.errors import InternalError
 from compiler_core.quantization import kernels
 from compiler_core.quantization.fixedpoint import round_half_away
-from compiler_core.quantization.graph import GraphView, Group, activation_bounds
+from compiler_core.quantization.graph import GraphView, Group, activation_bounds, is_table
 from compiler_core.quantization.lowering import LoweringContext
 from compiler_core.quantization.params import QuantParams, TensorQuant, params_from_range
 
@@ -51,6 +51,9 @@ class DecisionOptions:
         int16_headroom: factor on the calibrated range of every int16 activation tensor (at least the
             output headroom where that applies): 16 bits leave resolution to spare for inputs unlike the
             calibration set.
+        activation_scales: ``channel``: 8-bit feature maps between convolutions and look-up tables get one
+            scale per channel (see :func:`per_channel_feature_maps`); ``tensor``: one scale.
+        channel_ranges: calibrated per-channel (axis 1) minima and maxima by tensor, for ``activation_scales``.
     """
 
     symmetric: bool = True
@@ -65,6 +68,8 @@ class DecisionOptions:
     int16_headroom: float = 1.0
     residual_scales: str = "tensor"
     feature_absmax: Mapping[str, np.ndarray] = field(default_factory=dict)
+    activation_scales: str = "tensor"
+    channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 OUTPUT_MIN_SQNR_DB = 25.0
@@ -141,6 +146,8 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     _freeze_sets(records, sets, fixed, options)
     if options.residual_scales == "channel":
         per_channel_residuals(view, groups, records, options, excluded=head | masked | set(fixed) | _grouped(sets))
+    if options.activation_scales == "channel":
+        per_channel_feature_maps(view, groups, records, options, excluded=head | masked | set(fixed) | _grouped(sets))
     return records
 
 
@@ -224,6 +231,95 @@ def _per_channel_readers(view: GraphView, value, main_of: set[int]) -> bool:
         if view.shape(node.outputs[0])[-1:] != view.shape(value)[-1:]:
             return False
     return bool(readers)
+
+
+def per_channel_feature_maps(view: GraphView, groups: list[Group], records: dict[str, TensorQuant],
+                             options: DecisionOptions, excluded: set[str] = frozenset()) -> list[str]:
+    """Give per-channel 8-bit scales to the feature maps between convolutions and look-up tables; returns their names.
+
+    A mobile backbone's pointwise convolution can leave a few channels 10-20x wider than the median one
+    (PP-OCR det's Conv_2 / HardSwish_1: 306 / 163 against 25 / 10); one 8-bit scale sized for them leaves
+    the others a handful of codes, and the depthwise convolution that reads them amplifies that rounding.
+    Channel ``c`` gets its own calibrated range, cut to the tensor's own frozen range (a channel never reaches
+    past the per-tensor parameters; a held-out value past its channel's calibrated range is clipped, as one past
+    the tensor's range is with per-tensor parameters). It costs no extra operation: a Conv producer already
+    requantizes per output channel (``s_x * s_w[c] / s_y[c]``), a look-up-table producer or reader holds
+    one table per channel (``[C, 256]``), and a reading convolution folds the input scales into its
+    weights before they are quantized per output channel (as for a uint8 image input).
+
+    A tensor qualifies when it is 8-bit, 4-D, its own parameters (not shared, fixed or in the output head:
+    ``excluded``), has per-channel statistics on axis 1 and more than one pixel, is produced by a Conv
+    without a clamping activation or by a look-up table with an 8-bit input, and every reader is a Conv (data input) or a look-up table. With the
+    asymmetric methods (2/3) each channel gets its own zero point too.
+    """
+    main_of = {id(group.main): group for group in groups}
+    chosen = []
+    for group in groups:
+        value = group.output
+        name, record = value.name, records.get(value.name)
+        ranges = options.channel_ranges.get(name)
+        shape = view.shape(value) if value is not None else None
+        if (record is None or record.bits != 8 or record.params is None or name in excluded or ranges is None
+                or shape is None or len(shape) != 4 or shape[2] * shape[3] <= 1 or np.size(ranges[1]) != shape[1]
+                or value.is_graph_output()):
+            continue
+        producer = _channel_producer(view, group, records)
+        if producer is None or not _channel_readers(view, value, main_of):
+            continue
+        params = _channel_params(record.params, ranges, symmetric=options.symmetric)
+        if params is not None:
+            record.freeze(params, source="observer, per channel (feature map)")
+            chosen.append(name)
+    if chosen:
+        logger.info("Per-channel int8 scales for %d feature map(s) (bit.activationScales channel)", len(chosen))
+    return chosen
+
+
+def _channel_producer(view: GraphView, group: Group, records: dict[str, TensorQuant]) -> str | None:
+    """``conv`` (a Conv with constant weights and no clamp), ``lut`` (a look-up table of an 8-bit input), else None."""
+    main = group.main
+    if main.op_type == "Conv" and len(main.inputs) > 1 and view.is_const(main.inputs[1]):
+        low, high = activation_bounds(view, group)
+        return "conv" if not (np.isfinite(low) or np.isfinite(high)) else None
+    source = records.get(main.inputs[0].name) if main.inputs and main.inputs[0] is not None else None
+    if is_table(main) and source is not None and source.bits == 8:
+        return "lut"
+    return None
+
+
+def _channel_readers(view: GraphView, value, main_of: dict[int, Group]) -> bool:
+    """Every reader is the main node of a Conv (reading ``value`` as its data input) or of a look-up table."""
+    readers = view.consumers(value)
+    for node in readers:
+        group = main_of.get(id(node))
+        if group is None or not node.inputs or node.inputs[0] is not value or any(
+                v is value for v in node.inputs[1:]):
+            return False
+        is_conv = node.op_type == "Conv" and len(node.inputs) > 1 and view.is_const(node.inputs[1])
+        if not is_conv and not is_table(node):
+            return False
+    return bool(readers)
+
+
+def _channel_params(tensor: QuantParams, ranges: tuple[np.ndarray, np.ndarray], *, symmetric: bool) -> QuantParams | None:
+    """Per-channel parameters over each channel's calibrated range, cut to the tensor's own frozen range."""
+    scale, zero = float(np.asarray(tensor.scale)), int(np.asarray(tensor.zero_point))
+    low_t, high_t = scale * (tensor.qmin - zero), scale * (tensor.qmax - zero)
+    low = np.clip(np.minimum(np.asarray(ranges[0], dtype=np.float64), 0.0), low_t, 0.0)
+    high = np.clip(np.maximum(np.asarray(ranges[1], dtype=np.float64), 0.0), 0.0, high_t)
+    if symmetric:
+        extent = np.maximum(-low, high)
+        extent = np.maximum(extent, extent.max() * RESIDUAL_CHANNEL_FLOOR)
+        if not extent.max() > 0:
+            return None
+        return QuantParams(extent / tensor.qmax, np.zeros(extent.shape, dtype=np.int64), bits=8, signed=True, axis=1)
+    width = high - low
+    width = np.maximum(width, width.max() * RESIDUAL_CHANNEL_FLOOR)
+    if not width.max() > 0:
+        return None
+    channel_scale = width / (tensor.qmax - tensor.qmin)
+    zero_point = np.clip(round_half_away(tensor.qmin - low / channel_scale), tensor.qmin, tensor.qmax)
+    return QuantParams(channel_scale, zero_point.astype(np.int64), bits=8, signed=True, axis=1)
 
 
 def _link_group(group: Group, context: LoweringContext, sets: _UnionFind, fixed: dict, options) -> None:

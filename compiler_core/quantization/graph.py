@@ -101,7 +101,7 @@ def build_groups(view: GraphView) -> list[Group]:
         if node.op_type in ACCUMULATING_OPS and view.is_float(node.outputs[0]):
             _absorb_bias(view, group)
             _absorb_activation(view, group)
-        elif _is_table(node) and view.is_float(node.outputs[0]):
+        elif is_table(node) and view.is_float(node.outputs[0]):
             absorb_unary_chain(view, group)
         absorbed.update(id(n) for n in group.fused)
         groups.append(group)
@@ -111,7 +111,7 @@ def build_groups(view: GraphView) -> list[Group]:
 _SCALAR_STEPS = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
-def _is_table(node: ir.Node) -> bool:
+def is_table(node: ir.Node) -> bool:
     entry = get_op(node.op_type, node.domain)
     return entry is not None and entry.lowering == "lut"
 
@@ -130,7 +130,7 @@ def absorb_unary_chain(view: GraphView, group: Group) -> None:
         if nxt is None or not view.is_float(nxt.outputs[0]) or len(nxt.outputs) != 1:
             return
         others = [v for v in nxt.inputs if v is not group.output]
-        if _is_table(nxt) and nxt.inputs[0] is group.output and all(_scalar(view, v) for v in others) or nxt.op_type in _SCALAR_STEPS and len(others) == 1 and _scalar(view, others[0]) or nxt.op_type == "Mul" and len(others) == 1 and others[0] is source:
+        if is_table(nxt) and nxt.inputs[0] is group.output and all(_scalar(view, v) for v in others) or nxt.op_type in _SCALAR_STEPS and len(others) == 1 and _scalar(view, others[0]) or nxt.op_type == "Mul" and len(others) == 1 and others[0] is source:
             group.fused.append(nxt)
         else:
             return

@@ -4,7 +4,9 @@
    measure the target on the held-out samples with the bit-exact simulator. If it holds, stop.
    With ``zeroPoints`` (default) and a symmetric calibration method, measure its zero-point
    counterpart too (no latency cost: one-sided tensors such as Relu/HardSwish outputs get their
-   eighth bit back) and continue from whichever measures better.
+   eighth bit back) and continue from whichever measures better. With ``channelScales`` (default), then
+   measure per-channel 8-bit feature-map scales (``bit.activationScales: channel``; its only cost is one
+   look-up table per channel, which the latency estimate counts) and continue from it if it measures better.
 2. Rank the layers by the sensitivity analysis (:mod:`compiler_core.analysis.sensitivity`) on a few
    *calibration* samples (the held-out ones only judge): the output noise a layer injects when it
    alone is quantized, its activation and its weights measured apart (the int16 variants of the
@@ -147,6 +149,13 @@ def with_zero_points(config: CompileConfig) -> CompileConfig | None:
     return config.model_copy(update={"calibration": config.calibration.model_copy(update={"method": method})})
 
 
+def with_channel_scales(config: CompileConfig) -> CompileConfig | None:
+    """``config`` with per-channel feature-map scales (``None`` if it has them already)."""
+    if config.bit.activation_scales == "channel":
+        return None
+    return config.model_copy(update={"bit": config.bit.model_copy(update={"activation_scales": "channel"})})
+
+
 def int16_layers(model: QuantizedModel) -> int:
     """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor counts)."""
     return sum(1 for op in model.ops if "16" in op.precision or
@@ -216,6 +225,8 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         float_graph, base_model, _ = search.base()
         if not search.met() and settings.zero_points:
             float_graph, base_model = search.zero_point_base(float_graph, base_model)
+        if not search.met() and settings.channel_scales:
+            float_graph, base_model = search.variant_base(with_channel_scales(search.config), float_graph, base_model)
     seconds = {"base": time.perf_counter() - started}
     sensitivity = None
     if not search.met():
@@ -271,12 +282,18 @@ class _Search:
         output of a Relu, HardSwish or Sigmoid); a zero point gives them to the values it has, at no
         latency cost. Returns the float graph and program the search ranks its layers on.
         """
-        variant = with_zero_points(self.config)
+        return self.variant_base(with_zero_points(self.config), float_graph, model)
+
+    def variant_base(self, variant: CompileConfig | None, float_graph: ir.Model,
+                     model: QuantizedModel) -> tuple[ir.Model, QuantizedModel]:
+        """Measure ``variant`` of the config (no int16 layers); search from it when it measures better than the
+        current base. Returns the float graph and program the search goes on from."""
         if variant is None:
             return float_graph, model
+        current = max(point["metric"] for point in self.points)
         graph, other, report, latency = self.evaluate(variant)
         point = self._record(0, [], [], [], variant, other, report, latency)
-        if point["metric"] <= self.points[0]["metric"]:
+        if point["metric"] <= current:
             return float_graph, model
         self.config = variant
         return graph, other
@@ -374,6 +391,7 @@ class _Search:
                  "latency_ms": latency, "latency_increase": latency / self.base_latency - 1 if self.base_latency else 0.0,
                  "within_limits": within, "meets_target": metric >= self.value and within,
                  "zero_points": config.calibration.method in ZERO_POINT_METHODS.values(),
+                 "channel_scales": config.bit.activation_scales == "channel",
                  "overrides": {"activation16Bits": [exact_pattern(n) for n in activations],
                                "weight16Bits": [exact_pattern(n) for n in weights]},
                  "outputs": {name: {k: row.get(k) for k in ("sqnr_db", "cosine_mean", "cosine_min", "top1_agreement")

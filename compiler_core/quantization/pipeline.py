@@ -31,9 +31,10 @@ MODE_NAMES = {0: "max", 1: "max_percentile", 2: "histogram", 3: "mse"}
 def decision_options(config: CompileConfig, view: GraphView | None = None,
                      model_outputs: frozenset[str] | None = None,
                      signal_rms: Mapping[str, float] | None = None,
-                     feature_absmax: Mapping[str, np.ndarray] | None = None) -> DecisionOptions:
-    """Method, int16 layers and input handling from the config (``signal_rms``, ``feature_absmax``: see
-    :class:`DecisionOptions`)."""
+                     feature_absmax: Mapping[str, np.ndarray] | None = None,
+                     channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> DecisionOptions:
+    """Method, int16 layers and input handling from the config (``signal_rms``, ``feature_absmax``,
+    ``channel_ranges``: see :class:`DecisionOptions`)."""
     method = int(config.calibration.method)
     patterns = list(config.bit.layer_overrides.activation16_bits)
     return DecisionOptions(symmetric=method in (0, 1), multi_layer=method in (1, 3),
@@ -42,7 +43,8 @@ def decision_options(config: CompileConfig, view: GraphView | None = None,
                            output_headroom=config.calibration.output_headroom, output_bits=config.bit.output_bits,
                            model_outputs=model_outputs, signal_rms=dict(signal_rms or {}),
                            residual_bits=config.bit.residual_bits, residual_scales=config.bit.residual_scales,
-                           feature_absmax=dict(feature_absmax or {}),
+                           feature_absmax=dict(feature_absmax or {}), activation_scales=config.bit.activation_scales,
+                           channel_ranges=dict(channel_ranges or {}),
                            int16_headroom=config.calibration.int16_headroom)
 
 
@@ -82,7 +84,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                    channel_means: Mapping[str, np.ndarray] | None = None, mblt_sha256: str = "",
                    reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None,
                    signal_rms: Mapping[str, float] | None = None,
-                   feature_absmax: Mapping[str, np.ndarray] | None = None) -> QuantizedModel:
+                   feature_absmax: Mapping[str, np.ndarray] | None = None,
+                   channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> QuantizedModel:
     """Decide parameters and lower the graph to integer operations.
 
     Args:
@@ -97,6 +100,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         signal_rms: root mean square of each tensor's calibration values (caps the output headroom).
         feature_absmax: calibrated max |x| per feature (last axis) by tensor, for per-channel
             residual-branch scales (``bit.residualScales``).
+        channel_ranges: calibrated per-channel (axis 1) minima and maxima by tensor, for per-channel
+            feature-map scales (``bit.activationScales``).
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
@@ -105,7 +110,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                        "outputs are quantized per layer.", int(config.calibration.output))
     with reporter.stage("quantize", total=3, message="quantization decisions"):
         groups = build_groups(view)
-        options = decision_options(config, view, model_outputs, signal_rms, feature_absmax)
+        options = decision_options(config, view, model_outputs, signal_rms, feature_absmax, channel_ranges)
         bits = activation_bits(view, groups, options)
         ranges = ranges_for(quantized_tensors(view, groups), bits)
         reporter.advance(message="ranges observed")

@@ -125,11 +125,14 @@ def _dequantized(graph: ir.Graph, name: str, codes: np.ndarray, scale, zero_poin
 
 def _linear_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
     main = nodes[op.name]
-    input_scale = float(model.params(op.inputs[0]).scale)
+    input_params = model.params(op.inputs[0])
+    input_scale = float(input_params.scale) if input_params.axis is None else 1.0  # per channel: folded
     codes = op.consts["weight"]
     weight_scale = np.asarray(op.attrs["weight_scale"])
     if main.op_type == "ConvTranspose":
         main.replace_input_with(1, _transposed_weight(graph, op, codes, weight_scale))
+    elif input_params.axis is not None:
+        main.replace_input_with(1, _unfolded_weight(graph, op, codes, weight_scale, np.asarray(input_params.scale)))
     else:
         weight, axis = _weight_layout(main, codes)
         main.replace_input_with(1, _dequantized(graph, f"{op.name}.weight", weight, weight_scale, axis=axis))
@@ -151,6 +154,23 @@ def _linear_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
         return
     if np.any(op.consts["bias"]):  # no bias Add in the model, but bias correction made one
         _append_bias(graph, main, bias)
+
+
+def _unfolded_weight(graph: ir.Graph, op: IntOp, codes: np.ndarray, weight_scale: np.ndarray,
+                     input_scale: np.ndarray) -> ir.Value:
+    """Conv weights that fold per-channel input scales (``codes * s_w[o] = w[o, c] * s_x[c]``): the codes
+    dequantized with scale 1 (exact), times ``s_w[o] / s_x[c]`` per element (one float32 rounding)."""
+    out_channels, per_group = codes.shape[:2]
+    groups = input_scale.size // per_group
+    channel = (np.arange(out_channels)[:, None] // (out_channels // groups)) * per_group + np.arange(per_group)[None, :]
+    scales = weight_scale.reshape(-1, 1) / input_scale[channel]
+    unit = _dequantized(graph, f"{op.name}.weight", codes, 1.0)
+    scale_value = _constant(graph, f"{op.name}.weight.channel_scale",
+                            scales.reshape(*scales.shape, *[1] * (codes.ndim - 2)).astype(np.float32))
+    node = ir.node("Mul", [unit, scale_value], name=f"{op.name}.weight.scale")
+    node.outputs[0].name = f"{op.name}.weight.scaled"
+    graph.append(node)
+    return node.outputs[0]
 
 
 def _append_bias(graph: ir.Graph, main: ir.Node, bias: ir.Value) -> None:

@@ -105,7 +105,8 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
                            model_outputs=model_outputs, signal_rms=_signal_rms(stats),
-                           feature_absmax=_feature_absmax(stats))
+                           feature_absmax=_feature_absmax(stats),
+                           channel_ranges=_channel_ranges(stats) if config.bit.activation_scales == "channel" else None)
     correction = config.layer_bias_correction
     if correction.apply and correction.empirical:
         if samples is None:
@@ -258,6 +259,13 @@ def _signal_rms(stats: StatisticsSet) -> dict[str, float]:
 def _feature_absmax(stats: StatisticsSet) -> dict[str, np.ndarray]:
     """Max |x| per feature (last axis) of the tensors that have it (MatMul/Gemm inputs and outputs)."""
     return {name: tensor.feature_absmax for name, tensor in stats.tensors.items() if tensor.feature_absmax.size}
+
+
+def _channel_ranges(stats: StatisticsSet) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Calibrated per-channel minima and maxima of the tensors whose channel axis is 1 (feature maps)."""
+    return {name: (np.asarray(tensor.per_channel_min), np.asarray(tensor.per_channel_max))
+            for name, tensor in stats.tensors.items()
+            if tensor.channel_axis == 1 and getattr(tensor, "per_channel_max", None) is not None}
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:

@@ -156,7 +156,7 @@ class TileSimulator:
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
         if tiling["rows"] and main.kind in POINTWISE_KINDS:
             op = _row_consts(main, out_layout, r0, r1)
-        values = self._run(layer, op, inputs, state, memory)
+        values = self._run(layer, _channel_tables(op, c0, c1, inputs), inputs, state, memory, (c0, c1))
         self._write_outputs(layer, main, values, state, memory, base)
 
     def _write_outputs(self, layer, main: IntOp, values, state, memory, base: int) -> None:
@@ -187,6 +187,8 @@ class TileSimulator:
         for key in ("bias", "multiplier", "shift"):
             if main.consts[key].shape[:1] == (channels,):
                 op.consts[key] = main.consts[key][w0:w1]
+        if np.ndim(main.attrs["zp_y"]):  # per output channel
+            op.attrs["zp_y"] = main.attrs["zp_y"][w0:w1]
         return op
 
     def _matmul_tile(self, main: IntOp, geometry: MatmulGeometry, state, memory, r0: int, r1: int) -> list[np.ndarray]:
@@ -207,11 +209,11 @@ class TileSimulator:
             parts.append(kernels.KERNELS[main.kind](main, [a[None, lo:hi], b[None, matrix - first]])[0][0])
         return [np.concatenate(parts)]
 
-    def _run(self, layer, op: IntOp, inputs: list[np.ndarray], state, memory) -> list[np.ndarray]:
+    def _run(self, layer, op: IntOp, inputs: list[np.ndarray], state, memory, channels=None) -> list[np.ndarray]:
         values = kernels.KERNELS[op.kind](op, _with_absent(self.model.ops[layer.ops[0]], inputs))
-        return self._epilogue(layer, values, state, memory)
+        return self._epilogue(layer, values, state, memory, channels)
 
-    def _epilogue(self, layer, values: list[np.ndarray], state, memory) -> list[np.ndarray]:
+    def _epilogue(self, layer, values: list[np.ndarray], state, memory, channels=None) -> list[np.ndarray]:
         """The fused point-wise operations behind the main one, with their LUTs read from SRAM."""
         for index in layer.ops[1:]:
             epilogue = self.model.ops[index]
@@ -220,8 +222,21 @@ class TileSimulator:
             if tables:
                 epilogue = copy.copy(epilogue)
                 epilogue.consts = {**epilogue.consts, **tables}
+            if channels is not None:
+                epilogue = _channel_tables(epilogue, *channels, values)
             values = kernels.KERNELS[epilogue.kind](epilogue, list(values))
         return values
+
+
+def _channel_tables(op: IntOp, c0: int, c1: int, inputs: list) -> IntOp:
+    """A per-channel look-up table (``[C, codes]``) cut to the tile's channels ``[c0, c1)`` when the tile holds
+    only those channels (channel-sliced layers)."""
+    table = op.consts.get("table") if op.kind == "lut" else None
+    if table is None or table.ndim != 2 or not inputs or inputs[0] is None or inputs[0].shape[1] == table.shape[0]:
+        return op
+    sliced = copy.copy(op)
+    sliced.consts = {**op.consts, "table": table[c0:c1]}
+    return sliced
 
 
 def _row_consts(op: IntOp, out_layout: TensorLayout, r0: int, r1: int) -> IntOp:

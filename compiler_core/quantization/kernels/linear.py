@@ -56,13 +56,16 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     bits = ctx.weight_bits.get(main.name, 8)
     q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX))
     if ctx.bias_correction and x.name in ctx.channel_means:
-        bias = bias + _bias_correction(weight, q_weight * _per_row(s_w, weight), ctx.channel_means[x.name], main,
-                                       layout)
+        means = np.asarray(ctx.channel_means[x.name], dtype=np.float64)
+        if ctx.params(x).axis is not None and means.size == np.size(ctx.params(x).scale):
+            means = means / np.asarray(ctx.params(x).scale)  # the folded weights read x / s_x[c]
+        bias = bias + _bias_correction(weight, q_weight * _per_row(s_w, weight), means, main, layout)
     q_bias = np.clip(round_half_away(bias / (s_x * s_w)), INT32_MIN, INT32_MAX)
     multiplier, shift = quantize_multiplier(s_x * s_w / s_y)
     low, high = clamp_codes(out, *activation_bounds(ctx.view, group))
     return IntOp(main.name, "linear", main.op_type, [x.name], [y.name],
-                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y, "clamp": [low, high], **_conv_attrs(main),
+                 attrs={"layout": layout, "zp_x": zp_x, "zp_y": zp_y.tolist() if np.ndim(zp_y) else zp_y,
+                        "clamp": [low, high], **_conv_attrs(main),
                         "weight_scale": s_w.tolist()},
                  consts={"weight": q_weight.astype(np.int16 if bits == 16 else np.int8),
                          "bias": q_bias.astype(np.int32), "multiplier": multiplier.astype(np.int32),
@@ -78,11 +81,14 @@ def _output_scale(params, layout: str, rank: int) -> tuple[float | np.ndarray, i
     """
     if params.axis is not None and layout == "dense" and params.axis == rank - 1 and not np.any(params.zero_point):
         return np.asarray(params.scale, dtype=np.float64), 0
+    if params.axis == 1 and layout == "conv":  # bit.activationScales channel: scales and zero points per channel
+        return np.asarray(params.scale, dtype=np.float64), np.asarray(params.zero_point, dtype=np.int64)
     return scalar(params)
 
 
 def _fold_input_channels(weight: np.ndarray, params, layout: str):
-    """Per-channel input parameters (uint8 image input): fold the channel scales into the weights.
+    """Per-channel input parameters (uint8 image input, ``bit.activationScales: channel``): fold the channel
+    scales into the weights.
 
     Returns the weights to quantize, the scalar input scale left (1.0 when folded) and the zero
     point(s): a list, one per input channel, for per-channel inputs.
@@ -91,7 +97,7 @@ def _fold_input_channels(weight: np.ndarray, params, layout: str):
         scale, zero_point = scalar(params)
         return weight, scale, zero_point
     if layout != "conv" or params.axis != 1:
-        raise KernelRefusal("per-channel (uint8) inputs must feed a convolution directly")
+        raise KernelRefusal("per-channel inputs must feed a convolution directly")
     scales = np.asarray(params.scale, dtype=np.float64)
     groups_in = weight.shape[1]
     channel = np.arange(weight.shape[0])[:, None] // (weight.shape[0] // (scales.size // groups_in)) * groups_in
@@ -330,7 +336,8 @@ def run_linear(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     acc = acc.astype(np.int64) + consts["bias"].astype(np.int64).reshape(channel_shape)
     multiplier = consts["multiplier"].astype(np.int64).reshape(channel_shape)
     shift = consts["shift"].astype(np.int64).reshape(channel_shape)
-    y = requantize(acc, multiplier, shift) + attrs["zp_y"]
+    zero_point = np.asarray(attrs["zp_y"], dtype=np.int64)
+    y = requantize(acc, multiplier, shift) + (zero_point.reshape(channel_shape) if zero_point.ndim else zero_point)
     return [np.clip(y, *attrs["clamp"])]
 
 

@@ -8,6 +8,8 @@ the node's own attributes, so every ONNX unary op is exactly as its spec says
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -16,6 +18,7 @@ import onnxruntime as ort
 from compiler_core.quantization.graph import Group
 from compiler_core.quantization.kernels import KernelRefusal, register
 from compiler_core.quantization.lowering import LoweringContext, describe_bits
+from compiler_core.quantization.params import QuantParams
 from compiler_core.quantization.program import IntOp
 
 _FINITE_LIMIT = 3.0e38
@@ -66,23 +69,55 @@ def _scalar_initializer(node: ir.Node, index: int, const: np.ndarray | None, nam
 
 
 def lower_lut(group: Group, ctx: LoweringContext) -> IntOp:
-    """Tabulate ``f`` (with the element-wise steps fused after it) over every input code."""
+    """Tabulate ``f`` (with the element-wise steps fused after it) over every input code.
+
+    With per-channel input or output parameters (``bit.activationScales: channel``) there is one table
+    per channel: ``[C, 2**bits]``, attribute ``axis`` 1, entry ``[c, i]`` for code ``qmin + i`` of channel ``c``.
+    """
     main = group.main
     x = main.inputs[0]
     params_in, params_out = ctx.params(x), ctx.params(group.output)
     codes = np.arange(params_in.qmin, params_in.qmax + 1, dtype=np.int64)
-    real = evaluate_chain(group, params_in.dequantize(codes).astype(np.float32), ctx).astype(np.float64)
+    channels = _channels(params_in, params_out)
+    if channels:
+        if params_in.bits != 8 or params_out.bits not in (8, 16):
+            raise KernelRefusal(f"{main.name}: per-channel look-up tables need an 8-bit input")
+        codes = np.broadcast_to(codes, (channels, codes.size))
+        real_in = _per_row(params_in).dequantize(codes)
+    else:
+        real_in = params_in.dequantize(codes)
+    real = evaluate_chain(group, real_in.reshape(-1).astype(np.float32), ctx).astype(np.float64).reshape(real_in.shape)
     real = np.nan_to_num(real, nan=0.0, posinf=_FINITE_LIMIT, neginf=-_FINITE_LIMIT)
-    table = params_out.quantize(real)
+    table = (_per_row(params_out) if channels else params_out).quantize(real)
     dtype = np.int8 if params_out.bits == 8 else np.int16
     return IntOp(main.name, "lut", main.op_type, [x.name], [group.output.name],
-                 attrs={"offset": params_in.qmin}, consts={"table": table.astype(dtype)},
-                 precision=describe_bits(params_in, params_out))
+                 attrs={"offset": params_in.qmin, **({"axis": 1} if channels else {})},
+                 consts={"table": table.astype(dtype)}, precision=describe_bits(params_in, params_out))
+
+
+def _channels(*params: QuantParams) -> int:
+    """Channels of the per-channel (axis 1) parameters among ``params``, 0 if all are per tensor."""
+    sizes = {int(np.size(p.scale)) for p in params if p.axis is not None}
+    if any(p.axis not in (None, 1) for p in params) or len(sizes) > 1:
+        raise KernelRefusal("per-channel look-up tables need their parameters on axis 1, with one channel count")
+    return sizes.pop() if sizes else 0
+
+
+def _per_row(params: QuantParams) -> QuantParams:
+    """``params`` applied to a ``[C, codes]`` table: per-channel parameters on axis 0 (per tensor: broadcast)."""
+    if params.axis is None:
+        return params
+    return dataclasses.replace(params, axis=0)
 
 
 def run_lut(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """``y = table[x - qmin]``."""
-    return [op.consts["table"].astype(np.int64)[inputs[0] - op.attrs["offset"]]]
+    """``y = table[x - qmin]``; per channel ``y[:, c] = table[c, x[:, c] - qmin]``."""
+    table = op.consts["table"].astype(np.int64)
+    index = inputs[0] - op.attrs["offset"]
+    if table.ndim == 1:
+        return [table[index]]
+    channel = np.arange(table.shape[0]).reshape(1, -1, *([1] * (index.ndim - 2)))
+    return [table[channel, index]]
 
 
 register("lut", lower_lut, run_lut)

@@ -189,8 +189,17 @@ def build_scale(op: IntOp, context: PlanContext) -> Step | None:
 
 @register_fast("lut")
 def build_lut(op: IntOp, context: PlanContext) -> Step | None:
-    """``table[x - qmin]`` as one gather."""
+    """``table[x - qmin]`` as one gather (per-channel tables: ``table[c, x - qmin]``, one flat gather too)."""
     table, offset = op.consts["table"].astype(np.float32), int(op.attrs["offset"])
+    if table.ndim == 2:
+        channels, width = table.shape
+        flat = table.reshape(-1)
+
+        def per_channel(inputs: list) -> list:
+            starts = (np.arange(channels, dtype=np.float32) * width - offset).reshape(
+                1, -1, *([1] * (inputs[0].ndim - 2)))
+            return [np.take(flat, np.add(inputs[0], starts, dtype=np.float32).astype(np.intp))]
+        return Step(per_channel, method="lut/channel")
     return Step(lambda inputs: [lookup(table, offset, inputs[0])], method="lut")
 
 

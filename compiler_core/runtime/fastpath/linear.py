@@ -59,8 +59,10 @@ def build_linear(op: IntOp, context: PlanContext) -> Step | None:
     if dtype is None or (layout != "dense" and len(shape) not in (3, 4)) or (layout == "dense" and weight.ndim != 2):
         return None
     channel_shape = (-1,) if layout == "dense" else (-1,) + (1,) * (len(shape) - 2)
+    zero_point = np.asarray(op.attrs["zp_y"], dtype=np.int64)
     requant = Requantizer(op.consts["multiplier"].reshape(channel_shape), op.consts["shift"].reshape(channel_shape),
-                          op.consts["bias"].reshape(channel_shape), op.attrs["zp_y"], op.attrs["clamp"], bound)
+                          op.consts["bias"].reshape(channel_shape),
+                          zero_point.reshape(channel_shape) if zero_point.ndim else zero_point, op.attrs["clamp"], bound)
     if layout == "dense":
         integer = _integer_dense(weight, context.params(x), op.attrs["zp_x"], bound)
         if integer is not None:

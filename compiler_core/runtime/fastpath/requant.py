@@ -59,7 +59,7 @@ class Requantizer:
         multiplier: int M, any shape broadcastable against the accumulator.
         shift: int S, same shape as ``multiplier``.
         bias: int offsets added to the accumulator (broadcastable), or ``None``.
-        zero_point: output zero point (scalar).
+        zero_point: output zero point (scalar, or per channel: broadcastable like ``multiplier``).
         clamp: ``(lo, hi)`` output code bounds.
         bound: an upper bound of ``|acc|`` over every input the layer can receive.
 
@@ -67,15 +67,17 @@ class Requantizer:
     last :data:`CHOICE_MEMO_ENTRIES`): sweep points and repeated compiles share most layers' parameters.
     """
 
-    def __init__(self, multiplier: np.ndarray, shift: np.ndarray, bias: np.ndarray | None, zero_point: int,
+    def __init__(self, multiplier: np.ndarray, shift: np.ndarray, bias: np.ndarray | None, zero_point,
                  clamp: tuple[int, int], bound: int) -> None:
         multiplier, shift = np.asarray(multiplier, dtype=np.int64), np.asarray(shift, dtype=np.int64)
         bias = np.zeros((), dtype=np.int64) if bias is None else np.asarray(bias, dtype=np.int64)
-        multiplier, shift, bias = np.broadcast_arrays(multiplier, shift, bias)
-        self.multiplier, self.shift, self.bias = (np.ascontiguousarray(a) for a in (multiplier, shift, bias))
-        self.zero_point, (self.low, self.high), self.bound = int(zero_point), (int(clamp[0]), int(clamp[1])), int(bound)
+        multiplier, shift, bias, zero = np.broadcast_arrays(multiplier, shift, bias,
+                                                            np.asarray(zero_point, dtype=np.int64))
+        self.multiplier, self.shift, self.bias, self.zero_point = (np.ascontiguousarray(a)
+                                                                   for a in (multiplier, shift, bias, zero))
+        (self.low, self.high), self.bound = (int(clamp[0]), int(clamp[1])), int(bound)
         key = (self.multiplier.shape, self.multiplier.tobytes(), self.shift.tobytes(), self.bias.tobytes(),
-               self.zero_point, self.low, self.high, self.bound)
+               self.zero_point.tobytes(), self.low, self.high, self.bound)
         with _choices_lock:
             known = _choices.get(key)
         if known is None:
@@ -93,7 +95,7 @@ class Requantizer:
     def __call__(self, acc: np.ndarray) -> np.ndarray:
         """Float32 codes for an exact-integer float accumulator."""
         if self.method == "exact":
-            return self._exact(acc.astype(np.int64), self.bias, self.multiplier, self.shift)
+            return self._exact(acc.astype(np.int64), self.bias, self.multiplier, self.shift, self.zero_point)
         if self.method == "float64-guarded":
             value = np.multiply(acc, self._m64, dtype=np.float64)
             value += self._c64
@@ -102,23 +104,24 @@ class Requantizer:
         out = np.empty(shape, dtype=np.float32)
         blocks = _blocks(acc.shape, self._m64.shape) if shape == acc.shape else [((...,), (...,))]
         if len(blocks) == 1:
-            self._float_into(acc, self._m64, self._c64, out)
+            self._float_into(acc, self._m64, self._c64, self.zero_point, out)
         else:  # numpy releases the GIL: cache-sized blocks on two threads
             list(_pool().map(lambda block: self._float_into(acc[block[0]], self._m64[block[1]], self._c64[block[1]],
-                                                            out[block[0]]), blocks))
+                                                            self.zero_point[block[1]], out[block[0]]), blocks))
         return out
 
-    def _float_into(self, acc: np.ndarray, multiplier: np.ndarray, constant: np.ndarray, out: np.ndarray) -> None:
+    def _float_into(self, acc: np.ndarray, multiplier: np.ndarray, constant: np.ndarray, zero_point: np.ndarray,
+                    out: np.ndarray) -> None:
         value = np.multiply(acc, multiplier, dtype=np.float64)
         value += constant
         if self._ties:  # v + copysign(0.5, v) is exact (numerator below 2**53); trunc rounds halves away
             value = np.trunc(value + np.copysign(0.5, value), out=value)
-            value += self.zero_point
+            value += zero_point
         np.floor(value, out=out, casting="same_kind")
         np.clip(out, self.low, self.high, out=out)  # = floor(clip(v)): the bounds are integers
 
-    def _exact(self, acc: np.ndarray, bias, multiplier, shift) -> np.ndarray:
-        exact = requantize(acc + bias, multiplier, shift) + self.zero_point
+    def _exact(self, acc: np.ndarray, bias, multiplier, shift, zero_point) -> np.ndarray:
+        exact = requantize(acc + bias, multiplier, shift) + zero_point
         return np.clip(exact, self.low, self.high).astype(np.float32)
 
     def _guarded(self, acc: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -133,7 +136,8 @@ class Requantizer:
             shape = value.shape
             codes[doubtful] = self._exact(acc[doubtful].astype(np.int64), np.broadcast_to(self.bias, shape)[doubtful],
                                           np.broadcast_to(self.multiplier, shape)[doubtful],
-                                          np.broadcast_to(self.shift, shape)[doubtful])
+                                          np.broadcast_to(self.shift, shape)[doubtful],
+                                          np.broadcast_to(self.zero_point, shape)[doubtful])
         return codes
 
     # -- choosing and proving ----------------------------------------------------------------------
@@ -153,24 +157,24 @@ class Requantizer:
         self._margin = max(float(largest.max()) * 2.0 ** -49, 2.0 ** -40)
         return "float64-guarded"
 
-    def _entries(self) -> list[tuple[int, int, int]]:
+    def _entries(self) -> list[tuple[int, int, int, int]]:
         return list(zip(self.multiplier.reshape(-1).tolist(), self.shift.reshape(-1).tolist(),
-                        self.bias.reshape(-1).tolist()))
+                        self.bias.reshape(-1).tolist(), self.zero_point.reshape(-1).tolist()))
 
     def _constants(self, with_rounding: bool) -> np.ndarray:
         """``(bias * M [+ 2**(S-1) + zp * 2**S]) * 2**-S`` per entry, correctly rounded to float64."""
-        numerators = [float(b * m + ((1 << (s - 1)) + (self.zero_point << s) if with_rounding else 0))
-                      for m, s, b in self._entries()]
+        numerators = [float(b * m + ((1 << (s - 1)) + (z << s) if with_rounding else 0))
+                      for m, s, b, z in self._entries()]
         return np.ldexp(np.array(numerators, dtype=np.float64).reshape(self.shift.shape), -self.shift)
 
     def _exact_in_float64(self) -> bool:
         """Every product and sum exact: numerators ``|a| * M + 2**(S-1) + |zp| * 2**S`` below ``2**53``."""
         entries = self._entries()
-        for multiplier, shift, bias in entries:
-            worst = (self.bound + abs(bias)) * abs(multiplier) + (1 << (shift - 1)) + (abs(self.zero_point) << shift)
+        for multiplier, shift, bias, zero in entries:
+            worst = (self.bound + abs(bias)) * abs(multiplier) + (1 << (shift - 1)) + (abs(zero) << shift)
             if worst >= FLOAT64_EXACT:
                 return False
-        self._ties = any(_tie_possible(abs(m), s, self.bound + abs(b)) for m, s, b in entries)
+        self._ties = any(_tie_possible(abs(m), s, self.bound + abs(b)) for m, s, b, _ in entries)
         self._c64 = self._constants(with_rounding=not self._ties)
         return True
 
@@ -181,13 +185,13 @@ class Requantizer:
         codes = np.arange(self.low + 1, self.high + 1, dtype=np.int64)
         self._c64 = self._constants(with_rounding=True)
         shape = (-1, 1, 1)
-        bias = self.bias.reshape(shape)
+        bias, zero = self.bias.reshape(shape), self.zero_point.reshape(shape)
         # the golden code reaches k at ceil(real step) (+-1 for float error): check a +-2 window around it
-        real_step = (codes[None, :, None] - self.zero_point - 0.5) / self._m64.reshape(shape) - bias
+        real_step = (codes[None, :, None] - zero - 0.5) / self._m64.reshape(shape) - bias
         limit = self.bound + 3
         points = np.clip(np.ceil(real_step), -limit, limit).astype(np.int64) + _WINDOW[None, None, :]
         golden = np.clip(requantize(points + bias, self.multiplier.reshape(shape), self.shift.reshape(shape))
-                         + self.zero_point, self.low, self.high)
+                         + zero, self.low, self.high)
         fast = points.astype(np.float64) * self._m64.reshape(shape)
         fast = np.floor(np.clip(fast + self._c64.reshape(shape), self.low, self.high))
         if not np.array_equal(golden, fast.astype(np.int64)):
