@@ -160,6 +160,33 @@ def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
                        "NormalizePadFormatConv": [False, False, False, True]}
 
 
+def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
+    """SplitWideConvKernel on a 1x3 kernel, a 1x33 kernel and a 1x33 kernel whose weights are a graph input: the
+    indexed rule tries exactly the node the full rule rewrites (the wide constant one)."""
+    from compiler_core.mblt.rules import SplitWideConvKernel
+
+    rng = np.random.default_rng(0)
+    narrow, wide = (numpy_helper.from_array(rng.standard_normal((2, 2, 1, k)).astype(np.float32), f"w{k}")
+                    for k in (3, 33))
+    nodes = [helper.make_node("Conv", ["x", "w3"], ["c0"], pads=[0, 1, 0, 1]),
+             helper.make_node("Conv", ["c0", "w33"], ["c1"], pads=[0, 16, 0, 16]),
+             helper.make_node("Conv", ["c1", "v"], ["y"], pads=[0, 16, 0, 16])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 40]),
+                                           helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2, 1, 33])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 40])], [narrow, wide])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    rule = SplitWideConvKernel.rule()
+    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    tried = []
+    library_try = rule.try_rewrite
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    assert ours == full == [False, True, False]
+    assert tried == [model.graph.node(1)]  # the pattern match and check ran on the wide Conv only
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

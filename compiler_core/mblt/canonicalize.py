@@ -47,6 +47,7 @@ from compiler_core.mblt.rule_index import (
     RemoveUnusedNodes,
     RemoveUnusedOpsets,
     all_nodes,
+    apply_rules,
     holds_graph,
     indexed_rule_set,
     optimize,
@@ -586,9 +587,11 @@ def _legalize(model: ir.Model) -> None:
     lower_einsums(model)  # matrix-product equations become MatMul
     rules = _legalize_rules(indexed_rule_set)
     for _ in range(_MAX_REWRITE_ROUNDS):
-        if not rules.apply_to_model(model):
+        count, clean = apply_rules(rules, model)
+        if not count:
             break
-        RemoveUnusedNodes()(model)
+        if not clean:  # else the rule set's own removal found nothing: this one would not either
+            RemoveUnusedNodes()(model)
         with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
             optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)

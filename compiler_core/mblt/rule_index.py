@@ -147,15 +147,27 @@ def _bias_may_be_zero(node: ir.Node) -> bool:
     return tensor is not None and bool(np.equal(tensor.numpy(), 0.0).all())
 
 
+def _kernel_too_wide(node: ir.Node) -> bool:
+    """First conditions of our ``SplitWideConvKernel`` check: constant weights with a kernel wider than the NPU's."""
+    from compiler_core.ops.constraints import MAX_KERNEL
+
+    weights = node.inputs[1] if len(node.inputs) > 1 else None
+    if weights is None or weights.const_value is None:
+        return weights is None and len(node.inputs) > 1  # a missing weight input: the full try decides
+    return any(size > MAX_KERNEL for size in weights.const_value.shape[2:])
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "SplitWideConvKernel": _kernel_too_wide,
     "NormalizePadFormatConv": _explicit_padding_needed,
     "NormalizePadFormatConvInteger": _explicit_padding_needed,
     "RemoveOptionalBiasFromConv": _bias_may_be_zero,
     "RemoveOptionalBiasFromConvTranspose": _bias_may_be_zero,
     "RemoveOptionalBiasFromGemm": _bias_may_be_zero,
 }
-"""Library rules whose check fails on most nodes of their op type after an expensive match set-up: the check's
-condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
+"""Rules whose check fails on most nodes of their op type after an expensive match set-up (the library's, and our
+``SplitWideConvKernel``): the check's condition, evaluated on the root node first (a node it rejects is one the full
+try rejects)."""
 
 
 class IndexedRuleSet(RewriteRuleSet):
@@ -214,17 +226,26 @@ class IndexedRuleSet(RewriteRuleSet):
         """Apply the rules to the main graph and the model's functions; returns how many rewrites were made."""
         if tracer is not None or self._library_path:
             return super().apply_to_model(model, verbose=verbose, tracer=tracer)
+        return self.apply_and_tell_clean(model, verbose=verbose)[0]
+
+    def apply_and_tell_clean(self, model: ir.Model, *, verbose: int | None = None) -> tuple[int, bool]:
+        """:meth:`apply_to_model`, also telling whether its closing removal of unused nodes found none to remove.
+
+        Then the graph has no dead node or initializer left (the rewrites' renaming after it changes no use), so
+        a :class:`RemoveUnusedNodes` run next would change nothing.
+        """
+        if self._library_path:
+            return super().apply_to_model(model, verbose=verbose), False
         onnxscript_optimizer.basic_constant_propagation(model.graph)
         functions = list(model.functions.values())  # not the ones the rewrites add
         count = self._apply_to_graph_or_function(model, model.graph, verbose=verbose)
         for function in functions:
             onnxscript_optimizer.basic_constant_propagation(function)
             count += self._apply_to_graph_or_function(model, function, verbose=verbose)
-        if self.remove_unused_nodes:
-            RemoveUnusedNodes()(model)
+        clean = self.remove_unused_nodes and not RemoveUnusedNodes()(model).modified
         if count:
             common_passes.NameFixPass()(model)  # the rewrites may name new values like existing ones
-        return count
+        return count, clean
 
 
 def _replace(graph_or_function: ir.Graph | ir.Function, node: ir.Node, rule: RewriteRule, delta) -> None:
@@ -460,21 +481,83 @@ def _output_schema(op_type: str, opset_version: int, domain: str) -> tuple[tuple
             "training_mode" in schema.attributes)
 
 
+def apply_rules(rules: RewriteRuleSet, model: ir.Model) -> tuple[int, bool]:
+    """``rules.apply_to_model(model)`` and whether no dead node is left (see :meth:`IndexedRuleSet.apply_and_tell_clean`;
+    always False for another rule set)."""
+    if isinstance(rules, IndexedRuleSet):
+        return rules.apply_and_tell_clean(model)
+    return rules.apply_to_model(model), False
+
+
+class _Rewrite(ir.passes.InPlacePass):
+    """``onnxscript.rewriter.RewritePass`` (modified when a rule applied) that remembers whether the rule set's
+    closing removal of unused nodes found none (``clean``)."""
+
+    def __init__(self, rules: RewriteRuleSet) -> None:
+        super().__init__()
+        self.rules = rules
+        self.clean = False
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count, self.clean = apply_rules(self.rules, model)
+        return ir.passes.PassResult(model, bool(count))
+
+
+class _RemoveUnusedNodesUnless(RemoveUnusedNodes):
+    """:class:`RemoveUnusedNodes`, skipped (not modified) while ``clean()`` says the graph has no dead node: the
+    run would find nothing to remove, so the result and the ``modified`` flag are the same."""
+
+    def __init__(self, clean: Callable[[], bool]) -> None:
+        super().__init__()
+        self._clean = clean
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self._clean():
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+class _Loop(ir.passes.PassManager):
+    """``PassManager`` that remembers whether its last step modified nothing (``settled``)."""
+
+    settled = False
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        overall = False
+        self.settled = False
+        for step in range(self.steps):
+            try:
+                modified = ir.passes.Sequential.call(self, model).modified
+            except Exception as error:
+                raise ir.passes.PassError(f"An error occurred at step {step}") from error
+            overall = overall or modified
+            self.settled = not modified
+            if self.settled and self.early_stop:
+                break
+        return ir.passes.PassResult(model, overall)
+
+
 def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, output_size_limit: int,
              should_fold: Callable[[ir.Node], bool | None]) -> None:
-    """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules."""
-    loop = ir.passes.PassManager(
+    """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules.
+
+    The library's removals of unused nodes right after a removal that found none are skipped (the one after the
+    rewrite pass, whose rule set removes unused nodes itself, and the one after a loop that ended on a step that
+    changed nothing): they cannot find anything either.
+    """
+    rewrite = _Rewrite(_default_rules())
+    loop = _Loop(
         [_FoldConstants(shape_inference=True, input_size_limit=input_size_limit,
                                              output_size_limit=output_size_limit, should_fold=should_fold),
-         rewriter.RewritePass(_default_rules()),
-         RemoveUnusedNodes(),
+         rewrite,
+         _RemoveUnusedNodesUnless(lambda: rewrite.clean),
          RemoveUnusedFunctions(),
          RemoveUnusedOpsets()],
         steps=num_iterations, early_stop=True)
     ir.passes.Sequential(
         Inline(),
         loop,
-        RemoveUnusedNodes(),
+        _RemoveUnusedNodesUnless(lambda: loop.settled),
         LiftConstants(lift_all_constants=True, size_limit=0),
         LiftSubgraphInitializers(),
         common_passes.DeduplicateInitializersPass(),
