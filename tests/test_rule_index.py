@@ -334,3 +334,24 @@ def test_our_batchnorm_fusion_rewrites_as_the_library_rule_does(inbound):
         assert rewriter.RewriteRuleSet([rule]).apply_to_model(model) == 1
         graphs.append(ir.to_proto(model).SerializeToString())
     assert graphs[0] == graphs[1]
+
+
+@pytest.mark.parametrize("name", ["ppocr_cls", "silero_ifless"])
+def test_the_written_mblt_reuses_the_checkers_serialization(name, tmp_path, monkeypatch):
+    """mblt_compile serializes the canonical graph once (for ONNX's checker) and writes the same bytes as a fresh
+    ``ir.to_proto`` of the stamped graph would."""
+    from compiler_core.api import mblt_compile
+    from compiler_core.mblt import io
+
+    source, shapes, constants = realmodels.real_models()[name]()
+    options = {"input_shape_dict": shapes or None, "constant_inputs": constants}
+    with monkeypatch.context() as patched:
+        patched.setattr(io, "_written_proto", lambda model, checked: ir.to_proto(model))
+        reference = mblt_compile(source, tmp_path / "reference.mblt", **options).read_bytes()
+    checking, serializations = [], []  # graphs serialized from the checker on (earlier: inference of other states)
+    library_check, library_serialize = canonicalize.check_model, ir.serde.serialize_graph_into
+    monkeypatch.setattr(canonicalize, "check_model", lambda model: checking.append(model) or library_check(model))
+    monkeypatch.setattr(ir.serde, "serialize_graph_into", lambda *args, **kwargs: (
+        checking and serializations.append(args[1])) or library_serialize(*args, **kwargs))
+    assert mblt_compile(source, tmp_path / "reused.mblt", **options).read_bytes() == reference
+    assert len(serializations) == 1

@@ -39,6 +39,7 @@ from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_source_proto, convert_version
 from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
 from compiler_core.mblt.einsum import lower_einsums
+from compiler_core.mblt.io import check_model
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE_NAME_KEY = "mblt.source_name"
 VERIFY_STAGE = "verify"
+CHECKED_PROTO = "mblt.checked_proto"
+"""``model.meta`` key of the checker's protobuf that ``canonicalize(..., keep_checked=True)`` keeps."""
 """The ``stage`` field of the error raised when the canonical graph fails ONNX's checker."""
 # A node fused from several keeps every source name ("conv1, bn1"); onnxscript exposes no public
 # hook for per-key mergers yet, so register ours on its default merger.
@@ -75,6 +78,7 @@ def canonicalize(
     constant_inputs: Mapping[str, np.ndarray] | None = None,
     output_names: Sequence[str] | None = None,
     reporter: Reporter | None = None,
+    keep_checked: bool = False,
 ) -> ir.Model:
     """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
 
@@ -86,6 +90,8 @@ def canonicalize(
         output_names: Tensors to make the graph's outputs, cutting away what only the other outputs need
             (post-processing such as NonMaxSuppression); ``None`` keeps the model's outputs.
         reporter: Progress and cancellation.
+        keep_checked: Keep what ONNX's checker saw in ``model.meta[CHECKED_PROTO]`` (a
+            :class:`~compiler_core.mblt.io.CheckedProto`, for :func:`~compiler_core.mblt.io.write_mblt` to reuse).
 
     Returns:
         The canonical model: opset 21, static shapes, folded, topologically sorted, named.
@@ -114,7 +120,7 @@ def canonicalize(
         ("optimize", _optimize),
         ("legalize", _legalize),
         ("tidy", _tidy),
-        ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None)),
+        ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None, keep_checked)),
     ]
     with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
         done = 0
@@ -674,13 +680,14 @@ def _fully_typed(model: ir.Model) -> bool:
         for value in values)
 
 
-def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) -> None:
+def _verify(model: ir.Model, source_inference: InvalidModelError | None = None, keep_checked: bool = False) -> None:
     """Check the canonical graph: MBLT ops only, static shapes, ONNX's full checker.
 
     Args:
         model: The canonical graph.
         source_inference: How the model as given failed inference (from :func:`_lift_constants`);
             raised instead of an internal error when the canonical graph fails the checker.
+        keep_checked: Keep the checker's protobuf in ``model.meta[CHECKED_PROTO]``.
     """
     _check_mblt_ops(model)
     if source_inference is not None and _has_dynamic_shapes(model):
@@ -693,7 +700,7 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
     try:
-        common_passes.CheckerPass(full_check=True)(model)
+        checked = check_model(model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         # Whose fault it is depends on the source: the model's own when it already failed inference as
         # given; else api.parse_model blames it only when onnx.checker (full) fails on the source file.
@@ -702,6 +709,8 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
         raise InternalError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
                             hint="The source model may be fine; this is probably a compiler bug. Please report it "
                                  "with the model.", stage=VERIFY_STAGE) from error
+    if keep_checked:
+        model.meta[CHECKED_PROTO] = checked
 
 
 # -- helpers -------------------------------------------------------------------------------------
