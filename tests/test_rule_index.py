@@ -187,6 +187,33 @@ def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
     assert tried == [model.graph.node(1)]  # the pattern match and check ran on the wide Conv only
 
 
+def test_name_fix_names_as_the_library_pass_does(monkeypatch):
+    """Unique names: nothing to do, and the check alone says so; a duplicated value name, an unnamed value and an
+    unnamed node: the library's renaming."""
+    from compiler_core.mblt.rule_index import NameFix
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"), helper.make_node("Neg", ["a"], ["y"], name="r1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    full_fixes = []
+    with monkeypatch.context() as patched:
+        library_call = ir.passes.common.NameFixPass.call
+        patched.setattr(ir.passes.common.NameFixPass, "call",
+                        lambda self, model: full_fixes.append(model) or library_call(self, model))
+        assert not NameFix()(ours).modified
+        assert full_fixes == []
+        ours.graph.node(1).outputs[0].name = "x"  # the output now shares the input's name
+        library.graph.node(1).outputs[0].name = "x"
+        for model in (ours, library):
+            model.graph.node(0).outputs[0].name = ""
+            model.graph.node(1).name = ""
+        assert NameFix()(ours).modified and ir.passes.common.NameFixPass()(library).modified
+    assert len(full_fixes) == 2
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

@@ -244,7 +244,7 @@ class IndexedRuleSet(RewriteRuleSet):
             count += self._apply_to_graph_or_function(model, function, verbose=verbose)
         clean = self.remove_unused_nodes and not RemoveUnusedNodes()(model).modified
         if count:
-            common_passes.NameFixPass()(model)  # the rewrites may name new values like existing ones
+            NameFix()(model)  # the rewrites may name new values like existing ones
         return count, clean
 
 
@@ -326,6 +326,17 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
     carry a dtype and a fully static shape (the whole-model inference before the optimizer gave them):
     inference cannot refine such a shape, and serializing every node for it dominated the folder's time."""
 
+    def call(self, model: ir.Model) -> _constant_folding.FoldConstantsResult:
+        """The library's ``call``, with :class:`NameFix` for its closing ``NameFixPass``."""
+        self._reset()
+        self._opset_imports = model.opset_imports
+        self.visit_graph(model.graph)
+        for function in model.functions.values():
+            self.visit_function(function)
+        if self._modified:
+            NameFix()(model)  # the folding may name new values like existing ones
+        return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
+
     def _do_inference(self, node: ir.Node) -> None:
         if all(output.dtype is not None and output.shape is not None
                and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs):
@@ -365,6 +376,36 @@ class RemoveUnusedNodes(common_passes.RemoveUnusedNodesPass):
         for function in model.functions.values():
             count += _remove_unused_nodes(function, function.opset_imports.get(""))
         return ir.passes.PassResult(model, modified=bool(count))
+
+
+class NameFix(common_passes.NameFixPass):
+    """``NameFixPass`` (unique, non-empty value and node names), which changes nothing when every name already is:
+    checked first with one walk over the graph's values and nodes, where the pass also sets up its renaming for each.
+    A model with functions or subgraphs (scoped names) takes the pass."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions and _names_unique(model.graph):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+def _names_unique(graph: ir.Graph) -> bool:
+    """True if the graph holds no subgraph and its values (inputs, outputs, initializers, node inputs and outputs) and
+    nodes all have names, distinct values distinct names and distinct nodes distinct names."""
+    values = {*graph.inputs, *graph.outputs, *graph.initializers.values()}
+    node_names = set()
+    count = 0
+    for node in graph:
+        if holds_graph(node):
+            return False
+        node_names.add(node.name)
+        count += 1
+        values.update(node.inputs)
+        values.update(node.outputs)
+    values.discard(None)
+    names = {value.name for value in values}
+    return len(node_names) == count and len(names) == len(values) and "" not in node_names | names \
+        and None not in node_names | names
 
 
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
@@ -563,5 +604,5 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
         common_passes.DeduplicateInitializersPass(),
         common_passes.CommonSubexpressionEliminationPass(),
         common_passes.OutputFixPass(),
-        common_passes.NameFixPass(),
+        NameFix(),
     )(model)
