@@ -261,16 +261,23 @@ class _ValueNames:
     """
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
+        self._model = model
+        self._next: int | None = None  # counted, with the names in use, when the first new value is named
+        self._taken: set[str] = set()
+        self.clash = False
+
+    def _count(self) -> int:
+        graph = self._model.graph
         inputs = {info.name for info in graph.input}
-        separate = sum(1 for t in graph.initializer if t.name not in inputs) if model.ir_version >= 4 else 0
-        self._next = 2 + len(graph.input) + separate + sum(len(node.output) for node in graph.node)
+        separate = sum(1 for t in graph.initializer if t.name not in inputs) if self._model.ir_version >= 4 else 0
         self._taken = {name for node in graph.node for name in (*node.input, *node.output)} | inputs
         self._taken |= {info.name for info in graph.output} | {t.name for t in graph.initializer}
-        self.clash = False
+        return 2 + len(graph.input) + separate + sum(len(node.output) for node in graph.node)
 
     def __call__(self) -> str:
         """The next value's name (a value named by the adapter itself still takes its number)."""
+        if self._next is None:
+            self._next = self._count()
         name = f"_v_{self._next}"
         self._next += 1
         self.clash |= name in self._taken
@@ -306,10 +313,17 @@ def _adapt_nodes(model: onnx.ModelProto, plans: list[list[tuple[int, str]]], ran
                 after.setdefault(index, []).extend(sandwich[1])
     if fresh.clash:
         return False
+    moved = min([*before, *after], default=len(graph.node))  # the nodes before the first insertion stay in place
+    for index, node in adapted.items():
+        if index < moved:
+            graph.node[index].CopyFrom(node)
+    if moved == len(graph.node):
+        return True
     nodes = onnx.GraphProto()
-    for index, node in enumerate(graph.node):
+    for index in range(moved, len(graph.node)):
+        node = graph.node[index]
         nodes.node.extend([*before.get(index, ()), adapted.get(index, node), *after.get(index, ())])
-    graph.ClearField("node")
+    del graph.node[moved:]
     graph.node.extend(nodes.node)
     return True
 
