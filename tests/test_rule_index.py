@@ -214,6 +214,37 @@ def test_name_fix_names_as_the_library_pass_does(monkeypatch):
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
+    """Conv, Relu and Mul of activations are left alone without the library's node processing; the constant Add and
+    the Reshape (which has a partial evaluator) go through it; the folded graph is the library folder's."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(np.array(1.5, np.float32), "k1"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "k2"),
+                    numpy_helper.from_array(np.array([1, 32], np.int64), "s")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Mul", ["r", "k"], ["m"]),
+             helper.make_node("Reshape", ["m", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": 1 << 20}
+    assert _constant_folding.FoldConstantsPass(**options)(library).modified
+    processed = []
+    library_process = _constant_folding.FoldConstantsPass.process_node
+    monkeypatch.setattr(_constant_folding.FoldConstantsPass, "process_node",
+                        lambda self, node, is_function: processed.append(node.op_type)
+                        or library_process(self, node, is_function))
+    assert _FoldConstants(**options)(ours).modified
+    assert processed == ["Add", "Reshape"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

@@ -338,10 +338,46 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
 
     def _do_inference(self, node: ir.Node) -> None:
-        if all(output.dtype is not None and output.shape is not None
-               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs):
+        if _statically_typed(node):
             return
         super()._do_inference(node)
+
+    def process_node(self, node: ir.Node, is_function: bool) -> _constant_folding.Replacement | None:
+        """The library's ``process_node``, which returns None at once for a node it would leave as it is, having
+        nothing to do for it: no input has a value to stand for it, not a ``Constant``, outputs typed statically
+        (no inference), no partial evaluator for its op (``Shape``, ``Reshape``, ``Cast`` ...), and an input that
+        is not a constant, so it cannot be evaluated (most nodes: Conv, Relu, Mul of activations)."""
+        if self._left_alone(node):
+            return None
+        return super().process_node(node, is_function)
+
+    def _left_alone(self, node: ir.Node) -> bool:
+        if node.op_type == "Constant" or not node.inputs:
+            return False
+        state = self._state
+        variable = False
+        for value in node.inputs:
+            if value is None:
+                continue
+            if isinstance(state.get_sym_value(value), ir.Value):
+                return False
+            variable = variable or value.const_value is None
+        if not variable or not _statically_typed(node):
+            return False
+        version = self._opset_imports.get(node.domain)
+        return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+
+
+def _statically_typed(node: ir.Node) -> bool:
+    """True if every output of the node has a dtype and a static shape."""
+    return all(output.dtype is not None and output.shape is not None
+               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs)
+
+
+@functools.cache
+def _partial_evaluators(domain: str, op_type: str, version: int) -> bool:
+    """True if onnxscript's folder has partial evaluators registered for the op at that opset version."""
+    return bool(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
 
 
 class LiftConstants(common_passes.LiftConstantsToInitializersPass):
