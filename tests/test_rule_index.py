@@ -4,6 +4,7 @@ constant lifting, opset conversion and shape merging give what the library's pas
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 import onnx
@@ -92,6 +93,29 @@ def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_con
         assert indexed.try_rewrite(model, model.graph, node) is None
         assert rule.try_rewrite(model, model.graph, node) is None  # the full match agrees
     assert indexed.try_rewrite(model, model.graph, by_scalar) is not None
+
+
+def test_an_indexed_rule_skips_a_root_whose_constant_operand_has_another_value():
+    """``x * 1`` on ``x * 2``, ``x * 1.000001`` and ``x * 1``: the first is skipped before matching (the full match
+    fails on it too); the nearly-1 one is within the pattern's tolerance, so both rewrite it and ``x * 1``."""
+    rule = copy.copy(canonicalize.common_rules.mul_by_1_rule)
+    library_try = rule.try_rewrite
+    tried = []
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    constants = [numpy_helper.from_array(np.array(value, np.float32), name)
+                 for name, value in (("two", 2.0), ("nearly", 1.000001), ("one", 1.0))]
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["a"]), helper.make_node("Mul", ["a", "nearly"], ["b"]),
+         helper.make_node("Mul", ["b", "one"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], constants)
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    by_two, by_nearly, by_one = list(model.graph)
+    assert library_try(model, model.graph, by_two) is None
+    assert [indexed.try_rewrite(model, model.graph, node) is not None for node in (by_two, by_nearly, by_one)] \
+        == [False, True, True]
+    assert tried == [by_nearly, by_one]
 
 
 def _unindexed(monkeypatch):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -90,12 +91,12 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
     producers = input_op_types(rule)
-    constants = constant_inputs(rule)
+    constants = _constant_patterns(rule)
     may_apply = _RULE_CONDITIONS.get(rule.name or "", _always)
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
         if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
-                               or not _inputs_constant(node, constants) or not _holds(may_apply, node)):
+                               or not _constants_match(node, constants) or not _holds(may_apply, node)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
@@ -112,11 +113,36 @@ def _inputs_produced_by(node: ir.Node, producers: list[tuple[int, str]]) -> bool
     return True
 
 
-def _inputs_constant(node: ir.Node, constants: list[tuple[int, bool]]) -> bool:
-    for index, scalar in constants:
+def _constant_patterns(rule: RewriteRule) -> list[tuple[int, ConstantPattern]]:
+    """(input position, pattern) of the root node's inputs the pattern requires to be given constants."""
+    if root_op_type(rule) is None:
+        return []
+    pattern = rule._target_pattern
+    return [(index, value) for index, value in enumerate(pattern.output_nodes[0].inputs)
+            if isinstance(value, ConstantPattern)]
+
+
+def _constants_match(node: ir.Node, constants: list[tuple[int, ConstantPattern]]) -> bool:
+    """False if an input the pattern wants to be a given constant is not one: the comparison of onnxscript's matcher
+    (``PatternMatcher._match_constant``: a constant, a scalar or a vector of the pattern's length, each value close to
+    the pattern's within its tolerances), which would fail the full match the same way."""
+    for index, pattern in constants:
         value = node.inputs[index] if index < len(node.inputs) else None
         const = value.const_value if value is not None else None
-        if const is None or (scalar and len(const.shape) != 0):
+        if const is None:
+            return False
+        try:
+            array = const.numpy()
+        except Exception:  # noqa: BLE001 - the full match decides (the matcher fails on a missing file)
+            return True
+        expected = pattern._value
+        if isinstance(expected, list):
+            if array.shape != (len(expected),) or not all(
+                    math.isclose(array.item(i), expected[i], rel_tol=pattern._rel_tol, abs_tol=pattern._abs_tol)
+                    for i in range(len(expected))):
+                return False
+        elif array.ndim != 0 or not math.isclose(array.item(), expected, rel_tol=pattern._rel_tol,
+                                                 abs_tol=pattern._abs_tol):
             return False
     return True
 
