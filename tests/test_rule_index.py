@@ -269,6 +269,48 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
+    """ConvMulChannel (both operand orders) and ConvAffineFusion: Mul of a Conv by an activation, of a Conv read
+    twice, and an Add by a vector are skipped before matching; the rewritable nodes are tried and rewritten."""
+    from compiler_core.mblt.rules import ConvMulChannel
+
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(np.zeros(2, np.float32), "b"),
+                    numpy_helper.from_array(np.array(2.0, np.float32), "k"),
+                    numpy_helper.from_array(np.full((1, 2, 1, 1), 0.5, np.float32), "v")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Mul", ["c0", "r0"], ["m0"]),  # by an activation; c0 is read twice
+             helper.make_node("Conv", ["m0", "w", "b"], ["c1"]), helper.make_node("Mul", ["k", "c1"], ["m1"]),
+             helper.make_node("Add", ["m1", "v"], ["a1"]),  # ConvAffineFusion needs a scalar offset
+             helper.make_node("Conv", ["a1", "w", "b"], ["c2"]), helper.make_node("Mul", ["c2", "k"], ["m2"]),
+             helper.make_node("Add", ["k", "m2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    nodes = list(model.graph)
+    variants = {"ConvMulChannel": rewriter.RewriteRuleSet([ConvMulChannel.rule()], commute=True).rules,
+                "ConvAffineFusion": [rule for rule in canonicalize._LIBRARY_RULES if rule.name == "ConvAffineFusion"]}
+    results = {}
+    for name, rules in variants.items():
+        for rule in map(copy.copy, rules):  # the library's rule objects stay as they are
+            full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+            tried = []
+            library_try = rule.try_rewrite
+            rule.try_rewrite = lambda *args, library_try=library_try, tried=tried, **kwargs: (
+                tried.append(nodes.index(args[2])) or library_try(*args, **kwargs))
+            (indexed,) = indexed_rules([rule])
+            assert [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph] == full
+            hits, tries = results.setdefault(name, (set(), set()))
+            hits.update(index for index, hit in enumerate(full) if hit)
+            tries.update(tried)
+    m0, m1, a1, m2, y = 2, 4, 5, 7, 8
+    assert results["ConvMulChannel"] == ({m1, m2}, {m1, m2})  # Mul(c0, r0) is never tried
+    assert results["ConvAffineFusion"][0] == {y} and a1 not in results["ConvAffineFusion"][1]  # a vector offset
+    assert m0 not in results["ConvAffineFusion"][1]
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

@@ -183,17 +183,35 @@ def _kernel_too_wide(node: ir.Node) -> bool:
     return any(size > MAX_KERNEL for size in weights.const_value.shape[2:])
 
 
+def _conv_operand_constant(node: ir.Node) -> bool:
+    """Conditions of our ``Conv{Mul,Add,Sub,Div}Channel`` checks, in either operand order: one operand a
+    constant, the other the output of a Conv that nothing else reads (not a graph output)."""
+    constant = any(value is not None and value.const_value is not None for value in node.inputs)
+    return constant and any(
+        value is not None and value.producer() is not None and value.producer().op_type == "Conv"
+        and len(value.uses()) == 1 and not value.is_graph_output() for value in node.inputs)
+
+
+def _scalar_operand(node: ir.Node) -> bool:
+    """A condition of onnxscript's ``ConvAffineFusion`` check, in either operand order: the Add's offset operand is a
+    one-element constant (or made by a ``Constant`` node, which the check evaluates first)."""
+    return any(value is not None and ((value.const_value is not None and value.const_value.size == 1)
+                                      or (value.producer() is not None and value.producer().op_type == "Constant"))
+               for value in node.inputs)
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
     "SplitWideConvKernel": _kernel_too_wide,
+    **dict.fromkeys(("ConvMulChannel", "ConvAddChannel", "ConvSubChannel", "ConvDivChannel"), _conv_operand_constant),
+    "ConvAffineFusion": _scalar_operand,
     "NormalizePadFormatConv": _explicit_padding_needed,
     "NormalizePadFormatConvInteger": _explicit_padding_needed,
     "RemoveOptionalBiasFromConv": _bias_may_be_zero,
     "RemoveOptionalBiasFromConvTranspose": _bias_may_be_zero,
     "RemoveOptionalBiasFromGemm": _bias_may_be_zero,
 }
-"""Rules whose check fails on most nodes of their op type after an expensive match set-up (the library's, and our
-``SplitWideConvKernel``): the check's condition, evaluated on the root node first (a node it rejects is one the full
-try rejects)."""
+"""Rules whose check fails on most nodes of their op type after an expensive match set-up (the library's and ours):
+the check's condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
 
 
 class IndexedRuleSet(RewriteRuleSet):
