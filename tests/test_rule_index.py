@@ -311,6 +311,30 @@ def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
     assert m0 not in results["ConvAffineFusion"][1]
 
 
+def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
+    """Equal small initializers (from the protobuf and made in memory) become one; equal ones over the size limit, of
+    another dtype or that are a graph output stay."""
+    from compiler_core.mblt.rule_index import DeduplicateInitializers
+
+    same = np.arange(4, dtype=np.float32)
+    initializers = [numpy_helper.from_array(same, "a"), numpy_helper.from_array(same.copy(), "b"),
+                    numpy_helper.from_array(same.astype(np.float64), "c"),
+                    numpy_helper.from_array(np.ones(2000, np.float32), "d"),
+                    numpy_helper.from_array(np.ones(2000, np.float32), "e"), numpy_helper.from_array(same, "f")]
+    nodes = [helper.make_node("Add", ["x", name], [f"y{name}"]) for name in "abdef"]
+    nodes.append(helper.make_node("Cast", ["c"], ["yc"], to=TensorProto.FLOAT))
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("ya", "yb", "yd", "ye", "yf")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [*outputs, helper.make_tensor_value_info("f", TensorProto.FLOAT, [4])], initializers)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    for model in (ours, library):  # one made in memory, as folding and fusing make them
+        model.graph.initializers["b"].const_value = ir.Tensor(same.copy(), name="b")
+    assert DeduplicateInitializers()(ours).modified and ir.passes.common.DeduplicateInitializersPass()(library).modified
+    assert list(ours.graph.initializers) == ["a", "c", "d", "e", "f"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
+from onnx_ir.passes.common import initializer_deduplication as _deduplication
 from onnxscript import optimizer as onnxscript_optimizer
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
@@ -488,6 +489,35 @@ def _names_unique(graph: ir.Graph) -> bool:
         and None not in node_names | names
 
 
+class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
+    """``DeduplicateInitializersPass`` (initializers of the same dtype, dims and bytes, up to ``size_limit`` elements,
+    become one) reading a protobuf-backed tensor's dims from its protobuf: the library builds a ``Shape`` for each
+    tensor twice (size and key). A model whose nodes hold subgraphs takes the library's pass."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        if any(holds_graph(node) for node in graph):
+            return super().call(model)
+        modified = False
+        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        for initializer in tuple(graph.initializers.values()):
+            tensor = initializer.const_value
+            if initializer.is_graph_input() or initializer.is_graph_output() or tensor is None:
+                _deduplication._should_skip_initializer(initializer, self.size_limit)  # skipped, with its warning
+                continue
+            dims = tuple(tensor.raw.dims) if isinstance(tensor, ir.serde.TensorProtoTensor) else tuple(tensor.shape)
+            if math.prod(dims) > self.size_limit:
+                continue
+            key = (tensor.dtype, dims, _deduplication._tobytes(tensor))
+            if key in kept:
+                modified = True
+                initializer.replace_all_uses_with(kept[key])
+                graph.initializers.pop(initializer.name)
+            else:
+                kept[key] = initializer
+        return ir.passes.PassResult(model=model, modified=modified)
+
+
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
     """``RemoveUnusedFunctionsPass`` without its walk over every node when the model has no functions to remove."""
 
@@ -681,7 +711,7 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
         _RemoveUnusedNodesUnless(lambda: loop.settled),
         LiftConstants(lift_all_constants=True, size_limit=0),
         LiftSubgraphInitializers(),
-        common_passes.DeduplicateInitializersPass(),
+        DeduplicateInitializers(),
         common_passes.CommonSubexpressionEliminationPass(),
         common_passes.OutputFixPass(),
         NameFix(),
