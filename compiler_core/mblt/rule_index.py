@@ -387,6 +387,16 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
             return
         super()._do_inference(node)
 
+    def visit_node(self, node: ir.Node, root: ir.Graph | ir.Function) -> None:
+        """The library's ``visit_node``, which visits the attributes of a node it leaves in place only for their
+        subgraphs: here only a node holding a graph has its attributes visited."""
+        replacement = self.process_node(node, is_function=isinstance(root, ir.Function))
+        if replacement is not None:
+            self.replace_node(node, replacement, root)
+        elif holds_graph(node):
+            for attribute in node.attributes.values():
+                self.visit_attribute(attribute)
+
     def process_node(self, node: ir.Node, is_function: bool) -> _constant_folding.Replacement | None:
         """The library's ``process_node``, which returns None at once for a node it would leave as it is, having
         nothing to do for it: no input has a value to stand for it, not a ``Constant``, outputs typed statically
