@@ -585,7 +585,10 @@ def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | Non
     outputs = frozenset(graph.outputs)
     count = 0
     for node in reversed(graph):
-        if not any(output in outputs or output.uses() for output in node.outputs):
+        for output in node.outputs:
+            if output in outputs or output.uses():
+                break
+        else:  # no output is used
             graph.remove(node, safe=True)
             count += 1
             continue
@@ -593,6 +596,8 @@ def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | Non
             node.resize_inputs(len(node.inputs) - 1)
         if opset_version is not None:
             _drop_unused_optional_outputs(node, outputs, opset_version)
+        if not holds_graph(node):
+            continue
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
                 count += _remove_unused_nodes(attribute.as_graph(), opset_version)
