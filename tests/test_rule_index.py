@@ -335,6 +335,28 @@ def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+def test_output_fix_fixes_as_the_library_pass_does(monkeypatch):
+    """Distinct computed outputs: nothing to do, found without the library's walk; an output listed twice and an
+    input used as an output: the library's Identities."""
+    from compiler_core.mblt.rule_index import OutputFix
+
+    def model(outputs):
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                  [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2]) for name in outputs])
+        return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+    library_calls = []
+    library_call = ir.passes.common.OutputFixPass.call
+    monkeypatch.setattr(ir.passes.common.OutputFixPass, "call",
+                        lambda self, model: library_calls.append(model) or library_call(self, model))
+    assert not OutputFix()(model(["r"])).modified
+    assert library_calls == []
+    ours, library = model(["r", "r", "x"]), model(["r", "r", "x"])
+    assert OutputFix()(ours).modified and ir.passes.common.OutputFixPass()(library).modified
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
     """Dead nodes and initializers, unused optional outputs (Dropout mask, MaxPool indices), trailing empty inputs,
     inside an If branch too; an opset-12 BatchNormalization keeps its outputs (there they select training mode)."""

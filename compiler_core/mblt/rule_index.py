@@ -528,6 +528,21 @@ class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
         return ir.passes.PassResult(model=model, modified=modified)
 
 
+class OutputFix(common_passes.OutputFixPass):
+    """``OutputFixPass`` (an Identity for a graph output listed twice or that is a graph input), which has nothing to
+    do when the main graph's outputs are distinct values none of which is an input: checked there first when no node
+    holds a subgraph and the model has no functions (the library walks every node for subgraphs, twice)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        outputs = list(graph.outputs)
+        if (not model.functions and len(set(outputs)) == len(outputs)
+                and not any(output.is_graph_input() for output in outputs)
+                and not any(holds_graph(node) for node in graph)):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
     """``RemoveUnusedFunctionsPass`` without its walk over every node when the model has no functions to remove."""
 
@@ -728,6 +743,6 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
         LiftSubgraphInitializers(),
         DeduplicateInitializers(),
         common_passes.CommonSubexpressionEliminationPass(),
-        common_passes.OutputFixPass(),
+        OutputFix(),
         NameFix(),
     )(model)
