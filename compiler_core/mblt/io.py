@@ -132,7 +132,7 @@ def _written_proto(model: ir.Model, checked: CheckedProto | None) -> onnx.ModelP
     proto.graph.value_info.extend(holder.value_info)
     for value in checked.moved:
         value.const_value.name = value.name
-        proto.graph.initializer.append(ir.serde.serialize_tensor(value.const_value))
+        ir.serde.serialize_tensor_into(proto.graph.initializer.add(), value.const_value)  # one copy of the weights
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         proto.ClearField(field)
         if getattr(model, field):
