@@ -390,7 +390,7 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
     def visit_node(self, node: ir.Node, root: ir.Graph | ir.Function) -> None:
         """The library's ``visit_node``, which visits the attributes of a node it leaves in place only for their
         subgraphs: here only a node holding a graph has its attributes visited."""
-        replacement = self.process_node(node, is_function=isinstance(root, ir.Function))
+        replacement = self.process_node(node, is_function=_is_function(root))
         if replacement is not None:
             self.replace_node(node, replacement, root)
         elif holds_graph(node):
@@ -414,13 +414,20 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         for value in node.inputs:
             if value is None:
                 continue
-            if isinstance(state.get_sym_value(value), ir.Value):
+            standing_in = state.get_sym_value(value)
+            if standing_in is not None and isinstance(standing_in, ir.Value):
                 return False
             variable = variable or value.const_value is None
         if not variable or not _statically_typed(node):
             return False
         version = self._opset_imports.get(node.domain)
         return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+
+
+def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
+    """``isinstance(graph_or_function, ir.Function)``, answered without it for a plain graph: onnx-ir's classes derive
+    from ``typing.Protocol`` classes, so each ``isinstance`` with them goes through the protocol machinery."""
+    return type(graph_or_function) is not ir.Graph and isinstance(graph_or_function, ir.Function)
 
 
 def _statically_typed(node: ir.Node) -> bool:
@@ -515,7 +522,7 @@ class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
             if initializer.is_graph_input() or initializer.is_graph_output() or tensor is None:
                 _deduplication._should_skip_initializer(initializer, self.size_limit)  # skipped, with its warning
                 continue
-            dims = tuple(tensor.raw.dims) if isinstance(tensor, ir.serde.TensorProtoTensor) else tuple(tensor.shape)
+            dims = tuple(tensor.raw.dims) if type(tensor) is ir.serde.TensorProtoTensor else tuple(tensor.shape)
             if math.prod(dims) > self.size_limit:
                 continue
             key = (tensor.dtype, dims, _deduplication._tobytes(tensor))
