@@ -455,6 +455,37 @@ def test_the_protobuf_path_gives_the_onnx_ir_path_graph(tmp_path, monkeypatch):
     assert {entry.value for node in canonical.graph.node for entry in node.metadata_props} == {"bn, conv", "r", "flat", "added", "scale"}
 
 
+@pytest.mark.parametrize("case", ["lifted", "value_ints", "graph output"])
+def test_large_constant_weights_end_where_the_onnx_ir_path_puts_them(case, tmp_path, monkeypatch):
+    """Opset 11 with large Constant weights (set apart during the conversion), read by a Conv and an Add (lifted to
+    initializers); with a ``value_ints`` Constant the protobuf lifting leaves every Constant to onnx-ir; a large
+    Constant that is a graph output stays a Constant (which no MBLT may hold). The same outcome both ways."""
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal((16, 3, 5, 5)).astype(np.float32))
+    bias = numpy_helper.from_array(rng.standard_normal((1, 16, 8, 8)).astype(np.float32))
+    nodes = [helper.make_node("Constant", [], ["w"], value=weights),
+             helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2]),
+             helper.make_node("Constant", [], ["bias"], value=bias), helper.make_node("Add", ["c", "bias"], ["a"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if case == "value_ints":
+        nodes += [helper.make_node("Constant", [], ["shape"], value_ints=[1, -1]),
+                  helper.make_node("Reshape", ["a", "shape"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    if case == "graph output":
+        outputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 16, 8, 8]))
+    graph = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6), str(tmp_path / "m.onnx"))
+    calls = []
+    original = canonicalize._steps_on_proto
+    monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: calls.append(original(*args)) or calls[-1])
+    on_proto, on_ir = _parse_both_ways(tmp_path / "m.onnx", monkeypatch)
+    assert calls and calls[0] is not None  # the protobuf path ran
+    assert on_proto == on_ir
+    assert isinstance(on_proto, bytes) == (case != "graph output")
+
+
 @pytest.mark.parametrize("case", ["unknown op", "bad shape name", "bad constant name", "reshape misfit"])
 def test_the_protobuf_path_raises_what_the_onnx_ir_path_raises(case, tmp_path, monkeypatch):
     options = {"input_shape_dict": {"x": [1, 3, 32, 32]}, "constant_inputs": {"gain": np.array([2.0], np.float32)}}

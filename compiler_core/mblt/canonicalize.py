@@ -36,7 +36,7 @@ from compiler_core.errors import (
 )
 from compiler_core.frontends.onnx import CheckedModelProto
 from compiler_core.mblt import opset
-from compiler_core.mblt.conversion import convert_source_proto, convert_version
+from compiler_core.mblt.conversion import convert_source_proto_weights_apart, convert_version
 from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
 from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.io import check_model
@@ -324,7 +324,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             setattr(header, field, getattr(proto, field))
     header.metadata_props.extend(proto.metadata_props)
     try:
-        converted, inferred, large = convert_source_proto(proto, opset.MBLT_OPSET_VERSION)
+        converted, inferred, large, pending = convert_source_proto_weights_apart(proto, opset.MBLT_OPSET_VERSION)
     except Exception as error:  # the C API raises plain exceptions
         logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
                        opset.MBLT_OPSET_VERSION, exc_info=error)
@@ -343,7 +343,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
         for key, value in props.items():
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
-    _lift_constants_proto(converted.graph)
+    _lift_constants_proto(converted.graph, pending)
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
     for name, tensor in large.items():  # the converted model holds stubs of the large initializers
@@ -357,27 +357,35 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     return model, inferred
 
 
-def _lift_constants_proto(graph: onnx.GraphProto) -> None:
+def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[onnx.TensorProto, bytes]]) -> None:
     """What :class:`LiftConstants` (all sizes) does to the deserialized graph, done on the protobuf, when every
     ``Constant`` holds a ``value`` tensor: each becomes an initializer of its output's name, in node order after the
     existing initializers; one whose output is a graph output stays. The inferred value info of a lifted value is
     dropped (deserialization types an initializer from its tensor, the same type). Other kinds of ``Constant``
-    (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers."""
+    (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers.
+
+    ``pending``: the bytes of large ``Constant`` tensors set apart in the opset conversion (output name -> (the
+    ``Constant``'s tensor, bytes)); a lifted one gets them in its initializer, any other in its ``Constant``."""
     outputs = {info.name for info in graph.output}
     constants = [index for index, node in enumerate(graph.node) if node.op_type == "Constant"]
     nodes = [graph.node[index] for index in constants]
-    if any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
-           or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
-        return
     lifted = []
-    for index, node in zip(constants, nodes):
-        if node.output[0] in outputs:
-            continue
-        tensor = graph.initializer.add()
-        tensor.CopyFrom(node.attribute[0].t)
-        tensor.name = node.output[0]
-        lifted.append(index)
+    if not any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
+               or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
+        for index, node in zip(constants, nodes):
+            name = node.output[0]
+            if name in outputs:
+                continue
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = name
+            if name in pending:
+                tensor.raw_data = pending[name][1]
+            lifted.append(index)
     names = {graph.node[index].output[0] for index in lifted}
+    for name, (tensor, data) in pending.items():
+        if name not in names:  # the Constant stays: its weights go back into it
+            tensor.raw_data = data
     for index in reversed(lifted):
         del graph.node[index]
     plain = [index for index, info in enumerate(graph.value_info)
