@@ -193,18 +193,27 @@ def _conv_operand_constant(node: ir.Node) -> bool:
         and len(value.uses()) == 1 and not value.is_graph_output() for value in node.inputs)
 
 
-def _scalar_operand(node: ir.Node) -> bool:
-    """A condition of onnxscript's ``ConvAffineFusion`` check, in either operand order: the Add's offset operand is a
-    one-element constant (or made by a ``Constant`` node, which the check evaluates first)."""
-    return any(value is not None and ((value.const_value is not None and value.const_value.size == 1)
-                                      or (value.producer() is not None and value.producer().op_type == "Constant"))
-               for value in node.inputs)
+def _scaled_conv_plus_scalar(node: ir.Node) -> bool:
+    """onnxscript's ``ConvAffineFusion`` (``Conv * scale + offset``), in any operand order: one operand of the Add is
+    a Mul with a Conv's output among its operands, and one is a one-element constant (or made by a ``Constant``
+    node, which the check evaluates first)."""
+    scaled = False
+    scalar = False
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is not None and producer.op_type == "Mul":
+            scaled = scaled or any(operand is not None and operand.producer() is not None
+                                   and operand.producer().op_type == "Conv" for operand in producer.inputs)
+        if value is not None and ((value.const_value is not None and value.const_value.size == 1)
+                                  or (producer is not None and producer.op_type == "Constant")):
+            scalar = True
+    return scaled and scalar
 
 
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
     "SplitWideConvKernel": _kernel_too_wide,
     **dict.fromkeys(("ConvMulChannel", "ConvAddChannel", "ConvSubChannel", "ConvDivChannel"), _conv_operand_constant),
-    "ConvAffineFusion": _scalar_operand,
+    "ConvAffineFusion": _scaled_conv_plus_scalar,
     "NormalizePadFormatConv": _explicit_padding_needed,
     "NormalizePadFormatConvInteger": _explicit_padding_needed,
     "RemoveOptionalBiasFromConv": _bias_may_be_zero,
