@@ -184,6 +184,31 @@ def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
                        "NormalizePadFormatConv": [False, False, False, True]}
 
 
+def test_a_reshape_to_a_constant_shape_is_not_materialized_again():
+    """MaterializeReshapeShape: a Reshape to a constant shape is skipped before matching (the full try rejects it);
+    one to a computed shape with a known output shape is tried and rewritten."""
+    rules = {rule.name: rule for rule in rewriter._DEFAULT_REWRITE_RULES}
+    rule = copy.copy(rules["MaterializeReshapeShape"])
+    full = []
+    tried = []
+    library_try = rule.try_rewrite
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Reshape", ["r", "xs"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array([3, 2], np.int64), "s")])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    for node_index in (0, 2):
+        model = ir.serde.deserialize_model(proto)
+        full.append(library_try(model, model.graph, model.graph.node(node_index)) is not None)
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2].op_type) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    model = ir.serde.deserialize_model(proto)
+    ours = [indexed.try_rewrite(model, model.graph, model.graph.node(index)) is not None for index in (0, 2)]
+    assert ours == full == [False, True]
+    assert tried == ["Reshape"]  # only the second
+
+
 def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
     """SplitWideConvKernel on a 1x3 kernel, a 1x33 kernel and a 1x33 kernel whose weights are a graph input: the
     indexed rule tries exactly the node the full rule rewrites (the wide constant one)."""

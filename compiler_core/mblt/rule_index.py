@@ -210,7 +210,15 @@ def _scaled_conv_plus_scalar(node: ir.Node) -> bool:
     return scaled and scalar
 
 
+def _shape_computed(node: ir.Node) -> bool:
+    """First condition of onnxscript's ``MaterializeReshapeShape`` check: the Reshape's target shape is not a
+    constant already."""
+    shape = node.inputs[1] if len(node.inputs) > 1 else None
+    return shape is None or shape.const_value is None
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "MaterializeReshapeShape": _shape_computed,
     "SplitWideConvKernel": _kernel_too_wide,
     **dict.fromkeys(("ConvMulChannel", "ConvAddChannel", "ConvSubChannel", "ConvDivChannel"), _conv_operand_constant),
     "ConvAffineFusion": _scaled_conv_plus_scalar,
