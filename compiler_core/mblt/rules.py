@@ -167,15 +167,15 @@ class _ConvChannelAffine(RewriteRuleClassBase):
     def rewrite(self, op, x, w, c, conv_out):
         node = conv_out.producer()
         original = w.const_value.numpy()
-        weight = original.astype(np.float64)
-        channels = weight.shape[0]
+        channels = original.shape[0]
         bias_value = node.inputs[2] if len(node.inputs) > 2 else None
         bias = bias_value.const_value.numpy().astype(np.float64) if bias_value is not None else np.zeros(channels)
         factor = _channel_constant(c, channels, len(conv_out.shape))
         scale, shift = {"Mul": (factor, 0.0), "Div": (1.0 / factor, 0.0),
                         "Add": (1.0, factor), "Sub": (1.0, -factor)}[self.operator]
         scale = np.broadcast_to(scale, (channels,))
-        new_weight = weight * scale.reshape([-1] + [1] * (weight.ndim - 1))
+        # In float64 (the weights widened exactly), without a widened copy of the weights first.
+        new_weight = np.multiply(original, scale.reshape([-1] + [1] * (original.ndim - 1)), dtype=np.float64)
         new_bias = bias * scale + shift
         dtype = original.dtype
         weight_init = op.initializer(ir.Tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
