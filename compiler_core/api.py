@@ -15,7 +15,7 @@ import onnx_ir as ir
 from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
 from compiler_core.fileio import sha256_file
 from compiler_core.frontends import detect_backend, load_source
-from compiler_core.mblt.canonicalize import VERIFY_STAGE, canonicalize
+from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize
 from compiler_core.mblt.io import load_mblt, make_provenance, write_mblt
 from compiler_core.mblt.io import read_provenance as _read_provenance
 from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
@@ -42,7 +42,15 @@ def parse_model(
     Returns:
         The canonical model and its provenance record.
     """
-    reporter = as_reporter(callback, cancel_token)
+    return _parse(model, backend=backend, input_shape_dict=input_shape_dict, constant_inputs=constant_inputs,
+                  output_names=output_names, reporter=as_reporter(callback, cancel_token), **frontend_options)
+
+
+def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Sequence[int]] | None,
+           constant_inputs: Mapping[str, Any] | None, output_names: Sequence[str] | None, reporter,
+           keep_checked: bool = False, **frontend_options: Any) -> tuple[ir.Model, dict[str, Any]]:
+    """:func:`parse_model`; ``keep_checked`` keeps the checker's protobuf in the graph's ``meta`` (see
+    :func:`~compiler_core.mblt.canonicalize.canonicalize`)."""
     is_path = isinstance(model, (str, Path))
     backend = backend or (detect_backend(model) if is_path else "torch")
     constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
@@ -57,7 +65,7 @@ def parse_model(
         reporter.advance()
     try:
         graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants,
-                             output_names=output_names, reporter=reporter)
+                             output_names=output_names, reporter=reporter, keep_checked=keep_checked)
     except InternalError as error:
         raise _blame_source(error, model, backend) from error.__cause__
     except QBCompilerError:
@@ -112,14 +120,15 @@ def mblt_compile(
     if not mblt_save_path:
         raise ArgumentError("No output path given for the MBLT.", hint="Pass mblt_save_path / --output.")
     device = _device(target_device)
-    graph, provenance = parse_model(model, backend=backend, input_shape_dict=input_shape_dict,
-                                    constant_inputs=constant_inputs, output_names=output_names, callback=reporter,
-                                    **frontend_options)
+    graph, provenance = _parse(model, backend=backend, input_shape_dict=input_shape_dict,
+                               constant_inputs=constant_inputs, output_names=output_names, reporter=reporter,
+                               keep_checked=True, **frontend_options)
+    checked = graph.meta.pop(CHECKED_PROTO, None)  # the graph is only read until it is written
     if device is not None:
         _log_support(graph, device)
     with reporter.stage("write", total=1, message=f"writing {mblt_save_path}"):
         reporter.check()
-        path = write_mblt(graph, mblt_save_path, provenance)
+        path = write_mblt(graph, mblt_save_path, provenance, checked=checked)
         reporter.advance()
     return path
 

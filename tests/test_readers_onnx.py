@@ -199,14 +199,10 @@ def test_a_subgraph_may_read_outer_scope_values_but_not_undefined_ones(tmp_path)
 
 def _failing_checker(monkeypatch):
     """Make the final check of the parsed graph fail, as a compiler bug would."""
-    class Failing:
-        def __init__(self, **_):
-            pass
+    def failing(model):
+        raise onnx.checker.ValidationError("simulated: the parsed graph is broken")
 
-        def __call__(self, model):
-            raise onnx.checker.ValidationError("simulated: the parsed graph is broken")
-
-    monkeypatch.setattr(canonicalize_module.common_passes, "CheckerPass", Failing)
+    monkeypatch.setattr(canonicalize_module, "check_model", failing)
 
 
 def test_a_checker_failure_on_a_valid_source_is_reported_as_a_compiler_bug(tmp_path, monkeypatch):
@@ -324,3 +320,43 @@ def test_text_that_is_not_utf8_is_refused_naming_its_field(tmp_path, marker, fie
     with pytest.raises(ModelLoadError, match="is corrupt") as info:
         parse_model(path)
     assert f"'{field}'" in str(info.value)
+
+
+def _reference_problem(graph, check):
+    try:
+        check(graph, Path("m.onnx"), frozenset())
+    except InvalidModelError as error:
+        return error.message, error.fields
+    return None
+
+
+@pytest.mark.parametrize("case", ["fine", "redefined", "missing", "missing_output", "cycle", "out_of_order",
+                                  "subgraph_missing", "subgraph_outer"])
+def test_reference_check_finds_what_the_name_by_name_check_finds(case):
+    """The two-walk reference check raises the same first problem as the name-by-name one, or none."""
+    from compiler_core.frontends import onnx as onnx_frontend
+
+    branch_input = "nowhere" if case == "subgraph_missing" else "a"
+    branch = helper.make_graph([helper.make_node("Neg", [branch_input], ["b_out"])], "branch", [],
+                               [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("If", ["cond"], ["c"], then_branch=branch, else_branch=branch),
+             helper.make_node("Add", ["b", "c"], ["y"])]
+    outputs = ["y"]
+    if case == "redefined":
+        nodes.append(helper.make_node("Abs", ["x"], ["a"]))
+    elif case == "missing":
+        nodes[3].input[1] = "ghost"
+        nodes[1].input[0] = "phantom"
+    elif case == "missing_output":
+        outputs.append("nothing")
+    elif case == "cycle":
+        nodes[0].input[0] = "y"
+    elif case == "out_of_order":
+        nodes.reverse()
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs])
+    found = _reference_problem(graph, onnx_frontend.check_references)
+    assert found == _reference_problem(graph, onnx_frontend._check_references_in_full)
+    assert (found is None) == (case in ("fine", "out_of_order", "subgraph_outer"))

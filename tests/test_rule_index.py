@@ -4,6 +4,7 @@ constant lifting, opset conversion and shape merging give what the library's pas
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 import onnx
@@ -94,6 +95,29 @@ def test_an_indexed_rule_skips_a_root_whose_constant_operand_is_not_a_scalar_con
     assert indexed.try_rewrite(model, model.graph, by_scalar) is not None
 
 
+def test_an_indexed_rule_skips_a_root_whose_constant_operand_has_another_value():
+    """``x * 1`` on ``x * 2``, ``x * 1.000001`` and ``x * 1``: the first is skipped before matching (the full match
+    fails on it too); the nearly-1 one is within the pattern's tolerance, so both rewrite it and ``x * 1``."""
+    rule = copy.copy(canonicalize.common_rules.mul_by_1_rule)
+    library_try = rule.try_rewrite
+    tried = []
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    constants = [numpy_helper.from_array(np.array(value, np.float32), name)
+                 for name, value in (("two", 2.0), ("nearly", 1.000001), ("one", 1.0))]
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["a"]), helper.make_node("Mul", ["a", "nearly"], ["b"]),
+         helper.make_node("Mul", ["b", "one"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], constants)
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    by_two, by_nearly, by_one = list(model.graph)
+    assert library_try(model, model.graph, by_two) is None
+    assert [indexed.try_rewrite(model, model.graph, node) is not None for node in (by_two, by_nearly, by_one)] \
+        == [False, True, True]
+    assert tried == [by_nearly, by_one]
+
+
 def _unindexed(monkeypatch):
     """The library's passes in place of each faster equivalent of ours."""
     monkeypatch.setattr(canonicalize, "indexed_rule_set", rewriter.RewriteRuleSet)
@@ -158,6 +182,204 @@ def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
         applied[name] = full
     assert applied == {"RemoveOptionalBiasFromConv": [False, False, True, False],
                        "NormalizePadFormatConv": [False, False, False, True]}
+
+
+def test_a_reshape_to_a_constant_shape_is_not_materialized_again():
+    """MaterializeReshapeShape: a Reshape to a constant shape is skipped before matching (the full try rejects it);
+    one to a computed shape with a known output shape is tried and rewritten."""
+    rules = {rule.name: rule for rule in rewriter._DEFAULT_REWRITE_RULES}
+    rule = copy.copy(rules["MaterializeReshapeShape"])
+    full = []
+    tried = []
+    library_try = rule.try_rewrite
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Reshape", ["r", "xs"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array([3, 2], np.int64), "s")])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    for node_index in (0, 2):
+        model = ir.serde.deserialize_model(proto)
+        full.append(library_try(model, model.graph, model.graph.node(node_index)) is not None)
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2].op_type) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    model = ir.serde.deserialize_model(proto)
+    ours = [indexed.try_rewrite(model, model.graph, model.graph.node(index)) is not None for index in (0, 2)]
+    assert ours == full == [False, True]
+    assert tried == ["Reshape"]  # only the second
+
+
+def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
+    """SplitWideConvKernel on a 1x3 kernel, a 1x33 kernel and a 1x33 kernel whose weights are a graph input: the
+    indexed rule tries exactly the node the full rule rewrites (the wide constant one)."""
+    from compiler_core.mblt.rules import SplitWideConvKernel
+
+    rng = np.random.default_rng(0)
+    narrow, wide = (numpy_helper.from_array(rng.standard_normal((2, 2, 1, k)).astype(np.float32), f"w{k}")
+                    for k in (3, 33))
+    nodes = [helper.make_node("Conv", ["x", "w3"], ["c0"], pads=[0, 1, 0, 1]),
+             helper.make_node("Conv", ["c0", "w33"], ["c1"], pads=[0, 16, 0, 16]),
+             helper.make_node("Conv", ["c1", "v"], ["y"], pads=[0, 16, 0, 16])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 40]),
+                                           helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2, 1, 33])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 40])], [narrow, wide])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    rule = SplitWideConvKernel.rule()
+    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    tried = []
+    library_try = rule.try_rewrite
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    assert ours == full == [False, True, False]
+    assert tried == [model.graph.node(1)]  # the pattern match and check ran on the wide Conv only
+
+
+def test_name_fix_names_as_the_library_pass_does(monkeypatch):
+    """Unique names: nothing to do, and the check alone says so; a duplicated value name, an unnamed value and an
+    unnamed node: the library's renaming."""
+    from compiler_core.mblt.rule_index import NameFix
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"), helper.make_node("Neg", ["a"], ["y"], name="r1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    full_fixes = []
+    with monkeypatch.context() as patched:
+        library_call = ir.passes.common.NameFixPass.call
+        patched.setattr(ir.passes.common.NameFixPass, "call",
+                        lambda self, model: full_fixes.append(model) or library_call(self, model))
+        assert not NameFix()(ours).modified
+        assert full_fixes == []
+        ours.graph.node(1).outputs[0].name = "x"  # the output now shares the input's name
+        library.graph.node(1).outputs[0].name = "x"
+        for model in (ours, library):
+            model.graph.node(0).outputs[0].name = ""
+            model.graph.node(1).name = ""
+        assert NameFix()(ours).modified and ir.passes.common.NameFixPass()(library).modified
+    assert len(full_fixes) == 2
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
+    """Conv, Relu and Mul of activations are left alone without the library's node processing; the constant Add and
+    the Reshape (which has a partial evaluator) go through it; the folded graph is the library folder's."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(np.array(1.5, np.float32), "k1"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "k2"),
+                    numpy_helper.from_array(np.array([1, 32], np.int64), "s")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Mul", ["r", "k"], ["m"]),
+             helper.make_node("Reshape", ["m", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": 1 << 20}
+    assert _constant_folding.FoldConstantsPass(**options)(library).modified
+    processed = []
+    library_process = _constant_folding.FoldConstantsPass.process_node
+    monkeypatch.setattr(_constant_folding.FoldConstantsPass, "process_node",
+                        lambda self, node, is_function: processed.append(node.op_type)
+                        or library_process(self, node, is_function))
+    assert _FoldConstants(**options)(ours).modified
+    assert processed == ["Add", "Reshape"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
+    """ConvMulChannel (both operand orders) and ConvAffineFusion: Mul of a Conv by an activation, of a Conv read
+    twice, and an Add by a vector are skipped before matching; the rewritable nodes are tried and rewritten."""
+    from compiler_core.mblt.rules import ConvMulChannel
+
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(np.zeros(2, np.float32), "b"),
+                    numpy_helper.from_array(np.array(2.0, np.float32), "k"),
+                    numpy_helper.from_array(np.full((1, 2, 1, 1), 0.5, np.float32), "v")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Mul", ["c0", "r0"], ["m0"]),  # by an activation; c0 is read twice
+             helper.make_node("Conv", ["m0", "w", "b"], ["c1"]), helper.make_node("Mul", ["k", "c1"], ["m1"]),
+             helper.make_node("Add", ["m1", "v"], ["a1"]),  # ConvAffineFusion needs a scalar offset
+             helper.make_node("Conv", ["a1", "w", "b"], ["c2"]), helper.make_node("Mul", ["c2", "k"], ["m2"]),
+             helper.make_node("Add", ["k", "m2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    nodes = list(model.graph)
+    variants = {"ConvMulChannel": rewriter.RewriteRuleSet([ConvMulChannel.rule()], commute=True).rules,
+                "ConvAffineFusion": [rule for rule in canonicalize._LIBRARY_RULES if rule.name == "ConvAffineFusion"]}
+    results = {}
+    for name, rules in variants.items():
+        for rule in map(copy.copy, rules):  # the library's rule objects stay as they are
+            full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+            tried = []
+            library_try = rule.try_rewrite
+            rule.try_rewrite = lambda *args, library_try=library_try, tried=tried, **kwargs: (
+                tried.append(nodes.index(args[2])) or library_try(*args, **kwargs))
+            (indexed,) = indexed_rules([rule])
+            assert [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph] == full
+            hits, tries = results.setdefault(name, (set(), set()))
+            hits.update(index for index, hit in enumerate(full) if hit)
+            tries.update(tried)
+    m0, m1, a1, m2, y = 2, 4, 5, 7, 8
+    assert results["ConvMulChannel"] == ({m1, m2}, {m1, m2})  # Mul(c0, r0) is never tried
+    assert results["ConvAffineFusion"][0] == {y} and a1 not in results["ConvAffineFusion"][1]  # a vector offset
+    assert m0 not in results["ConvAffineFusion"][1]
+
+
+def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
+    """Equal small initializers (from the protobuf and made in memory) become one; equal ones over the size limit, of
+    another dtype or that are a graph output stay."""
+    from compiler_core.mblt.rule_index import DeduplicateInitializers
+
+    same = np.arange(4, dtype=np.float32)
+    initializers = [numpy_helper.from_array(same, "a"), numpy_helper.from_array(same.copy(), "b"),
+                    numpy_helper.from_array(same.astype(np.float64), "c"),
+                    numpy_helper.from_array(np.ones(2000, np.float32), "d"),
+                    numpy_helper.from_array(np.ones(2000, np.float32), "e"), numpy_helper.from_array(same, "f")]
+    nodes = [helper.make_node("Add", ["x", name], [f"y{name}"]) for name in "abdef"]
+    nodes.append(helper.make_node("Cast", ["c"], ["yc"], to=TensorProto.FLOAT))
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("ya", "yb", "yd", "ye", "yf")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [*outputs, helper.make_tensor_value_info("f", TensorProto.FLOAT, [4])], initializers)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    for model in (ours, library):  # one made in memory, as folding and fusing make them
+        model.graph.initializers["b"].const_value = ir.Tensor(same.copy(), name="b")
+    assert DeduplicateInitializers()(ours).modified and ir.passes.common.DeduplicateInitializersPass()(library).modified
+    assert list(ours.graph.initializers) == ["a", "c", "d", "e", "f"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_output_fix_fixes_as_the_library_pass_does(monkeypatch):
+    """Distinct computed outputs: nothing to do, found without the library's walk; an output listed twice and an
+    input used as an output: the library's Identities."""
+    from compiler_core.mblt.rule_index import OutputFix
+
+    def model(outputs):
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                  [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2]) for name in outputs])
+        return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+    library_calls = []
+    library_call = ir.passes.common.OutputFixPass.call
+    monkeypatch.setattr(ir.passes.common.OutputFixPass, "call",
+                        lambda self, model: library_calls.append(model) or library_call(self, model))
+    assert not OutputFix()(model(["r"])).modified
+    assert library_calls == []
+    ours, library = model(["r", "r", "x"]), model(["r", "r", "x"])
+    assert OutputFix()(ours).modified and ir.passes.common.OutputFixPass()(library).modified
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
 def test_remove_unused_nodes_removes_as_the_library_pass_does():
@@ -258,6 +480,37 @@ def test_the_protobuf_path_gives_the_onnx_ir_path_graph(tmp_path, monkeypatch):
     assert {entry.value for node in canonical.graph.node for entry in node.metadata_props} == {"bn, conv", "r", "flat", "added", "scale"}
 
 
+@pytest.mark.parametrize("case", ["lifted", "value_ints", "graph output"])
+def test_large_constant_weights_end_where_the_onnx_ir_path_puts_them(case, tmp_path, monkeypatch):
+    """Opset 11 with large Constant weights (set apart during the conversion), read by a Conv and an Add (lifted to
+    initializers); with a ``value_ints`` Constant the protobuf lifting leaves every Constant to onnx-ir; a large
+    Constant that is a graph output stays a Constant (which no MBLT may hold). The same outcome both ways."""
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal((16, 3, 5, 5)).astype(np.float32))
+    bias = numpy_helper.from_array(rng.standard_normal((1, 16, 8, 8)).astype(np.float32))
+    nodes = [helper.make_node("Constant", [], ["w"], value=weights),
+             helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2]),
+             helper.make_node("Constant", [], ["bias"], value=bias), helper.make_node("Add", ["c", "bias"], ["a"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if case == "value_ints":
+        nodes += [helper.make_node("Constant", [], ["shape"], value_ints=[1, -1]),
+                  helper.make_node("Reshape", ["a", "shape"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Relu", ["a"], ["y"]))
+    if case == "graph output":
+        outputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 16, 8, 8]))
+    graph = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6), str(tmp_path / "m.onnx"))
+    calls = []
+    original = canonicalize._steps_on_proto
+    monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: calls.append(original(*args)) or calls[-1])
+    on_proto, on_ir = _parse_both_ways(tmp_path / "m.onnx", monkeypatch)
+    assert calls and calls[0] is not None  # the protobuf path ran
+    assert on_proto == on_ir
+    assert isinstance(on_proto, bytes) == (case != "graph output")
+
+
 @pytest.mark.parametrize("case", ["unknown op", "bad shape name", "bad constant name", "reshape misfit"])
 def test_the_protobuf_path_raises_what_the_onnx_ir_path_raises(case, tmp_path, monkeypatch):
     options = {"input_shape_dict": {"x": [1, 3, 32, 32]}, "constant_inputs": {"gain": np.array([2.0], np.float32)}}
@@ -307,3 +560,24 @@ def test_our_batchnorm_fusion_rewrites_as_the_library_rule_does(inbound):
         assert rewriter.RewriteRuleSet([rule]).apply_to_model(model) == 1
         graphs.append(ir.to_proto(model).SerializeToString())
     assert graphs[0] == graphs[1]
+
+
+@pytest.mark.parametrize("name", ["ppocr_cls", "silero_ifless"])
+def test_the_written_mblt_reuses_the_checkers_serialization(name, tmp_path, monkeypatch):
+    """mblt_compile serializes the canonical graph once (for ONNX's checker) and writes the same bytes as a fresh
+    ``ir.to_proto`` of the stamped graph would."""
+    from compiler_core.api import mblt_compile
+    from compiler_core.mblt import io
+
+    source, shapes, constants = realmodels.real_models()[name]()
+    options = {"input_shape_dict": shapes or None, "constant_inputs": constants}
+    with monkeypatch.context() as patched:
+        patched.setattr(io, "_written_proto", lambda model, checked: ir.to_proto(model))
+        reference = mblt_compile(source, tmp_path / "reference.mblt", **options).read_bytes()
+    checking, serializations = [], []  # graphs serialized from the checker on (earlier: inference of other states)
+    library_check, library_serialize = canonicalize.check_model, ir.serde.serialize_graph_into
+    monkeypatch.setattr(canonicalize, "check_model", lambda model: checking.append(model) or library_check(model))
+    monkeypatch.setattr(ir.serde, "serialize_graph_into", lambda *args, **kwargs: (
+        checking and serializations.append(args[1])) or library_serialize(*args, **kwargs))
+    assert mblt_compile(source, tmp_path / "reused.mblt", **options).read_bytes() == reference
+    assert len(serializations) == 1

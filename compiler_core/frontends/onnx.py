@@ -307,9 +307,51 @@ def _load_external_data(external: list[onnx.TensorProto], path: Path) -> None:
 def check_references(graph: onnx.GraphProto, path: Path, outer: frozenset[str] = frozenset()) -> None:
     """Every node input must name a graph input, an initializer, a node output or an outer-scope value.
 
+    Two walks over the nodes for a well-formed graph (outputs, then inputs in order, with the subgraphs); anything
+    wrong is reported by :func:`_check_references_in_full`, which finds the same first problem.
+
     Raises:
         InvalidModelError: naming the first node that reads an undefined tensor, and the tensor.
     """
+    defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    producer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            if name:
+                if name in producer or name in defined:
+                    return _check_references_in_full(graph, path, outer)
+                producer[name] = index
+    scope: frozenset[str] | None = None
+    in_order = True
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            if name:
+                source = producer.get(name)
+                if source is None:
+                    if name not in defined:
+                        return _check_references_in_full(graph, path, outer)
+                elif source >= index:
+                    in_order = False
+        for attribute in node.attribute:
+            if attribute.type in _GRAPH_TYPES:
+                scope = frozenset(defined | producer.keys()) if scope is None else scope
+                for subgraph in _subgraphs(attribute):
+                    check_references(subgraph, path, scope)
+    if not in_order:
+        _check_acyclic(graph, path)
+    missing_outputs = [v.name for v in graph.output if v.name not in defined and v.name not in producer]
+    if missing_outputs:
+        raise InvalidModelError(f"'{path.name}': graph output(s) {missing_outputs} are not produced by any node.",
+                                hint="The source model is malformed (check it with onnx.checker); export it again.",
+                                file=str(path), tensor=missing_outputs[0])
+
+
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _check_references_in_full(graph: onnx.GraphProto, path: Path, outer: frozenset[str]) -> None:
+    """:func:`check_references`, name by name: raises for the first problem (a graph it finds none in passes)."""
     defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.values.name for t in graph.sparse_initializer}
     produced = [name for node in graph.node for name in node.output if name]

@@ -36,9 +36,10 @@ from compiler_core.errors import (
 )
 from compiler_core.frontends.onnx import CheckedModelProto
 from compiler_core.mblt import opset
-from compiler_core.mblt.conversion import convert_source_proto, convert_version
+from compiler_core.mblt.conversion import convert_source_proto_weights_apart, convert_version
 from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
 from compiler_core.mblt.einsum import lower_einsums
+from compiler_core.mblt.io import check_model
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
@@ -47,6 +48,7 @@ from compiler_core.mblt.rule_index import (
     RemoveUnusedNodes,
     RemoveUnusedOpsets,
     all_nodes,
+    apply_rules,
     holds_graph,
     indexed_rule_set,
     optimize,
@@ -58,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE_NAME_KEY = "mblt.source_name"
 VERIFY_STAGE = "verify"
+CHECKED_PROTO = "mblt.checked_proto"
+"""``model.meta`` key of the checker's protobuf that ``canonicalize(..., keep_checked=True)`` keeps."""
 """The ``stage`` field of the error raised when the canonical graph fails ONNX's checker."""
 # A node fused from several keeps every source name ("conv1, bn1"); onnxscript exposes no public
 # hook for per-key mergers yet, so register ours on its default merger.
@@ -74,6 +78,7 @@ def canonicalize(
     constant_inputs: Mapping[str, np.ndarray] | None = None,
     output_names: Sequence[str] | None = None,
     reporter: Reporter | None = None,
+    keep_checked: bool = False,
 ) -> ir.Model:
     """Turn a loaded ONNX model into a canonical MBLT graph, in memory.
 
@@ -85,6 +90,8 @@ def canonicalize(
         output_names: Tensors to make the graph's outputs, cutting away what only the other outputs need
             (post-processing such as NonMaxSuppression); ``None`` keeps the model's outputs.
         reporter: Progress and cancellation.
+        keep_checked: Keep what ONNX's checker saw in ``model.meta[CHECKED_PROTO]`` (a
+            :class:`~compiler_core.mblt.io.CheckedProto`, for :func:`~compiler_core.mblt.io.write_mblt` to reuse).
 
     Returns:
         The canonical model: opset 21, static shapes, folded, topologically sorted, named.
@@ -113,7 +120,7 @@ def canonicalize(
         ("optimize", _optimize),
         ("legalize", _legalize),
         ("tidy", _tidy),
-        ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None)),
+        ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None, keep_checked)),
     ]
     with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
         done = 0
@@ -317,7 +324,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             setattr(header, field, getattr(proto, field))
     header.metadata_props.extend(proto.metadata_props)
     try:
-        converted, inferred, large = convert_source_proto(proto, opset.MBLT_OPSET_VERSION)
+        converted, inferred, large, pending = convert_source_proto_weights_apart(proto, opset.MBLT_OPSET_VERSION)
     except Exception as error:  # the C API raises plain exceptions
         logger.warning("The ONNX C API could not convert the model to opset %d; the model was not modified",
                        opset.MBLT_OPSET_VERSION, exc_info=error)
@@ -336,7 +343,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
         for key, value in props.items():
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
-    _lift_constants_proto(converted.graph)
+    _lift_constants_proto(converted.graph, pending)
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
     for name, tensor in large.items():  # the converted model holds stubs of the large initializers
@@ -350,27 +357,35 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     return model, inferred
 
 
-def _lift_constants_proto(graph: onnx.GraphProto) -> None:
+def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[onnx.TensorProto, bytes]]) -> None:
     """What :class:`LiftConstants` (all sizes) does to the deserialized graph, done on the protobuf, when every
     ``Constant`` holds a ``value`` tensor: each becomes an initializer of its output's name, in node order after the
     existing initializers; one whose output is a graph output stays. The inferred value info of a lifted value is
     dropped (deserialization types an initializer from its tensor, the same type). Other kinds of ``Constant``
-    (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers."""
+    (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers.
+
+    ``pending``: the bytes of large ``Constant`` tensors set apart in the opset conversion (output name -> (the
+    ``Constant``'s tensor, bytes)); a lifted one gets them in its initializer, any other in its ``Constant``."""
     outputs = {info.name for info in graph.output}
     constants = [index for index, node in enumerate(graph.node) if node.op_type == "Constant"]
     nodes = [graph.node[index] for index in constants]
-    if any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
-           or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
-        return
     lifted = []
-    for index, node in zip(constants, nodes):
-        if node.output[0] in outputs:
-            continue
-        tensor = graph.initializer.add()
-        tensor.CopyFrom(node.attribute[0].t)
-        tensor.name = node.output[0]
-        lifted.append(index)
+    if not any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
+               or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
+        for index, node in zip(constants, nodes):
+            name = node.output[0]
+            if name in outputs:
+                continue
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = name
+            if name in pending:
+                tensor.raw_data = pending[name][1]
+            lifted.append(index)
     names = {graph.node[index].output[0] for index in lifted}
+    for name, (tensor, data) in pending.items():
+        if name not in names:  # the Constant stays: its weights go back into it
+            tensor.raw_data = data
     for index in reversed(lifted):
         del graph.node[index]
     plain = [index for index, info in enumerate(graph.value_info)
@@ -586,9 +601,11 @@ def _legalize(model: ir.Model) -> None:
     lower_einsums(model)  # matrix-product equations become MatMul
     rules = _legalize_rules(indexed_rule_set)
     for _ in range(_MAX_REWRITE_ROUNDS):
-        if not rules.apply_to_model(model):
+        count, clean = apply_rules(rules, model)
+        if not count:
             break
-        RemoveUnusedNodes()(model)
+        if not clean:  # else the rule set's own removal found nothing: this one would not either
+            RemoveUnusedNodes()(model)
         with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
             optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
@@ -671,13 +688,14 @@ def _fully_typed(model: ir.Model) -> bool:
         for value in values)
 
 
-def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) -> None:
+def _verify(model: ir.Model, source_inference: InvalidModelError | None = None, keep_checked: bool = False) -> None:
     """Check the canonical graph: MBLT ops only, static shapes, ONNX's full checker.
 
     Args:
         model: The canonical graph.
         source_inference: How the model as given failed inference (from :func:`_lift_constants`);
             raised instead of an internal error when the canonical graph fails the checker.
+        keep_checked: Keep the checker's protobuf in ``model.meta[CHECKED_PROTO]``.
     """
     _check_mblt_ops(model)
     if source_inference is not None and _has_dynamic_shapes(model):
@@ -690,7 +708,7 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
     _check_static_shapes(model)
     model.ir_version = opset.MBLT_IR_VERSION
     try:
-        common_passes.CheckerPass(full_check=True)(model)
+        checked = check_model(model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         # Whose fault it is depends on the source: the model's own when it already failed inference as
         # given; else api.parse_model blames it only when onnx.checker (full) fails on the source file.
@@ -699,6 +717,8 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None) 
         raise InternalError(f"The parsed graph fails ONNX's checker: {_first_line(error)}",
                             hint="The source model may be fine; this is probably a compiler bug. Please report it "
                                  "with the model.", stage=VERIFY_STAGE) from error
+    if keep_checked:
+        model.meta[CHECKED_PROTO] = checked
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -70,6 +70,18 @@ def convert_source_proto(proto: onnx.ModelProto,
     Raises:
         Exception: the C API could not convert the model (what :func:`convert_version` logs).
     """
+    result, inferred, aside, pending = convert_source_proto_weights_apart(proto, target_version)
+    for tensor, data in pending.values():
+        tensor.raw_data = data
+    return result, inferred, aside
+
+
+def convert_source_proto_weights_apart(
+        proto: onnx.ModelProto, target_version: int,
+) -> tuple[onnx.ModelProto, bool, dict[str, onnx.TensorProto], dict[str, tuple[onnx.TensorProto, bytes]]]:
+    """:func:`convert_source_proto`, leaving the large ``Constant`` weights out of the result: they are returned as
+    output name -> (the ``Constant``'s tensor in the result, its bytes), for the caller to write where it wants them
+    (an initializer lifted from the ``Constant``: one copy of the weights fewer)."""
     user_inputs = len(proto.graph.input)
     aside = _initializers_to_inputs(proto)
     weights = _take_constant_weights(proto)
@@ -77,12 +89,14 @@ def convert_source_proto(proto: onnx.ModelProto,
     if not inferred:  # not written natively, or its inference fails: the C API's result, whatever it infers
         converted = onnx.version_converter.convert_version(proto, target_version)
         result, inferred = _strict_inference(converted)  # without the weights: they would be copied in and out
-    if weights and not _put_constant_weights(result, weights):
+    pending = _constant_weight_targets(result, weights) if weights else {}
+    if pending is None:
         logger.debug("A Constant node changed in the opset conversion; converting again with its weights")
         _put_constant_weights(proto, weights)
         result, inferred = _strict_inference(onnx.version_converter.convert_version(proto, target_version))
+        pending = {}
     _inputs_to_initializers(result, user_inputs, aside)
-    return result, inferred, aside
+    return result, inferred, aside, pending
 
 
 def _native_conversion(proto: onnx.ModelProto, target_version: int) -> tuple[onnx.ModelProto | None, bool]:
@@ -190,6 +204,18 @@ def _take_constant_weights(proto: onnx.ModelProto) -> dict[str, tuple[list[int],
 def _put_constant_weights(proto: onnx.ModelProto, weights: dict[str, tuple[list[int], int, bytes]]) -> bool:
     """Write the bytes back into the ``Constant`` nodes of the same output names; False (nothing written) if one of
     them is missing or no longer a bare tensor of the same dims and type."""
+    targets = _constant_weight_targets(proto, weights)
+    if targets is None:
+        return False
+    for tensor, data in targets.values():
+        tensor.raw_data = data
+    return True
+
+
+def _constant_weight_targets(proto: onnx.ModelProto, weights: dict[str, tuple[list[int], int, bytes]],
+                             ) -> dict[str, tuple[onnx.TensorProto, bytes]] | None:
+    """Output name -> (the tensor of the ``Constant`` node of that output, its bytes), or None if one of them is
+    missing or no longer a bare tensor of the same dims and type."""
     targets = {}
     for node in proto.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 \
@@ -200,7 +226,5 @@ def _put_constant_weights(proto: onnx.ModelProto, weights: dict[str, tuple[list[
                     and not tensors[0].HasField("raw_data"):
                 targets[node.output[0]] = tensors[0]
     if targets.keys() != weights.keys():
-        return False
-    for name, tensor in targets.items():
-        tensor.raw_data = weights[name][2]
-    return True
+        return None
+    return {name: (tensor, weights[name][2]) for name, tensor in targets.items()}

@@ -6,11 +6,12 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
+from onnx_ir.passes.common import _c_api_utils
 
 from compiler_core import __version__
 from compiler_core.errors import ModelLoadError, OutputWriteError
@@ -60,8 +61,91 @@ def layout_hint(dims: list[int]) -> str:
     return {3: "NCW", 2: "NC"}.get(len(dims), "")
 
 
+class CheckedProto(NamedTuple):
+    """The protobuf ONNX's checker passed, serialized by onnx-ir's ``call_onnx_api`` (``CheckerPass``): the graph with
+    every initializer also declared as a graph input and the large ones without their data.
+
+    Attributes:
+        proto: That protobuf.
+        inputs: How many graph inputs the model has.
+        initializers: The model's initializers before the call, in order.
+        moved: Those the call took out of the graph and put back last (the large ones), in order.
+    """
+
+    proto: onnx.ModelProto
+    inputs: int
+    initializers: tuple[ir.Value, ...]
+    moved: tuple[ir.Value, ...]
+
+
+def check_model(model: ir.Model) -> CheckedProto:
+    """``CheckerPass(full_check=True)(model)``, returning what the checker saw.
+
+    Raises:
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: as the checker raises them.
+    """
+    initializers = tuple(model.graph.initializers.values())
+    inputs = len(model.graph.inputs)
+    seen: list[onnx.ModelProto] = []
+
+    def check(proto: onnx.ModelProto) -> None:
+        seen.append(proto)
+        onnx.checker.check_model(proto, full_check=True, skip_opset_compatibility_check=False,
+                                 check_custom_domain=False)
+
+    _c_api_utils.call_onnx_api(check, model)
+    moved = tuple(value for value in initializers if value.const_value is None
+                  or value.const_value.nbytes > _c_api_utils._BIG_TENSOR_SIZE_LIMIT)
+    return CheckedProto(seen[0], inputs, initializers, moved)
+
+
+def _written_proto(model: ir.Model, checked: CheckedProto | None) -> onnx.ModelProto:
+    """``ir.to_proto(model)``, built from the checker's protobuf of the same graph where it can be.
+
+    Serializing the graph is most of the work; the checker's copy has it already. It differs from the one to write
+    in its graph inputs (every initializer is declared an input there; here those declarations are the initializers'
+    value infos, which come first), the large initializers' data (appended, as the call put them last) and the model
+    fields the writer stamps (reset from ``model``). Anything else (subgraphs, functions, initializers that are
+    inputs or have no data, quantization annotations) takes ``ir.to_proto``. The caller makes sure the graph has not
+    changed since the check.
+    """
+    if checked is None or model.functions or checked.proto.graph.quantization_annotation:
+        return ir.to_proto(model)
+    graph = model.graph
+    initializers = list(graph.initializers.values())
+    moved = set(checked.moved)
+    order = [*(value for value in checked.initializers if value not in moved), *checked.moved]
+    declared = checked.proto.graph.input
+    if (initializers != order or len(declared) != checked.inputs + len(order) or len(graph.inputs) != checked.inputs
+            or any(value.const_value is None or value.is_graph_input() or value.is_graph_output()
+                   for value in initializers)
+            or any(attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+                   for node in graph for attribute in node.attributes.values())):
+        return ir.to_proto(model)
+    proto = checked.proto
+    position = {value: checked.inputs + index for index, value in enumerate(checked.initializers)}
+    infos = [declared[position[value]] for value in order]
+    holder = onnx.GraphProto()
+    holder.value_info.extend([*infos, *proto.graph.value_info])
+    del declared[checked.inputs:]
+    proto.graph.ClearField("value_info")
+    proto.graph.value_info.extend(holder.value_info)
+    for value in checked.moved:
+        value.const_value.name = value.name
+        ir.serde.serialize_tensor_into(proto.graph.initializer.add(), value.const_value)  # one copy of the weights
+    for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        proto.ClearField(field)
+        if getattr(model, field):
+            setattr(proto, field, getattr(model, field))
+    proto.ir_version = model.ir_version
+    del proto.metadata_props[:]
+    for key in sorted(model.metadata_props):
+        proto.metadata_props.add(key=key, value=model.metadata_props[key])
+    return proto
+
+
 def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any], *,
-               external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+               external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, checked: CheckedProto | None = None) -> Path:
     """Stamp format metadata and provenance on ``model`` and write it atomically.
 
     Args:
@@ -70,6 +154,8 @@ def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any],
         provenance: The record from :func:`make_provenance`.
         external_data_threshold: When the weights total more bytes than this, they are written to
             ``<name>.mblt.data`` beside the file (protobuf cannot hold more than 2 GB).
+        checked: What :func:`check_model` returned for the graph, unchanged since (the checker's serialization
+            is reused; it is taken over).
 
     Raises:
         OutputWriteError: the file cannot be written.
@@ -84,7 +170,7 @@ def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any],
     weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     if weights > external_data_threshold:
         return _write_with_external_data(model, path)
-    data = ir.to_proto(model).SerializeToString(deterministic=True)
+    data = _written_proto(model, checked).SerializeToString(deterministic=True)
     return atomic_write(path, lambda temp: temp.write_bytes(data))
 
 

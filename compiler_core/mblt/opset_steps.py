@@ -155,18 +155,25 @@ _RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
 @functools.cache
-def _all_schema_versions() -> dict[str, tuple[int, ...]]:
-    versions: dict[str, set[int]] = {}
-    for schema in onnx.defs.get_all_schemas_with_history():
-        if schema.domain == "":
-            versions.setdefault(schema.name, set()).add(schema.since_version)
-    return {name: tuple(sorted(found)) for name, found in versions.items()}
-
-
 def _steps(op_type: str, source: int, target: int) -> list[int] | None:
-    """The versions in (source, target] at which the op's schema changes, or None for an unknown op."""
-    versions = _all_schema_versions().get(op_type)
-    return None if versions is None else [v for v in versions if source < v <= target]
+    """The versions in (source, target] at which the op's schema changes, or None for an unknown op.
+
+    Found by walking down from ``target`` with ``onnx.defs.get_schema`` (the newest schema at or below a
+    version), a few look-ups per op type: listing every schema's history instead took 10 ms per process.
+    """
+    if not onnx.defs.has(op_type, ""):
+        return None
+    steps = []
+    version = target
+    while version > source:
+        try:
+            since = onnx.defs.get_schema(op_type, version, "").since_version
+        except onnx.defs.SchemaError:  # no schema at or below ``version``: the op is newer
+            break
+        if since > source:
+            steps.append(since)
+        version = since - 1
+    return steps[::-1]
 
 
 def _plan(node: onnx.NodeProto, source: int, target: int) -> list[tuple[int, str]] | None:
@@ -254,16 +261,23 @@ class _ValueNames:
     """
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
+        self._model = model
+        self._next: int | None = None  # counted, with the names in use, when the first new value is named
+        self._taken: set[str] = set()
+        self.clash = False
+
+    def _count(self) -> int:
+        graph = self._model.graph
         inputs = {info.name for info in graph.input}
-        separate = sum(1 for t in graph.initializer if t.name not in inputs) if model.ir_version >= 4 else 0
-        self._next = 2 + len(graph.input) + separate + sum(len(node.output) for node in graph.node)
+        separate = sum(1 for t in graph.initializer if t.name not in inputs) if self._model.ir_version >= 4 else 0
         self._taken = {name for node in graph.node for name in (*node.input, *node.output)} | inputs
         self._taken |= {info.name for info in graph.output} | {t.name for t in graph.initializer}
-        self.clash = False
+        return 2 + len(graph.input) + separate + sum(len(node.output) for node in graph.node)
 
     def __call__(self) -> str:
         """The next value's name (a value named by the adapter itself still takes its number)."""
+        if self._next is None:
+            self._next = self._count()
         name = f"_v_{self._next}"
         self._next += 1
         self.clash |= name in self._taken
@@ -299,10 +313,17 @@ def _adapt_nodes(model: onnx.ModelProto, plans: list[list[tuple[int, str]]], ran
                 after.setdefault(index, []).extend(sandwich[1])
     if fresh.clash:
         return False
+    moved = min([*before, *after], default=len(graph.node))  # the nodes before the first insertion stay in place
+    for index, node in adapted.items():
+        if index < moved:
+            graph.node[index].CopyFrom(node)
+    if moved == len(graph.node):
+        return True
     nodes = onnx.GraphProto()
-    for index, node in enumerate(graph.node):
+    for index in range(moved, len(graph.node)):
+        node = graph.node[index]
         nodes.node.extend([*before.get(index, ()), adapted.get(index, node), *after.get(index, ())])
-    graph.ClearField("node")
+    del graph.node[moved:]
     graph.node.extend(nodes.node)
     return True
 

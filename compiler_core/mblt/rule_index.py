@@ -19,12 +19,14 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
+from onnx_ir.passes.common import initializer_deduplication as _deduplication
 from onnxscript import optimizer as onnxscript_optimizer
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
@@ -90,12 +92,12 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
     producers = input_op_types(rule)
-    constants = constant_inputs(rule)
+    constants = _constant_patterns(rule)
     may_apply = _RULE_CONDITIONS.get(rule.name or "", _always)
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
         if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
-                               or not _inputs_constant(node, constants) or not _holds(may_apply, node)):
+                               or not _constants_match(node, constants) or not _holds(may_apply, node)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
@@ -112,11 +114,36 @@ def _inputs_produced_by(node: ir.Node, producers: list[tuple[int, str]]) -> bool
     return True
 
 
-def _inputs_constant(node: ir.Node, constants: list[tuple[int, bool]]) -> bool:
-    for index, scalar in constants:
+def _constant_patterns(rule: RewriteRule) -> list[tuple[int, ConstantPattern]]:
+    """(input position, pattern) of the root node's inputs the pattern requires to be given constants."""
+    if root_op_type(rule) is None:
+        return []
+    pattern = rule._target_pattern
+    return [(index, value) for index, value in enumerate(pattern.output_nodes[0].inputs)
+            if isinstance(value, ConstantPattern)]
+
+
+def _constants_match(node: ir.Node, constants: list[tuple[int, ConstantPattern]]) -> bool:
+    """False if an input the pattern wants to be a given constant is not one: the comparison of onnxscript's matcher
+    (``PatternMatcher._match_constant``: a constant, a scalar or a vector of the pattern's length, each value close to
+    the pattern's within its tolerances), which would fail the full match the same way."""
+    for index, pattern in constants:
         value = node.inputs[index] if index < len(node.inputs) else None
         const = value.const_value if value is not None else None
-        if const is None or (scalar and len(const.shape) != 0):
+        if const is None:
+            return False
+        try:
+            array = const.numpy()
+        except Exception:  # noqa: BLE001 - the full match decides (the matcher fails on a missing file)
+            return True
+        expected = pattern._value
+        if isinstance(expected, list):
+            if array.shape != (len(expected),) or not all(
+                    math.isclose(array.item(i), expected[i], rel_tol=pattern._rel_tol, abs_tol=pattern._abs_tol)
+                    for i in range(len(expected))):
+                return False
+        elif array.ndim != 0 or not math.isclose(array.item(), expected, rel_tol=pattern._rel_tol,
+                                                 abs_tol=pattern._abs_tol):
             return False
     return True
 
@@ -147,15 +174,68 @@ def _bias_may_be_zero(node: ir.Node) -> bool:
     return tensor is not None and bool(np.equal(tensor.numpy(), 0.0).all())
 
 
+def _kernel_too_wide(node: ir.Node) -> bool:
+    """First conditions of our ``SplitWideConvKernel`` check: constant weights with a kernel wider than the NPU's."""
+    from compiler_core.ops.constraints import MAX_KERNEL
+
+    weights = node.inputs[1] if len(node.inputs) > 1 else None
+    if weights is None or weights.const_value is None:
+        return weights is None and len(node.inputs) > 1  # a missing weight input: the full try decides
+    return any(size > MAX_KERNEL for size in weights.const_value.shape[2:])
+
+
+def _operand_constant_after(producer: str) -> Callable[[ir.Node], bool]:
+    """Conditions of our ``{producer}{Mul,Add,Sub,Div}Channel`` checks, in either operand order: one operand a
+    constant, the other the output of a ``producer`` (Conv, ConvTranspose) that nothing else reads (not a graph
+    output)."""
+
+    def condition(node: ir.Node) -> bool:
+        constant = any(value is not None and value.const_value is not None for value in node.inputs)
+        return constant and any(
+            value is not None and value.producer() is not None and value.producer().op_type == producer
+            and len(value.uses()) == 1 and not value.is_graph_output() for value in node.inputs)
+
+    return condition
+
+
+def _scaled_conv_plus_scalar(node: ir.Node) -> bool:
+    """onnxscript's ``ConvAffineFusion`` (``Conv * scale + offset``), in any operand order: one operand of the Add is
+    a Mul with a Conv's output among its operands, and one is a one-element constant (or made by a ``Constant``
+    node, which the check evaluates first)."""
+    scaled = False
+    scalar = False
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is not None and producer.op_type == "Mul":
+            scaled = scaled or any(operand is not None and operand.producer() is not None
+                                   and operand.producer().op_type == "Conv" for operand in producer.inputs)
+        if value is not None and ((value.const_value is not None and value.const_value.size == 1)
+                                  or (producer is not None and producer.op_type == "Constant")):
+            scalar = True
+    return scaled and scalar
+
+
+def _shape_computed(node: ir.Node) -> bool:
+    """First condition of onnxscript's ``MaterializeReshapeShape`` check: the Reshape's target shape is not a
+    constant already."""
+    shape = node.inputs[1] if len(node.inputs) > 1 else None
+    return shape is None or shape.const_value is None
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "MaterializeReshapeShape": _shape_computed,
+    "SplitWideConvKernel": _kernel_too_wide,
+    **{f"{producer}{operator}Channel": _operand_constant_after(producer)
+       for producer in ("Conv", "ConvTranspose") for operator in ("Mul", "Add", "Sub", "Div")},
+    "ConvAffineFusion": _scaled_conv_plus_scalar,
     "NormalizePadFormatConv": _explicit_padding_needed,
     "NormalizePadFormatConvInteger": _explicit_padding_needed,
     "RemoveOptionalBiasFromConv": _bias_may_be_zero,
     "RemoveOptionalBiasFromConvTranspose": _bias_may_be_zero,
     "RemoveOptionalBiasFromGemm": _bias_may_be_zero,
 }
-"""Library rules whose check fails on most nodes of their op type after an expensive match set-up: the check's
-condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
+"""Rules whose check fails on most nodes of their op type after an expensive match set-up (the library's and ours):
+the check's condition, evaluated on the root node first (a node it rejects is one the full try rejects)."""
 
 
 class IndexedRuleSet(RewriteRuleSet):
@@ -214,17 +294,26 @@ class IndexedRuleSet(RewriteRuleSet):
         """Apply the rules to the main graph and the model's functions; returns how many rewrites were made."""
         if tracer is not None or self._library_path:
             return super().apply_to_model(model, verbose=verbose, tracer=tracer)
+        return self.apply_and_tell_clean(model, verbose=verbose)[0]
+
+    def apply_and_tell_clean(self, model: ir.Model, *, verbose: int | None = None) -> tuple[int, bool]:
+        """:meth:`apply_to_model`, also telling whether its closing removal of unused nodes found none to remove.
+
+        Then the graph has no dead node or initializer left (the rewrites' renaming after it changes no use), so
+        a :class:`RemoveUnusedNodes` run next would change nothing.
+        """
+        if self._library_path:
+            return super().apply_to_model(model, verbose=verbose), False
         onnxscript_optimizer.basic_constant_propagation(model.graph)
         functions = list(model.functions.values())  # not the ones the rewrites add
         count = self._apply_to_graph_or_function(model, model.graph, verbose=verbose)
         for function in functions:
             onnxscript_optimizer.basic_constant_propagation(function)
             count += self._apply_to_graph_or_function(model, function, verbose=verbose)
-        if self.remove_unused_nodes:
-            RemoveUnusedNodes()(model)
+        clean = self.remove_unused_nodes and not RemoveUnusedNodes()(model).modified
         if count:
-            common_passes.NameFixPass()(model)  # the rewrites may name new values like existing ones
-        return count
+            NameFix()(model)  # the rewrites may name new values like existing ones
+        return count, clean
 
 
 def _replace(graph_or_function: ir.Graph | ir.Function, node: ir.Node, rule: RewriteRule, delta) -> None:
@@ -305,11 +394,75 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
     carry a dtype and a fully static shape (the whole-model inference before the optimizer gave them):
     inference cannot refine such a shape, and serializing every node for it dominated the folder's time."""
 
+    def call(self, model: ir.Model) -> _constant_folding.FoldConstantsResult:
+        """The library's ``call``, with :class:`NameFix` for its closing ``NameFixPass``."""
+        self._reset()
+        self._opset_imports = model.opset_imports
+        self.visit_graph(model.graph)
+        for function in model.functions.values():
+            self.visit_function(function)
+        if self._modified:
+            NameFix()(model)  # the folding may name new values like existing ones
+        return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
+
     def _do_inference(self, node: ir.Node) -> None:
-        if all(output.dtype is not None and output.shape is not None
-               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs):
+        if _statically_typed(node):
             return
         super()._do_inference(node)
+
+    def visit_node(self, node: ir.Node, root: ir.Graph | ir.Function) -> None:
+        """The library's ``visit_node``, which visits the attributes of a node it leaves in place only for their
+        subgraphs: here only a node holding a graph has its attributes visited."""
+        replacement = self.process_node(node, is_function=_is_function(root))
+        if replacement is not None:
+            self.replace_node(node, replacement, root)
+        elif holds_graph(node):
+            for attribute in node.attributes.values():
+                self.visit_attribute(attribute)
+
+    def process_node(self, node: ir.Node, is_function: bool) -> _constant_folding.Replacement | None:
+        """The library's ``process_node``, which returns None at once for a node it would leave as it is, having
+        nothing to do for it: no input has a value to stand for it, not a ``Constant``, outputs typed statically
+        (no inference), no partial evaluator for its op (``Shape``, ``Reshape``, ``Cast`` ...), and an input that
+        is not a constant, so it cannot be evaluated (most nodes: Conv, Relu, Mul of activations)."""
+        if self._left_alone(node):
+            return None
+        return super().process_node(node, is_function)
+
+    def _left_alone(self, node: ir.Node) -> bool:
+        if node.op_type == "Constant" or not node.inputs:
+            return False
+        state = self._state
+        variable = False
+        for value in node.inputs:
+            if value is None:
+                continue
+            standing_in = state.get_sym_value(value)
+            if standing_in is not None and isinstance(standing_in, ir.Value):
+                return False
+            variable = variable or value.const_value is None
+        if not variable or not _statically_typed(node):
+            return False
+        version = self._opset_imports.get(node.domain)
+        return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+
+
+def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
+    """``isinstance(graph_or_function, ir.Function)``, answered without it for a plain graph: onnx-ir's classes derive
+    from ``typing.Protocol`` classes, so each ``isinstance`` with them goes through the protocol machinery."""
+    return type(graph_or_function) is not ir.Graph and isinstance(graph_or_function, ir.Function)
+
+
+def _statically_typed(node: ir.Node) -> bool:
+    """True if every output of the node has a dtype and a static shape."""
+    return all(output.dtype is not None and output.shape is not None
+               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs)
+
+
+@functools.cache
+def _partial_evaluators(domain: str, op_type: str, version: int) -> bool:
+    """True if onnxscript's folder has partial evaluators registered for the op at that opset version."""
+    return bool(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
 
 
 class LiftConstants(common_passes.LiftConstantsToInitializersPass):
@@ -344,6 +497,80 @@ class RemoveUnusedNodes(common_passes.RemoveUnusedNodesPass):
         for function in model.functions.values():
             count += _remove_unused_nodes(function, function.opset_imports.get(""))
         return ir.passes.PassResult(model, modified=bool(count))
+
+
+class NameFix(common_passes.NameFixPass):
+    """``NameFixPass`` (unique, non-empty value and node names), which changes nothing when every name already is:
+    checked first with one walk over the graph's values and nodes, where the pass also sets up its renaming for each.
+    A model with functions or subgraphs (scoped names) takes the pass."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions and _names_unique(model.graph):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+def _names_unique(graph: ir.Graph) -> bool:
+    """True if the graph holds no subgraph and its values (inputs, outputs, initializers, node inputs and outputs) and
+    nodes all have names, distinct values distinct names and distinct nodes distinct names."""
+    values = {*graph.inputs, *graph.outputs, *graph.initializers.values()}
+    node_names = set()
+    count = 0
+    for node in graph:
+        if holds_graph(node):
+            return False
+        node_names.add(node.name)
+        count += 1
+        values.update(node.inputs)
+        values.update(node.outputs)
+    values.discard(None)
+    names = {value.name for value in values}
+    return len(node_names) == count and len(names) == len(values) and "" not in node_names | names \
+        and None not in node_names | names
+
+
+class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
+    """``DeduplicateInitializersPass`` (initializers of the same dtype, dims and bytes, up to ``size_limit`` elements,
+    become one) reading a protobuf-backed tensor's dims from its protobuf: the library builds a ``Shape`` for each
+    tensor twice (size and key). A model whose nodes hold subgraphs takes the library's pass."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        if any(holds_graph(node) for node in graph):
+            return super().call(model)
+        modified = False
+        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        for initializer in tuple(graph.initializers.values()):
+            tensor = initializer.const_value
+            if initializer.is_graph_input() or initializer.is_graph_output() or tensor is None:
+                _deduplication._should_skip_initializer(initializer, self.size_limit)  # skipped, with its warning
+                continue
+            dims = tuple(tensor.raw.dims) if type(tensor) is ir.serde.TensorProtoTensor else tuple(tensor.shape)
+            if math.prod(dims) > self.size_limit:
+                continue
+            key = (tensor.dtype, dims, _deduplication._tobytes(tensor))
+            if key in kept:
+                modified = True
+                initializer.replace_all_uses_with(kept[key])
+                graph.initializers.pop(initializer.name)
+            else:
+                kept[key] = initializer
+        return ir.passes.PassResult(model=model, modified=modified)
+
+
+class OutputFix(common_passes.OutputFixPass):
+    """``OutputFixPass`` (an Identity for a graph output listed twice or that is a graph input), which has nothing to
+    do when the main graph's outputs are distinct values none of which is an input: checked there first when no node
+    holds a subgraph and the model has no functions (the library walks every node for subgraphs, twice)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        outputs = list(graph.outputs)
+        if (not model.functions and len(set(outputs)) == len(outputs)
+                and not any(output.is_graph_input() for output in outputs)
+                and not any(holds_graph(node) for node in graph)):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
 
 
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
@@ -403,7 +630,10 @@ def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | Non
     outputs = frozenset(graph.outputs)
     count = 0
     for node in reversed(graph):
-        if not any(output in outputs or output.uses() for output in node.outputs):
+        for output in node.outputs:
+            if output in outputs or output.uses():
+                break
+        else:  # no output is used
             graph.remove(node, safe=True)
             count += 1
             continue
@@ -411,6 +641,8 @@ def _remove_unused_nodes(graph: ir.Graph | ir.Function, opset_version: int | Non
             node.resize_inputs(len(node.inputs) - 1)
         if opset_version is not None:
             _drop_unused_optional_outputs(node, outputs, opset_version)
+        if not holds_graph(node):
+            continue
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
                 count += _remove_unused_nodes(attribute.as_graph(), opset_version)
@@ -460,25 +692,87 @@ def _output_schema(op_type: str, opset_version: int, domain: str) -> tuple[tuple
             "training_mode" in schema.attributes)
 
 
+def apply_rules(rules: RewriteRuleSet, model: ir.Model) -> tuple[int, bool]:
+    """``rules.apply_to_model(model)`` and whether no dead node is left (see :meth:`IndexedRuleSet.apply_and_tell_clean`;
+    always False for another rule set)."""
+    if isinstance(rules, IndexedRuleSet):
+        return rules.apply_and_tell_clean(model)
+    return rules.apply_to_model(model), False
+
+
+class _Rewrite(ir.passes.InPlacePass):
+    """``onnxscript.rewriter.RewritePass`` (modified when a rule applied) that remembers whether the rule set's
+    closing removal of unused nodes found none (``clean``)."""
+
+    def __init__(self, rules: RewriteRuleSet) -> None:
+        super().__init__()
+        self.rules = rules
+        self.clean = False
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count, self.clean = apply_rules(self.rules, model)
+        return ir.passes.PassResult(model, bool(count))
+
+
+class _RemoveUnusedNodesUnless(RemoveUnusedNodes):
+    """:class:`RemoveUnusedNodes`, skipped (not modified) while ``clean()`` says the graph has no dead node: the
+    run would find nothing to remove, so the result and the ``modified`` flag are the same."""
+
+    def __init__(self, clean: Callable[[], bool]) -> None:
+        super().__init__()
+        self._clean = clean
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self._clean():
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+class _Loop(ir.passes.PassManager):
+    """``PassManager`` that remembers whether its last step modified nothing (``settled``)."""
+
+    settled = False
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        overall = False
+        self.settled = False
+        for step in range(self.steps):
+            try:
+                modified = ir.passes.Sequential.call(self, model).modified
+            except Exception as error:
+                raise ir.passes.PassError(f"An error occurred at step {step}") from error
+            overall = overall or modified
+            self.settled = not modified
+            if self.settled and self.early_stop:
+                break
+        return ir.passes.PassResult(model, overall)
+
+
 def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, output_size_limit: int,
              should_fold: Callable[[ir.Node], bool | None]) -> None:
-    """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules."""
-    loop = ir.passes.PassManager(
+    """``onnxscript.optimizer.optimize_ir(model, num_iterations, ...)`` with the indexed default rules.
+
+    The library's removals of unused nodes right after a removal that found none are skipped (the one after the
+    rewrite pass, whose rule set removes unused nodes itself, and the one after a loop that ended on a step that
+    changed nothing): they cannot find anything either.
+    """
+    rewrite = _Rewrite(_default_rules())
+    loop = _Loop(
         [_FoldConstants(shape_inference=True, input_size_limit=input_size_limit,
                                              output_size_limit=output_size_limit, should_fold=should_fold),
-         rewriter.RewritePass(_default_rules()),
-         RemoveUnusedNodes(),
+         rewrite,
+         _RemoveUnusedNodesUnless(lambda: rewrite.clean),
          RemoveUnusedFunctions(),
          RemoveUnusedOpsets()],
         steps=num_iterations, early_stop=True)
     ir.passes.Sequential(
         Inline(),
         loop,
-        RemoveUnusedNodes(),
+        _RemoveUnusedNodesUnless(lambda: loop.settled),
         LiftConstants(lift_all_constants=True, size_limit=0),
         LiftSubgraphInitializers(),
-        common_passes.DeduplicateInitializersPass(),
+        DeduplicateInitializers(),
         common_passes.CommonSubexpressionEliminationPass(),
-        common_passes.OutputFixPass(),
-        common_passes.NameFixPass(),
+        OutputFix(),
+        NameFix(),
     )(model)
