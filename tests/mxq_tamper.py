@@ -63,6 +63,10 @@ def tamperings(parts: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         if op["attrs"].get("layout") in ("conv", "conv_transpose"):  # long fuzz: conv output no longer the recorded
             yield (f"{label}: pads grown", _edit(parts, index, lambda o: o["attrs"].update(
                 pads=[pad + 1 for pad in o["attrs"]["pads"]])))
+        if op["kind"] == "linear":  # long fuzz: zero points for another channel count broke the fast path's broadcast
+            for key in ("zp_x", "zp_y"):
+                yield (f"{label}: {key} for 2 channels",
+                       _edit(parts, index, lambda o, k=key: o["attrs"].update({k: [0, 0]})))
         for output in op["outputs"]:
             yield f"{label}: recorded shape of {output} altered", _reshaped(parts, output)
         if defined:

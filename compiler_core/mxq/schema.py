@@ -139,6 +139,12 @@ def _linear_shapes(op: dict, consts: dict[str, np.ndarray]) -> str | None:
     for name in ("bias", "multiplier", "shift"):
         if consts[name].shape != (channels,):
             return f"constant '{name}' has shape {list(consts[name].shape)}, expected [{channels}] (output channels)"
+    # per-channel zero points: the input's only into a convolution (docs/numerics.md), one per channel
+    inputs = weight.shape[1] * (attrs["group"] if layout != "dense" else 1)
+    for name, count, kind in (("zp_x", inputs if layout == "conv" else 1, "input"), ("zp_y", channels, "output")):
+        value = attrs.get(name)
+        if isinstance(value, list) and len(value) not in (1, count):
+            return f"attribute '{name}' has {len(value)} values, expected 1 or {count} ({kind} channels)"
     return None
 
 
