@@ -399,20 +399,25 @@ def test_fast_simulator_matches_the_golden_kernels(compiled):
             np.testing.assert_array_equal(np.asarray(a, np.int64), np.asarray(b, np.int64))
 
 
+def _compiled_tiny(manifest_path, *, layers: int, seed: int, **options):
+    """A random ``tiny_llama_config(layers)`` Llama and its compile (prefill 8, cache 16, 8 windows, no prefix)."""
+    from compiler_core.llm import compile_llm
+
+    torch.manual_seed(seed)
+    tiny = transformers.LlamaForCausalLM(tiny_llama_config(layers)).eval()
+    tokens = np.random.default_rng(seed + 4).integers(0, 511, 8 * 8)
+    return tiny, tokens, compile_llm(tiny, manifest_path, prefill_len=8, max_len=16, calib_token_ids=tokens,
+                                     num_samples=8, outlier_prefix=False, **options)
+
+
 def test_compiled_weights_are_the_gptq_codes(tmp_path):
     import copy
 
-    from compiler_core.llm import compile_llm
     from compiler_core.quantization.gptq import gptq_model
     from compiler_core.quantization.kernels.linear import _quantize_weight
     from compiler_core.runtime.artifact import load_artifact
 
-    torch.manual_seed(1)
-    config = tiny_llama_config(1)
-    tiny = transformers.LlamaForCausalLM(config).eval()
-    tokens = np.random.default_rng(5).integers(0, 511, 8 * 8)
-    manifest = compile_llm(tiny, tmp_path / "g.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
-                           num_samples=8, outlier_prefix=False, gptq=True)
+    tiny, tokens, manifest = _compiled_tiny(tmp_path / "g.llm.json", layers=1, seed=1, gptq=True)
     rounding = manifest["gptq"]
     assert rounding["off_grid_rows"] == 0 and rounding["layers"] == 7 + 1
     assert rounding["output_error"]["gptq"] < rounding["output_error"]["nearest"]
@@ -472,20 +477,14 @@ def test_residual_rotation_keeps_the_model_and_flattens_outlier_features():
 
 
 def test_rotated_compile_matches_fp32_and_leaves_the_module(tmp_path):
-    from compiler_core.llm import compile_llm
     from compiler_core.runtime.llm import LlmModel
 
-    torch.manual_seed(2)
-    config = tiny_llama_config(2)
-    tiny = transformers.LlamaForCausalLM(config).eval()
-    tokens = np.random.default_rng(6).integers(0, 511, 8 * 8)
-    manifest = compile_llm(tiny, tmp_path / "r.llm.json", prefill_len=8, max_len=16, calib_token_ids=tokens,
-                           num_samples=8, outlier_prefix=False, rotate=True)
+    tiny, _, manifest = _compiled_tiny(tmp_path / "r.llm.json", layers=2, seed=2, rotate=True)
     assert manifest["rotation"] == {"method": "random-orthogonal", "seed": 0, "width": 64}
     assert json.loads((tmp_path / "r.llm.json").read_text())["rotation"]["width"] == 64
     from compiler_core.llm import llama_parameters
 
-    untied = transformers.LlamaConfig(**{**config.to_dict(), "tie_word_embeddings": False})
+    untied = transformers.LlamaConfig(**{**tiny.config.to_dict(), "tie_word_embeddings": False})
     assert manifest["memory"]["weights_bytes"] == 2 * llama_parameters(untied)  # the untied head is counted
     assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # the caller's module is left as it was
     ids = np.random.default_rng(7).integers(0, 512, 12)

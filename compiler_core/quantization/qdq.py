@@ -160,10 +160,16 @@ def _unfolded_weight(graph: ir.Graph, op: IntOp, codes: np.ndarray, weight_scale
                      input_scale: np.ndarray) -> ir.Value:
     """Conv weights that fold per-channel input scales (``codes * s_w[o] = w[o, c] * s_x[c]``): the codes
     dequantized with scale 1 (exact), times ``s_w[o] / s_x[c]`` per element (one float32 rounding)."""
+    from compiler_core.quantization.kernels.linear import input_channel_index
+
     out_channels, per_group = codes.shape[:2]
-    groups = input_scale.size // per_group
-    channel = (np.arange(out_channels)[:, None] // (out_channels // groups)) * per_group + np.arange(per_group)[None, :]
-    scales = weight_scale.reshape(-1, 1) / input_scale[channel]
+    channel = input_channel_index(out_channels, per_group, input_scale.size // per_group)
+    return _scaled_unit(graph, op, codes, weight_scale.reshape(-1, 1) / input_scale[channel])
+
+
+def _scaled_unit(graph: ir.Graph, op: IntOp, codes: np.ndarray, scales: np.ndarray) -> ir.Value:
+    """Weight ``codes`` dequantized with scale 1 (exact), times per-element float32 ``scales`` over their first two
+    axes (one rounding, as in ``DequantizeLinear``): for scales that no single ``DequantizeLinear`` axis expresses."""
     unit = _dequantized(graph, f"{op.name}.weight", codes, 1.0)
     scale_value = _constant(graph, f"{op.name}.weight.channel_scale",
                             scales.reshape(*scales.shape, *[1] * (codes.ndim - 2)).astype(np.float32))
@@ -205,13 +211,7 @@ def _transposed_weight(graph: ir.Graph, op: IntOp, codes: np.ndarray, weight_sca
     in_channels, out_per_group = weight.shape[:2]
     scales = weight_scale.reshape(groups, 1, out_per_group)
     scales = np.broadcast_to(scales, (groups, in_channels // groups, out_per_group)).reshape(in_channels, out_per_group)
-    unit = _dequantized(graph, f"{op.name}.weight", weight, 1.0)
-    scale_value = _constant(graph, f"{op.name}.weight.channel_scale",
-                            scales.reshape(*scales.shape, *[1] * (weight.ndim - 2)).astype(np.float32))
-    node = ir.node("Mul", [unit, scale_value], name=f"{op.name}.weight.scale")
-    node.outputs[0].name = f"{op.name}.weight.scaled"
-    graph.append(node)
-    return node.outputs[0]
+    return _scaled_unit(graph, op, weight, scales)
 
 
 def _weight_layout(main: ir.Node, codes: np.ndarray) -> tuple[np.ndarray, int]:

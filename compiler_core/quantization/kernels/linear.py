@@ -86,6 +86,13 @@ def _output_scale(params, layout: str, rank: int) -> tuple[float | np.ndarray, i
     return scalar(params)
 
 
+def input_channel_index(out_channels: int, per_group_in: int, groups: int) -> np.ndarray:
+    """``[out_channels, per_group_in]``: the input channel that weight ``[o, c]`` of a grouped convolution reads
+    (output channel ``o`` is in group ``o // (out_channels / groups)``, which reads its ``per_group_in`` channels)."""
+    group = np.arange(out_channels)[:, None] // (out_channels // groups)
+    return group * per_group_in + np.arange(per_group_in)[None, :]
+
+
 def _fold_input_channels(weight: np.ndarray, params, layout: str):
     """Per-channel input parameters (uint8 image input, ``bit.activationScales: channel``): fold the channel
     scales into the weights.
@@ -100,8 +107,7 @@ def _fold_input_channels(weight: np.ndarray, params, layout: str):
         raise KernelRefusal("per-channel inputs must feed a convolution directly")
     scales = np.asarray(params.scale, dtype=np.float64)
     groups_in = weight.shape[1]
-    channel = np.arange(weight.shape[0])[:, None] // (weight.shape[0] // (scales.size // groups_in)) * groups_in
-    channel = channel + np.arange(groups_in)[None, :]
+    channel = input_channel_index(weight.shape[0], groups_in, scales.size // groups_in)
     folded = weight * scales[channel].reshape(weight.shape[0], groups_in, *([1] * (weight.ndim - 2)))
     return folded, 1.0, np.asarray(params.zero_point).astype(int).tolist()
 
@@ -225,9 +231,8 @@ def _bias_correction(weight: np.ndarray, dequantized: np.ndarray, input_mean: np
         return error @ input_mean
     groups = attr_int(node, "group", 1)
     per_group_in = error.shape[1]
-    out_per_group = error.shape[0] // groups
     spatial = error.reshape(error.shape[0], per_group_in, -1).sum(axis=2)
-    channel = (np.arange(error.shape[0])[:, None] // out_per_group) * per_group_in + np.arange(per_group_in)[None, :]
+    channel = input_channel_index(error.shape[0], per_group_in, groups)
     if input_mean.size <= channel.max():
         return np.zeros(error.shape[0])
     return (spatial * input_mean[channel]).sum(axis=1)
