@@ -137,6 +137,17 @@ def test_colour_images_become_gray_for_a_one_channel_input(photos):
     np.testing.assert_allclose(only_sample(dataset)[0, 0], np.asarray(expected) / 255, atol=1e-6)
 
 
+def test_one_number_mean_and_std_apply_to_every_channel(photos):
+    resize = {"op": "resize", "height": 40, "width": 40}
+    one = open_calibration_data(photos, [spec((1, 3, 40, 40))],
+                                preprocessing=pipeline(resize, {"op": "normalize", "mean": 0.5, "std": 0.5}))
+    each = open_calibration_data(photos, [spec((1, 3, 40, 40))],
+                                 preprocessing=pipeline(resize, {"op": "normalize", "mean": [0.5] * 3, "std": [0.5] * 3}))
+    sample = only_sample(one)
+    np.testing.assert_array_equal(sample, only_sample(each))
+    assert sample.min() < -0.5 and sample.max() > 0.5  # really mapped to [-1, 1], not left in [0, 1]
+
+
 def test_bgr_order_reverses_the_channels(photos):
     resize = {"op": "resize", "height": 40, "width": 40}
     rgb = open_calibration_data(photos, [spec((1, 3, 40, 40))], preprocessing=pipeline(resize))

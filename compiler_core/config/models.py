@@ -114,6 +114,12 @@ class NormalizeOp(ConfigSection):
     fuse_into_first_layer: bool = Field(
         False, description="Fold the normalization into the first layer, so the MXQ takes raw pixels.")
 
+    @field_validator("mean", "std", mode="before")
+    @classmethod
+    def _one_value(cls, value: Any) -> Any:
+        # ``"mean": 0.5`` is the one-value form the docs offer ("1 value broadcasts"): the same as [0.5].
+        return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _consistent(self) -> NormalizeOp:
         if len(self.mean) != len(self.std):
