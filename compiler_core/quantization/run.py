@@ -183,6 +183,10 @@ def _split(dataset: CalibrationDataset, config: CompileConfig) -> tuple[Calibrat
     """Hold out ``analysisHoldout`` samples (fewer for small sets), cap calibration at ``numSamples``."""
     total = len(dataset)
     holdout = min(config.analysis_holdout, max(0, total - MIN_CALIBRATION_SAMPLES), total // 4)
+    if holdout < config.analysis_holdout:
+        logger.info("Holding out %d of %d sample(s) for the accuracy analysis (analysisHoldout %d): at most a "
+                    "quarter of the samples, and %d stay for calibration.", holdout, total, config.analysis_holdout,
+                    total - holdout)
     if total - holdout < 1:
         raise CalibrationError(f"Only {total} calibration sample(s): too few to calibrate.",
                                hint="Provide at least 16 representative samples.")
