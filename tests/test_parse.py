@@ -589,3 +589,32 @@ def test_output_names_that_are_not_tensors_are_an_argument_error(tmp_path):
     with pytest.raises(ArgumentError, match=r"\['box'\]") as caught:
         mblt_compile(source, tmp_path / "detector.mblt", output_names=["box", "scores"])
     assert "boxes" in caught.value.hint
+
+
+@pytest.mark.parametrize(("shape", "size", "attributes"), [
+    ((1, 10, 12, 12), 5, {"alpha": 1e-4, "beta": 0.75, "bias": 1.0}),  # AlexNet's / GoogLeNet's
+    ((2, 10, 12, 12), 4, {"alpha": 2e-3, "beta": 0.5, "bias": 2.0}),   # an even window: one more channel after
+    ((1, 10, 40), 3, {}),                                               # rank 3, the ONNX defaults
+])
+def test_local_response_normalization_becomes_ops_with_integer_kernels(tmp_path, shape, size, attributes):
+    """LRN has no integer kernel; it is written as x * Pow(banded 1x1 Conv(x * x) + bias, -beta), same values."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("LRN", ["r"], ["y"], size=size, **attributes)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+                   tmp_path / "lrn.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [node.op_type for node in load_mblt(mblt).graph] == ["Relu", "Mul", "Conv", "Pow", "Mul"]
+    x = (np.random.default_rng(1).standard_normal(shape) * 30).astype(np.float32)
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, {"x": x})
+    # The ONNX spec by hand: onnxruntime's LRN takes odd sizes and rank 4 only; onnx.reference's loops over the
+    # batch instead of the channels.
+    alpha, beta, bias = (attributes.get(name, default) for name, default in (("alpha", 1e-4), ("beta", 0.75),
+                                                                                 ("bias", 1.0)))
+    relu = np.maximum(x.astype(np.float64), 0)
+    window = np.stack([(relu[:, max(0, c - (size - 1) // 2):c + size - (size - 1) // 2] ** 2).sum(1)
+                       for c in range(shape[1])], 1)
+    np.testing.assert_allclose(actual, relu / (bias + alpha / size * window) ** beta, rtol=1e-5, atol=1e-5)
+    if shape[1:] == (10, 12, 12) and size % 2:
+        (library,) = ort.InferenceSession(source).run(None, {"x": x})
+        np.testing.assert_allclose(actual, library, rtol=1e-5, atol=1e-5)

@@ -331,6 +331,46 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         return total
 
 
+class LrnToConv(RewriteRuleClassBase):
+    """LRN (AlexNet, GoogLeNet, ZFNet) -> ``x * Pow(Conv(x * x), -beta)`` with a banded 1x1 Conv.
+
+    ``y = x / (bias + alpha / size * sum of x^2 over the size neighbouring channels)^beta``: the channel
+    window sum is a 1x1 Conv whose weight ``W[c, i]`` is ``alpha / size`` for the channels ``i`` of ``c``'s
+    window (ONNX's window: ``floor((size - 1) / 2)`` before, ``ceil((size - 1) / 2)`` after, cut at the
+    edges), with ``bias`` as the Conv bias; the power is a table. Exact in float up to rounding; every
+    op it leaves has an integer kernel, where LRN has none.
+    """
+
+    def pattern(self, op, x):
+        return op.LRN(x, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        if x.shape is None or len(x.shape) < 3 or not isinstance(x.shape[1], int):
+            return result.fail(f"{node.name}: the channel count is unknown.")
+        if "size" not in node.attributes or node.attributes["size"].as_int() < 1:
+            return result.fail(f"{node.name}: size must be a positive integer.")
+        return result
+
+    def rewrite(self, op, x, y):
+        node = y.producer()
+        attributes = node.attributes
+        size = attributes["size"].as_int()
+        alpha, beta, bias = (attributes[name].as_float() if name in attributes else default
+                             for name, default in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        channels, spatial = x.shape[1], len(x.shape) - 2
+        index = np.arange(channels)
+        offset = index[None, :] - index[:, None]  # [out, in]: input channel minus output channel
+        band = (offset >= -((size - 1) // 2)) & (offset <= (size - 1) - (size - 1) // 2)
+        weight = (band * (alpha / size)).astype(np.float32).reshape(channels, channels, *([1] * spatial))
+        conv = op.Conv(op.Mul(x, x), op.initializer(ir.tensor(weight), name=f"{node.name}_window"),
+                       op.initializer(ir.tensor(np.full(channels, bias, np.float32)), name=f"{node.name}_bias"),
+                       kernel_shape=[1] * spatial)
+        power = op.Pow(conv, op.initializer(ir.tensor(np.array(-beta, np.float32)), name=f"{node.name}_power"))
+        return op.Mul(x, power)
+
+
 def _collapsed_transpose(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
     """The fewest axes a Transpose of ``shape`` by ``perm`` can be written with: ``(shape', perm')``.
 
@@ -504,5 +544,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
      WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
-                           ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule()]
+                           ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule(),
+                           LrnToConv.rule()]
 """Our rules, in application order (operand orders of commutative ops included)."""

@@ -104,7 +104,8 @@ OPS: dict[str, OpDef] = _table(
           mfu_use="its int16 normalisation routine"),
     _no_kernel("MeanVarianceNormalization", "normalization", "no integer kernel; write it as LayerNormalization"),
     _no_kernel("LpNormalization", "normalization", "no integer kernel; write it as x / ReduceL2(x)"),
-    _no_kernel("LRN", "normalization", "local response normalization has no integer kernel"),
+    _no_kernel("LRN", "normalization", "canonicalization writes LRN as x * Pow(channel-window Conv(x * x), -beta); "
+               "one whose channel count is unknown has no integer kernel"),
     # -- clamps and piecewise-linear activations ----------------------------------------------
     OpDef("Relu", "activation", VEC, "clamp"),
     OpDef("Clip", "activation", VEC, "clamp", const_inputs=(1, 2)),
