@@ -618,3 +618,42 @@ def test_local_response_normalization_becomes_ops_with_integer_kernels(tmp_path,
     if shape[1:] == (10, 12, 12) and size % 2:
         (library,) = ort.InferenceSession(source).run(None, {"x": x})
         np.testing.assert_allclose(actual, library, rtol=1e-5, atol=1e-5)
+
+
+def test_transposes_around_element_wise_ops_move_past_them_and_cancel(tmp_path):
+    """The NHWC islands TFLite/Keras graphs leave between NCHW convolutions (a residual Add of two transposed
+    branches, an activation, a per-channel constant on the last axis, ``c - x``, a global pool over H and W)
+    lose their Transposes and keep their values."""
+    rng = np.random.default_rng(2)
+    to_nhwc, to_nchw = [0, 2, 3, 1], [0, 3, 1, 2]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Transpose", ["a"], ["a_t"], perm=to_nhwc),
+             helper.make_node("Transpose", ["b"], ["b_t"], perm=to_nhwc),
+             helper.make_node("Add", ["a_t", "b_t"], ["s"]),
+             helper.make_node("Mul", ["s", "gain"], ["m"]),           # per channel, on NHWC's last axis
+             helper.make_node("Sub", ["one", "m"], ["d"]),            # a constant first
+             helper.make_node("LeakyRelu", ["d"], ["r"], alpha=0.2),
+             helper.make_node("Transpose", ["r"], ["r_t"], perm=to_nchw),
+             helper.make_node("Conv", ["r_t", "w3"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Transpose", ["c"], ["c_t"], perm=to_nhwc),
+             helper.make_node("ReduceMean", ["c_t", "hw"], ["y"], keepdims=0),
+             helper.make_node("Transpose", ["r_t"], ["k_t"], perm=to_nhwc),  # feeds a pool with keepdims
+             helper.make_node("ReduceMax", ["k_t", "w_axis"], ["z"])]
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
+             (("w1", (6, 4, 1, 1)), ("w2", (6, 4, 1, 1)), ("w3", (5, 6, 1, 1)), ("gain", (6,)))]
+    inits += [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+              numpy_helper.from_array(np.array([1, 2], np.int64), "hw"),
+              numpy_helper.from_array(np.array([2], np.int64), "w_axis")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 7, 1, 6])], inits)
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "nhwc.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    ops = [node.op_type for node in load_mblt(mblt).graph]
+    assert ops.count("Transpose") == 1, ops  # only z's: ReduceMax keeps its dims, so its NHWC output is transposed
+    feed = {"x": rng.standard_normal((1, 4, 7, 9)).astype(np.float32)}
+    for actual, expected in zip(ort.InferenceSession(str(mblt)).run(None, feed),
+                                ort.InferenceSession(source).run(None, feed)):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)

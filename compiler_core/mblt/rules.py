@@ -371,6 +371,234 @@ class LrnToConv(RewriteRuleClassBase):
         return op.Mul(x, power)
 
 
+def _sole_consumer(value: ir.Value, node: ir.Node) -> bool:
+    """True if moving the Transpose that produces ``value`` past ``node`` leaves it unused.
+
+    That is: ``value`` is not a graph output, and its other consumers are Transposes that undo it (they
+    cancel with it, so they read its input instead).
+    """
+    if value.is_graph_output():
+        return False
+    perm = _perm(value)
+    for user, _ in value.uses():
+        if user is node:
+            continue
+        if user.op_type != "Transpose" or "perm" not in user.attributes or perm is None:
+            return False
+        if [perm[axis] for axis in user.attributes["perm"].as_ints()] != list(range(len(perm))):
+            return False
+    return True
+
+
+def _perm(value: ir.Value) -> list[int] | None:
+    """The permutation of the Transpose that produces ``value``, or None (no Transpose, or a default perm)."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "Transpose" or "perm" not in producer.attributes:
+        return None
+    return list(producer.attributes["perm"].as_ints())
+
+
+def _untransposed_constant(value: ir.Value, perm: list[int]) -> np.ndarray | None:
+    """A constant operand of an element-wise op on ``Transpose(x, perm)``, brought to ``x``'s axis order."""
+    if value.const_value is None or len(value.const_value.shape) > len(perm):
+        return None
+    array = value.const_value.numpy()
+    full = array.reshape([1] * (len(perm) - array.ndim) + list(array.shape))
+    return np.ascontiguousarray(np.transpose(full, np.argsort(perm))) if array.ndim else array
+
+
+_TRANSPOSE_UNARY_OPS = ("Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+                        "Celu", "Softplus", "Softsign", "Mish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal",
+                        "Abs", "Neg", "Clip")
+"""Element-wise ops of one tensor (their other inputs, if any, scalars or PRelu's slope) a Transpose moves past."""
+_TRANSPOSE_BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow")
+"""Element-wise ops of two tensors a Transpose of both moves past (or of one, the other a constant)."""
+
+
+class _TransposeDown(RewriteRuleClassBase):
+    """``op(Transpose(x), ...)`` -> ``Transpose(op(x, ...))`` for an element-wise ``op``.
+
+    The TFLite and Keras frontends wrap every NCHW operation in a Transpose pair and leave element-wise
+    ops in NHWC, so a residual ``Add`` or a standalone activation keeps a Transpose on each side (FER's
+    mini-Xception: 16 Transposes among 55 nodes). Moving the Transpose after the op meets the one behind
+    it, and the two cancel. Applies when the other operands are transposed the same way or are constants
+    (brought to the untransposed order), and one moved Transpose feeds only this op, so the count never
+    grows (a shared one stays for its other consumers). Exact: element-wise ops commute with a permutation of the axes.
+    """
+
+    operator = ""
+    moved = (0,)
+    """The operands that are Transposes moved past the op; the others must be constants."""
+
+    def pattern(self, op, x):
+        return getattr(op, self.operator)(op.Transpose(x, _allow_other_attributes=True), _allow_other_inputs=True,
+                                          _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, y, **_) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        if len(node.inputs) <= max(self.moved) or any(node.inputs[i] is None for i in self.moved):
+            return result.fail(f"{node.name}: missing operands.")
+        perms = [_perm(node.inputs[i]) for i in self.moved]
+        if perms[0] is None or any(perm != perms[0] for perm in perms):
+            return result.fail(f"{node.name}: its operands are not transposed the same way.")
+        if not any(_sole_consumer(node.inputs[i], node) for i in self.moved):  # else the count would grow
+            return result.fail(f"{node.name}: its transposed operands have other consumers.")
+        any_constant = self.operator in _TRANSPOSE_BINARY_OPS or self.operator == "PRelu"
+        for i, value in enumerate(node.inputs):
+            if i in self.moved or value is None:
+                continue
+            constant = _untransposed_constant(value, perms[0])
+            if constant is None or (constant.size != 1 and not any_constant):
+                return result.fail(f"{node.name}: operand {i} is not a constant that broadcasts.")
+        return result
+
+    def rewrite(self, op, y, **_):
+        node = y.producer()
+        perm = _perm(node.inputs[self.moved[0]])
+        inputs = []
+        for i, value in enumerate(node.inputs):
+            if i in self.moved:
+                inputs.append(value.producer().inputs[0])
+            elif value is None or value.const_value.size == 1:  # a scalar broadcasts the same either way
+                inputs.append(value)
+            else:
+                inputs.append(op.initializer(ir.tensor(_untransposed_constant(value, perm)),
+                                             name=f"{node.name}_operand{i}_untransposed"))
+        return op.Transpose(getattr(op, self.operator)(*inputs, **dict(node.attributes.items())), perm=perm)
+
+
+class _TransposeDownBoth(_TransposeDown):
+    """Both operands of a binary op transposed the same way."""
+
+    moved = (0, 1)
+
+    def pattern(self, op, x, z):
+        return getattr(op, self.operator)(op.Transpose(x, _allow_other_attributes=True),
+                                          op.Transpose(z, _allow_other_attributes=True), _outputs=["y"])
+
+
+class _TransposeDownSecond(_TransposeDown):
+    """A constant first, then a transposed operand (``c - Transpose(x)``)."""
+
+    moved = (1,)
+
+    def pattern(self, op, c, x):
+        return getattr(op, self.operator)(c, op.Transpose(x, _allow_other_attributes=True), _outputs=["y"])
+
+
+class _TransposeDownReduce(RewriteRuleClassBase):
+    """``Reduce(Transpose(x, p), axes)`` -> ``Reduce(x, p[axes])``, transposed after only if the kept axes move.
+
+    A Keras global average pool is a ReduceMean over NHWC's H and W: with the axes mapped through the
+    permutation, it reads the NCHW tensor directly and the channels come out in the same order.
+    """
+
+    operator = ""
+
+    def pattern(self, op, x, axes):
+        return getattr(op, self.operator)(op.Transpose(x, _allow_other_attributes=True), axes,
+                                          _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, axes, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        perm = _perm(node.inputs[0])
+        if perm is None or not _sole_consumer(node.inputs[0], node):
+            return result.fail(f"{node.name}: not a Transpose this op alone reads.")
+        if axes.const_value is None or axes.const_value.size == 0:
+            return result.fail(f"{node.name}: the axes are not a non-empty constant.")
+        if any(not -len(perm) <= a < len(perm) for a in axes.const_value.numpy().reshape(-1).tolist()):
+            return result.fail(f"{node.name}: an axis is out of range.")
+        return result
+
+    def rewrite(self, op, x, axes, y):
+        node = y.producer()
+        perm = _perm(node.inputs[0])
+        reduced = sorted({a % len(perm) for a in axes.const_value.numpy().reshape(-1).tolist()})
+        source_axes = np.array(sorted(perm[a] for a in reduced), np.int64)
+        attributes = dict(node.attributes.items())
+        keepdims = attributes["keepdims"].as_int() if "keepdims" in attributes else 1
+        out = getattr(op, self.operator)(x, op.initializer(ir.tensor(source_axes), name=f"{node.name}_source_axes"),
+                                         **attributes)
+        if keepdims:
+            return op.Transpose(out, perm=perm)
+        kept = [perm[i] for i in range(len(perm)) if i not in reduced]  # source axes in output order
+        order = [sorted(kept).index(a) for a in kept]
+        return out if order == sorted(order) else op.Transpose(out, perm=order)
+
+
+class TransposeDownPad(RewriteRuleClassBase):
+    """``Pad(Transpose(x, p), pads)`` -> ``Transpose(Pad(x, pads'), p)``: each axis keeps its own padding.
+
+    BlazeFace-style residual blocks pad the shortcut's channels on NHWC's last axis before the Add.
+    """
+
+    def pattern(self, op, x, pads):
+        return op.Pad(op.Transpose(x, _allow_other_attributes=True), pads, _allow_other_inputs=True,
+                      _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, pads, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        perm = _perm(node.inputs[0])
+        if perm is None or not _sole_consumer(node.inputs[0], node):
+            return result.fail(f"{node.name}: not a Transpose this op alone reads.")
+        if pads.const_value is None or pads.const_value.size != 2 * len(perm):
+            return result.fail(f"{node.name}: the pads are not a constant for every axis.")
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return result.fail(f"{node.name}: explicit axes.")
+        return result
+
+    def rewrite(self, op, x, pads, y):
+        node = y.producer()
+        perm = _perm(node.inputs[0])
+        inverse = np.argsort(perm)
+        begins, ends = pads.const_value.numpy().reshape(2, -1)
+        source_pads = np.concatenate([begins[inverse], ends[inverse]]).astype(np.int64)
+        inputs = [x, op.initializer(ir.tensor(source_pads), name=f"{node.name}_source_pads"), *node.inputs[2:]]
+        return op.Transpose(op.Pad(*inputs, **dict(node.attributes.items())), perm=perm)
+
+
+class TransposeDownConcat(RewriteRuleClassBase):
+    """``Concat(Transpose(a, p), Transpose(b, p), ..., axis=k)`` -> ``Transpose(Concat(a, b, ..., axis=p[k]), p)``."""
+
+    def pattern(self, op, inputs):
+        return op.Concat(inputs, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, inputs, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        perms = [_perm(value) if value is not None else None for value in node.inputs]
+        if not perms or perms[0] is None or any(perm != perms[0] for perm in perms):
+            return result.fail(f"{node.name}: its inputs are not all transposed the same way.")
+        if not any(_sole_consumer(value, node) for value in node.inputs):  # else the count would grow
+            return result.fail(f"{node.name}: its transposed inputs have other consumers.")
+        return result
+
+    def rewrite(self, op, inputs, y):
+        node = y.producer()
+        perm = _perm(node.inputs[0])
+        axis = node.attributes["axis"].as_int() % len(perm)
+        sources = [value.producer().inputs[0] for value in node.inputs]
+        return op.Transpose(op.Concat(*sources, axis=perm[axis]), perm=perm)
+
+
+def _transpose_down_rules() -> list:
+    """Every Transpose-moving rule. ``remove_nodes=False``: a moved Transpose that its inverse also reads stays
+    until that pair cancels, then the unused nodes go."""
+    def rule(base, operator, suffix=""):
+        return type(f"TransposeDown{operator}{suffix}", (base,), {"operator": operator}).rule(remove_nodes=False)
+
+    rules = [rule(_TransposeDown, operator) for operator in _TRANSPOSE_UNARY_OPS + _TRANSPOSE_BINARY_OPS]
+    rules += [rule(_TransposeDownReduce, operator)
+              for operator in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL2")]
+    rules += [TransposeDownPad.rule(remove_nodes=False), TransposeDownConcat.rule(remove_nodes=False)]
+    for operator in _TRANSPOSE_BINARY_OPS:
+        rules += [rule(_TransposeDownBoth, operator, "Both"), rule(_TransposeDownSecond, operator, "Second")]
+    return rules
+
+
 def _collapsed_transpose(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
     """The fewest axes a Transpose of ``shape`` by ``perm`` can be written with: ``(shape', perm')``.
 
@@ -545,5 +773,5 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
      WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule()]
+                           LrnToConv.rule(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
