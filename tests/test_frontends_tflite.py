@@ -116,6 +116,31 @@ def test_mediapipe_models_match_tflite_runtime(name: str) -> None:
     print(path.name, {k: f"{v:.1e}" for k, v in errors.items()})
 
 
+def test_an_nhwc_model_runs_on_its_own_nhwc_arrays(tmp_path: Path) -> None:
+    """A TFLite model's input and output are NHWC already: the runtime's NHWC default takes and gives them as the
+    model does (before: it asked for [1, 256, 3, 256] and returned [1, 256, 1, 256]), and the graph's Transposes
+    around its element-wise ops are gone (109 before)."""
+    from compiler_core.api import mblt_compile, mxq_compile
+    from compiler_core.runtime import Accelerator, Model, get_model_summary
+
+    path = _model_path(MEDIAPIPE, "mediapipe==0.10.14", "selfie_segmentation/selfie_segmentation.tflite")
+    mblt = mblt_compile(path, tmp_path / "selfie.mblt")
+    assert sum(node.op_type == "Transpose" for node in ir.load(mblt).graph) <= 2
+    mxq = tmp_path / "selfie.mxq"
+    mxq_compile(mblt, "aries-rb", None, mxq, use_random_calib=True, analysis_holdout=0)
+    image = np.random.default_rng(0).random((1, 256, 256, 3)).astype(np.float32)
+    outputs = {}
+    for layout in ("NHWC", "NCHW"):
+        model = Model(mxq, input_layout=layout)
+        model.launch(Accelerator(model.artifact.device))
+        assert model.artifact.channels_last == {"input_1", "activation_10"}
+        (outputs[layout],) = model.infer(image)
+    assert outputs["NHWC"].shape == (1, 256, 256, 1)
+    np.testing.assert_array_equal(outputs["NHWC"], outputs["NCHW"])
+    summary = get_model_summary(mxq)
+    assert summary["inputs"][0]["shape_nhwc"] == summary["inputs"][0]["shape_nchw"] == [1, 256, 256, 3]
+
+
 def test_interface_stays_nhwc_with_tflite_names(sparse_model: Path) -> None:
     model = load_tflite(sparse_model)
     assert [(v.name, list(v.shape)) for v in model.graph.inputs] == [("input_1", [1, 192, 192, 3])]

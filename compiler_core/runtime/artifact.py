@@ -40,6 +40,7 @@ class CompiledArtifact:
     npu: DecodedProgram | None = None
     _sessions: dict[str, Any] = field(default_factory=dict, repr=False)
     _fast: FastExecutor | None = field(default=None, repr=False)
+    _channels_last: frozenset[str] | None = field(default=None, repr=False)
 
     @property
     def input_specs(self) -> list[ValueSpec]:
@@ -51,9 +52,36 @@ class CompiledArtifact:
         """The model's outputs."""
         return [ValueSpec(**spec) for spec in self.meta["outputs"]]
 
+    @property
+    def channels_last(self) -> frozenset[str]:
+        """The 4-D graph inputs and outputs that are NHWC in the model itself (TFLite, Keras): inputs the program
+        reads only through a Transpose to NCHW, outputs it writes with a Transpose from NCHW.
+
+        They already are in the NPU's layout, so NHWC arrays pass them unchanged.
+        """
+        if self._channels_last is None:
+            readers: dict[str, list] = {}
+            writers = {}
+            for op in self.program.ops:
+                for name in op.inputs:
+                    readers.setdefault(name, []).append(op)
+                for name in op.outputs:
+                    writers[name] = op
+
+            def perm(op) -> list[int] | None:
+                return list(op.attrs.get("attributes", {}).get("perm") or []) if op.op_type == "Transpose" else None
+
+            inputs = {spec.name for spec in self.input_specs if len(spec.shape) == 4 and readers.get(spec.name)
+                      and all(perm(op) == [0, 3, 1, 2] for op in readers[spec.name])}
+            outputs = {spec.name for spec in self.output_specs if len(spec.shape) == 4 and spec.name in writers
+                       and perm(writers[spec.name]) == [0, 2, 3, 1]}
+            self._channels_last = frozenset(inputs | outputs)
+        return self._channels_last
+
     def run(self, feeds: Mapping[str, np.ndarray], *, raw: bool = False, output_layout: str = "NCHW",
             golden: bool = False) -> list:
-        """CPU head -> NPU body -> CPU tail on NCHW feeds; returns outputs in ``output_layout``.
+        """CPU head -> NPU body -> CPU tail on feeds in the model's own layout; returns outputs in ``output_layout``
+        (``NCHW``: the model's own; ``NHWC``: 4-D outputs transposed, except :attr:`channels_last` ones).
 
         Feeds may hold N samples along the leading (batch) axis; they run at once on the fast
         simulator (sample by sample through a CPU head or tail). ``golden=True`` runs the body on the
@@ -77,7 +105,8 @@ class CompiledArtifact:
         outputs = []
         for spec in self.output_specs:
             value = raw_codes[spec.name] if raw and spec.name in raw_codes else env[spec.name]
-            outputs.append(value.transpose(0, 2, 3, 1) if value.ndim == 4 and output_layout == "NHWC" else value)
+            nhwc = value.ndim == 4 and output_layout == "NHWC" and spec.name not in self.channels_last
+            outputs.append(value.transpose(0, 2, 3, 1) if nhwc else value)
         return outputs
 
     def fast_executor(self) -> FastExecutor:
@@ -125,7 +154,8 @@ class CompiledArtifact:
     def _io(self, spec: ValueSpec) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": spec.name, "shape_nchw": spec.shape, "dtype": spec.dtype}
         if len(spec.shape) == 4:
-            entry["shape_nhwc"] = [spec.shape[0], *spec.shape[2:], spec.shape[1]]
+            entry["shape_nhwc"] = (list(spec.shape) if spec.name in self.channels_last
+                                   else [spec.shape[0], *spec.shape[2:], spec.shape[1]])
             entry["layout"] = "NHWC"
         if spec.name in self.program.tensors:
             params = self.program.params(spec.name)

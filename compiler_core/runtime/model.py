@@ -89,7 +89,8 @@ class Model:
         path: the ``.mxq`` file.
         model_config: core mode selection.
         input_layout: layout of the 4-D float arrays you pass: ``NHWC`` (the NPU's, default) or ``NCHW``
-            (the layout of PyTorch/ONNX models). 4-D outputs are returned in the same layout.
+            (the layout of PyTorch/ONNX models). 4-D outputs are returned in the same layout. Inputs and outputs
+            that are NHWC in the model itself (TFLite, Keras: ``artifact.channels_last``) are NHWC either way.
     """
 
     def __init__(self, path: str | Path, model_config: ModelConfig | None = None, *, input_layout: str = "NHWC"):
@@ -167,17 +168,18 @@ class Model:
 
     def _convert(self, spec, array: np.ndarray) -> np.ndarray:
         expected = list(spec.shape)
-        nhwc = [expected[0], *expected[2:], expected[1]] if len(expected) == 4 else expected
+        own = len(expected) != 4 or spec.name in self.artifact.channels_last  # TFLite/Keras: NHWC already
+        nhwc = expected if own else [expected[0], *expected[2:], expected[1]]
         given_layout = expected if len(expected) != 4 or self.input_layout == "NCHW" else nhwc
         if array.ndim == len(given_layout) and expected and expected[0] == 1 and array.shape[0] >= 1:
             given_layout = [array.shape[0], *given_layout[1:]]  # a batch of samples
         if list(array.shape) != given_layout:
             hint = (f"Pass {self.input_layout} arrays of shape {given_layout}"
                     + (f" (or NCHW {expected} with Model(..., input_layout='NCHW'))"
-                       if len(expected) == 4 and self.input_layout == "NHWC" else "") + ".")
+                       if not own and self.input_layout == "NHWC" else "") + ".")
             raise ArgumentError(f"Input '{spec.name}' has shape {list(array.shape)}, expected {given_layout} "
                                 f"({self.input_layout}).", hint=hint)
-        if len(expected) == 4 and self.input_layout == "NHWC":
+        if not own and self.input_layout == "NHWC":
             array = array.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(array)
 
