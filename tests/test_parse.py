@@ -657,3 +657,22 @@ def test_transposes_around_element_wise_ops_move_past_them_and_cancel(tmp_path):
     for actual, expected in zip(ort.InferenceSession(str(mblt)).run(None, feed),
                                 ort.InferenceSession(source).run(None, feed)):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_shared_between_layers_stays_one_initializer(tmp_path):
+    """ALBERT-style sharing: two MatMuls read Transpose(W) of one 64x64 weight. Constant folding gives each its own
+    transposed copy; the MBLT merges them back (chython-rxnmap's 85 MB ONNX became a 642 MB MBLT)."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt1"], perm=[1, 0]), helper.make_node("MatMul", ["x", "Wt1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Transpose", ["W"], ["Wt2"], perm=[1, 0]),
+             helper.make_node("MatMul", ["r", "Wt2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])],
+                              [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "W")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "shared.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [list(t.dims) for t in onnx.load(mblt).graph.initializer] == [[64, 64]]
+    feed = {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(ort.InferenceSession(mblt).run(None, feed)[0],
+                                  ort.InferenceSession(source).run(None, feed)[0])

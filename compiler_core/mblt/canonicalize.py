@@ -51,6 +51,7 @@ from compiler_core.mblt.rule_index import (
     apply_rules,
     holds_graph,
     indexed_rule_set,
+    merge_equal_weights,
     optimize,
 )
 from compiler_core.mblt.rules import MBLT_REWRITE_RULES
@@ -611,6 +612,8 @@ def _legalize(model: ir.Model) -> None:
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
     _fold_remaining_constants(model)
     _remove_unused_initializers(model)
+    if merged := merge_equal_weights(model.graph):
+        logger.info("Merged %d weight(s) equal to another (a weight the model shares between layers).", merged)
 
 
 @functools.cache

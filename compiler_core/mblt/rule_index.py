@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -556,6 +557,35 @@ class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
             else:
                 kept[key] = initializer
         return ir.passes.PassResult(model=model, modified=modified)
+
+
+def merge_equal_weights(graph: ir.Graph) -> int:
+    """Merge initializers of the same dtype, dims and bytes of any size (:class:`DeduplicateInitializers` stops at
+    1024 elements); only those whose dtype and dims meet another's are read. Returns how many went.
+
+    A weight a model shares between layers (ALBERT-style) comes out of constant folding once per reader (each
+    ``Transpose(W)`` folds on its own): merged again, the MBLT holds it once instead of once per layer.
+    """
+    groups: dict[tuple, list[ir.Value]] = {}
+    for initializer in graph.initializers.values():
+        tensor = initializer.const_value
+        if tensor is not None and not initializer.is_graph_input() and not initializer.is_graph_output():
+            groups.setdefault((tensor.dtype, tuple(tensor.shape)), []).append(initializer)
+    merged = 0
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        first: dict[bytes, ir.Value] = {}
+        for initializer in members:
+            data = initializer.const_value.tobytes()
+            digest = hashlib.sha256(data).digest()
+            if digest in first and first[digest].const_value.tobytes() == data:
+                initializer.replace_all_uses_with(first[digest])
+                graph.initializers.pop(initializer.name)
+                merged += 1
+            else:
+                first.setdefault(digest, initializer)
+    return merged
 
 
 class OutputFix(common_passes.OutputFixPass):
