@@ -353,3 +353,32 @@ def test_describe_requirements_of_silero_and_minilm():
     minilm = torch_frontend.describe_requirements(available(realmodels.minilm_dir))
     assert minilm["kind"] == "transformers"
     assert [entry["name"] for entry in minilm["inputs"]][:2] == ["input_ids", "attention_mask"]
+
+
+def test_a_bidirectional_lstm_leaves_no_stray_initializer(tmp_path):
+    """A CRNN-style 2-layer bidirectional nn.LSTM without an initial state: the unrolled MBLT keeps no initializer
+    that no node reads (its folded zero state was left, and named after a node no longer in the graph), and it
+    computes what torch does."""
+    from compiler_core.api import mblt_compile
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 12, num_layers=2, bidirectional=True).eval()
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lstm
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    mblt = mblt_compile(Head().eval(), tmp_path / "lstm.mblt", backend="torch", input_shape_dict={"x": [4, 1, 8]})
+    graph = ir.load(mblt).graph
+    node_names = {node.name for node in graph}
+    assert all(value.uses() for value in graph.initializers.values())
+    assert all(name.rsplit(".", 1)[0] in node_names for name in graph.initializers)
+    x = torch.randn(4, 1, 8)
+    with torch.no_grad():
+        expected = Head()(x).numpy()
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, {graph.inputs[0].name: x.numpy()})
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

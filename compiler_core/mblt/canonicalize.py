@@ -914,10 +914,11 @@ def _failing_node(model: ir.Model, error: Exception) -> tuple[str | None, str | 
 
 
 def _remove_unused_initializers(model: ir.Model) -> None:
-    """Drop initializers left behind by discarded ``If`` branches (RemoveUnusedNodes keeps them)."""
+    """Drop initializers left behind by discarded ``If`` branches (RemoveUnusedNodes keeps them), and those only
+    nodes already taken out of the graph still list as their input (an unrolled LSTM's folded initial state)."""
     outputs = set(model.graph.outputs)
     for name, value in list(model.graph.initializers.items()):
-        if not value.uses() and value not in outputs:
+        if not any(user.graph is not None for user, _ in value.uses()) and value not in outputs:
             del model.graph.initializers[name]
 
 

@@ -46,7 +46,7 @@ def _name_initializers(graph: ir.Graph, taken: set[str]) -> None:
 
 
 def _initializer_name(value: ir.Value) -> str:
-    uses = value.uses()
+    uses = [(user, index) for user, index in value.uses() if user.graph is not None]  # not a node taken out
     if not uses:
         return "const"
     node, index = uses[0]
