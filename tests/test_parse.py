@@ -676,3 +676,68 @@ def test_a_weight_shared_between_layers_stays_one_initializer(tmp_path):
     feed = {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)}
     np.testing.assert_array_equal(ort.InferenceSession(mblt).run(None, feed)[0],
                                   ort.InferenceSession(source).run(None, feed)[0])
+
+
+def test_a_model_quantized_with_qdq_nodes_parses_to_its_float_function(tmp_path):
+    """onnxruntime's quantize_static output (QDQ pairs on activations, DequantizeLinear on int8 weights), with a
+    ``Q -> Transpose -> DQ`` as tf2onnx writes: no Q/DQ is left, each pair is a Clip to its integer range, and the
+    MBLT computes the QDQ model's values up to its rounding."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Sigmoid", ["t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 4])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "float.onnx")
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(samples)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantized = str(tmp_path / "qdq.onnx")
+    quantize_static(source, quantized, Reader(), activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ForceQuantizeNoInputCheck": True})
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in onnx.load(quantized).graph.node}
+    mblt = mblt_compile(quantized, tmp_path / "out.mblt")
+    ops = [node.op_type for node in load_mblt(mblt).graph]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops and "Clip" in ops
+    feed = samples[0]
+    (actual,) = ort.InferenceSession(mblt).run(None, feed)
+    (expected,) = ort.InferenceSession(quantized).run(None, feed)
+    assert np.abs(actual - expected).max() < 0.05  # the QDQ model's own rounding: a few output steps (1/255)
+    assert float(actual.ravel() @ expected.ravel()) / np.linalg.norm(actual) / np.linalg.norm(expected) > 0.999
+
+
+@pytest.mark.parametrize("mover", ["Transpose", "Reshape"])
+def test_a_qdq_pair_around_a_data_movement_is_a_clip_before_it(tmp_path, mover):
+    """tf2onnx writes ``QuantizeLinear -> Transpose/Reshape -> DequantizeLinear`` (uint8, zero point 128)."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("Transpose", ["q"], ["m"], perm=[0, 2, 3, 1]) if mover == "Transpose" else
+             helper.make_node("Reshape", ["q", "shape"], ["m"]),
+             helper.make_node("DequantizeLinear", ["m", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["y"])]
+    out_shape = [1, 4, 5, 3] if mover == "Transpose" else [1, 60]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+                              [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+                               numpy_helper.from_array(np.array(128, np.uint8), "z"),
+                               numpy_helper.from_array(np.array([1, 60], np.int64), "shape")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "qdq.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    ops = [node.op_type for node in load_mblt(mblt).graph]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops
+    x = (np.random.default_rng(5).standard_normal((1, 3, 4, 5)) * 5).astype(np.float32)
+    (actual,) = ort.InferenceSession(mblt).run(None, {"x": x})
+    (expected,) = ort.InferenceSession(source).run(None, {"x": x})
+    np.testing.assert_allclose(actual, expected, atol=0.025 + 1e-6)  # half a step: the rounding, not the range
+    assert actual.max() > 6.3  # the clamp at (255 - 128) * 0.05 = 6.35 holds; values beyond it are cut
+    assert actual.max() <= 6.35 + 1e-6

@@ -599,6 +599,74 @@ def _transpose_down_rules() -> list:
     return rules
 
 
+_QUANTIZED_RANGES = {ir.DataType.INT8: (-128, 127), ir.DataType.UINT8: (0, 255), ir.DataType.INT16: (-32768, 32767),
+                     ir.DataType.UINT16: (0, 65535)}
+
+
+class FakeQuantToClip(RewriteRuleClassBase):
+    """``DequantizeLinear(QuantizeLinear(x, s, z), s, z)`` on activations -> ``Clip(x, (qmin - z) s, (qmax - z) s)``.
+
+    A model already quantized with QDQ nodes (onnxruntime's ``quantize_static``, TensorFlow QAT exports) marks
+    each activation with such a pair; its weights' DequantizeLinear fold as constants. The compiler
+    calibrates and quantizes on its own, so the pair is read as the float function it approximates: the
+    value saturated to the integer range (a ReLU6 encoded in the range stays a clamp), without the rounding.
+    Only one scale and zero point per tensor, the same in both nodes.
+    """
+
+    def pattern(self, op, x, scale, zero_point, scale2, zero_point2):
+        quantized = op.QuantizeLinear(x, scale, zero_point, _allow_other_attributes=True)
+        return op.DequantizeLinear(quantized, scale2, zero_point2, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, scale, zero_point, scale2, zero_point2, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        constants = [v.const_value for v in (scale, zero_point, scale2, zero_point2)]
+        if any(c is None or c.size != 1 for c in constants):
+            return result.fail(f"{node.name}: scales and zero points are not one constant each.")
+        if zero_point.dtype not in _QUANTIZED_RANGES:
+            return result.fail(f"{node.name}: {zero_point.dtype} codes.")
+        if (float(constants[0].numpy()) != float(constants[2].numpy())
+                or int(constants[1].numpy()) != int(constants[3].numpy()) or float(constants[0].numpy()) <= 0):
+            return result.fail(f"{node.name}: the two nodes use different scales or zero points.")
+        return result
+
+    def rewrite(self, op, x, scale, zero_point, scale2, zero_point2, y):
+        node = y.producer()
+        step, zero = float(scale.const_value.numpy()), int(zero_point.const_value.numpy())
+        low, high = _QUANTIZED_RANGES[zero_point.dtype]
+        bounds = [op.initializer(ir.tensor(np.array((code - zero) * step, np.float32)), name=f"{node.name}_{name}")
+                  for name, code in (("low", low), ("high", high))]
+        return op.Clip(x, *bounds)
+
+
+class _FakeQuantMoveToClip(FakeQuantToClip):
+    """The same pair with one data-movement op between (tf2onnx writes ``Q -> Transpose -> DQ``): the Clip, then
+    the move, with its own attributes and shape operand."""
+
+    mover = ""
+
+    def pattern(self, op, x, scale, zero_point, scale2, zero_point2):
+        quantized = op.QuantizeLinear(x, scale, zero_point, _allow_other_attributes=True)
+        moved = getattr(op, self.mover)(quantized, _allow_other_inputs=True, _allow_other_attributes=True,
+                                        _outputs=["moved"])
+        return op.DequantizeLinear(moved, scale2, zero_point2, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, scale, zero_point, scale2, zero_point2, y, moved) -> MatchResult:
+        return super().check(context, x, scale, zero_point, scale2, zero_point2, y)
+
+    def rewrite(self, op, x, scale, zero_point, scale2, zero_point2, y, moved):
+        mover = moved.producer()
+        clipped = super().rewrite(op, x, scale, zero_point, scale2, zero_point2, y)
+        return getattr(op, self.mover)(clipped, *mover.inputs[1:], **dict(mover.attributes.items()))
+
+
+def _fake_quant_rules() -> list:
+    movers = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    return [FakeQuantToClip.rule(remove_nodes=False)] + [
+        type(f"FakeQuant{mover}ToClip", (_FakeQuantMoveToClip,), {"mover": mover}).rule(remove_nodes=False)
+        for mover in movers]
+
+
 def _collapsed_transpose(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
     """The fewest axes a Transpose of ``shape`` by ``perm`` can be written with: ``(shape', perm')``.
 
@@ -773,5 +841,5 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
      WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), *_transpose_down_rules()]
+                           LrnToConv.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""

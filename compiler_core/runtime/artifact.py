@@ -71,8 +71,14 @@ class CompiledArtifact:
             def perm(op) -> list[int] | None:
                 return list(op.attrs.get("attributes", {}).get("perm") or []) if op.op_type == "Transpose" else None
 
-            inputs = {spec.name for spec in self.input_specs if len(spec.shape) == 4 and readers.get(spec.name)
-                      and all(perm(op) == [0, 3, 1, 2] for op in readers[spec.name])}
+            def to_nchw(name: str) -> bool:  # through element-wise clamps and tables (a QDQ model's input Clip)
+                ops = readers.get(name, [])
+                while len(ops) == 1 and ops[0].kind in ("clamp", "lut") and ops[0].inputs[0] == name:
+                    name = ops[0].outputs[0]
+                    ops = readers.get(name, [])
+                return bool(ops) and all(perm(op) == [0, 3, 1, 2] for op in ops)
+
+            inputs = {spec.name for spec in self.input_specs if len(spec.shape) == 4 and to_nchw(spec.name)}
             outputs = {spec.name for spec in self.output_specs if len(spec.shape) == 4 and spec.name in writers
                        and perm(writers[spec.name]) == [0, 2, 3, 1]}
             self._channels_last = frozenset(inputs | outputs)
