@@ -741,3 +741,31 @@ def test_a_qdq_pair_around_a_data_movement_is_a_clip_before_it(tmp_path, mover):
     np.testing.assert_allclose(actual, expected, atol=0.025 + 1e-6)  # half a step: the rounding, not the range
     assert actual.max() > 6.3  # the clamp at (255 - 128) * 0.05 = 6.35 holds; values beyond it are cut
     assert actual.max() <= 6.35 + 1e-6
+
+
+def test_a_qoperator_model_is_refused_with_what_to_give_instead(tmp_path):
+    """onnxruntime's QOperator format (QLinearConv, QGemm ...) cannot be parsed; the error says to give the float
+    model or a QDQ export, which compile."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1, 1])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "float.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantized = str(tmp_path / "qop.onnx")
+    quantize_static(source, quantized, Reader(), quant_format=QuantFormat.QOperator)
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(quantized, tmp_path / "out.mblt")
+    assert "QOperator" in caught.value.hint and "QDQ" in caught.value.hint

@@ -977,10 +977,20 @@ def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str) -> Un
     ops = [{"op": op, "count": count, "nodes": offending[op][:3], "reason": reason}
            for op, count in counts.most_common()]
     listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])})" for o in ops)
+    hint = "Replace these operators in the source model or export it differently."
+    if any(op.split("::")[-1] in _QOPERATOR_OPS for op in counts):
+        hint = ("This model was quantized in onnxruntime's QOperator format (QLinear* / QGemm nodes). Give the "
+                "float model, or a QDQ export (quantize_static(..., quant_format=QuantFormat.QDQ)): this compiler "
+                "calibrates and quantizes on its own.")
     return UnsupportedOpsError(f"{sum(counts.values())} node(s) use operators the compiler cannot parse: "
-                               f"{listing} — {reason}.",
-                               hint="Replace these operators in the source model or export it differently.",
-                               ops=ops)
+                               f"{listing} — {reason}.", hint=hint, ops=ops)
+
+
+_QOPERATOR_OPS = {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",
+                  "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
+                  "QLinearReduceMean", "QLinearWhere", "QGemm", "QLinearConvTranspose", "ConvInteger",
+                  "MatMulInteger"}
+"""onnxruntime's QOperator-format ops: their presence means a model quantized outside this compiler."""
 
 
 def _has_schema(node: ir.Node, opset_imports: Mapping[str, int]) -> bool:
