@@ -22,6 +22,10 @@ from compiler_core.analysis.metrics import is_classifier_output
     ([1, 256], "Div", 1, False),         # an L2-normalised embedding
     ([1, 4], "Gemm", 1, False),          # too few values for logits without a softmax
     ([1, 8, 8, 10], "Conv", 1, False),   # a feature map
+    ([1, 40, 6625], "Softmax", 1, True),  # PP-OCR rec: a sequence of character probabilities
+    ([127, 1, 984], "Add", 1, True),     # a CRNN's CTC logits, time first
+    ([1, 50, 4], "Gemm", 1, False),      # a sequence of 4 values: too few for logits
+    ([2, 3, 10], "Gemm", 1, False),      # neither leading dimension is 1
 ])
 def test_class_score_rule(shape, head, outputs, expected):
     assert is_classifier_output(shape, head, outputs) is expected
@@ -71,3 +75,16 @@ def test_compare_table_shows_agreement_rows_only_for_class_score_outputs():
     assert "logits: top-1 agreement" in labels and "logits: top-5 agreement" in labels
     assert not [label for label in labels if label.startswith("landmarks:") and "agreement" in label]
     assert "landmarks: SQNR (dB)" in labels
+
+
+def test_a_sequence_of_class_scores_agrees_per_position():
+    from compiler_core.analysis.metrics import TensorComparison
+
+    reference = np.zeros((1, 4, 12))
+    reference[0, np.arange(4), [1, 2, 3, 4]] = 5.0
+    quantized = reference.copy()
+    quantized[0, 3, 7] = 6.0  # the last position reads another class; its own is still in the top 5
+    comparison = TensorComparison()
+    comparison.add(reference, quantized, classifier=True)
+    result = comparison.to_dict(classifier=True)
+    assert result["top1_agreement"] == 0.75 and result["top5_agreement"] == 1.0

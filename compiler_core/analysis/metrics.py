@@ -33,8 +33,8 @@ class TensorComparison:
     noise: float = 0.0
     max_abs_error: float = 0.0
     cosines: list[float] = field(default_factory=list)
-    top1: int = 0
-    top5: int = 0
+    top1: float = 0.0
+    top5: float = 0.0
     samples: int = 0
     energies: list[float] = field(default_factory=list)
     rms_floor: float = 0.0
@@ -64,13 +64,15 @@ class TensorComparison:
         self.cosines.append(_cosine_from_sums(signal, test_squared, cross, reference, test, offset))
         self.energies.append(signal / max(reference.size, 1))
         self.samples += 1
-        if classifier:
-            ref = np.asarray(reference, dtype=np.float64).ravel()
-            values = (np.asarray(test, dtype=np.float64).ravel() - offset) * scale
-            expected = int(np.argmax(ref))
-            order = np.argsort(-values)
-            self.top1 += int(order[0] == expected)
-            self.top5 += int(expected in order[:5])
+        if classifier:  # per position for a sequence of class scores: the share of positions that agree
+            classes = reference.shape[-1]
+            ref = np.asarray(reference, dtype=np.float64).reshape(-1, classes)
+            values = (np.asarray(test, dtype=np.float64).reshape(-1, classes) - offset) * scale
+            expected = np.argmax(ref, axis=1)[:, None]
+            top5 = np.argpartition(-values, min(4, classes - 1), axis=1)[:, :5]
+            best = np.argmax(values, axis=1)[:, None]
+            self.top1 += float(np.mean(best == expected))
+            self.top5 += float(np.mean(np.any(top5 == expected, axis=1)))
 
     def near_zero_samples(self) -> list[int]:
         """Indices of the samples whose reference is (near) zero.
@@ -180,13 +182,17 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> 
     the model's only output and comes from a linear layer (``Gemm``/``MatMul``/``Add``/``Conv``:
     logits, ``C >= 10``). A linear ``[1, C]`` output next to other outputs is treated as a regression
     (MediaPipe hand/pose landmarks beside a presence score, MTCNN box and landmark offsets): the arg-max
-    of coordinates means nothing.
+    of coordinates means nothing. A sequence of class scores, ``[1, T, C]`` or ``[T, 1, C]`` (CTC text
+    recognizers such as PP-OCR rec or a CRNN, token taggers), follows the same rule on ``C`` and is
+    compared per position: top-1 agreement is then the share of positions whose arg-max agrees.
 
     Args:
         shape: The output's shape.
         head_op: ONNX op type of the operation producing it (shape-only ops such as Reshape skipped).
         model_outputs: How many outputs the model has.
     """
+    if len(shape) == 3 and 1 in shape[:2] and max(shape[:2]) >= 2:  # [1, T, C] or [T, 1, C]: a sequence
+        shape = [1, shape[2]]
     if len(shape) != 2 or shape[0] != 1:
         return False
     if head_op in PROBABILITY_OPS:
