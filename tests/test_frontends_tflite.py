@@ -571,3 +571,100 @@ def test_a_custom_op_inside_the_model_offers_no_cut(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedOpsError) as caught:
         load_tflite(path)
     assert "cut_at" not in caught.value.fields and "--output-names" not in caught.value.hint
+
+
+def _supported_after_mblt(path: Path, tmp_path: Path) -> None:
+    """The converted graph survives the MBLT round trip and every node has an aries-rb kernel."""
+    from compiler_core.api import mblt_compile
+    from compiler_core.mblt.io import load_mblt
+    from compiler_core.targets import check_support
+
+    mblt = mblt_compile(path, tmp_path / f"{path.stem}.mblt", target_device="aries-rb")
+    report = check_support(load_mblt(mblt), "aries-rb")
+    assert report.all_supported, [(entry.op_type, entry.reason) for entry in report.flagged]
+
+
+def test_split_slice_unpack_tile_square_match_runtime(tmp_path: Path) -> None:
+    """SPLIT (negative axis), SPLIT_V (a -1 size), SLICE (size -1), UNPACK, TILE and SQUARE on activations;
+    SPLIT_V was seen refusing a real model."""
+    int32 = tflite.TensorType.INT32
+    tensors = [
+        {"name": "x", "shape": [1, 4, 6, 3]},
+        {"name": "split_axis", "shape": [], "type": int32, "data": np.array(-2, np.int32)},
+        {"name": "left", "shape": [1, 4, 3, 3]}, {"name": "right", "shape": [1, 4, 3, 3]},
+        {"name": "sizes", "shape": [2], "type": int32, "data": np.array([1, -1], np.int32)},
+        {"name": "v_axis", "shape": [1], "type": int32, "data": np.array([3], np.int32)},
+        {"name": "first", "shape": [1, 4, 6, 1]}, {"name": "rest", "shape": [1, 4, 6, 2]},
+        {"name": "begin", "shape": [4], "type": int32, "data": np.array([0, 1, 2, 0], np.int32)},
+        {"name": "size", "shape": [4], "type": int32, "data": np.array([-1, 2, 3, -1], np.int32)},
+        {"name": "window", "shape": [1, 2, 3, 3]},
+        {"name": "row0", "shape": [1, 3, 3]}, {"name": "row1", "shape": [1, 3, 3]},
+        {"name": "multiples", "shape": [3], "type": int32, "data": np.array([2, 1, 2], np.int32)},
+        {"name": "tiled", "shape": [2, 3, 6]},
+        {"name": "squared", "shape": [1, 4, 6, 2]},
+        {"name": "sum", "shape": [1, 4, 3, 3]},
+    ]
+    operators = [
+        {"op": "SPLIT", "inputs": [1, 0], "outputs": [2, 3], "options": ("SplitOptions", {"NumSplits": 2})},
+        {"op": "SPLIT_V", "inputs": [0, 4, 5], "outputs": [6, 7], "options": ("SplitVOptions", {"NumSplits": 2})},
+        {"op": "SLICE", "inputs": [0, 8, 9], "outputs": [10]},
+        {"op": "UNPACK", "inputs": [10], "outputs": [11, 12], "options": ("UnpackOptions", {"Num": 2, "Axis": 1})},
+        {"op": "TILE", "inputs": [11, 13], "outputs": [14]},
+        {"op": "SQUARE", "inputs": [7], "outputs": [15]},
+        {"op": "ADD", "inputs": [2, 3], "outputs": [16]},
+    ]
+    path = tmp_path / "movement.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[16, 2, 6, 15, 12, 14]))
+    model = _compare_with_runtime(path, 1e-6)
+    assert {"Split", "Slice", "Tile", "Mul"} <= {node.op_type for node in model.graph}
+    _supported_after_mblt(path, tmp_path)
+
+
+def test_unpack_and_slice_of_a_static_shape_fold(tmp_path: Path) -> None:
+    """tf.unstack(tf.shape(x)) and tf.shape(x)[1:] (SLICE) fold to constants: only the Reshapes remain."""
+    int32 = tflite.TensorType.INT32
+    tensors = [
+        {"name": "x", "shape": [1, 4, 6, 3]},
+        {"name": "shape", "shape": [4], "type": int32},
+        *({"name": f"dim{i}", "shape": [], "type": int32} for i in range(4)),
+        {"name": "packed", "shape": [3], "type": int32},
+        {"name": "swapped", "shape": [6, 4, 3]},
+        {"name": "begin", "shape": [1], "type": int32, "data": np.array([1], np.int32)},
+        {"name": "size", "shape": [1], "type": int32, "data": np.array([-1], np.int32)},
+        {"name": "tail", "shape": [3], "type": int32},
+        {"name": "dropped", "shape": [4, 6, 3]},
+    ]
+    operators = [
+        {"op": "SHAPE", "inputs": [0], "outputs": [1], "options": ("ShapeOptions", {"OutType": int32})},
+        {"op": "UNPACK", "inputs": [1], "outputs": [2, 3, 4, 5], "options": ("UnpackOptions", {"Num": 4, "Axis": 0})},
+        {"op": "PACK", "inputs": [4, 3, 5], "outputs": [6], "options": ("PackOptions", {"ValuesCount": 3, "Axis": 0})},
+        {"op": "RESHAPE", "inputs": [0, 6], "outputs": [7]},
+        {"op": "SLICE", "inputs": [1, 8, 9], "outputs": [10]},
+        {"op": "RESHAPE", "inputs": [0, 10], "outputs": [11]},
+    ]
+    path = tmp_path / "shape_fold.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[7, 11]))
+    model = _compare_with_runtime(path, 1e-6)
+    assert [node.op_type for node in model.graph] == ["Reshape", "Reshape"]
+
+
+def test_batch_matmul_l2_normalization_log_softmax_match_runtime(tmp_path: Path) -> None:
+    """BATCH_MATMUL with adj_y on two activations (attention scores) and adj_x against a constant,
+    LOG_SOFTMAX and L2_NORMALIZATION, written with ops that have NPU kernels."""
+    tensors = [
+        {"name": "q", "shape": [1, 2, 3, 4]}, {"name": "k", "shape": [1, 2, 5, 4]},
+        {"name": "scores", "shape": [1, 2, 3, 5]}, {"name": "log_probs", "shape": [1, 2, 3, 5]},
+        {"name": "w", "shape": [3, 6], "data": _random((3, 6), 5)},
+        {"name": "projected", "shape": [1, 2, 4, 6]}, {"name": "normalized", "shape": [1, 2, 4, 6]},
+    ]
+    operators = [
+        {"op": "BATCH_MATMUL", "inputs": [0, 1], "outputs": [2], "options": ("BatchMatMulOptions", {"AdjY": True})},
+        {"op": "LOG_SOFTMAX", "inputs": [2], "outputs": [3]},
+        {"op": "BATCH_MATMUL", "inputs": [0, 4], "outputs": [5], "options": ("BatchMatMulOptions", {"AdjX": True})},
+        {"op": "L2_NORMALIZATION", "inputs": [5], "outputs": [6]},
+    ]
+    path = tmp_path / "attention.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0, 1], outputs=[3, 6]))
+    model = _compare_with_runtime(path, 1e-5)
+    assert not {"LogSoftmax", "LpNormalization"} & {node.op_type for node in model.graph}
+    _supported_after_mblt(path, tmp_path)

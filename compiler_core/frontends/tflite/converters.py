@@ -228,6 +228,21 @@ def _fully_connected(b: GraphBuilder, op: Operator) -> None:
     b.bind(y, op.outputs[0])
 
 
+@converts("BATCH_MATMUL")
+def _batch_matmul(b: GraphBuilder, op: Operator) -> None:
+    """MatMul with broadcast batch dims; adj_x / adj_y transpose the last two axes (folded on constants)."""
+    operands = [_adjoint(b, op, position, bool(_option(op, name, False)))
+                for position, name in ((0, "AdjX"), (1, "AdjY"))]
+    _elementwise(b, op, "MatMul", operands)
+
+
+def _adjoint(b: GraphBuilder, op: Operator, position: int, adjoint: bool) -> str:
+    if not adjoint:
+        return b.input(op, position)
+    rank = len(b.shape(op.inputs[position]))
+    return _weight(b, op, position, (*range(rank - 2), rank - 1, rank - 2))
+
+
 # -- elementwise ---------------------------------------------------------------------------------
 
 _BINARY = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div", "MAXIMUM": "Max", "MINIMUM": "Min",
@@ -244,6 +259,11 @@ def _binary(b: GraphBuilder, op: Operator) -> None:
 def _squared_difference(b: GraphBuilder, op: Operator) -> None:
     difference = b.add_node("Sub", [b.input(op, 0), b.input(op, 1)], source=_source(b, op))[0]
     _elementwise(b, op, "Mul", [difference, difference])
+
+
+@converts("SQUARE")
+def _square(b: GraphBuilder, op: Operator) -> None:
+    _elementwise(b, op, "Mul", [b.input(op, 0), b.input(op, 0)])
 
 
 _UNARY = {"LOGISTIC": "Sigmoid", "TANH": "Tanh", "RELU": "Relu", "HARD_SWISH": "HardSwish", "EXP": "Exp",
@@ -290,6 +310,30 @@ def _softmax(b: GraphBuilder, op: Operator) -> None:
         scale = b.add_initializer(f"{_source(b, op)}/beta", np.array(beta, np.float32))
         x = b.add_node("Mul", [x, scale], source=_source(b, op))[0]
     _elementwise(b, op, "Softmax", [x], axis=-1)
+
+
+def _last_axis(b: GraphBuilder, op_type: str, value: str, source: str) -> str:
+    """``op_type`` (a reduction) over the last axis, kept as a size-1 axis."""
+    axes = b.int64_initializer(f"{source}/axes", [-1])
+    return b.add_node(op_type, [value, axes], source=source, keepdims=1)[0]
+
+
+@converts("LOG_SOFTMAX")
+def _log_softmax(b: GraphBuilder, op: Operator) -> None:
+    """TFLite's stable form (LogSoftmax has no NPU kernel): s = x - max(x); s - log(sum(exp(s)))."""
+    source, x = _source(b, op), b.input(op, 0)
+    shifted = b.add_node("Sub", [x, _last_axis(b, "ReduceMax", x, source)], source=source)[0]
+    total = _last_axis(b, "ReduceSum", b.add_node("Exp", [shifted], source=source)[0], source)
+    _elementwise(b, op, "Sub", [shifted, b.add_node("Log", [total], source=source)[0]])
+
+
+@converts("L2_NORMALIZATION")
+def _l2_normalization(b: GraphBuilder, op: Operator) -> None:
+    """x / max(ReduceL2(x), 1e-6) over the last axis, TFLite's float kernel (LpNormalization has no NPU kernel)."""
+    source, x = _source(b, op), b.input(op, 0)
+    epsilon = b.add_initializer(f"{source}/epsilon", np.array(1e-6, np.float32))
+    norm = b.add_node("Max", [_last_axis(b, "ReduceL2", x, source), epsilon], source=source)[0]
+    _elementwise(b, op, "Div", [x, norm], fused=_option(op, "FusedActivationFunction"))
 
 
 # -- shape and data movement ---------------------------------------------------------------------
@@ -490,3 +534,68 @@ def _gather(b: GraphBuilder, op: Operator) -> None:
     indices_value = b.input(op, 1) if indices is None else \
         b.add_initializer(f"{_source(b, op)}/indices", indices.astype(np.int64))
     _elementwise(b, op, "Gather", [b.input(op, 0), indices_value], axis=axis)
+
+
+def _split_into(b: GraphBuilder, op: Operator, data_position: int, axis: int) -> None:
+    """ONNX Split along ``axis`` into the op's outputs, sized by their static shapes (folded on constants)."""
+    rank = len(b.shape(op.inputs[data_position]))
+    axis %= rank
+    sizes = [b.shape(index)[axis] for index in op.outputs]
+    data = b.constant(op.inputs[data_position])
+    if data is not None:
+        for index, piece in zip(op.outputs, np.split(data, np.cumsum(sizes)[:-1], axis=axis)):
+            b.set_constant(index, piece)
+        return
+    b.add_node("Split", [b.input(op, data_position), b.int64_initializer(f"{_source(b, op)}/split", sizes)],
+               [b.value_name(index) for index in op.outputs], source=_source(b, op), axis=axis)
+
+
+@converts("SPLIT")
+def _split(b: GraphBuilder, op: Operator) -> None:
+    _split_into(b, op, 1, int(b.require_constant(op, 0, "axis").reshape(-1)[0]))  # inputs: (axis, data)
+
+
+@converts("SPLIT_V")
+def _split_v(b: GraphBuilder, op: Operator) -> None:
+    # size_splits may hold one -1; the outputs' static shapes carry the resolved sizes
+    _split_into(b, op, 0, int(b.require_constant(op, 2, "axis").reshape(-1)[0]))
+
+
+@converts("UNPACK")
+def _unpack(b: GraphBuilder, op: Operator) -> None:
+    rank = len(b.shape(op.inputs[0]))
+    axis, source = int(_option(op, "Axis")) % rank, _source(b, op)
+    data = b.constant(op.inputs[0])
+    if data is not None:
+        for position, index in enumerate(op.outputs):
+            b.set_constant(index, np.take(data, position, axis=axis))
+        return
+    pieces = b.add_node("Split", [b.input(op, 0), b.int64_initializer(f"{source}/split", [1] * len(op.outputs))],
+                        len(op.outputs), source=source, axis=axis)
+    axes = b.int64_initializer(f"{source}/axes", [axis])
+    for piece, index in zip(pieces, op.outputs):
+        b.add_node("Squeeze", [piece, axes], [b.value_name(index)], source=source)
+
+
+@converts("SLICE")
+def _slice(b: GraphBuilder, op: Operator) -> None:
+    """begin + size per axis; size -1 runs to the end of the axis."""
+    begin = [int(v) for v in b.require_constant(op, 1, "begin").reshape(-1)]
+    size = [int(v) for v in b.require_constant(op, 2, "size").reshape(-1)]
+    shape, source = b.shape(op.inputs[0]), _source(b, op)
+    ends = [dim if length == -1 else start + length for start, length, dim in zip(begin, size, shape)]
+    data = b.constant(op.inputs[0])
+    if data is not None:
+        b.set_constant(op.outputs[0], data[tuple(slice(start, end) for start, end in zip(begin, ends))])
+        return
+    inputs = [b.input(op, 0)] + [b.int64_initializer(f"{source}/{k}", v) for k, v in
+                                 (("starts", begin), ("ends", ends), ("axes", range(len(begin))))]
+    _elementwise(b, op, "Slice", inputs)
+
+
+@converts("TILE")
+def _tile(b: GraphBuilder, op: Operator) -> None:
+    if _fold(b, op, lambda x, multiples: np.tile(x, [int(m) for m in np.reshape(multiples, -1)])):
+        return
+    multiples = b.require_constant(op, 1, "multiples").astype(np.int64).reshape(-1)
+    _elementwise(b, op, "Tile", [b.input(op, 0), b.int64_initializer(f"{_source(b, op)}/repeats", multiples)])
