@@ -240,13 +240,16 @@ def _operator(builder: flatbuffers.Builder, spec: dict, opcode_index: int) -> in
     return tflite.OperatorEnd(builder)
 
 
+_FIRST_VERSION = {"BROADCAST_TO": 2}  # the runtime registers these ops from a later version only
+
+
 def _opcode(builder: flatbuffers.Builder, op: str) -> int:
     custom = builder.CreateString(op[len("CUSTOM:"):]) if op.startswith("CUSTOM:") else None
     code = tflite.BuiltinOperator.CUSTOM if custom is not None else getattr(tflite.BuiltinOperator, op)
     tflite.OperatorCodeStart(builder)
     tflite.OperatorCodeAddDeprecatedBuiltinCode(builder, min(code, 127))
     tflite.OperatorCodeAddBuiltinCode(builder, code)
-    tflite.OperatorCodeAddVersion(builder, 1)
+    tflite.OperatorCodeAddVersion(builder, _FIRST_VERSION.get(op, 1))
     if custom is not None:
         tflite.OperatorCodeAddCustomCode(builder, custom)
     return tflite.OperatorCodeEnd(builder)
@@ -667,4 +670,34 @@ def test_batch_matmul_l2_normalization_log_softmax_match_runtime(tmp_path: Path)
     path.write_bytes(build_tflite(tensors, operators, inputs=[0, 1], outputs=[3, 6]))
     model = _compare_with_runtime(path, 1e-5)
     assert not {"LogSoftmax", "LpNormalization"} & {node.op_type for node in model.graph}
+    _supported_after_mblt(path, tmp_path)
+
+
+def test_compare_select_broadcast_reverse_match_runtime(tmp_path: Path) -> None:
+    """GREATER / NOT_EQUAL masks feeding SELECT_V2, BROADCAST_TO and REVERSE_V2 (a negative axis)."""
+    int32, boolean = tflite.TensorType.INT32, tflite.TensorType.BOOL
+    tensors = [
+        {"name": "x", "shape": [1, 4, 3, 2]}, {"name": "y", "shape": [1, 1, 3, 2]},
+        {"name": "greater", "shape": [1, 4, 3, 2], "type": boolean},
+        {"name": "target", "shape": [4], "type": int32, "data": np.array([1, 4, 3, 2], np.int32)},
+        {"name": "y_wide", "shape": [1, 4, 3, 2]},
+        {"name": "selected", "shape": [1, 4, 3, 2]},
+        {"name": "axes", "shape": [1], "type": int32, "data": np.array([-2], np.int32)},
+        {"name": "reversed", "shape": [1, 4, 3, 2]},
+        {"name": "changed", "shape": [1, 4, 3, 2], "type": boolean},  # the middle of the reversed axis is not
+        {"name": "zero", "shape": [], "data": np.array(0.0, np.float32)},
+        {"name": "out", "shape": [1, 4, 3, 2]},
+    ]
+    operators = [
+        {"op": "GREATER", "inputs": [0, 1], "outputs": [2]},
+        {"op": "BROADCAST_TO", "inputs": [1, 3], "outputs": [4]},
+        {"op": "SELECT_V2", "inputs": [2, 0, 4], "outputs": [5]},
+        {"op": "REVERSE_V2", "inputs": [5, 6], "outputs": [7]},
+        {"op": "NOT_EQUAL", "inputs": [5, 7], "outputs": [8]},
+        {"op": "SELECT_V2", "inputs": [8, 7, 9], "outputs": [10]},
+    ]
+    path = tmp_path / "select.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0, 1], outputs=[10]))
+    model = _compare_with_runtime(path, 1e-6)
+    assert {"Greater", "Expand", "Where", "Slice", "Not"} <= {node.op_type for node in model.graph}
     _supported_after_mblt(path, tmp_path)

@@ -266,6 +266,23 @@ def _square(b: GraphBuilder, op: Operator) -> None:
     _elementwise(b, op, "Mul", [b.input(op, 0), b.input(op, 0)])
 
 
+_COMPARISONS = {"LESS": "Less", "LESS_EQUAL": "LessOrEqual", "GREATER": "Greater", "GREATER_EQUAL": "GreaterOrEqual",
+                "EQUAL": "Equal", "NOT_EQUAL": "Equal"}
+
+
+@converts(*_COMPARISONS)
+def _comparison(b: GraphBuilder, op: Operator) -> None:
+    inputs = [b.input(op, 0), b.input(op, 1)]
+    if op.op_type == "NOT_EQUAL":
+        inputs = [b.add_node("Equal", inputs, source=_source(b, op))[0]]
+    _elementwise(b, op, "Not" if op.op_type == "NOT_EQUAL" else _COMPARISONS[op.op_type], inputs)
+
+
+@converts("SELECT_V2")
+def _select_v2(b: GraphBuilder, op: Operator) -> None:
+    _elementwise(b, op, "Where", [b.input(op, i) for i in range(3)])  # numpy broadcasting, as ONNX Where
+
+
 _UNARY = {"LOGISTIC": "Sigmoid", "TANH": "Tanh", "RELU": "Relu", "HARD_SWISH": "HardSwish", "EXP": "Exp",
           "LOG": "Log", "ABS": "Abs", "NEG": "Neg", "SQRT": "Sqrt", "ELU": "Elu", "FLOOR": "Floor",
           "CEIL": "Ceil", "SIN": "Sin", "COS": "Cos"}
@@ -599,3 +616,24 @@ def _tile(b: GraphBuilder, op: Operator) -> None:
         return
     multiples = b.require_constant(op, 1, "multiples").astype(np.int64).reshape(-1)
     _elementwise(b, op, "Tile", [b.input(op, 0), b.int64_initializer(f"{_source(b, op)}/repeats", multiples)])
+
+
+@converts("BROADCAST_TO")
+def _broadcast_to(b: GraphBuilder, op: Operator) -> None:
+    if _fold(b, op, lambda x, shape: np.broadcast_to(x, [int(d) for d in np.reshape(shape, -1)]).copy()):
+        return
+    _elementwise(b, op, "Expand", [b.input(op, 0), b.int64_initializer(f"{_source(b, op)}/shape", b.shape(op.outputs[0]))])
+
+
+@converts("REVERSE_V2")
+def _reverse_v2(b: GraphBuilder, op: Operator) -> None:
+    rank = len(b.shape(op.inputs[0]))
+    axes = [int(a) % rank for a in b.require_constant(op, 1, "axes").reshape(-1)]
+    data, source = b.constant(op.inputs[0]), _source(b, op)
+    if data is not None:
+        b.set_constant(op.outputs[0], np.flip(data, axis=tuple(axes)).copy())
+        return
+    inputs = [b.input(op, 0)] + [b.int64_initializer(f"{source}/{k}", v) for k, v in
+                                 (("starts", [-1] * len(axes)), ("ends", [_INT64_MIN] * len(axes)),
+                                  ("axes", axes), ("steps", [-1] * len(axes)))]
+    _elementwise(b, op, "Slice", inputs)
