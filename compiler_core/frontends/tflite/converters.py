@@ -622,7 +622,8 @@ def _tile(b: GraphBuilder, op: Operator) -> None:
 def _broadcast_to(b: GraphBuilder, op: Operator) -> None:
     if _fold(b, op, lambda x, shape: np.broadcast_to(x, [int(d) for d in np.reshape(shape, -1)]).copy()):
         return
-    _elementwise(b, op, "Expand", [b.input(op, 0), b.int64_initializer(f"{_source(b, op)}/shape", b.shape(op.outputs[0]))])
+    shape = b.int64_initializer(f"{_source(b, op)}/shape", b.shape(op.outputs[0]))
+    _elementwise(b, op, "Expand", [b.input(op, 0), shape])
 
 
 @converts("REVERSE_V2")
