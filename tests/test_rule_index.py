@@ -294,6 +294,41 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+@pytest.mark.parametrize("limit", [16, 1 << 20])
+def test_the_folder_builds_folded_tensors_without_protocol_checks(limit, monkeypatch):
+    """Folded arrays become tensors without ``ir.tensor`` (its ``typing.Protocol`` checks), with the library's size
+    gating: a folded value larger than the limit is kept only when the inputs it frees make up for it."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    initializers = [numpy_helper.from_array(np.array(1.5, np.float32), "k1"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "k2"),
+                    numpy_helper.from_array(np.arange(4, dtype=np.float32), "t"),
+                    numpy_helper.from_array(np.array([8], np.int64), "repeats"),
+                    numpy_helper.from_array(np.arange(20, dtype=np.float32), "r"),
+                    numpy_helper.from_array(np.array([4, 5], np.int64), "s")]
+    nodes = [helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Tile", ["t", "repeats"], ["tiled"]),
+             helper.make_node("Reshape", ["r", "s"], ["reshaped"]), helper.make_node("Mul", ["x", "k"], ["y"]),
+             helper.make_node("Add", ["tiled", "x32"], ["z"]), helper.make_node("Add", ["reshaped", "x45"], ["w"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("x32", TensorProto.FLOAT, [32]),
+                                           helper.make_tensor_value_info("x45", TensorProto.FLOAT, [4, 5])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in "yzw"],
+                              initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": limit}
+    assert _constant_folding.FoldConstantsPass(**options)(library).modified
+    built = []
+    library_tensor = ir.tensor
+    monkeypatch.setattr(ir, "tensor", lambda *args, **kwargs: built.append(args) or library_tensor(*args, **kwargs))
+    assert _FoldConstants(**options)(ours).modified
+    assert built == []
+    assert ("tiled" in ours.graph.initializers) == (limit > 32)
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
 def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
     """ConvMulChannel (both operand orders) and ConvAffineFusion: Mul of a Conv by an activation, of a Conv read
     twice, and an Add by a vector are skipped before matching; the rewritable nodes are tried and rewritten."""
