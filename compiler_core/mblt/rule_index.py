@@ -473,9 +473,16 @@ def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
 
 
 def _statically_typed(node: ir.Node) -> bool:
-    """True if every output of the node has a dtype and a static shape."""
-    return all(output.dtype is not None and output.shape is not None
-               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs)
+    """True if every output of the node has a dtype and a static shape (loops, not generators: called for every node
+    of every folding pass)."""
+    for output in node.outputs:
+        shape = output.shape
+        if output.dtype is None or shape is None:
+            return False
+        for dim in shape.dims:
+            if not isinstance(dim, int) or dim < 0:
+                return False
+    return True
 
 
 @functools.cache
@@ -635,8 +642,12 @@ _GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
 def holds_graph(node: ir.Node) -> bool:
-    """True if one of the node's attributes is a graph or a list of graphs."""
-    return any(attribute.type in _GRAPH_ATTRIBUTES for attribute in node.attributes.data.values())
+    """True if one of the node's attributes is a graph or a list of graphs (a loop, not a generator: thousands of calls
+    per parse)."""
+    for attribute in node.attributes.data.values():  # noqa: SIM110 - any() with a generator is slower here
+        if attribute.type in _GRAPH_ATTRIBUTES:
+            return True
+    return False
 
 
 def all_nodes(graph_like: ir.Graph | ir.Function) -> ir.traversal.RecursiveGraphIterator:
