@@ -160,6 +160,23 @@ def test_lift_constants_lifts_as_the_library_pass_does():
     assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
 
 
+def test_lift_constants_leaves_a_graph_without_constant_nodes_to_a_quick_walk(monkeypatch):
+    """With no ``Constant`` node (the graph after the first lift), the library's walk over every node is skipped."""
+    walks = []
+    library_call = ir.passes.common.LiftConstantsToInitializersPass.call
+    monkeypatch.setattr(ir.passes.common.LiftConstantsToInitializersPass, "call",
+                        lambda self, model: walks.append(1) or library_call(self, model))
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert not LiftConstants(lift_all_constants=True, size_limit=0)(model).modified
+    assert walks == []
+    model.graph.insert_before(model.graph.node(0), ir.Node("", "Constant", [], [ir.AttrFloat32("value_float", 1.0)]))
+    assert LiftConstants(lift_all_constants=True, size_limit=0)(model).modified
+    assert walks == [1]
+
+
 def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
     """Conv without bias, with a non-zero bias, with a zero bias, with auto_pad SAME_UPPER: for each library rule
     with a condition, the indexed rule tries exactly the nodes the full rule rewrites."""
