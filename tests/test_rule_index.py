@@ -346,6 +346,52 @@ def test_the_folder_builds_folded_tensors_without_protocol_checks(limit, monkeyp
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+def test_the_folders_reference_ops_are_the_ones_load_op_returns():
+    """For every op of ``onnx.reference`` and opsets 1-26, the class the folder evaluates with is ``load_op``'s (or it
+    asks ``load_op``): the same implementations, so the same folded values."""
+    from onnx.reference.ops import _op_list, load_op
+
+    from compiler_core.mblt.rule_index import _reference_op
+
+    load_op("", "Relu", 21)  # builds the registry
+    implemented = 0
+    for op_type in _op_list._registered_operators:
+        for version in range(1, 27):
+            try:
+                expected = load_op("", op_type, version)
+            except Exception:  # noqa: BLE001 - no implementation for that version
+                expected = None
+            assert _reference_op("", op_type, version) is expected, (op_type, version)
+            implemented += expected is not None
+    assert implemented > 4000
+    assert _reference_op("", "Reshape", None) is None and _reference_op("ai.onnx.ml", "Reshape", 21) is None
+
+
+def test_folding_builds_no_reference_op_registry(tmp_path, monkeypatch):
+    """Parsing PP-OCR cls folds 23 nodes with ``onnx.reference`` implementations without ``load_op``'s registry of
+    every implementation (built on its first call, 7-9 ms per process); the MBLT is the one the library's evaluator
+    gives."""
+    from onnx.reference.ops import _op_list
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.api import mblt_compile
+    from compiler_core.mblt import rule_index
+
+    source, shapes, constants = realmodels.real_models()["ppocr_cls"]()
+    options = {"input_shape_dict": shapes or None, "constant_inputs": constants}
+    with monkeypatch.context() as patched:
+        patched.setattr(rule_index, "_QUICK_REFERENCE_OPS", _constant_folding._reference_evaluator)
+        reference = mblt_compile(source, tmp_path / "reference.mblt", **options).read_bytes()
+    builds, evaluations = [], []
+    library_build, library_evaluate = _op_list._build_registered_operators, rule_index._ReferenceOps.evaluate
+    monkeypatch.setattr(_op_list, "_registered_operators", None)
+    monkeypatch.setattr(_op_list, "_build_registered_operators", lambda: builds.append(1) or library_build())
+    monkeypatch.setattr(rule_index._ReferenceOps, "evaluate",
+                        lambda self, *args, **kwargs: evaluations.append(args[1]) or library_evaluate(self, *args, **kwargs))
+    assert mblt_compile(source, tmp_path / "quick.mblt", **options).read_bytes() == reference
+    assert len(evaluations) > 10 and builds == []
+
+
 def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
     """ConvMulChannel (both operand orders) and ConvAffineFusion: Mul of a Conv by an activation, of a Conv read
     twice, and an Add by a vector are skipped before matching; the rewritable nodes are tried and rewritten."""

@@ -21,6 +21,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -398,9 +399,10 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         """The library's ``call``, with :class:`NameFix` for its closing ``NameFixPass``."""
         self._reset()
         self._opset_imports = model.opset_imports
-        self.visit_graph(model.graph)
-        for function in model.functions.values():
-            self.visit_function(function)
+        with _quick_reference_ops():
+            self.visit_graph(model.graph)
+            for function in model.functions.values():
+                self.visit_function(function)
         if self._modified:
             NameFix()(model)  # the folding may name new values like existing ones
         return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
@@ -464,6 +466,62 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
             return False
         version = self._opset_imports.get(node.domain)
         return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+
+
+class _ReferenceOps(_constant_folding.ReferenceEvaluator):
+    """onnxscript's reference evaluator (``onnx.reference`` implementations of the ops it folds), finding an op's
+    implementation class as ``onnx.reference.ops.load_op`` does, without the registry ``load_op`` builds on its first
+    call: an ``issubclass`` with the ``OpRun`` ABC for every name in ``onnx.reference.ops``, where each name that is not
+    an op walks all 400 subclasses (7-9 ms, once per process). An op it does not find takes the library's way."""
+
+    def get_evaluator(self, domain: str, op: str, version: int) -> Callable | None:
+        implementation = _reference_op(domain, op, version)
+        if implementation is None:
+            return super().get_evaluator(domain, op, version)
+        return implementation.eval
+
+
+@functools.cache
+def _reference_op(domain: str, op_type: str, version: int | None) -> type | None:
+    """The class ``load_op(domain, op_type, version)`` returns, from the classes of ``onnx.reference.ops`` named
+    ``op_type`` or ``op_type_<version>`` (the registry's keys): the latest version up to ``version`` (the unversioned
+    one, else the latest, when there is only one); None where ``load_op`` builds its registry for another answer
+    (another domain, no version asked for, no class, no version that fits)."""
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops import _op_list
+
+    if domain != "" or version is None:  # load_op asks for the current opset then
+        return None
+    versions: dict[int | None, type] = {}
+    prefix = op_type + "_"
+    for name, value in vars(_op_list).items():
+        if name == op_type:
+            versions[None] = value
+        elif name.startswith(prefix) and name[len(prefix):].isdigit() and name[len(prefix):].isascii():
+            versions[int(name[len(prefix):])] = value
+    if not versions or not all(isinstance(value, type) and issubclass(value, OpRun) for value in versions.values()):
+        return None
+    if None not in versions:
+        versions[None] = versions[max(v for v in versions if v is not None)]
+    if len(versions) == 1:
+        return versions[None]
+    fitting = [v for v in versions if v is not None and v <= version]
+    return versions[max(fitting)] if fitting else None
+
+
+_QUICK_REFERENCE_OPS = _ReferenceOps()
+
+
+@contextmanager
+def _quick_reference_ops():
+    """Fold with :class:`_ReferenceOps` (onnxscript's folder evaluates through its module's evaluator): the same
+    implementations, so the same folded values."""
+    saved = _constant_folding._reference_evaluator
+    _constant_folding._reference_evaluator = _QUICK_REFERENCE_OPS
+    try:
+        yield
+    finally:
+        _constant_folding._reference_evaluator = saved
 
 
 def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
