@@ -748,3 +748,36 @@ def test_the_written_mblt_copies_no_weights(name, tmp_path, monkeypatch):
     written = onnx.load(str(path))
     assert len([t for t in written.graph.initializer if len(t.raw_data) > 4000]) > 10
     assert written.SerializeToString(deterministic=True) == path.read_bytes()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the signalling NaN
+@pytest.mark.parametrize("operator", ["Add", "Sub", "Mul", "Div"])
+def test_conv_channel_fusions_compute_the_float64_result_copying_no_unchanged_weights(operator):
+    """Conv -> Add/Sub keeps the weights' own array (times 1.0 in float64 and back is the same numbers; one with a
+    NaN still takes the round trip); Conv -> Mul/Div gives the bytes of the float64 product of widened weights."""
+    from compiler_core.mblt.rules import ConvAddChannel, ConvDivChannel, ConvMulChannel, ConvSubChannel
+
+    rule = {"Add": ConvAddChannel, "Sub": ConvSubChannel, "Mul": ConvMulChannel, "Div": ConvDivChannel}[operator].rule()
+    rng = np.random.default_rng(3)
+    for with_nan in (False, True):
+        weights = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+        if with_nan:
+            weights.view(np.uint32)[0, 0, 0, 0] = 0x7F800001  # a signalling NaN: the round trip makes it quiet
+        factor = rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32)
+        graph = helper.make_graph(
+            [helper.make_node("Conv", ["x", "w", "b"], ["h"]), helper.make_node(operator, ["h", "c"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 3])],
+            [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.arange(4, dtype=np.float32), "b"),
+             numpy_helper.from_array(factor, "c")])
+        proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+        model = ir.serde.deserialize_model(proto)
+        model.graph.initializers["w"].const_value = ir.Tensor(weights, name="w")  # numpy() is this array each time
+        source = model.graph.initializers["w"].const_value.numpy()
+        assert rewriter.RewriteRuleSet([rule]).apply_to_model(model) == 1
+        fused = next(iter(model.graph)).inputs[1].const_value.numpy()
+        scale = {"Add": 1.0, "Sub": 1.0, "Mul": factor.reshape(-1), "Div": 1.0 / factor.reshape(-1).astype(np.float64)}
+        widened = source.astype(np.float64) * np.broadcast_to(np.asarray(scale[operator], np.float64), (4,)).reshape(
+            -1, 1, 1, 1)
+        assert fused.tobytes() == widened.astype(np.float32).tobytes()
+        assert np.shares_memory(fused, source) == (operator in ("Add", "Sub") and not with_nan)
