@@ -160,6 +160,23 @@ def test_lift_constants_lifts_as_the_library_pass_does():
     assert lifted == {0: ["e", "f", "i", "t"], 4: ["t"]}  # the graph output "out" stays a Constant node
 
 
+def test_lift_constants_leaves_a_graph_without_constant_nodes_to_a_quick_walk(monkeypatch):
+    """With no ``Constant`` node (the graph after the first lift), the library's walk over every node is skipped."""
+    walks = []
+    library_call = ir.passes.common.LiftConstantsToInitializersPass.call
+    monkeypatch.setattr(ir.passes.common.LiftConstantsToInitializersPass, "call",
+                        lambda self, model: walks.append(1) or library_call(self, model))
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert not LiftConstants(lift_all_constants=True, size_limit=0)(model).modified
+    assert walks == []
+    model.graph.insert_before(model.graph.node(0), ir.Node("", "Constant", [], [ir.AttrFloat32("value_float", 1.0)]))
+    assert LiftConstants(lift_all_constants=True, size_limit=0)(model).modified
+    assert walks == [1]
+
+
 def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
     """Conv without bias, with a non-zero bias, with a zero bias, with auto_pad SAME_UPPER: for each library rule
     with a condition, the indexed rule tries exactly the nodes the full rule rewrites."""
@@ -292,6 +309,87 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
     assert _FoldConstants(**options)(ours).modified
     assert processed == ["Add", "Reshape"]
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+@pytest.mark.parametrize("limit", [16, 1 << 20])
+def test_the_folder_builds_folded_tensors_without_protocol_checks(limit, monkeypatch):
+    """Folded arrays become tensors without ``ir.tensor`` (its ``typing.Protocol`` checks), with the library's size
+    gating: a folded value larger than the limit is kept only when the inputs it frees make up for it."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    initializers = [numpy_helper.from_array(np.array(1.5, np.float32), "k1"),
+                    numpy_helper.from_array(np.array(0.5, np.float32), "k2"),
+                    numpy_helper.from_array(np.arange(4, dtype=np.float32), "t"),
+                    numpy_helper.from_array(np.array([8], np.int64), "repeats"),
+                    numpy_helper.from_array(np.arange(20, dtype=np.float32), "r"),
+                    numpy_helper.from_array(np.array([4, 5], np.int64), "s")]
+    nodes = [helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Tile", ["t", "repeats"], ["tiled"]),
+             helper.make_node("Reshape", ["r", "s"], ["reshaped"]), helper.make_node("Mul", ["x", "k"], ["y"]),
+             helper.make_node("Add", ["tiled", "x32"], ["z"]), helper.make_node("Add", ["reshaped", "x45"], ["w"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("x32", TensorProto.FLOAT, [32]),
+                                           helper.make_tensor_value_info("x45", TensorProto.FLOAT, [4, 5])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in "yzw"],
+                              initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": limit}
+    assert _constant_folding.FoldConstantsPass(**options)(library).modified
+    built = []
+    library_tensor = ir.tensor
+    monkeypatch.setattr(ir, "tensor", lambda *args, **kwargs: built.append(args) or library_tensor(*args, **kwargs))
+    assert _FoldConstants(**options)(ours).modified
+    assert built == []
+    assert ("tiled" in ours.graph.initializers) == (limit > 32)
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_the_folders_reference_ops_are_the_ones_load_op_returns():
+    """For every op of ``onnx.reference`` and opsets 1-26, the class the folder evaluates with is ``load_op``'s (or it
+    asks ``load_op``): the same implementations, so the same folded values."""
+    from onnx.reference.ops import _op_list, load_op
+
+    from compiler_core.mblt.rule_index import _reference_op
+
+    load_op("", "Relu", 21)  # builds the registry
+    implemented = 0
+    for op_type in _op_list._registered_operators:
+        for version in range(1, 27):
+            try:
+                expected = load_op("", op_type, version)
+            except Exception:  # noqa: BLE001 - no implementation for that version
+                expected = None
+            assert _reference_op("", op_type, version) is expected, (op_type, version)
+            implemented += expected is not None
+    assert implemented > 4000
+    assert _reference_op("", "Reshape", None) is None and _reference_op("ai.onnx.ml", "Reshape", 21) is None
+
+
+def test_folding_builds_no_reference_op_registry(tmp_path, monkeypatch):
+    """Parsing PP-OCR cls folds 23 nodes with ``onnx.reference`` implementations without ``load_op``'s registry of
+    every implementation (built on its first call, 7-9 ms per process); the MBLT is the one the library's evaluator
+    gives."""
+    from onnx.reference.ops import _op_list
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.api import mblt_compile
+    from compiler_core.mblt import rule_index
+
+    source, shapes, constants = realmodels.real_models()["ppocr_cls"]()
+    options = {"input_shape_dict": shapes or None, "constant_inputs": constants}
+    with monkeypatch.context() as patched:
+        patched.setattr(rule_index, "_QUICK_REFERENCE_OPS", _constant_folding._reference_evaluator)
+        reference = mblt_compile(source, tmp_path / "reference.mblt", **options).read_bytes()
+    builds, evaluations = [], []
+    library_build, library_evaluate = _op_list._build_registered_operators, rule_index._ReferenceOps.evaluate
+    monkeypatch.setattr(_op_list, "_registered_operators", None)
+    monkeypatch.setattr(_op_list, "_build_registered_operators", lambda: builds.append(1) or library_build())
+    monkeypatch.setattr(rule_index._ReferenceOps, "evaluate",
+                        lambda self, *args, **kwargs: evaluations.append(args[1]) or library_evaluate(self, *args, **kwargs))
+    assert mblt_compile(source, tmp_path / "quick.mblt", **options).read_bytes() == reference
+    assert len(evaluations) > 10 and builds == []
 
 
 def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
@@ -572,7 +670,7 @@ def test_the_written_mblt_reuses_the_checkers_serialization(name, tmp_path, monk
     source, shapes, constants = realmodels.real_models()[name]()
     options = {"input_shape_dict": shapes or None, "constant_inputs": constants}
     with monkeypatch.context() as patched:
-        patched.setattr(io, "_written_proto", lambda model, checked: ir.to_proto(model))
+        patched.setattr(io, "_written_proto", lambda model, checked, apart=None: ir.to_proto(model))
         reference = mblt_compile(source, tmp_path / "reference.mblt", **options).read_bytes()
     checking, serializations = [], []  # graphs serialized from the checker on (earlier: inference of other states)
     library_check, library_serialize = canonicalize.check_model, ir.serde.serialize_graph_into
@@ -581,3 +679,105 @@ def test_the_written_mblt_reuses_the_checkers_serialization(name, tmp_path, monk
         checking and serializations.append(args[1])) or library_serialize(*args, **kwargs))
     assert mblt_compile(source, tmp_path / "reused.mblt", **options).read_bytes() == reference
     assert len(serializations) == 1
+
+
+def _tensor_cases() -> list[ir.TensorProtocol]:
+    rng = np.random.default_rng(0)
+    plain = [ir.Tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), name="conv_w"),
+             ir.Tensor(rng.integers(-9, 9, (40, 30)), name="table"),  # int64
+             ir.Tensor(np.asfortranarray(rng.standard_normal((33, 41)).astype(np.float32)), name="fortran"),
+             ir.Tensor(rng.standard_normal((16, 70)).astype(np.float32).T, name="transposed"),
+             ir.Tensor(rng.standard_normal(600).astype(np.float16), name="half"),
+             ir.Tensor(rng.integers(0, 2, 1200).astype(bool), name="mask"),
+             ir.Tensor(np.zeros((0, 500), np.float32), name="empty"),
+             ir.Tensor(rng.standard_normal((2000,)).astype(np.float32))]  # unnamed
+    documented = ir.Tensor(rng.standard_normal(300).astype(np.float32), name="documented", doc_string="why")
+    described = ir.Tensor(rng.standard_normal(300).astype(np.float32), name="described")
+    described.metadata_props["origin"] = "test"
+    packed = ir.Tensor(rng.integers(-8, 8, 3000).astype(np.int8), dtype=ir.DataType.INT4, name="packed")
+    from_proto = ir.serde.deserialize_tensor(numpy_helper.from_array(rng.standard_normal(500).astype(np.float32),
+                                                                     "from_proto"))
+    return [*plain, documented, described, packed, from_proto]
+
+
+def test_the_written_pieces_are_the_models_serialization_with_the_weights_appended():
+    """``io._serialized`` splices the weights into the protobuf's bytes: the pieces join to exactly what protobuf
+    writes for the model with the tensors appended to its initializers (fields before and after them included)."""
+    from compiler_core.mblt import io
+
+    tensors = _tensor_cases()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.arange(3, dtype=np.float32), "small")],
+                              doc_string="graph doc",
+                              value_info=[helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="p", doc_string="d")
+    proto.metadata_props.add(key="k", value="v")
+    expected = onnx.ModelProto()
+    expected.CopyFrom(proto)
+    for tensor in tensors:
+        ir.serde.serialize_tensor_into(expected.graph.initializer.add(), tensor)
+    pieces = io._serialized(proto, tensors)
+    assert b"".join(pieces) == expected.SerializeToString(deterministic=True)
+    assert io._serialized(proto, []) == [proto.SerializeToString(deterministic=True)]
+
+
+@pytest.mark.parametrize("name", ["ppocr_cls", "ppocr_rec"])
+def test_the_written_mblt_copies_no_weights(name, tmp_path, monkeypatch):
+    """Writing a parsed MBLT hands the weights' arrays to the file as they are: the fused ones and the ones lifted
+    from the source's ``Constant`` nodes (PP-OCR keeps every weight in one; rec's MatMul weights stay unfused) are
+    numpy-backed, so none is copied by ``tobytes`` or into a protobuf (each copy was fresh pages to fault in); the
+    bytes are what protobuf writes for the model."""
+    from compiler_core import api
+
+    source, shapes, constants = realmodels.real_models()[name]()
+    writing, copies = [], []
+    library_tobytes, library_serialize, library_write = ir.Tensor.tobytes, ir.serde.serialize_tensor_into, api.write_mblt
+
+    def serialize(proto, from_):
+        if writing and from_.size > 1000:
+            copies.append(from_.name)
+        return library_serialize(proto, from_)
+
+    monkeypatch.setattr(ir.Tensor, "tobytes", lambda self: (writing and copies.append(self.name)) or library_tobytes(self))
+    monkeypatch.setattr(ir.serde, "serialize_tensor_into", serialize)
+    monkeypatch.setattr(api, "write_mblt", lambda *args, **kwargs: writing.append(1) or library_write(*args, **kwargs))
+    path = api.mblt_compile(source, tmp_path / "m.mblt", input_shape_dict=shapes or None, constant_inputs=constants)
+    assert writing and copies == []
+    written = onnx.load(str(path))
+    assert len([t for t in written.graph.initializer if len(t.raw_data) > 4000]) > 10
+    assert written.SerializeToString(deterministic=True) == path.read_bytes()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the signalling NaN
+@pytest.mark.parametrize("operator", ["Add", "Sub", "Mul", "Div"])
+def test_conv_channel_fusions_compute_the_float64_result_copying_no_unchanged_weights(operator):
+    """Conv -> Add/Sub keeps the weights' own array (times 1.0 in float64 and back is the same numbers; one with a
+    NaN still takes the round trip); Conv -> Mul/Div gives the bytes of the float64 product of widened weights."""
+    from compiler_core.mblt.rules import ConvAddChannel, ConvDivChannel, ConvMulChannel, ConvSubChannel
+
+    rule = {"Add": ConvAddChannel, "Sub": ConvSubChannel, "Mul": ConvMulChannel, "Div": ConvDivChannel}[operator].rule()
+    rng = np.random.default_rng(3)
+    for with_nan in (False, True):
+        weights = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+        if with_nan:
+            weights.view(np.uint32)[0, 0, 0, 0] = 0x7F800001  # a signalling NaN: the round trip makes it quiet
+        factor = rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32)
+        graph = helper.make_graph(
+            [helper.make_node("Conv", ["x", "w", "b"], ["h"]), helper.make_node(operator, ["h", "c"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 3])],
+            [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.arange(4, dtype=np.float32), "b"),
+             numpy_helper.from_array(factor, "c")])
+        proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+        model = ir.serde.deserialize_model(proto)
+        model.graph.initializers["w"].const_value = ir.Tensor(weights, name="w")  # numpy() is this array each time
+        source = model.graph.initializers["w"].const_value.numpy()
+        assert rewriter.RewriteRuleSet([rule]).apply_to_model(model) == 1
+        fused = next(iter(model.graph)).inputs[1].const_value.numpy()
+        scale = {"Add": 1.0, "Sub": 1.0, "Mul": factor.reshape(-1), "Div": 1.0 / factor.reshape(-1).astype(np.float64)}
+        widened = source.astype(np.float64) * np.broadcast_to(np.asarray(scale[operator], np.float64), (4,)).reshape(
+            -1, 1, 1, 1)
+        assert fused.tobytes() == widened.astype(np.float32).tobytes()
+        assert np.shares_memory(fused, source) == (operator in ("Add", "Sub") and not with_nan)

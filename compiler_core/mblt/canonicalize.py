@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -344,12 +346,14 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
         for key, value in props.items():
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
-    _lift_constants_proto(converted.graph, pending)
+    weights = _lift_constants_proto(converted.graph, pending)
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
     for name, tensor in large.items():  # the converted model holds stubs of the large initializers
         if name in model.graph.initializers:
             model.graph.initializers[name].const_value = ir.serde.deserialize_tensor(tensor)
+    for name, array in weights.items():  # and of the lifted Constant weights
+        model.graph.initializers[name].const_value = array
     _merge_types(model, {info.name: info.type for info in value_info})
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
     logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
@@ -358,7 +362,8 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     return model, inferred
 
 
-def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[onnx.TensorProto, bytes]]) -> None:
+def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[onnx.TensorProto, bytes]],
+                          ) -> dict[str, ir.Tensor]:
     """What :class:`LiftConstants` (all sizes) does to the deserialized graph, done on the protobuf, when every
     ``Constant`` holds a ``value`` tensor: each becomes an initializer of its output's name, in node order after the
     existing initializers; one whose output is a graph output stays. The inferred value info of a lifted value is
@@ -366,11 +371,14 @@ def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[on
     (``value_ints`` ...) are left to :class:`LiftConstants` for all, which keeps the order of the initializers.
 
     ``pending``: the bytes of large ``Constant`` tensors set apart in the opset conversion (output name -> (the
-    ``Constant``'s tensor, bytes)); a lifted one gets them in its initializer, any other in its ``Constant``."""
+    ``Constant``'s tensor, bytes)); a lifted one gets them in its initializer, any other in its ``Constant``. A lifted
+    initializer holding only dims, data type and name stays a stub here, and its tensor is returned (initializer
+    name -> ``ir.Tensor`` over the bytes, not copied) for the deserialized model: it serializes to the same fields."""
     outputs = {info.name for info in graph.output}
     constants = [index for index, node in enumerate(graph.node) if node.op_type == "Constant"]
     nodes = [graph.node[index] for index in constants]
     lifted = []
+    weights: dict[str, ir.Tensor] = {}
     if not any(len(node.attribute) != 1 or node.attribute[0].name != "value" or len(node.output) != 1
                or node.attribute[0].type != onnx.AttributeProto.TENSOR for node in nodes):
         for index, node in zip(constants, nodes):
@@ -381,7 +389,11 @@ def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[on
             tensor.CopyFrom(node.attribute[0].t)
             tensor.name = name
             if name in pending:
-                tensor.raw_data = pending[name][1]
+                array = _array_over(tensor, pending[name][1])
+                if array is not None:
+                    weights[name] = ir.Tensor(array, dtype=ir.DataType(tensor.data_type), name=name)
+                else:
+                    tensor.raw_data = pending[name][1]
             lifted.append(index)
     names = {graph.node[index].output[0] for index in lifted}
     for name, (tensor, data) in pending.items():
@@ -393,6 +405,24 @@ def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[on
              if info.name in names and not info.doc_string and not info.metadata_props]
     for index in reversed(plain):
         del graph.value_info[index]
+    return weights
+
+
+_STUB_FIELDS = frozenset({"dims", "data_type", "name"})
+
+
+def _array_over(stub: onnx.TensorProto, data: bytes) -> np.ndarray | None:
+    """The array ``data`` holds as the ``raw_data`` of ``stub`` (a view, read-only like the protobuf's), when the stub
+    holds nothing but dims, data type and name and the type's elements are whole little-endian bytes; else None."""
+    if sys.byteorder != "little" or any(field.name not in _STUB_FIELDS for field, _ in stub.ListFields()):
+        return None
+    dtype = ir.DataType(stub.data_type)
+    if dtype.bitwidth % 8 or dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+        return None
+    array = np.frombuffer(data, dtype=dtype.numpy())
+    if array.itemsize != dtype.itemsize or array.size != math.prod(stub.dims):
+        return None
+    return array.reshape(tuple(stub.dims))
 
 
 def _take_value_info(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx_ir.passes.common import _c_api_utils
 
 from compiler_core import __version__
-from compiler_core.errors import ModelLoadError, OutputWriteError
+from compiler_core.errors import InternalError, ModelLoadError, OutputWriteError
 from compiler_core.fileio import atomic_write
 from compiler_core.frontends.onnx import read_checked_proto, to_ir
 from compiler_core.mblt import opset
@@ -99,7 +101,8 @@ def check_model(model: ir.Model) -> CheckedProto:
     return CheckedProto(seen[0], inputs, initializers, moved)
 
 
-def _written_proto(model: ir.Model, checked: CheckedProto | None) -> onnx.ModelProto:
+def _written_proto(model: ir.Model, checked: CheckedProto | None,
+                   apart: list[ir.TensorProtocol] | None = None) -> onnx.ModelProto:
     """``ir.to_proto(model)``, built from the checker's protobuf of the same graph where it can be.
 
     Serializing the graph is most of the work; the checker's copy has it already. It differs from the one to write
@@ -108,6 +111,9 @@ def _written_proto(model: ir.Model, checked: CheckedProto | None) -> onnx.ModelP
     fields the writer stamps (reset from ``model``). Anything else (subgraphs, functions, initializers that are
     inputs or have no data, quantization annotations) takes ``ir.to_proto``. The caller makes sure the graph has not
     changed since the check.
+
+    ``apart``: when given, the large initializers' tensors are appended to it instead of being serialized into the
+    protobuf (they belong after its last initializer, in that order; :func:`_serialized` writes them there).
     """
     if checked is None or model.functions or checked.proto.graph.quantization_annotation:
         return ir.to_proto(model)
@@ -132,7 +138,10 @@ def _written_proto(model: ir.Model, checked: CheckedProto | None) -> onnx.ModelP
     proto.graph.value_info.extend(holder.value_info)
     for value in checked.moved:
         value.const_value.name = value.name
-        ir.serde.serialize_tensor_into(proto.graph.initializer.add(), value.const_value)  # one copy of the weights
+        if apart is not None:
+            apart.append(value.const_value)
+        else:
+            ir.serde.serialize_tensor_into(proto.graph.initializer.add(), value.const_value)  # one copy of the weights
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         proto.ClearField(field)
         if getattr(model, field):
@@ -170,8 +179,110 @@ def write_mblt(model: ir.Model, path: str | Path, provenance: Mapping[str, Any],
     weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     if weights > external_data_threshold:
         return _write_with_external_data(model, path)
-    data = _written_proto(model, checked).SerializeToString(deterministic=True)
-    return atomic_write(path, lambda temp: temp.write_bytes(data))
+    apart: list[ir.TensorProtocol] = []
+    parts = _serialized(_written_proto(model, checked, apart), apart)
+    return atomic_write(path, lambda temp: _write_parts(temp, parts))
+
+
+def _write_parts(path: Path, parts: list[bytes | memoryview]) -> None:
+    with open(path, "wb") as handle:
+        handle.writelines(parts)
+
+
+_GRAPH_TAG = b"\x3a"  # ModelProto.graph: field 7, length-delimited
+_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5
+_RAW_DATA_TAG = b"\x4a"  # TensorProto.raw_data: field 9
+_INITIALIZER_FIELD = 5
+_HEADER_FIELDS = ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string")
+"""The ModelProto fields numbered before ``graph`` (1-6)."""
+
+
+def _serialized(proto: onnx.ModelProto, apart: list[ir.TensorProtocol]) -> list[bytes | memoryview]:
+    """The bytes of ``proto.SerializeToString(deterministic=True)`` with the tensors ``apart`` appended to its graph's
+    initializers, in pieces whose concatenation is those bytes, without copying the weights of a numpy-backed tensor.
+
+    A deterministic serialization writes the fields of a message in field-number order, each length-delimited field as
+    its tag, its length (a varint) and its bytes: the weights are spliced in after the graph's last initializer (field
+    5; fields 10 and up follow) and the graph's length is rewritten. A numpy-backed tensor of whole-byte elements
+    without doc string or metadata is written as its fields 1, 2 and 8 (dims, data type, name) followed by its
+    ``raw_data`` (field 9): its array's own bytes. Any other tensor is serialized as ``serialize_tensor_into`` writes
+    it.
+    """
+    data = proto.SerializeToString(deterministic=True)
+    if not apart:
+        return [data]
+    header = onnx.ModelProto()
+    for field in _HEADER_FIELDS:
+        if proto.HasField(field):
+            setattr(header, field, getattr(proto, field))
+    view = memoryview(data)
+    start = header.ByteSize()
+    if view[start:start + 1] != _GRAPH_TAG:
+        raise InternalError("The serialized model does not hold its graph where expected.")
+    graph_size, graph_start = _read_varint(view, start + 1)
+    graph = view[graph_start:graph_start + graph_size]
+    split = _after_initializers(graph)
+    entries = [_initializer_entry(tensor) for tensor in apart]
+    size = graph_size + sum(len(piece) for entry in entries for piece in entry)
+    return [view[:start], _GRAPH_TAG + _varint(size), graph[:split], *(piece for entry in entries for piece in entry),
+            graph[split:], view[graph_start + graph_size:]]
+
+
+def _after_initializers(graph: memoryview) -> int:
+    """Offset of the first field after the initializers in a serialized GraphProto (all its fields are
+    length-delimited)."""
+    position = 0
+    while position < len(graph):
+        tag, after_tag = _read_varint(graph, position)
+        if tag & 7 != 2:
+            raise InternalError(f"Unexpected wire type {tag & 7} in the serialized graph.")
+        if tag >> 3 > _INITIALIZER_FIELD:
+            return position
+        length, after_length = _read_varint(graph, after_tag)
+        position = after_length + length
+    return position
+
+
+def _initializer_entry(tensor: ir.TensorProtocol) -> list[bytes | memoryview]:
+    """One ``GraphProto.initializer`` entry (tag, length, TensorProto) for ``tensor``, as ``serialize_tensor_into``
+    writes it."""
+    if type(tensor) is ir.Tensor and not tensor.doc_string and not tensor.metadata_props \
+            and tensor.dtype.bitwidth % 8 == 0 and sys.byteorder == "little":
+        array = tensor.numpy()
+        if array.dtype.itemsize == tensor.dtype.itemsize:
+            fields = onnx.TensorProto()
+            fields.dims.extend(tensor.shape.numpy())
+            fields.data_type = tensor.dtype.value
+            if tensor.name:
+                fields.name = tensor.name
+            weights = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # the bytes of tobytes(), not copied
+            head = fields.SerializeToString(deterministic=True) + _RAW_DATA_TAG + _varint(weights.nbytes)
+            return [_INITIALIZER_TAG + _varint(len(head) + weights.nbytes) + head, memoryview(weights)]
+    serialized = onnx.TensorProto()
+    ir.serde.serialize_tensor_into(serialized, tensor)
+    data = serialized.SerializeToString(deterministic=True)
+    return [_INITIALIZER_TAG + _varint(len(data)) + data]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: memoryview, position: int) -> tuple[int, int]:
+    """(the varint at ``position``, the offset after it)."""
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
 
 
 def _write_with_external_data(model: ir.Model, path: Path) -> Path:

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -399,9 +400,10 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         """The library's ``call``, with :class:`NameFix` for its closing ``NameFixPass``."""
         self._reset()
         self._opset_imports = model.opset_imports
-        self.visit_graph(model.graph)
-        for function in model.functions.values():
-            self.visit_function(function)
+        with _quick_reference_ops():
+            self.visit_graph(model.graph)
+            for function in model.functions.values():
+                self.visit_function(function)
         if self._modified:
             NameFix()(model)  # the folding may name new values like existing ones
         return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
@@ -430,6 +432,25 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
             return None
         return super().process_node(node, is_function)
 
+    def _prepare_folded_tensor(self, node: ir.Node, output_name: str, output_array) -> ir.Tensor | None:
+        """The library's ``_prepare_folded_tensor`` (the folded array as a named tensor, or None when it is too large
+        and larger than the inputs it replaces), building the tensor of a numpy array with ``ir.Tensor``: the library's
+        ``ir.tensor`` tests the array against ``TensorProtocol`` and two more ``typing.Protocol`` classes first (75 us
+        per folded value here, 6 ms for the first of a process) and then builds the same ``ir.Tensor``."""
+        if type(output_array) is not np.ndarray:
+            return super()._prepare_folded_tensor(node, output_name, output_array)
+        tensor = ir.Tensor(output_array)
+        tensor.name = output_name
+        if output_array.size > self.output_size_limit:
+            removed = sum(_constant_folding._get_numpy_value(value).size for value in node.inputs
+                          if value is not None and len(value.uses()) == 1
+                          and _constant_folding._get_numpy_value(value) is not None)
+            if output_array.size - removed > 0:
+                logger.info("Skip storing constant folded array %s due to large size %s.", output_name,
+                            output_array.size)
+                return None
+        return tensor
+
     def _left_alone(self, node: ir.Node) -> bool:
         if node.op_type == "Constant" or not node.inputs:
             return False
@@ -448,6 +469,62 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         return version is None or not _partial_evaluators(node.domain, node.op_type, version)
 
 
+class _ReferenceOps(_constant_folding.ReferenceEvaluator):
+    """onnxscript's reference evaluator (``onnx.reference`` implementations of the ops it folds), finding an op's
+    implementation class as ``onnx.reference.ops.load_op`` does, without the registry ``load_op`` builds on its first
+    call: an ``issubclass`` with the ``OpRun`` ABC for every name in ``onnx.reference.ops``, where each name that is not
+    an op walks all 400 subclasses (7-9 ms, once per process). An op it does not find takes the library's way."""
+
+    def get_evaluator(self, domain: str, op: str, version: int) -> Callable | None:
+        implementation = _reference_op(domain, op, version)
+        if implementation is None:
+            return super().get_evaluator(domain, op, version)
+        return implementation.eval
+
+
+@functools.cache
+def _reference_op(domain: str, op_type: str, version: int | None) -> type | None:
+    """The class ``load_op(domain, op_type, version)`` returns, from the classes of ``onnx.reference.ops`` named
+    ``op_type`` or ``op_type_<version>`` (the registry's keys): the latest version up to ``version`` (the unversioned
+    one, else the latest, when there is only one); None where ``load_op`` builds its registry for another answer
+    (another domain, no version asked for, no class, no version that fits)."""
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops import _op_list
+
+    if domain != "" or version is None:  # load_op asks for the current opset then
+        return None
+    versions: dict[int | None, type] = {}
+    prefix = op_type + "_"
+    for name, value in vars(_op_list).items():
+        if name == op_type:
+            versions[None] = value
+        elif name.startswith(prefix) and name[len(prefix):].isdigit() and name[len(prefix):].isascii():
+            versions[int(name[len(prefix):])] = value
+    if not versions or not all(isinstance(value, type) and issubclass(value, OpRun) for value in versions.values()):
+        return None
+    if None not in versions:
+        versions[None] = versions[max(v for v in versions if v is not None)]
+    if len(versions) == 1:
+        return versions[None]
+    fitting = [v for v in versions if v is not None and v <= version]
+    return versions[max(fitting)] if fitting else None
+
+
+_QUICK_REFERENCE_OPS = _ReferenceOps()
+
+
+@contextmanager
+def _quick_reference_ops():
+    """Fold with :class:`_ReferenceOps` (onnxscript's folder evaluates through its module's evaluator): the same
+    implementations, so the same folded values."""
+    saved = _constant_folding._reference_evaluator
+    _constant_folding._reference_evaluator = _QUICK_REFERENCE_OPS
+    try:
+        yield
+    finally:
+        _constant_folding._reference_evaluator = saved
+
+
 def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
     """``isinstance(graph_or_function, ir.Function)``, answered without it for a plain graph: onnx-ir's classes derive
     from ``typing.Protocol`` classes, so each ``isinstance`` with them goes through the protocol machinery."""
@@ -455,9 +532,16 @@ def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
 
 
 def _statically_typed(node: ir.Node) -> bool:
-    """True if every output of the node has a dtype and a static shape."""
-    return all(output.dtype is not None and output.shape is not None
-               and all(isinstance(dim, int) and dim >= 0 for dim in output.shape.dims) for output in node.outputs)
+    """True if every output of the node has a dtype and a static shape (loops, not generators: called for every node
+    of every folding pass)."""
+    for output in node.outputs:
+        shape = output.shape
+        if output.dtype is None or shape is None:
+            return False
+        for dim in shape.dims:
+            if not isinstance(dim, int) or dim < 0:
+                return False
+    return True
 
 
 @functools.cache
@@ -474,6 +558,13 @@ class LiftConstants(common_passes.LiftConstantsToInitializersPass):
     one call per Constant node; PP-OCR keeps every weight in one). An attribute of type ``TENSOR``
     holds a tensor by construction, so the check can never fail here; the lifted graph is the same.
     """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """The library's ``call``, which walks every node looking for ``Constant`` nodes with a walk that searches each
+        node's attributes for subgraphs; after the first lift a graph usually has none, found with a quicker walk."""
+        if not any(node.op_type == "Constant" for node in all_nodes(model.graph)):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
 
     def _constant_node_attribute_to_tensor(self, node: ir.Node, attr_name: str, attr_value: ir.Attr,
                                            initializer_name: str) -> ir.TensorProtocol | None:
@@ -646,8 +737,12 @@ _GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
 def holds_graph(node: ir.Node) -> bool:
-    """True if one of the node's attributes is a graph or a list of graphs."""
-    return any(attribute.type in _GRAPH_ATTRIBUTES for attribute in node.attributes.data.values())
+    """True if one of the node's attributes is a graph or a list of graphs (a loop, not a generator: thousands of calls
+    per parse)."""
+    for attribute in node.attributes.data.values():  # noqa: SIM110 - any() with a generator is slower here
+        if attribute.type in _GRAPH_ATTRIBUTES:
+            return True
+    return False
 
 
 def all_nodes(graph_like: ir.Graph | ir.Function) -> ir.traversal.RecursiveGraphIterator:

@@ -188,18 +188,20 @@ class _ConvChannelAffine(RewriteRuleClassBase):
     def rewrite(self, op, x, w, c, conv_out):
         node = conv_out.producer()
         original = w.const_value.numpy()
-        weight = original.astype(np.float64)
-        channels = self._channels(node, weight.shape)
+        channels = self._channels(node, original.shape)
         bias_value = node.inputs[2] if len(node.inputs) > 2 else None
         bias = bias_value.const_value.numpy().astype(np.float64) if bias_value is not None else np.zeros(channels)
         factor = _channel_constant(c, channels, len(conv_out.shape))
         scale, shift = {"Mul": (factor, 0.0), "Div": (1.0 / factor, 0.0),
                         "Add": (1.0, factor), "Sub": (1.0, -factor)}[self.operator]
         scale = np.broadcast_to(scale, (channels,))
-        new_weight = self._scaled(node, weight, scale)
         new_bias = bias * scale + shift
         dtype = original.dtype
-        weight_init = op.initializer(ir.Tensor(new_weight.astype(dtype)), name=f"{node.name}_w_{self.operator.lower()}")
+        if self.operator in ("Add", "Sub") and not np.isnan(original).any():
+            new_weight = original  # times 1.0 in float64 and back: the same numbers, without three copies of them
+        else:  # the float64 product (the float64 scale promotes the weights, no widened copy of them first)
+            new_weight = self._scaled(node, original, scale).astype(dtype)
+        weight_init = op.initializer(ir.Tensor(new_weight), name=f"{node.name}_w_{self.operator.lower()}")
         bias_init = op.initializer(ir.Tensor(new_bias.astype(dtype)), name=f"{node.name}_b_{self.operator.lower()}")
         attributes = {name: attribute for name, attribute in node.attributes.items()}
         return getattr(op, self.producer)(x, weight_init, bias_init, **attributes)
