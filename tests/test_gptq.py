@@ -133,3 +133,21 @@ def test_gptq_conv_weights_keep_the_program_exact_and_the_output_closer(tmp_path
             errors[key].append(float(np.mean((executor.run(program, sample)["y"] - expected) ** 2)))
     gain = 10 * np.log10(np.mean(errors["nearest"]) / np.mean(errors["gptq"]))
     assert gain > 2.0, (gain, errors)  # 2.6 dB measured
+
+
+def test_grouped_gptq_gives_the_codes_of_one_group_at_a_time():
+    from compiler_core.quantization.gptq import gptq_conv_codes
+    from compiler_core.quantization.kernels.linear import weight_channel_scales
+
+    rng = np.random.default_rng(6)
+    for groups, per_group, inputs in ((24, 1, 1), (4, 3, 2)):  # depthwise, grouped
+        weight = rng.normal(size=(groups * per_group, inputs, 3, 3))
+        x = rng.normal(size=(groups, 200, inputs * 9)) @ rng.normal(size=(groups, inputs * 9, inputs * 9))
+        hessians = np.matmul(x.transpose(0, 2, 1), x) / 200
+        hessians[0, 2, :] = hessians[0, :, 2] = 0  # a dead input
+        scale = weight_channel_scales(weight, 8)
+        rows = weight.reshape(weight.shape[0], -1)
+        expected = np.concatenate([gptq_round(rows[g * per_group:(g + 1) * per_group], hessians[g], 8,
+                                              scale=scale[g * per_group:(g + 1) * per_group])[0]
+                                   for g in range(groups)])
+        np.testing.assert_array_equal(gptq_conv_codes(weight, hessians, scale, 8).reshape(rows.shape), expected)

@@ -327,12 +327,41 @@ def _conv_hessian(x: np.ndarray, node: Any, weight_shape: Sequence[int]) -> tupl
 
 def gptq_conv_codes(weight: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
     """GPTQ codes of a ``[out, in / groups, *kernel]`` weight with per-group Hessians ``[groups, K, K]`` (of the
-    inputs the weight reads) and the per-row scales ``scale``; returns codes shaped like ``weight``."""
+    inputs the weight reads) and the per-row scales ``scale``; returns codes shaped like ``weight``.
+
+    Groups of at most :data:`BLOCK_SIZE` columns (depthwise and grouped convolutions) are rounded together, one
+    batched column loop for all groups (the same arithmetic as :func:`gptq_round` with one block)."""
     groups = hessians.shape[0]
-    rows = weight.reshape(weight.shape[0], -1)
+    rows = np.asarray(weight, np.float64).reshape(weight.shape[0], -1)
     per_group = rows.shape[0] // groups
+    scale = np.asarray(scale, np.float64)
+    if groups > 1 and rows.shape[1] <= BLOCK_SIZE:
+        return _grouped_codes(rows, hessians, scale, bits, per_group).reshape(weight.shape)
     codes = np.empty_like(rows)
     for group in range(groups):
         part = slice(group * per_group, (group + 1) * per_group)
         codes[part], _ = gptq_round(rows[part], hessians[group], bits, scale=scale[part])
     return codes.reshape(weight.shape)
+
+
+def _grouped_codes(rows: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int, per_group: int):
+    """:func:`gptq_round` of every group at once (``rows`` ``[groups * per_group, K]``, ``K <= BLOCK_SIZE``)."""
+    import torch
+
+    groups, width = hessians.shape[0], rows.shape[1]
+    hessian = torch.as_tensor(np.asarray(hessians, np.float64)).clone()
+    diagonal = torch.diagonal(hessian, dim1=1, dim2=2)
+    diagonal[diagonal == 0] = 1.0  # an input that is always 0: its weights do not matter (a view: in place)
+    diagonal += DAMPING * diagonal.mean(dim=1, keepdim=True)
+    inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)
+    columns = torch.from_numpy(rows.reshape(groups, per_group, width).copy())
+    step = torch.from_numpy(scale.reshape(groups, per_group, 1))
+    qmax = code_range(bits)[1]
+    codes = torch.zeros_like(columns)
+    for index in range(width):
+        column = columns[:, :, index:index + 1]
+        code = torch.clamp(_round_half_away(column / step), -qmax, qmax)
+        codes[:, :, index:index + 1] = code
+        error = (column - code * step) / inverse[:, index, index].reshape(groups, 1, 1)
+        columns[:, :, index:] -= error * inverse[:, None, index, index:]
+    return codes.numpy().reshape(rows.shape)
