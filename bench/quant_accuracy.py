@@ -405,9 +405,14 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
               "calibration_config": {"numSamples": len(calib)}}
     rows = {}
     zero_points = {"calibration_config": {"numSamples": len(calib), "method": 2}}
+    channels = {**zero_points, "bit_config": {"activationScales": "channel"}}
     for label, extra in (("ours int8", {}), ("ours int8, zero points", zero_points),
-                         ("ours int8, zero points, channel scales", {**zero_points,
-                                                                     "bit_config": {"activationScales": "channel"}})):
+                         ("ours int8, zero points, channel scales", channels),
+                         ("ours int8, zero points, channel scales, GPTQ conv weights",
+                          {**channels, "bit_config": {"activationScales": "channel", "weightRounding": "gptq"}}),
+                         ("ours a16w8", {"config_preset": "a16w8"}),
+                         ("ours a16w8, GPTQ conv weights", {"config_preset": "a16w8",
+                                                            "bit_config": {"weightRounding": "gptq"}})):
         started = time.perf_counter()
         int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **{**common, **extra})
         test = mxq_outputs(int8.mxq_path, evaluation)
@@ -453,6 +458,7 @@ CORPUS_CONFIGS = {
     "a16w8": {"config_preset": "a16w8"},
     "a16w8 + empirical bias correction": {"config_preset": "a16w8",
                                           "layer_bias_correction_config": {"apply": True, "empirical": True}},
+    "a16w8 + GPTQ conv weights": {"config_preset": "a16w8", "bit_config": {"weightRounding": "gptq"}},
     "a16w16": {"config_preset": "a16w16"},
 }
 """Configs ``--configs`` measures on a corpus model, on the cached statistics of one calibration set."""

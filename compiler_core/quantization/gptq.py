@@ -255,3 +255,113 @@ def untie_lm_head(model: Any) -> None:
     if embedding is not None and head.weight is embedding.weight:
         head.weight = torch.nn.Parameter(embedding.weight.detach().clone())
         model.config.tie_word_embeddings = False
+
+
+# -- convolutions of a compiled graph ---------------------------------------------------------------
+
+
+def conv_hessians(float_graph: Any, samples: Iterable[Any], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Per group, ``X Xᵀ / n`` of every Conv's im2col input columns over ``samples`` (FP32 runs of ``float_graph``).
+
+    Args:
+        float_graph: the float graph the program is quantized from (after equalization / smoothing).
+        samples: calibration input dicts (never held-out ones).
+        names: the Conv nodes to measure (default every Conv with constant 2-D-or-more weights).
+
+    Returns:
+        Conv node name -> ``[groups, K, K]`` float64 (``K`` = input channels per group x kernel size, in the
+        order of a ``[out, in / groups, *kernel]`` weight's flattened rows).
+    """
+    import onnxruntime as ort
+
+    from compiler_core.calibration.statistics import session_with_outputs
+    from compiler_core.quantization.graph import GraphView
+
+    view = GraphView(float_graph)
+    wanted = None if names is None else set(names)
+    convs = [node for node in view.nodes if node.op_type == "Conv" and (wanted is None or node.name in wanted)
+             and view.const(node.inputs[1]) is not None and len(view.shape(node.inputs[0])) >= 3]
+    graph_inputs = {value.name for value in float_graph.graph.inputs}
+    tensors = sorted({node.inputs[0].name for node in convs} - graph_inputs)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session, exposed = session_with_outputs(float_graph, tensors, options)
+    feeds = {item.name for item in session.get_inputs()}
+    sums: dict[str, np.ndarray] = {}
+    rows = 0
+    for sample in samples:
+        values = dict(zip(exposed, session.run(exposed, {k: np.asarray(v) for k, v in sample.items() if k in feeds})))
+        for node in convs:
+            x = sample[node.inputs[0].name] if node.inputs[0].name in graph_inputs else values[node.inputs[0].name]
+            hessian, count = _conv_hessian(np.asarray(x, np.float32), node, view.const(node.inputs[1]).shape)
+            sums[node.name] = sums.get(node.name, 0.0) + hessian
+        rows += 1
+    return {name: total / rows for name, total in sums.items()}
+
+
+def _conv_hessian(x: np.ndarray, node: Any, weight_shape: Sequence[int]) -> tuple[np.ndarray, int]:
+    """``[groups, K, K]`` sum of the im2col columns' outer products for one input batch, averaged over positions."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from compiler_core.quantization.lowering import attr_int, attr_ints
+
+    kernel = [int(k) for k in weight_shape[2:]]
+    spatial = len(kernel)
+    strides = attr_ints(node, "strides", [1] * spatial)
+    dilations = attr_ints(node, "dilations", [1] * spatial)
+    pads = attr_ints(node, "pads", [0] * (2 * spatial))
+    groups = attr_int(node, "group", 1)
+    padded = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + spatial]) for i in range(spatial)])
+    window = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    patches = sliding_window_view(padded, window, axis=tuple(range(2, 2 + spatial)))
+    patches = patches[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)
+                      + tuple(slice(None, None, d) for d in dilations)]  # [N, C, *out, *kernel]
+    batch, channels = patches.shape[:2]
+    positions = int(np.prod(patches.shape[2:2 + spatial]))
+    per_group = channels // groups
+    columns = np.moveaxis(patches.reshape(batch, groups, per_group, positions, -1), 3, 2)  # [N, G, P, cpg, k]
+    columns = np.ascontiguousarray(columns.transpose(1, 0, 2, 3, 4)).reshape(groups, batch * positions, -1)
+    hessian = np.matmul(columns.transpose(0, 2, 1), columns).astype(np.float64) / (batch * positions)
+    return hessian, batch * positions
+
+
+def gptq_conv_codes(weight: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
+    """GPTQ codes of a ``[out, in / groups, *kernel]`` weight with per-group Hessians ``[groups, K, K]`` (of the
+    inputs the weight reads) and the per-row scales ``scale``; returns codes shaped like ``weight``.
+
+    Groups of at most :data:`BLOCK_SIZE` columns (depthwise and grouped convolutions) are rounded together, one
+    batched column loop for all groups (the same arithmetic as :func:`gptq_round` with one block)."""
+    groups = hessians.shape[0]
+    rows = np.asarray(weight, np.float64).reshape(weight.shape[0], -1)
+    per_group = rows.shape[0] // groups
+    scale = np.asarray(scale, np.float64)
+    if groups > 1 and rows.shape[1] <= BLOCK_SIZE:
+        return _grouped_codes(rows, hessians, scale, bits, per_group).reshape(weight.shape)
+    codes = np.empty_like(rows)
+    for group in range(groups):
+        part = slice(group * per_group, (group + 1) * per_group)
+        codes[part], _ = gptq_round(rows[part], hessians[group], bits, scale=scale[part])
+    return codes.reshape(weight.shape)
+
+
+def _grouped_codes(rows: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int, per_group: int):
+    """:func:`gptq_round` of every group at once (``rows`` ``[groups * per_group, K]``, ``K <= BLOCK_SIZE``)."""
+    import torch
+
+    groups, width = hessians.shape[0], rows.shape[1]
+    hessian = torch.as_tensor(np.asarray(hessians, np.float64)).clone()
+    diagonal = torch.diagonal(hessian, dim1=1, dim2=2)
+    diagonal[diagonal == 0] = 1.0  # an input that is always 0: its weights do not matter (a view: in place)
+    diagonal += DAMPING * diagonal.mean(dim=1, keepdim=True)
+    inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)
+    columns = torch.from_numpy(rows.reshape(groups, per_group, width).copy())
+    step = torch.from_numpy(scale.reshape(groups, per_group, 1))
+    qmax = code_range(bits)[1]
+    codes = torch.zeros_like(columns)
+    for index in range(width):
+        column = columns[:, :, index:index + 1]
+        code = torch.clamp(_round_half_away(column / step), -qmax, qmax)
+        codes[:, :, index:index + 1] = code
+        error = (column - code * step) / inverse[:, index, index].reshape(groups, 1, 1)
+        columns[:, :, index:] -= error * inverse[:, None, index, index:]
+    return codes.numpy().reshape(rows.shape)

@@ -29,6 +29,8 @@ class LoweringContext:
         channel_means: per-channel float means of activations (for bias correction), by tensor.
         bias_correction: apply analytic bias correction to linear layers.
         weight_bits: per MBLT node name, the weight width (8, 4 or 16).
+        hessians: per Conv node name, ``[groups, K, K]`` Hessians of its FP32 input columns: its weights are
+            rounded by GPTQ (``bit.weightRounding: gptq``).
     """
 
     view: GraphView
@@ -36,6 +38,7 @@ class LoweringContext:
     channel_means: dict[str, np.ndarray] = field(default_factory=dict)
     bias_correction: bool = False
     weight_bits: dict[str, int] = field(default_factory=dict)
+    hessians: dict[str, np.ndarray] = field(default_factory=dict)
 
     def params(self, value: ir.Value) -> QuantParams:
         """Frozen parameters of a quantized run-time tensor."""

@@ -248,11 +248,14 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
 
 
 def _empirical_samples(config: CompileConfig, calibration) -> list | None:
-    """The calibration samples the empirical bias correction of every point runs on (read once), if it is on."""
+    """The calibration samples the empirical bias correction and the GPTQ weight rounding of every point run on
+    (read once), if either is on."""
     correction = config.layer_bias_correction
-    if not (correction.apply and correction.empirical):
+    wanted = max(correction.empirical_samples if correction.apply and correction.empirical else 0,
+                 config.bit.weight_rounding_samples if config.bit.weight_rounding == "gptq" else 0)
+    if not wanted:
         return None
-    return [sample for _, sample in zip(range(correction.empirical_samples), calibration)]
+    return [sample for _, sample in zip(range(wanted), calibration)]
 
 
 class _Search:

@@ -85,7 +85,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                    reporter: Reporter | None = None, model_outputs: frozenset[str] | None = None,
                    signal_rms: Mapping[str, float] | None = None,
                    feature_absmax: Mapping[str, np.ndarray] | None = None,
-                   channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> QuantizedModel:
+                   channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                   hessians: Mapping[str, np.ndarray] | None = None) -> QuantizedModel:
     """Decide parameters and lower the graph to integer operations.
 
     Args:
@@ -102,6 +103,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
             residual-branch scales (``bit.residualScales``).
         channel_ranges: calibrated per-channel (axis 1) minima and maxima by tensor, for per-channel
             feature-map scales (``bit.activationScales``).
+        hessians: per Conv, the Hessians of its input columns; GPTQ rounds its weights (``bit.weightRounding``).
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
@@ -118,7 +120,7 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         reporter.advance(message="parameters frozen")
         context = LoweringContext(view, tensors, channel_means=dict(channel_means or {}),
                                   bias_correction=config.layer_bias_correction.apply,
-                                  weight_bits=weight_bits(view, config))
+                                  weight_bits=weight_bits(view, config), hessians=dict(hessians or {}))
         ops = lower_groups(groups, context)
         reporter.advance(message=f"{len(ops)} integer operations")
     return QuantizedModel(ops=ops, tensors=tensors, exact=_exact_tensors(view, tensors),

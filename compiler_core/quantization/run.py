@@ -95,26 +95,39 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
 
     ``samples`` are the calibration samples; with ``layerBiasCorrection.empirical`` the first
     ``empiricalSamples`` of them measure each linear layer's output shift
-    (:mod:`~compiler_core.quantization.bias_correction`; without samples that step is skipped, with a warning).
+    (:mod:`~compiler_core.quantization.bias_correction`), with ``bit.weightRounding: gptq`` the first
+    ``weightRoundingSamples`` give the Conv Hessians (:func:`~compiler_core.quantization.gptq.conv_hessians`);
+    without samples those steps are skipped, with a warning.
 
     Returns:
         ``(float graph, program)``: the float graph the program was quantized from (``target`` itself,
         or a smoothed / equalized copy; the FP32 reference of any comparison) and the integer program.
     """
     quantized, stats, equalized = _equalized(target, stats, config)
+    correction = config.layer_bias_correction
+    wanted = max(config.bit.weight_rounding_samples if config.bit.weight_rounding == "gptq" else 0,
+                 correction.empirical_samples if correction.apply and correction.empirical else 0)
+    chosen = None if samples is None else [sample for _, sample in zip(range(wanted), samples)]
+    hessians = None
+    if config.bit.weight_rounding == "gptq":
+        if chosen is None:
+            logger.warning("bit.weightRounding gptq needs calibration samples here; weights were rounded to nearest.")
+        else:
+            from compiler_core.quantization.gptq import conv_hessians
+
+            hessians = conv_hessians(quantized, chosen[:config.bit.weight_rounding_samples])
     model = quantize_graph(quantized, _range_function(stats, config, equalized), config,
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
                            model_outputs=model_outputs, signal_rms=_signal_rms(stats),
                            feature_absmax=_feature_absmax(stats),
-                           channel_ranges=_channel_ranges(stats) if config.bit.activation_scales == "channel" else None)
-    correction = config.layer_bias_correction
+                           channel_ranges=_channel_ranges(stats) if config.bit.activation_scales == "channel" else None,
+                           hessians=hessians)
     if correction.apply and correction.empirical:
-        if samples is None:
+        if chosen is None:
             logger.warning("layerBiasCorrection.empirical needs calibration samples here; only the analytic "
                            "correction was applied.")
         else:
-            chosen = [sample for _, sample in zip(range(correction.empirical_samples), samples)]
-            correct_biases(quantized, model, chosen, reporter=reporter)
+            correct_biases(quantized, model, chosen[:correction.empirical_samples], reporter=reporter)
     return quantized, model
 
 

@@ -55,6 +55,8 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     s_y, zp_y = _output_scale(out, layout, len(ctx.view.shape(y)))
     bits = ctx.weight_bits.get(main.name, 8)
     q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX))
+    if layout == "conv" and main.name in ctx.hessians:
+        q_weight = _gptq_codes(weight, ctx.hessians[main.name], s_w, bits, ctx.params(x))
     if ctx.bias_correction and x.name in ctx.channel_means:
         means = np.asarray(ctx.channel_means[x.name], dtype=np.float64)
         if ctx.params(x).axis is not None and means.size == np.size(ctx.params(x).scale):
@@ -154,6 +156,28 @@ def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | floa
     scale = weight_channel_scales(weight, bits, min_scale)
     codes = np.clip(round_half_away(weight / _per_row(scale, weight)), -qmax, qmax)
     return codes, scale
+
+
+def _gptq_codes(weight: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int, input_params) -> np.ndarray:
+    """GPTQ codes (``bit.weightRounding: gptq``) with the scales round-to-nearest chose.
+
+    The Hessians are of the FP32 inputs; the layer reads their codes, which add independent rounding noise of
+    ``step^2 / 12`` to every input column: that goes on the diagonal (``E[x_q x_qᵀ] = E[x xᵀ] + σ² I``), so GPTQ
+    does not push the rounding error into input directions where the FP32 signal is small but the int8 noise
+    is not. For weights that fold per-channel input scales (:func:`_fold_input_channels`) the inputs are
+    ``x / s_x[c]`` and the noise 1/12 of a code.
+    """
+    from compiler_core.quantization.gptq import gptq_conv_codes
+
+    if input_params.axis is None:
+        hessians = hessians + np.eye(hessians.shape[1]) * float(np.ravel(input_params.scale)[0]) ** 2 / 12.0
+    else:
+        groups, per_group = hessians.shape[0], weight.shape[1]
+        taps = int(np.prod(weight.shape[2:], dtype=np.int64))
+        channel_scale = np.asarray(input_params.scale, np.float64).reshape(groups, per_group)
+        column = np.repeat(channel_scale, taps, axis=1)  # [groups, K]
+        hessians = hessians / (column[:, :, None] * column[:, None, :]) + np.eye(hessians.shape[1]) / 12.0
+    return gptq_conv_codes(weight, hessians, scale, bits)
 
 
 def weight_channel_scales(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0) -> np.ndarray:
