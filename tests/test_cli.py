@@ -180,3 +180,15 @@ def test_output_names_end_the_graph_early_in_parse_and_compile(capsys, tmp_path)
     assert [spec.name for spec in Model(str(tmp_path / "cut.mxq")).program.outputs] == [middle]
     code, _, err = _cli(capsys, "parse", "--model", str(SAMPLE), "-o", str(tmp_path / "x.mblt"), "--output-names", "nope")
     assert code != 0 and "ERROR [ARGUMENT_ERROR]" in _error_line(err)
+
+
+@pytest.mark.parametrize(("verdict", "hinted"), [("ok", False), ("warn", True), ("flag", True)])
+def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
+    from compiler_core.cli import _compile_text
+
+    payload = {"output": "m.mxq", "size_bytes": 1000, "device": "aries-rb", "core_modes": ["single"], "seconds": 1.0,
+               "samples": {"calibration": 16, "holdout": 4}, "program": {"operations": 7, "int16_tensors": 0},
+               "statistics_from_cache": False, "cpu_offload": None, "analysis_file": None, "config_file": None,
+               "outputs": {"y": {"sqnr_db": 18.7, "cosine_mean": 0.995, "verdict": verdict}}}
+    text = _compile_text(payload)
+    assert ("--mixed-precision" in text and "a16w8" in text) is hinted
