@@ -102,9 +102,11 @@ PRESETS: dict[str, Preset] = {
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm_accurate": Preset(
         "Decoder LLMs where greedy output must follow FP32 token for token: as llm with int16 weights everywhere "
-        "(twice the weight memory and weight streaming; no GPTQ needed) and the residual stream rotated so one "
-        "int16 scale fits its outlier features.",
-        {"llm": {"apply": True, "outlierPrefix": True, "rotate": True}, "calibration": {"method": 1, "mode": 0},
+        "(twice the weight memory and weight streaming; no GPTQ needed), the residual stream rotated so one "
+        "int16 scale fits its outlier features, and 8x int16 range headroom (tokens unlike the calibration text "
+        "raise massive activations past the calibrated range).",
+        {"llm": {"apply": True, "outlierPrefix": True, "rotate": True},
+         "calibration": {"method": 1, "mode": 0, "int16Headroom": 8},
          "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
     "llm_fast": Preset(
         "Decoder LLMs tuned for speed: 4-bit FFN weights, Max calibration on 32 samples, a prefix token "
