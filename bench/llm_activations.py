@@ -19,8 +19,14 @@ outputs), ``qkv`` (q/k/v projections), ``rope`` (q/k after RoPE, q scaled), ``ca
 inputs), ``scores`` (q kᵀ), ``softmax`` (probabilities), ``attn`` (probabilities x v), ``oproj``,
 ``mlp`` (gate, up, SiLU(gate), their product), ``down``, ``logits`` (LM head output).
 
-Usage: ``python bench/llm_activations.py [--variants all all-but-resid ...] [--weights int16]
-[--decode-samples 4] [--scale-margin 1.0] [--rotate] [--free]``: teacher-forced only unless ``--free``.
+Usage: ``python bench/llm_activations.py [--variants all all-but-resid only-mlp all@10-19 ...] [--weights int16]
+[--decode-samples 4] [--scale-margin 1.0] [--rotate] [--free] [--sqnr] [--shared-ranges] [--channel product ...]
+[--percentile 99.99] [--bits resid=24]``: teacher-forced only unless ``--free``. A variant's ``@first-last``
+quantizes only those layers. Every variant also prints the SQNR of its teacher-forced logits against the same
+emulation unquantized (steadier than 320 top-1 choices); ``--sqnr`` the rounding SQNR of each class and its
+worst tensor. ``--scale-margin`` is ``calibration.int16Headroom``; ``--shared-ranges`` gives both graphs the hull
+of their ranges; ``--channel`` one scale per feature (the per-feature calibration of 1,024 tokens); ``--bits``
+a class's code width (a width the numerics contract lacks is a ceiling, not a scheme).
 ``--ceiling [float64 float16 bfloat16]`` instead compares FP32 with the whole model computed in other
 float types (transformers' own forward): how often another float arithmetic alone flips FP32's near-ties.
 """
@@ -48,28 +54,91 @@ QMAX = 32767
 
 
 class FakeQuant:
-    """Records per-tensor ``max |x|`` (calibration) or rounds tensors to int16 codes of those ranges."""
+    """Records calibration ranges or rounds tensors to integer codes of those ranges.
+
+    Calibration records, per tensor, ``max |x|``, the per-feature (last axis) ``max |x|`` and, with
+    ``percentile`` set, the largest per-sample ``percentile`` of ``|x|``. Quantization is symmetric with
+    ``bits[class]`` bits (16 unless set), one scale per tensor from ``max |x|`` (or from the percentile),
+    or one per feature for the classes in ``per_channel`` (each feature's range at least ``2^-10`` of the
+    widest, as the compiler's per-channel feature maps); only tensors of layers ``layers`` (inclusive; the
+    embedding is layer -1, the final norm and logits the last layer + 1) when set.
+    """
 
     def __init__(self) -> None:
         self.ranges: dict[str, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        self.channel_ranges: dict[str, dict] = {"prefill": {}, "decode": {}}
+        self.quantiles: dict[str, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
         self.graph = "prefill"
         self.calibrating = True
         self.quantized: set[str] = set()
         self.margin = 1.0
+        self.bits: dict[str, int] = {}
+        self.per_channel: set[str] = set()
+        self.percentile: float | None = None
+        self.layers: tuple[int, int] | None = None
+        self.last_layer = 0
+        self.noise: dict[str, list[float]] | None = None
+
+    def share(self) -> None:
+        """Give both graphs the hull of their ranges of each tensor (the same tensors, calibrated on different tokens)."""
+        import torch
+
+        for table in (self.ranges, self.quantiles):
+            for name in set(table["prefill"]) | set(table["decode"]):
+                table["prefill"][name] = table["decode"][name] = max(table["prefill"][name], table["decode"][name])
+        prefill, decode = self.channel_ranges["prefill"], self.channel_ranges["decode"]
+        for name in set(prefill) | set(decode):
+            a, b = prefill.get(name), decode.get(name)
+            hull = torch.maximum(a, b) if a is not None and b is not None and a.shape == b.shape else None
+            prefill[name] = decode[name] = hull
+
+    def layer(self, name: str) -> int:
+        head = name.split(".")[0]
+        return int(head) if head.isdigit() else (-1 if name == "embed" else self.last_layer + 1)
 
     def __call__(self, kind: str, name: str, x):
         import torch
 
         ranges = self.ranges[self.graph]
         if self.calibrating:
-            finite = x[torch.isfinite(x)]
-            ranges[name] = max(ranges[name], float(finite.abs().max()) if finite.numel() else 0.0)
+            magnitude = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+            ranges[name] = max(ranges[name], float(magnitude.max()) if magnitude.numel() else 0.0)
+            if magnitude.numel():
+                per_feature = magnitude.reshape(-1, x.shape[-1]).amax(0)
+                known = self.channel_ranges[self.graph].get(name, per_feature)
+                self.channel_ranges[self.graph][name] = (torch.maximum(known, per_feature)  # None: length varies
+                                                         if known is not None and known.shape == per_feature.shape
+                                                         else None)
+                if self.percentile is not None:
+                    flat = magnitude.flatten()
+                    k = max(1, min(flat.numel(), int(np.ceil(flat.numel() * self.percentile / 100))))
+                    quantile = float(flat.kthvalue(k).values)
+                    self.quantiles[self.graph][name] = max(self.quantiles[self.graph][name], quantile)
             return x
         if kind not in self.quantized or not ranges[name]:
             return x
-        scale = ranges[name] * self.margin / QMAX
-        codes = torch.clamp(torch.sign(x) * torch.floor(x.abs() / scale + 0.5), -QMAX, QMAX)
-        return torch.where(torch.isfinite(x), codes * scale, x)
+        if self.layers is not None and not self.layers[0] <= self.layer(name) <= self.layers[1]:
+            return x
+        qmax = 2 ** (self.bits.get(kind, 16) - 1) - 1
+        if ((kind in self.per_channel or name.rpartition(".")[2] in self.per_channel)
+                and self.channel_ranges[self.graph].get(name) is not None):
+            width = self.channel_ranges[self.graph][name]
+            width = torch.maximum(width, width.max() * 2 ** -10)
+        elif self.percentile is not None:
+            width = self.quantiles[self.graph][name] or ranges[name]
+        else:
+            width = ranges[name]
+        scale = width * self.margin / qmax
+        codes = torch.clamp(torch.sign(x) * torch.floor(x.abs() / scale + 0.5), -qmax, qmax)
+        out = torch.where(torch.isfinite(x), codes * scale, x)
+        if self.noise is not None:
+            finite = torch.isfinite(x)
+            signal, error = float(x[finite].pow(2).sum()), float((out - x)[finite].pow(2).sum())
+            for key in (kind, name):
+                entry = self.noise.setdefault(key, [0.0, 0.0])
+                entry[0] += signal
+                entry[1] += error
+        return out
 
 
 class Emulated:
@@ -207,10 +276,11 @@ def calibrate(emulated: Emulated, windows: list[list[int]], decode_per_window: i
 
 def measure(emulated: Emulated, cache: list, prompts: list[list[int]], references: list[list[int]],
             free: bool = True):
-    """Free-running first divergences (``None`` unless ``free``) and teacher-forced agreement with ``references``."""
+    """Free-running first divergences (``None`` unless ``free``), teacher-forced agreement with ``references``
+    and the teacher-forced logits (one row per reference token, prompts in turn)."""
     import torch
 
-    firsts, forced = [], 0
+    firsts, forced, rows = [], 0, []
     for ids, reference in zip(prompts, references):
         if free:
             session = Session(emulated, cache)
@@ -222,13 +292,19 @@ def measure(emulated: Emulated, cache: list, prompts: list[list[int]], reference
         session = Session(emulated, cache)
         logits = torch.cat([session.prompt(ids)[None], session.steps(reference[:-1])])
         forced += int((logits.argmax(-1) == torch.tensor(reference)).sum())
-    return (firsts if free else None), forced / (NEW_TOKENS * len(prompts))
+        rows.append(logits)
+    return (firsts if free else None), forced / (NEW_TOKENS * len(prompts)), torch.cat(rows)
 
 
-def variants(names: list[str]) -> dict[str, set[str]]:
-    """Quantized classes per variant name (``fp32``, ``all``, ``all-but-<class>``, ``only-<class>``)."""
-    out = {}
-    for name in names:
+def variants(names: list[str]) -> dict[str, tuple[set[str], tuple[int, int] | None]]:
+    """Quantized classes and layer range per variant name (``fp32``, ``all``, ``all-but-<class>``,
+    ``only-<class>``; ``<class>`` may be ``a+b``; a suffix ``@first-last`` quantizes only those layers)."""
+    out, layers = {}, {}
+    for full in names:
+        name, _, span = full.partition("@")
+        if span:
+            first, _, last = span.partition("-")
+            layers[full] = (int(first), int(last or first))
         if name == "fp32":
             out[name] = set()
         elif name == "all":
@@ -242,7 +318,7 @@ def variants(names: list[str]) -> dict[str, set[str]]:
         unknown = out[name] - set(CLASSES)
         if unknown:
             sys.exit(f"unknown class(es) {sorted(unknown)} in {name!r}; classes: {CLASSES}")
-    return out
+    return {full: (out[full.partition("@")[0]], layers.get(full)) for full in names}
 
 
 def ceiling(model, prompts: list[list[int]], references: list[list[int]], dtypes: list[str]) -> None:
@@ -258,6 +334,37 @@ def ceiling(model, prompts: list[list[int]], references: list[list[int]], dtypes
         total = NEW_TOKENS * len(prompts)
         print(f"model in {name:8s} first divergences {firsts}: mean {np.mean(firsts):4.1f}, "
               f"{sum(firsts) / total:6.1%} before it; teacher-forced {agree / total:6.1%}", flush=True)
+
+
+def sqnr(exact, approximate) -> float:
+    """Signal-to-noise ratio (dB) of ``approximate`` against ``exact``."""
+    return 10 * np.log10(float(exact.pow(2).sum()) / max(float((approximate - exact).pow(2).sum()), 1e-30))
+
+
+def sqnr_of(entry: list[float]) -> float:
+    """SQNR (dB) of a ``[signal, error]`` energy pair."""
+    return 10 * np.log10(entry[0] / max(entry[1], 1e-30))
+
+
+def worst(noise: dict[str, list[float]], kind: str) -> str:
+    """The tensor of class ``kind`` with the lowest rounding SQNR, as ``name dB``."""
+    names = [name for name in noise if name not in CLASSES and classify(name) == kind]
+    if not names:
+        return "-"
+    name = min(names, key=lambda n: sqnr_of(noise[n]))
+    return f"{name} {sqnr_of(noise[name]):.1f}"
+
+
+TENSOR_CLASSES = {"embed": "embed", "resid_attn": "resid", "resid_mlp": "resid", "in_norm": "norm", "post_norm": "norm",
+                  "final_norm": "norm", "q": "qkv", "k": "qkv", "v": "qkv", "q_rope": "rope", "k_rope": "rope",
+                  "past_k": "cache", "past_v": "cache", "scores": "scores", "probs": "softmax", "attn": "attn",
+                  "o": "oproj", "gate": "mlp", "up": "mlp", "silu": "mlp", "product": "mlp", "down": "down",
+                  "logits": "logits"}
+
+
+def classify(name: str) -> str:
+    """The class of tensor ``name`` (``12.q_rope`` -> ``rope``)."""
+    return TENSOR_CLASSES[name.rpartition(".")[2]]
 
 
 def main() -> None:
@@ -280,6 +387,15 @@ def main() -> None:
                         "these torch dtypes (float64 float16 bfloat16): how often another float arithmetic flips "
                         "FP32's near-ties")
     parser.add_argument("--free", action="store_true", help="also free-running generation (32 decode steps a prompt)")
+    parser.add_argument("--bits", nargs="+", default=[], metavar="CLASS=N", help="code width of a class (default 16)")
+    parser.add_argument("--channel", nargs="+", default=[], metavar="CLASS",
+                        help="classes (or tensor kinds: product, down, ...) quantized with one scale per feature "
+                        "(last axis)")
+    parser.add_argument("--percentile", type=float, help="ranges from the largest per-sample percentile of |x| "
+                        "(e.g. 99.99) instead of the maximum; values beyond saturate")
+    parser.add_argument("--shared-ranges", action="store_true", help="both graphs take the hull of their "
+                        "calibrated ranges of each tensor (the decode graph's few calibration tokens miss rare outliers)")
+    parser.add_argument("--sqnr", action="store_true", help="print each class's rounding SQNR (teacher-forced pass)")
     args = parser.parse_args()
     chosen = variants(args.variants)
     torch.set_num_threads(1)
@@ -307,19 +423,34 @@ def main() -> None:
     windows = [chunk.tolist() for chunk in token_chunks(calibration, PREFILL_LEN, WINDOWS)]
     fq = FakeQuant()
     fq.margin = args.scale_margin
+    fq.bits = {kind: int(bits) for kind, _, bits in (item.partition("=") for item in args.bits)}
+    fq.per_channel = set(args.channel)
+    fq.percentile = args.percentile
+    fq.last_layer = len(model.model.layers) - 1
     emulated = Emulated(model, fq)
     with torch.no_grad():
         calibrate(emulated, windows, args.decode_samples)
+        if args.shared_ranges:
+            fq.share()
         cache = prefix_cache(emulated)
         print(f"weights {args.weights}, {args.decode_samples} decode calibration tokens per window, range x "
-              f"{args.scale_margin}, rotation {args.rotate}", flush=True)
-        for name, quantized in chosen.items():
-            fq.quantized = quantized
-            firsts, forced = measure(emulated, cache, prompts, references, args.free)
+              f"{args.scale_margin}, rotation {args.rotate}, bits {fq.bits or 16}, per-feature scales "
+              f"{sorted(fq.per_channel) or 'none'}, percentile {args.percentile or 'max'}, shared ranges {args.shared_ranges}", flush=True)
+        fq.quantized = set()
+        _, _, exact = measure(emulated, cache, prompts, references, free=False)
+        for name, (quantized, layers) in chosen.items():
+            fq.quantized, fq.layers = quantized, layers
+            fq.noise = {} if args.sqnr else None
+            firsts, forced, logits = measure(emulated, cache, prompts, references, args.free)
             total = NEW_TOKENS * len(prompts)
             free = (f"first divergences {firsts}: mean {np.mean(firsts):4.1f}, {sum(firsts) / total:6.1%} before it; "
                     if firsts is not None else "")
-            print(f"{name:22s} {free}teacher-forced {forced:6.1%}", flush=True)
+            print(f"{name:22s} {free}teacher-forced {forced:6.1%}, logits SQNR {sqnr(exact, logits):5.1f} dB",
+                  flush=True)
+            if fq.noise:
+                print("  rounding SQNR per class (dB, teacher-forced pass; worst tensor): " + ", ".join(
+                    f"{kind} {sqnr_of(fq.noise[kind]):.1f} ({worst(fq.noise, kind)})"
+                    for kind in CLASSES if kind in fq.noise), flush=True)
 
 
 if __name__ == "__main__":
