@@ -539,11 +539,33 @@ class MainWindow(QMainWindow):
             logger.warning("%s changed since it was imported; parsing it again", model.path)
         self._start_parse(model)
 
+    def running_job(self) -> str | None:
+        """What the project's running background job does ("a compile", ...), or None: while one runs, the project
+        and its model stay as they are (one heavy job at a time)."""
+        for slot, job in zip(self._job_slots(), ("a compile", "a sweep", "the model's parse",
+                                                   "writing the calibration set")):
+            if self.runner.is_busy(slot):
+                return job
+        return None
+
+    @staticmethod
+    def _job_slots() -> tuple[str, ...]:
+        """The runner slots of the jobs Cancel stops and that keep the project as it is while they run."""
+        from qbstudio.compare_controller import SWEEP_SLOT
+
+        return "compile", SWEEP_SLOT, "model", "make_calib"
+
     def _idle(self, what: str) -> bool:
-        if self.runner.is_busy("compile") or self.runner.is_busy("model"):
-            self.statusBar().showMessage(f"Cannot {what} while a job runs; cancel it first.", 6000)
-            return False
-        return True
+        """True if no job runs; else says so in a message box (a status line is missed: the user just chose a
+        file) and returns False."""
+        job = self.running_job()
+        if job is None:
+            return True
+        message = f"Cannot {what} while {job} runs."
+        self.statusBar().showMessage(f"{message} Cancel it first.", 6000)
+        dialogs.show_info(self, "A job is running", f"{message}\n\nWait for it to finish, or press Cancel "
+                                                    "(toolbar, Ctrl+.) to stop it, then try again.")
+        return False
 
     # ================================================================== model import
 
@@ -1017,12 +1039,12 @@ class MainWindow(QMainWindow):
         dialogs.show_error(self, "Sensitivity analysis failed", error)
 
     def cancel_jobs(self) -> None:
-        """Cancel the running compile or model job."""
-        for slot in ("compile", "model", "make_calib"):
+        """Cancel the running compile, sweep, model or calibration-set job."""
+        for slot in self._job_slots():
             self.runner.cancel(slot)
 
     def _on_busy_changed(self, slot: str, busy: bool) -> None:
-        self.act_cancel.setEnabled(any(self.runner.is_busy(s) for s in ("compile", "model", "make_calib")))
+        self.act_cancel.setEnabled(self.running_job() is not None)
         self._update_can_compile()
         outcome = None if busy else self._outcomes.pop(slot, None)
         if slot == "compile" and outcome:  # announced once the job slot is free for the next one
@@ -1144,18 +1166,24 @@ class MainWindow(QMainWindow):
         return bool(path) and self.save_project_as(path)
 
     def _on_open(self) -> None:
+        if not self._idle("open a project or model"):  # before the file dialog: the choice would be lost
+            return
         path, _ = QFileDialog.getOpenFileName(self, "Open project or model", self.preferences.last_dir("project"),
                                               OPEN_FILTER)
         if path:
             self.open_path(path)
 
     def _on_import(self) -> None:
+        if not self._idle("import a model"):
+            return
         path, _ = QFileDialog.getOpenFileName(self, "Import model", self.preferences.last_dir("model"), MODEL_FILTER)
         if path:
             # saved_model.pb or a HuggingFace config.json stands for the model folder holding it
             self.import_model(Path(path).parent if Path(path).name in MODEL_FOLDER_MARKERS else path)
 
     def _on_import_folder(self) -> None:
+        if not self._idle("import a model"):
+            return
         path = QFileDialog.getExistingDirectory(self, "Import model folder (SavedModel or HuggingFace)",
                                                 self.preferences.last_dir("model"))
         if path:

@@ -292,6 +292,32 @@ def test_compile_summary_says_compiling_while_a_compile_runs(qtbot, make_window,
     assert window.run_panel.summary.run is done and "Compiling" not in window.run_panel.summary.header.text()
 
 
+def test_import_or_open_while_a_compile_runs_says_so_before_the_file_dialog(qtbot, make_window, answers,
+                                                                            monkeypatch, tmp_path):
+    """Found driving the window under Xvfb: a model chosen during a compile was dropped with a status line the
+    toolbar's hover text hid at once. Now the window says why before the user picks a file for nothing."""
+    from PySide6.QtWidgets import QFileDialog
+
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    asked_for_file = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: asked_for_file.append("file") or ("", ""))
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: asked_for_file.append("folder") or "")
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+        assert window.running_job() == "a compile" and window.act_cancel.isEnabled()
+        for action in (window._on_import, window._on_import_folder, window._on_open):
+            action()
+        assert not window.import_model(conv_classifier(tmp_path / "rgb.onnx"))  # a drop or a recent model
+        assert not window.new_project()
+    assert blocker.args == ["done"], answers.errors
+    assert asked_for_file == [] and answers.asked == ["info"] * 5
+    assert Path(window.project.model.path).name == "model.onnx"  # the sample's, untouched
+    assert window.running_job() is None and not window.act_cancel.isEnabled()
+    window._on_import()  # idle again: the file dialog opens
+    assert asked_for_file == ["file"] and answers.asked == ["info"] * 5
+
+
 # ---------------------------------------------------------------- 3. no wheel edits
 
 
