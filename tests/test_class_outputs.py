@@ -26,6 +26,11 @@ from compiler_core.analysis.metrics import is_classifier_output
     ([127, 1, 984], "Add", 1, True),     # a CRNN's CTC logits, time first
     ([1, 50, 4], "Gemm", 1, False),      # a sequence of 4 values: too few for logits
     ([2, 3, 10], "Gemm", 1, False),      # neither leading dimension is 1
+    ([1, 1000, 1, 1], "Conv", 1, True),  # a 1x1-conv head (ONNX-zoo SqueezeNet, DenseNet-121)
+    ([1, 1, 1, 1001], "Conv", 1, True),  # the same in NHWC (TF-slim MobileNet)
+    ([1, 1000, 1, 1], "Softmax", 1, True),
+    ([1, 4, 1, 1], "Conv", 1, False),    # four box offsets
+    ([1, 1, 8, 10], "Conv", 1, False),   # a one-channel map
 ])
 def test_class_score_rule(shape, head, outputs, expected):
     assert is_classifier_output(shape, head, outputs) is expected
@@ -88,3 +93,16 @@ def test_a_sequence_of_class_scores_agrees_per_position():
     comparison.add(reference, quantized, classifier=True)
     result = comparison.to_dict(classifier=True)
     assert result["top1_agreement"] == 0.75 and result["top5_agreement"] == 1.0
+
+
+def test_scores_with_singleton_dimensions_agree_per_class_not_per_element():
+    """A [1, C, 1, 1] head was compared as C positions of one class each: every position agreed."""
+    from compiler_core.analysis.metrics import TensorComparison
+
+    reference = np.zeros((1, 12, 1, 1))
+    reference[0, 3] = 5.0
+    quantized = reference.copy()
+    quantized[0, 7] = 6.0  # another class wins
+    comparison = TensorComparison()
+    comparison.add(reference, quantized, classifier=True)
+    assert comparison.to_dict(classifier=True)["top1_agreement"] == 0.0

@@ -65,7 +65,7 @@ class TensorComparison:
         self.energies.append(signal / max(reference.size, 1))
         self.samples += 1
         if classifier:  # per position for a sequence of class scores: the share of positions that agree
-            classes = reference.shape[-1]
+            classes = next((size for size in reversed(reference.shape) if size != 1), 1)  # [1, C, 1, 1] too
             ref = np.asarray(reference, dtype=np.float64).reshape(-1, classes)
             values = (np.asarray(test, dtype=np.float64).reshape(-1, classes) - offset) * scale
             expected = np.argmax(ref, axis=1)[:, None]
@@ -184,7 +184,9 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> 
     (MediaPipe hand/pose landmarks beside a presence score, MTCNN box and landmark offsets): the arg-max
     of coordinates means nothing. A sequence of class scores, ``[1, T, C]`` or ``[T, 1, C]`` (CTC text
     recognizers such as PP-OCR rec or a CRNN, token taggers), follows the same rule on ``C`` and is
-    compared per position: top-1 agreement is then the share of positions whose arg-max agrees.
+    compared per position: top-1 agreement is then the share of positions whose arg-max agrees. Scores with
+    singleton dimensions around ``C`` (``[1, C, 1, 1]`` from a 1x1-convolution head, ``[1, 1, 1, C]`` in NHWC)
+    count as ``[1, C]``.
 
     Args:
         shape: The output's shape.
@@ -193,6 +195,8 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> 
     """
     if len(shape) == 3 and 1 in shape[:2] and max(shape[:2]) >= 2:  # [1, T, C] or [T, 1, C]: a sequence
         shape = [1, shape[2]]
+    elif len(shape) > 2 and shape[0] == 1 and sum(size != 1 for size in shape[1:]) == 1:
+        shape = [1, max(shape[1:])]  # [1, C, 1, 1] or [1, 1, 1, C]: a 1x1-conv head (SqueezeNet, NHWC nets)
     if len(shape) != 2 or shape[0] != 1:
         return False
     if head_op in PROBABILITY_OPS:

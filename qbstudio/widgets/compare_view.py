@@ -279,8 +279,8 @@ class CompareView(QWidget):
         return table
 
     def _build(self) -> None:
-        controls = QHBoxLayout()
-        controls.addWidget(self.picks_label, 1)
+        controls = QHBoxLayout()  # the buttons fill a 1366-pixel laptop's row: the picks get a line of their own
+        controls.addStretch(1)
         controls.addWidget(QLabel("Baseline"))
         controls.addWidget(self.baseline_combo)
         controls.addWidget(self.delete_button)
@@ -292,6 +292,7 @@ class CompareView(QWidget):
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
         upper_layout.addWidget(self.table, 1)
+        upper_layout.addWidget(self.picks_label)
         upper_layout.addLayout(controls)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(upper)
