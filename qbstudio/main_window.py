@@ -582,13 +582,14 @@ class MainWindow(QMainWindow):
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot import model", unknown_model_error(path, error))
             return False
-        if not self._make_room_for(path):
-            return False
-        try:
-            shapes = input_shapes if input_shapes is not None else self._ask_shapes(path, backend)
+        try:  # an unreadable file is refused before the project changes ("new project" would leave this one)
+            inputs = self._onnx_inputs(path, backend) if input_shapes is None else []
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot import model", error)
             return False
+        if not self._make_room_for(path):
+            return False
+        shapes = input_shapes if input_shapes is not None else self._ask_shapes(path, inputs)
         if shapes is None:
             return False
         sha = sha256_file(path) if path.is_file() else ""
@@ -608,15 +609,27 @@ class MainWindow(QMainWindow):
             return self.new_project()
         return choice == dialogs.IMPORT_REPLACE
 
-    def _ask_shapes(self, path: Path, backend: str) -> dict[str, list[int]] | None:
-        from qbstudio.state.model_info import dynamic_inputs, onnx_input_shapes
+    @staticmethod
+    def _onnx_inputs(path: Path, backend: str) -> list:
+        """The graph inputs of an ONNX source (:class:`~qbstudio.state.model_info.InputShape`), read from the file;
+        [] for other sources: their frontends ask through their errors' fields (_answer_for), an LLM's are fixed.
+
+        Raises:
+            ModelLoadError: the file is not a readable ONNX model.
+        """
+        from qbstudio.state.model_info import onnx_input_shapes
 
         if backend != "onnx" or path.suffix.lower() == ".mblt":
-            return {}  # other frontends ask through their errors' fields (_answer_for); an LLM's shapes are fixed
-        shapes = onnx_input_shapes(path)
-        if not dynamic_inputs(shapes):
+            return []
+        return onnx_input_shapes(path)
+
+    def _ask_shapes(self, path: Path, inputs: list) -> dict[str, list[int]] | None:
+        """Static values for the dynamic dimensions of ``inputs`` ({} if none); None if the user cancelled."""
+        from qbstudio.state.model_info import dynamic_inputs
+
+        if not dynamic_inputs(inputs):
             return {}
-        return dialogs.ask_input_shapes(self, shapes, model_name=path.name)
+        return dialogs.ask_input_shapes(self, inputs, model_name=path.name)
 
     def _start_parse(self, model: ModelRef) -> None:
         from qbstudio.tasks import parse_llm_model, parse_model

@@ -318,6 +318,20 @@ def test_import_or_open_while_a_compile_runs_says_so_before_the_file_dialog(qtbo
     assert asked_for_file == ["file"] and answers.asked == ["info"] * 5
 
 
+def test_an_unreadable_model_is_refused_before_the_project_changes(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: answering "New project" for a truncated .onnx left the user in an empty project."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    project = window.project
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(conv_classifier(tmp_path / "whole.onnx").read_bytes()[:300])
+    answers.import_choice = dialogs.IMPORT_NEW
+    assert not window.import_model(broken)
+    assert answers.asked == [] and [title for title, _ in answers.errors] == ["Cannot import model"]
+    assert "not a readable ONNX model" in answers.errors[0][1]
+    assert window.project is project and Path(window.project.model.path).name == "model.onnx"
+
+
 # ---------------------------------------------------------------- 3. no wheel edits
 
 
