@@ -895,9 +895,15 @@ class MainWindow(QMainWindow):
             return False
         if self.is_llm:
             return self.start_llm_compile()
+        calibration, config = self.project.calibration, self.project.settings.config
+        if not (calibration.path or calibration.use_random or config.calib_data_paths or config.use_random_calib):
+            self.tabs.setCurrentIndex(1)  # where the data is chosen
+            dialogs.show_error(self, "No calibration data", "Choose calibration data first.\n\nIn the Calibration "
+                               "tab: Folder… (images or .npy files) or List/manifest…, or tick Random data for a "
+                               "smoke test.")
+            return False
         run_id = self.project.runs.next_id()
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
-        calibration = self.project.calibration
         worker = Worker("compile", run_in_process, COMPILE_TARGET, self.project.mblt_path, save_path,
                         self.project.settings.config, calibration.path, calibration.use_random)
         worker.progress.connect(self.run_panel.show_progress)

@@ -46,8 +46,8 @@ DEFAULT_RANDOM_SAMPLES = 32
 MIN_RECOMMENDED_SAMPLES = 16
 """Fewer samples than this log a warning: the ranges will be noisy."""
 
-_NO_DATA_HINT = ("Pass calib_data_path (a folder of images or .npy files, a .txt list or a JSON manifest), "
-                 "or set use_random_calib=True for a smoke test.")
+_NO_DATA_HINT = ("Pass calib_data_path / --calib-data-path (a folder of images or .npy files, a .txt list or a JSON "
+                 "manifest), or use_random_calib=True / --use-random-calib for a smoke test.")
 _FORMS_HINT = "calib_data_path may be a folder of images or .npy files, a .txt list or a .json manifest."
 _MANIFEST_HINT = ('A manifest looks like {"info": {"input names": [...], "input shapes": [...]}, '
                   '"calib paths": [["in0.npy", "in1.npy"], ...]}.')

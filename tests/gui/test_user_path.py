@@ -332,6 +332,22 @@ def test_an_unreadable_model_is_refused_before_the_project_changes(qtbot, make_w
     assert window.project is project and Path(window.project.model.path).name == "model.onnx"
 
 
+def test_compile_without_calibration_data_says_where_to_choose_it(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: Compile with no data chosen failed with the API's words (calib_data_path,
+    use_random_calib=True) after starting a job; now the window says where to choose the data and shows the tab."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb.onnx")))
+    assert window.act_compile.isEnabled()  # the model is compilable: the button says so
+    assert not window.start_compile()
+    assert answers.errors == [("No calibration data", answers.errors[0][1])]
+    assert "Calibration tab" in answers.errors[0][1] and "calib_data_path" not in answers.errors[0][1]
+    assert window.tabs.currentIndex() == 1 and window.running_job() is None and len(window.project.runs) == 0
+    window.calibration.random_check.setChecked(True)
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"] and len(answers.errors) == 1
+
+
 # ---------------------------------------------------------------- 3. no wheel edits
 
 
