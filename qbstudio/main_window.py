@@ -152,6 +152,7 @@ class MainWindow(QMainWindow):
         self.runner = JobRunner(self)
         self.session = Session(self._untitled_project(), self)
         self._outcomes: dict[str, str] = {}
+        self._stop_agreed = False  # File > Quit asked already whether to stop the running job
         self._llm_request = None  # the last LLM compile dialog's answers, offered again
         self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
@@ -334,7 +335,7 @@ class MainWindow(QMainWindow):
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
         self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
         self.act_save_config = self._action("Save Compile Config…", lambda: self.options.ask_save_config())
-        self.act_quit = self._action("&Quit", self.close, keys.Quit)
+        self.act_quit = self._action("&Quit", self._on_quit, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
         self.act_sensitivity = self._action("Analyze Layer &Sensitivity…", self.start_sensitivity, None,
@@ -542,8 +543,8 @@ class MainWindow(QMainWindow):
     def running_job(self) -> str | None:
         """What the project's running background job does ("a compile", ...), or None: while one runs, the project
         and its model stay as they are (one heavy job at a time)."""
-        for slot, job in zip(self._job_slots(), ("a compile", "a sweep", "the model's parse",
-                                                   "writing the calibration set")):
+        for slot, job in zip(self._job_slots(), ("the compile", "the sweep", "the model's parse",
+                                                   "the writing of the calibration set")):
             if self.runner.is_busy(slot):
                 return job
         return None
@@ -1358,8 +1359,25 @@ class MainWindow(QMainWindow):
         except Exception:  # noqa: BLE001 - last resort
             logger.exception("emergency save failed")
 
+    def _on_quit(self) -> None:
+        if self._may_stop_job():
+            self._stop_agreed = True
+            self.close()
+            self._stop_agreed = False  # the close was refused (save changes? Cancel)
+
+    def _may_stop_job(self) -> bool:
+        """True if no job runs, or if the user agrees to stop it to quit."""
+        job = self.running_job()
+        return job is None or dialogs.ask_yes_no(
+            self, "A job is running", f"{job[:1].upper()}{job[1:]} is still running. Stop it and quit? What it has "
+                                      "done so far is lost.")
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
-        """Offer to save unsaved runs, stop jobs, autosave, remember the layout."""
+        """Offer to stop a running job (when the user closes the window) and to save unsaved runs; stop jobs,
+        autosave, remember the layout."""
+        if event.spontaneous() and not self._stop_agreed and not self._may_stop_job():
+            event.ignore()
+            return
         if not self.confirm_leave("closing"):
             event.ignore()
             return

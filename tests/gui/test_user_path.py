@@ -305,7 +305,7 @@ def test_import_or_open_while_a_compile_runs_says_so_before_the_file_dialog(qtbo
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: asked_for_file.append("folder") or "")
     with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
         assert window.start_compile()
-        assert window.running_job() == "a compile" and window.act_cancel.isEnabled()
+        assert window.running_job() == "the compile" and window.act_cancel.isEnabled()
         for action in (window._on_import, window._on_import_folder, window._on_open):
             action()
         assert not window.import_model(conv_classifier(tmp_path / "rgb.onnx"))  # a drop or a recent model
@@ -346,6 +346,25 @@ def test_compile_without_calibration_data_says_where_to_choose_it(qtbot, make_wi
     with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
         assert window.start_compile()
     assert blocker.args == ["done"] and len(answers.errors) == 1
+
+
+def test_quitting_during_a_compile_asks_before_stopping_it(qtbot, make_window, answers, monkeypatch):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    asked, agree = [], [False]
+    monkeypatch.setattr(dialogs, "ask_yes_no", lambda parent, title, text: asked.append(text) or agree[0])
+    assert window._may_stop_job() and asked == []  # nothing runs: no question
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+        window.act_quit.trigger()
+        assert window.isVisible() and window.running_job() == "the compile"  # "No": it keeps running
+    assert blocker.args == ["done"] and asked[0].startswith("The compile is still running. Stop it and quit?")
+    with qtbot.waitSignal(window.runner.busy_changed, timeout=TIMEOUT_MS):
+        assert window.start_compile()
+    agree[0] = True
+    window.act_quit.trigger()  # "Yes": stopped and closed, without waiting for the compile
+    assert not window.isVisible() and len(asked) == 2
+    qtbot.waitUntil(lambda: window.running_job() is None, timeout=TIMEOUT_MS)
 
 
 # ---------------------------------------------------------------- 3. no wheel edits
