@@ -158,6 +158,7 @@ class MainWindow(QMainWindow):
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
+        self.source_missing = False  # the project's source model is not where it was imported from
         self._dirty = False
         self.setWindowTitle("qb Studio")
         self.setAcceptDrops(True)
@@ -433,6 +434,7 @@ class MainWindow(QMainWindow):
     def _set_project(self, project: Project) -> None:
         self._dirty = False
         self.fit_notes = []
+        self.source_missing = False
         self.session.set_project(project)
 
     def _on_project_changed(self) -> None:
@@ -524,9 +526,15 @@ class MainWindow(QMainWindow):
         model = self.project.model
         if model is None:
             return
-        if not Path(model.path).exists():
-            dialogs.show_error(self, "Model not found", f"The project's model '{model.path}' does not exist.")
-            return
+        if not Path(model.path).exists():  # moved, deleted, or the project came from another computer
+            self.source_missing = True
+            self._update_model_label()
+            if not self.project.has_mblt:
+                dialogs.show_error(self, "Model not found", f"The project's model '{model.path}' does not exist.\n\n"
+                                   "Import it again from where it is now (File › Import Model…).")
+                return
+            logger.warning("The project's model %s does not exist; opening the graph parsed from it at import, "
+                           "saved in the project", model.path)
         if self.project.has_mblt and not model.changed_on_disk():
             from qbstudio.tasks import llm_decode_path, open_llm, open_mblt
 
@@ -674,6 +682,8 @@ class MainWindow(QMainWindow):
         imported = pending is not None and pending is not self.project.model  # not the project's own, restored
         if pending is not None:
             self.project.model = pending
+        if imported:
+            self.source_missing = False
         previous, self._previous_specs = self._previous_specs, None
         if imported and not self.is_llm:  # a decoder LLM's decode graph, replaced: hundreds of MB
             from qbstudio.tasks import llm_decode_path
@@ -1239,7 +1249,8 @@ class MainWindow(QMainWindow):
         if model is None:
             self.model_label.setText("<i>No model. File › Import Model… or drop a model file here.</i>")
             return
-        nodes = (" (loading…)" if not self.loaded else
+        nodes = (" (source not found)" if self.source_missing and not self.loaded and not self.project.has_mblt
+                 else " (loading…)" if not self.loaded else
                  "".join(f", {name.lower()} {len(self.loaded.graph(name)[1].graph)} nodes"
                          for name in self.loaded.graph_names) or f", {len(self.loaded.model.graph)} nodes")
         shapes = "".join(f"<br>{name}: {dims}" for name, dims in model.input_shapes.items())
@@ -1247,6 +1258,9 @@ class MainWindow(QMainWindow):
         inputs = "".join(f"<br>input {spec.name}: {list(spec.shape)} {spec.dtype.name}" for spec in self._specs())
         notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.fit_notes)
         notes = f"<div style='color:#b26a00'><b>Settings re-derived for this model:</b><ul>{notes}</ul></div>" if notes else ""
+        if self.source_missing and self.project.has_mblt:
+            notes += ("<div style='color:#b26a00'>The source file is not at this path any more: shown and compiled "
+                      "is the graph parsed from it at import, saved in the project. Import Model… parses it anew.</div>")
         self.model_label.setText(f"<b>{Path(model.path).name}</b><br>backend: <b>{model.backend}</b>{nodes}"
                                  f"{shapes if not inputs else ''}{inputs}{cut}{notes}")
 

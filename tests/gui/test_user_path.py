@@ -367,6 +367,33 @@ def test_quitting_during_a_compile_asks_before_stopping_it(qtbot, make_window, a
     qtbot.waitUntil(lambda: window.running_job() is None, timeout=TIMEOUT_MS)
 
 
+def test_a_project_whose_source_model_moved_opens_its_saved_graph_and_runs(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: with the source .onnx moved away, a saved project opened to "loading…" for ever, its parsed
+    graph and runs out of reach. The graph saved in the project opens, says so, and compiles."""
+    window = make_window()
+    (tmp_path / "models").mkdir()
+    source = conv_classifier(tmp_path / "models" / "rgb.onnx")
+    wait_model(qtbot, window, lambda: window.import_model(source))
+    window.calibration.random_check.setChecked(True)
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3):
+        assert window.start_compile()
+    project_file = tmp_path / "projects" / "moved.qbproj"
+    assert window.save_project_as(project_file)
+    source.rename(tmp_path / "elsewhere.onnx")
+
+    other = make_window()
+    wait_model(qtbot, other, lambda: other.open_path(project_file))
+    assert answers.errors == [] and other.source_missing
+    assert other.support.model.rowCount() == 5 and "not at this path any more" in other.model_label.text()
+    assert other.compare.table.rowCount() == 1  # its run
+    with qtbot.waitSignal(other.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert other.start_compile()
+    assert blocker.args == ["done"] and len(other.session.runs) == 2
+
+    wait_model(qtbot, other, lambda: other.import_model(tmp_path / "elsewhere.onnx"))  # parsed anew from its new place
+    assert not other.source_missing and "not at this path" not in other.model_label.text()
+
+
 # ---------------------------------------------------------------- 3. no wheel edits
 
 
