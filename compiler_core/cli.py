@@ -616,7 +616,10 @@ def _compile_text(payload: dict[str, Any]) -> str:
                      f"{mixed['int16_layers']} int16 layer(s) ({mixed['int16_fraction']:.0%}), estimated latency "
                      f"{mixed['latency_increase']:+.1%}; {mixed['points_tried']} points tried")
     lines.extend(_metric_lines(payload["outputs"]))
-    if not mixed and any(metrics.get("verdict") in ("warn", "flag") for metrics in payload["outputs"].values()):
+    if samples.get("random"):
+        lines.append("  note: calibrated and measured on random data (--use-random-calib): the accuracy figures say "
+                     "nothing about real inputs; pass --calib-data-path with real samples")
+    elif not mixed and any(metrics.get("verdict") in ("warn", "flag") for metrics in payload["outputs"].values()):
         lines.append("  hint: to gain accuracy, let the compiler choose int16 layers (--mixed-precision cosine=0.99), "
                      "or use --config-preset a16w8 for recurrent, regression and image-to-image models "
                      "(qbcompiler presets)")

@@ -192,3 +192,9 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
                "outputs": {"y": {"sqnr_db": 18.7, "cosine_mean": 0.995, "verdict": verdict}}}
     text = _compile_text(payload)
     assert ("--mixed-precision" in text and "a16w8" in text) is hinted
+
+
+def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_to_try(tmp_path, capsys):
+    code, out, _ = _cli(capsys, "compile", "--model", str(SAMPLE), "-o", str(tmp_path / "r.mxq"),
+                        "--target-device", "aries-rb", "--use-random-calib")
+    assert code == 0 and "random data" in out and "--calib-data-path" in out and "--mixed-precision" not in out

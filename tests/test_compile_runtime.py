@@ -380,7 +380,7 @@ def test_jsonl_channel_of_a_real_compile(tmp_path):
     assert result["size_bytes"] == output.stat().st_size
     assert (result["device"], result["core_modes"]) == ("aries-rb", ["single"])
     assert Path(result["analysis_file"]).is_file() and result["outputs"]["logits"]["verdict"] == "ok"
-    assert result["samples"] == {"calibration": 36, "holdout": 12}
+    assert result["samples"] == {"calibration": 36, "holdout": 12, "random": False}
 
 
 # -- cancel --------------------------------------------------------------------------------------

@@ -43,14 +43,14 @@ class QuantizeResult:
         analysis: FP32 vs quantized metrics on held-out samples (empty when none were held out).
         statistics_from_cache: True when no calibration inference ran.
         timings: seconds per stage.
-        samples: calibration and held-out sample counts.
+        samples: calibration and held-out sample counts, and whether the data was random (``use_random_calib``).
     """
 
     model: QuantizedModel
     analysis: dict[str, Any]
     statistics_from_cache: bool
     timings: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, int | bool] = field(default_factory=dict)
 
 
 def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
@@ -84,7 +84,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
         report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter,
                          sample_names=holdout.sources)
         timings["analysis"] = time.perf_counter() - started
-    return QuantizeResult(model, report, hit, timings, {"calibration": len(calibration), "holdout": len(holdout)})
+    samples = {"calibration": len(calibration), "holdout": len(holdout), "random": calibration.kind == "random"}
+    return QuantizeResult(model, report, hit, timings, samples)
 
 
 def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: CompileConfig, *, mblt_sha256: str = "",

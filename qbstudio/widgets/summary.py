@@ -63,8 +63,13 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
         rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %{on}"))
     samples = run.samples
     if samples:
-        rows.append(("Samples", f"{samples.get('calibration', 0)} calibration, {samples.get('holdout', 0)} held out"))
-    if held is not None and held < FEW_HOLDOUT:
+        random = " random" if samples.get("random") else ""
+        rows.append(("Samples", f"{samples.get('calibration', 0)}{random} calibration, {samples.get('holdout', 0)}"
+                                f"{random} held out"))
+    if samples.get("random"):
+        rows.append(("Note", "<span style='color:#b26a00'>Random calibration data (a smoke test): these figures say "
+                             "nothing about real inputs. Choose real samples in the Calibration tab.</span>"))
+    elif held is not None and held < FEW_HOLDOUT:
         rows.append(("Note", f"<span style='color:#b26a00'>Only {held} held-out sample(s): these figures are "
                              f"rough. Add calibration data for a steadier measure.</span>"))
     return rows

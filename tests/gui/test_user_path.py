@@ -346,6 +346,8 @@ def test_compile_without_calibration_data_says_where_to_choose_it(qtbot, make_wi
     with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
         assert window.start_compile()
     assert blocker.args == ["done"] and len(answers.errors) == 1
+    rows = dict(summary_module.metric_rows(window.session.latest_run))  # random data: its figures mean nothing
+    assert "random calibration" in rows["Samples"] and "say nothing about real inputs" in rows["Note"]
 
 
 def test_quitting_during_a_compile_asks_before_stopping_it(qtbot, make_window, answers, monkeypatch):
