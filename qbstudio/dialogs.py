@@ -70,14 +70,14 @@ def show_error(parent: QWidget | None, title: str, error: BaseException | str) -
 
 
 def show_info(parent: QWidget | None, title: str, text: str) -> None:
-    """A modal information box."""
-    QMessageBox.information(parent, title, text)
+    """A modal information box (built and ``exec``'d like every box here: the tests' guard refuses unanswered ones)."""
+    QMessageBox(QMessageBox.Icon.Information, title, text, QMessageBox.StandardButton.Ok, parent).exec()
 
 
 def ask_yes_no(parent: QWidget | None, title: str, text: str) -> bool:
     """A Yes/No question; True for Yes."""
-    answer = QMessageBox.question(parent, title, text)
-    return answer == QMessageBox.StandardButton.Yes
+    buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+    return QMessageBox(QMessageBox.Icon.Question, title, text, buttons, parent).exec() == QMessageBox.StandardButton.Yes
 
 
 IMPORT_NEW, IMPORT_REPLACE = "new", "replace"
@@ -222,10 +222,12 @@ def ask_submodule(parent: QWidget | None, error: BaseException, children: list[s
 
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:
     """Unsaved work before ``why`` (e.g. "closing"): ``save``, ``discard`` or None (cancel)."""
-    answer = QMessageBox.question(
-        parent, "Unsaved project", f"'{project_name}' has runs or changes that are not saved in a project file. "
-        f"Save it before {why}?", QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard
-        | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Save)
+    box = QMessageBox(QMessageBox.Icon.Question, "Unsaved project",
+                      f"'{project_name}' has runs or changes that are not saved in a project file. Save it before "
+                      f"{why}?", QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard
+                      | QMessageBox.StandardButton.Cancel, parent)
+    box.setDefaultButton(QMessageBox.StandardButton.Save)
+    answer = box.exec()
     return {QMessageBox.StandardButton.Save: SAVE, QMessageBox.StandardButton.Discard: DISCARD}.get(answer)
 
 

@@ -553,8 +553,9 @@ class MainWindow(QMainWindow):
         and its model stay as they are (one heavy job at a time)."""
         for slot, job in zip(self._job_slots(), ("the compile", "the sweep", "the model's parse",
                                                    "the writing of the calibration set")):
-            if self.runner.is_busy(slot):
-                return job
+            worker = self.runner.worker(slot)
+            if worker is not None:
+                return "the sensitivity analysis" if worker.name == "sensitivity" else job  # it shares the slot
         return None
 
     @staticmethod

@@ -74,7 +74,11 @@ def test_sensitivity_table_from_the_compile_menu_feeds_the_int16_list(qtbot, tmp
             window.open_path(SAMPLE_PROJECT)
         assert window.act_sensitivity in window.menuBar().actions()[1].menu().actions()
         assert window.start_sensitivity()
-        assert not window.start_sensitivity()  # one heavy job at a time
+        told = []
+        monkeypatch.setattr(dialogs, "show_info", lambda parent, title, text: told.append(text))
+        assert not window.start_sensitivity()  # one heavy job at a time, and the window says which runs
+        assert told == ["Cannot analyze sensitivity while the sensitivity analysis runs.\n\nWait for it to "
+                        "finish, or press Cancel (toolbar, Ctrl+.) to stop it, then try again."]
         panel = window.run_panel  # its own clock and Cancel; the summary is not told a compile runs
         assert panel.running and panel.cancel_button.isEnabled() and not panel.compile_button.isEnabled()
         assert "Compiling" not in panel.summary.header.text()
