@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 DAMPING = 0.01
 """Ridge towards the original weights, as a fraction of the mean diagonal of ``Σ_qq`` (GPTQ's damping)."""
-FIT_BIAS = True
 
 
 def refit_convolutions(float_graph: ir.Model, model: QuantizedModel, samples: Sequence[Mapping[str, np.ndarray]], *,
@@ -164,26 +163,20 @@ def _refit(model: QuantizedModel, op: IntOp, node: ir.Node, weight: np.ndarray, 
     positions = max(float(sums[0][0, -1, -1]), 1.0)
     q_q, f_q, f_f = (total / positions for total in sums)  # [G, K+1, K+1]
     per_group = out_channels // groups
-    original = np.concatenate([rows, bias[:, None]], axis=2 - 1).reshape(groups, per_group, -1)  # [G, R, K+1]
+    original = np.concatenate([rows, bias[:, None]], axis=1).reshape(groups, per_group, -1)  # [G, R, K+1]
     current = np.concatenate([op.consts["weight"].astype(np.float64).reshape(groups, per_group, -1),
                               bias.reshape(groups, per_group, 1)], axis=2)
-    width = q_q.shape[1] if FIT_BIAS else q_q.shape[1] - 1
-    block = (slice(None), slice(0, width), slice(0, width))
-    target = original[:, :, :width] @ f_q[block]  # E[t a_qᵀ] with t = [W, b] a_fp
-    damping = DAMPING * np.mean(np.diagonal(q_q[block], axis1=1, axis2=2), axis=1)[:, None, None]
-    eye = np.eye(width)[None]
-    fitted = np.linalg.solve(q_q[block] + damping * eye,
-                             (target + damping * original[:, :, :width]).transpose(0, 2, 1)).transpose(0, 2, 1)
+    target = original @ f_q  # E[t a_qᵀ] with t = [W, b] a_fp
+    damping = DAMPING * np.mean(np.diagonal(q_q, axis1=1, axis2=2), axis=1)[:, None, None]
+    eye = np.eye(q_q.shape[1])[None]
+    fitted = np.linalg.solve(q_q + damping * eye, (target + damping * original).transpose(0, 2, 1)).transpose(0, 2, 1)
     hessians = q_q[:, :-1, :-1]
     bits = 16 if op.consts["weight"].dtype == np.int16 else 8
     codes = gptq_conv_codes(fitted[:, :, :hessians.shape[1]].reshape(weight.shape), hessians, np.ones(out_channels),
                             bits)
     codes_rows = codes.reshape(groups, per_group, -1)
     mean_q, mean_f = q_q[:, :-1, -1], f_f[:, :, -1]  # E[a_q] without the 1; E[a_fp] with it
-    if FIT_BIAS:
-        new_bias = np.einsum("grk,gk->gr", original, mean_f) - np.einsum("grk,gk->gr", codes_rows, mean_q)
-    else:
-        new_bias = bias.reshape(groups, per_group)
+    new_bias = np.einsum("grk,gk->gr", original, mean_f) - np.einsum("grk,gk->gr", codes_rows, mean_q)
     before = _error(current, original, q_q, f_q, f_f)
     after_rows = np.concatenate([codes_rows, new_bias[:, :, None]], axis=2)
     after = _error(after_rows, original, q_q, f_q, f_f)
