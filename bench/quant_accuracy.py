@@ -43,7 +43,11 @@ which judge every row. Text detectors (:data:`EXTRA_DATA`) get photos with text 
 - ours int8: the default config (``crossLayerEqualization`` and output headroom on), no preset;
 - ours int8, zero points: the same with calibration method 2 (asymmetric activation ranges);
 - ours int8, zero points, channel scales: the same with ``bit.activationScales: channel`` (per-channel 8-bit scales
-  on the feature maps between convolutions and look-up tables);
+  on the feature maps between convolutions and look-up tables); then with GPTQ conv weights
+  (``bit.weightRounding: gptq``) and with the convolutions refitted to their quantized inputs (``sequential``);
+- for image models of :data:`EXTRA_DATA`: the channel-scale rows with a raw uint8 pixel input (``uint8Input``, the
+  feed's normalization folded into the input's per-channel parameters);
+- ours a16w8 (int16 activations), with and without GPTQ;
 - ours AMP: the default config with ``mixedPrecision`` (target ``--amp-target``, default cosine 0.99, on the mean
   or ``--amp-statistic worst`` sample, ``maxInt16Fraction`` 0.25, latency budget +15 %; ``--amp-config`` adds config
   arguments): int16 layers, their share, estimated latency change on aries-rb, points tried, search time;
@@ -322,6 +326,21 @@ EXTRA_DATA = {"ppocr_det": "imagenet"}
 """Corpus models whose ``--amp`` splits get :data:`TEXT_PHOTOS` (value: the corpus feed's pixel normalization)."""
 
 
+UINT8_PIXELS = {"imagenet": {"op": "normalize", "mean": realmodels.IMAGENET_MEAN.tolist(),
+                              "std": realmodels.IMAGENET_STD.tolist()}}
+"""The normalization of each :data:`EXTRA_DATA` feed, for the ``uint8Input`` rows of ``--amp``."""
+
+
+def uint8_input_config(name: str) -> dict:
+    """Config arguments that make corpus model ``name``'s image input raw uint8 pixels (``uint8Input`` with the
+    feed's normalization; the samples are float tensors of whole pixels, which the runtime quantizes back to those
+    pixels), or ``{}`` for a model without :data:`EXTRA_DATA`."""
+    normalize = UINT8_PIXELS.get(EXTRA_DATA.get(name, ""))
+    if normalize is None:
+        return {}
+    return {"preprocessing_config": {"apply": False, "pipeline": [normalize]}, "uint8_input_config": {"apply": True}}
+
+
 SPLIT_OF = {"calibration": "calib", "search": "search", "held_out": "eval"}
 """The ``text_photos`` split of each ``--amp`` split."""
 
@@ -406,13 +425,19 @@ def run_amp_model(name: str, args, folder: Path) -> dict:
     rows = {}
     zero_points = {"calibration_config": {"numSamples": len(calib), "method": 2}}
     channels = {**zero_points, "bit_config": {"activationScales": "channel"}}
-    for label, extra in (("ours int8", {}), ("ours int8, zero points", zero_points),
-                         ("ours int8, zero points, channel scales", channels),
-                         ("ours int8, zero points, channel scales, GPTQ conv weights",
-                          {**channels, "bit_config": {"activationScales": "channel", "weightRounding": "gptq"}}),
-                         ("ours a16w8", {"config_preset": "a16w8"}),
-                         ("ours a16w8, GPTQ conv weights", {"config_preset": "a16w8",
-                                                            "bit_config": {"weightRounding": "gptq"}})):
+    refit = {**channels, "bit_config": {"activationScales": "channel", "weightRounding": "sequential"}}
+    configs = [("ours int8", {}), ("ours int8, zero points", zero_points),
+               ("ours int8, zero points, channel scales", channels),
+               ("ours int8, zero points, channel scales, GPTQ conv weights",
+                {**channels, "bit_config": {"activationScales": "channel", "weightRounding": "gptq"}}),
+               ("ours int8, zero points, channel scales, sequential refit", refit)]
+    pixels = uint8_input_config(name)
+    if pixels:
+        configs += [("ours int8, uint8 input, zero points, channel scales", {**channels, **pixels}),
+                    ("ours int8, uint8 input, zero points, channel scales, sequential refit", {**refit, **pixels})]
+    configs += [("ours a16w8", {"config_preset": "a16w8"}),
+                ("ours a16w8, GPTQ conv weights", {"config_preset": "a16w8", "bit_config": {"weightRounding": "gptq"}})]
+    for label, extra in configs:
         started = time.perf_counter()
         int8 = mxq_compile(mblt, save_path=folder / f"{name}_int8.mxq", **{**common, **extra})
         test = mxq_outputs(int8.mxq_path, evaluation)

@@ -298,14 +298,17 @@ class BitConfig(ConfigSection):
                               "folded into the reading convolution's weights or tables, so a few wide channels "
                               "cost the others nothing at int8 (PP-OCR det's HardSwish outputs: 16x the median "
                               "channel); with calibration methods 2/3 each channel gets a zero point too.")
-    weight_rounding: Literal["nearest", "gptq"] = Field(
+    weight_rounding: Literal["nearest", "gptq", "sequential"] = Field(
         "nearest", description="How convolution weights are rounded to their codes: 'nearest' code, or 'gptq' "
                                "(GPTQ on the im2col Hessian of each Conv's FP32 input over weightRoundingSamples "
                                "calibration samples: each weight's rounding error is pushed onto the weights not yet "
-                               "rounded, to keep the layer's output rather than its weights). Same scales, format "
-                               "and cost.")
+                               "rounded, to keep the layer's output rather than its weights), or 'sequential' "
+                               "(each Conv's weights and bias refitted, layer by layer, so that on its quantized "
+                               "input from the program it gives the FP32 layer's output, then GPTQ-rounded on the "
+                               "quantized input's Hessian). Same scales, format and cost.")
     weight_rounding_samples: PositiveInt = Field(
-        8, description="Calibration samples whose FP32 activations give the Hessians of weightRounding 'gptq'.")
+        8, description="Calibration samples whose activations give the Hessians of weightRounding 'gptq' and the fit "
+                       "of 'sequential'.")
 
 
 # ---------------------------------------------------------------- other sections

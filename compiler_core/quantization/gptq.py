@@ -301,6 +301,14 @@ def conv_hessians(float_graph: Any, samples: Iterable[Any], names: Iterable[str]
 
 def _conv_hessian(x: np.ndarray, node: Any, weight_shape: Sequence[int]) -> tuple[np.ndarray, int]:
     """``[groups, K, K]`` sum of the im2col columns' outer products for one input batch, averaged over positions."""
+    columns = conv_columns(x, node, weight_shape)
+    hessian = np.matmul(columns.transpose(0, 2, 1), columns).astype(np.float64) / columns.shape[1]
+    return hessian, columns.shape[1]
+
+
+def conv_columns(x: np.ndarray, node: Any, weight_shape: Sequence[int]) -> np.ndarray:
+    """``[groups, N * positions, K]`` im2col columns of a Conv's input batch ``x`` (``K`` in the order of a
+    ``[out, in / groups, *kernel]`` weight's flattened rows)."""
     from numpy.lib.stride_tricks import sliding_window_view
 
     from compiler_core.quantization.lowering import attr_int, attr_ints
@@ -320,9 +328,7 @@ def _conv_hessian(x: np.ndarray, node: Any, weight_shape: Sequence[int]) -> tupl
     positions = int(np.prod(patches.shape[2:2 + spatial]))
     per_group = channels // groups
     columns = np.moveaxis(patches.reshape(batch, groups, per_group, positions, -1), 3, 2)  # [N, G, P, cpg, k]
-    columns = np.ascontiguousarray(columns.transpose(1, 0, 2, 3, 4)).reshape(groups, batch * positions, -1)
-    hessian = np.matmul(columns.transpose(0, 2, 1), columns).astype(np.float64) / (batch * positions)
-    return hessian, batch * positions
+    return np.ascontiguousarray(columns.transpose(1, 0, 2, 3, 4)).reshape(groups, batch * positions, -1)
 
 
 def gptq_conv_codes(weight: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:

@@ -252,7 +252,7 @@ def _empirical_samples(config: CompileConfig, calibration) -> list | None:
     (read once), if either is on."""
     correction = config.layer_bias_correction
     wanted = max(correction.empirical_samples if correction.apply and correction.empirical else 0,
-                 config.bit.weight_rounding_samples if config.bit.weight_rounding == "gptq" else 0)
+                 config.bit.weight_rounding_samples if config.bit.weight_rounding != "nearest" else 0)
     if not wanted:
         return None
     return [sample for _, sample in zip(range(wanted), calibration)]

@@ -97,7 +97,8 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
     ``samples`` are the calibration samples; with ``layerBiasCorrection.empirical`` the first
     ``empiricalSamples`` of them measure each linear layer's output shift
     (:mod:`~compiler_core.quantization.bias_correction`), with ``bit.weightRounding: gptq`` the first
-    ``weightRoundingSamples`` give the Conv Hessians (:func:`~compiler_core.quantization.gptq.conv_hessians`);
+    ``weightRoundingSamples`` give the Conv Hessians (:func:`~compiler_core.quantization.gptq.conv_hessians`), with
+    ``sequential`` they refit the Convs to their quantized inputs (:mod:`~compiler_core.quantization.refit`);
     without samples those steps are skipped, with a warning.
 
     Returns:
@@ -106,7 +107,7 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
     """
     quantized, stats, equalized = _equalized(target, stats, config)
     correction = config.layer_bias_correction
-    wanted = max(config.bit.weight_rounding_samples if config.bit.weight_rounding == "gptq" else 0,
+    wanted = max(config.bit.weight_rounding_samples if config.bit.weight_rounding != "nearest" else 0,
                  correction.empirical_samples if correction.apply and correction.empirical else 0)
     chosen = None if samples is None else [sample for _, sample in zip(range(wanted), samples)]
     hessians = None
@@ -123,6 +124,14 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
                            feature_absmax=_feature_absmax(stats),
                            channel_ranges=_channel_ranges(stats) if config.bit.activation_scales == "channel" else None,
                            hessians=hessians)
+    if config.bit.weight_rounding == "sequential":
+        if chosen is None:
+            logger.warning("bit.weightRounding sequential needs calibration samples here; weights were rounded to "
+                           "nearest.")
+        else:
+            from compiler_core.quantization.refit import refit_convolutions
+
+            refit_convolutions(quantized, model, chosen[:config.bit.weight_rounding_samples], reporter=reporter)
     if correction.apply and correction.empirical:
         if chosen is None:
             logger.warning("layerBiasCorrection.empirical needs calibration samples here; only the analytic "
