@@ -21,7 +21,9 @@ from compiler_core.mblt.io import load_mblt
 from compiler_core.quantization.bias_correction import correct_biases
 from compiler_core.quantization.run import quantize_from_statistics
 
-RNG = np.random.default_rng(5)
+SEED = 5
+"""One draw of weights and data for every test, in any order and any pytest-xdist worker (a module-level generator
+gave each test the draw its position in the run left it: the measured gains varied 1.6-5.5 dB between draws)."""
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +31,11 @@ def statistics_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
 
 
-def _shift_model() -> onnx.ModelProto:
-    w0 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2
+def _shift_model(rng: np.random.Generator) -> onnx.ModelProto:
+    w0 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2
     w0[0] *= 60.0  # one wide channel sets the per-tensor scale
     b0 = np.full(8, -0.1, np.float32)
-    w1 = RNG.standard_normal((6, 8, 1, 1)).astype(np.float32)
+    w1 = rng.standard_normal((6, 8, 1, 1)).astype(np.float32)
     w1[:, 0] *= 0.01  # ... and conv1 barely reads it: the narrow channels carry the output
     nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], name="conv0", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["b"], name="relu0"),
@@ -48,14 +50,15 @@ def _shift_model() -> onnx.ModelProto:
 @pytest.fixture
 def shift_model(tmp_path) -> tuple[Path, Path, list[dict]]:
     """MBLT, a folder of 24 calibration samples and 8 held-out samples (other draws)."""
+    rng = np.random.default_rng(SEED)
     source = tmp_path / "shift.onnx"
-    onnx.save(_shift_model(), str(source))
+    onnx.save(_shift_model(rng), str(source))
     mblt = mblt_compile(source, tmp_path / "shift.mblt", backend="onnx")
     calib = tmp_path / "calib"
     calib.mkdir()
     for index in range(24):
-        np.save(calib / f"{index:02d}.npy", RNG.standard_normal((1, 3, 16, 16)).astype(np.float32))
-    held_out = [{"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
+        np.save(calib / f"{index:02d}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    held_out = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
     return mblt, calib, held_out
 
 

@@ -60,7 +60,10 @@ def _samples(count: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(count)]
 
 
-def _programs(tmp_path):
+def _programs(tmp_path, bit_configs: dict | None = None):
+    """The block's source, MBLT, calibration folder and one program per entry of ``bit_configs`` (key -> bit config;
+    default: per-tensor and per-channel activation scales)."""
+    bit_configs = bit_configs or {scales: {"activationScales": scales} for scales in ("tensor", "channel")}
     source = tmp_path / "block.onnx"
     onnx.save(_block(), str(source))
     mblt = mblt_compile(source, tmp_path / "block.mblt", backend="onnx")
@@ -68,9 +71,8 @@ def _programs(tmp_path):
     calib.mkdir()
     for index, sample in enumerate(_samples(16, 0)):
         np.save(calib / f"{index:02d}.npy", sample["x"])
-    programs = {scales: quantize(mblt, calib, analysis=False, analysis_holdout=0,
-                                 calibration_config={"method": 2}, bit_config={"activationScales": scales}).model
-                for scales in ("tensor", "channel")}
+    programs = {key: quantize(mblt, calib, analysis=False, analysis_holdout=0, calibration_config={"method": 2},
+                              bit_config=bit_config).model for key, bit_config in bit_configs.items()}
     return source, mblt, calib, programs
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from test_channel_scales import _block, _samples
+from test_channel_scales import _programs as _block_programs
+from test_channel_scales import _samples
 
-from compiler_core.api import mblt_compile, mxq_compile, quantize
+from compiler_core.api import mxq_compile
 from compiler_core.backend.program import decode, lower
 from compiler_core.quantization import executor
 from compiler_core.runtime import Accelerator, Model
@@ -33,16 +33,8 @@ SETTINGS = {"calibration_config": {"method": 2}, "analysis": False, "analysis_ho
 
 
 def _programs(tmp_path):
-    source = tmp_path / "block.onnx"
-    onnx.save(_block(), str(source))
-    mblt = mblt_compile(source, tmp_path / "block.mblt", backend="onnx")
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for index, sample in enumerate(_samples(16, 0)):
-        np.save(calib / f"{index:02d}.npy", sample["x"])
-    programs = {rounding: quantize(mblt, calib, bit_config={"activationScales": SCALES, "weightRounding": rounding},
-                                   **SETTINGS).model for rounding in ("nearest", "gptq", "sequential")}
-    return source, mblt, calib, programs
+    return _block_programs(tmp_path, {rounding: {"activationScales": SCALES, "weightRounding": rounding}
+                                      for rounding in ("nearest", "gptq", "sequential")})
 
 
 def test_sequential_refit_changes_only_codes_and_biases_and_brings_the_output_closer(tmp_path):

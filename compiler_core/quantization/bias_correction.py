@@ -51,44 +51,32 @@ def correct_biases(float_graph: ir.Model, model: QuantizedModel, samples: Sequen
     Returns:
         ``{"layers": corrected layer count, "mean_shift_steps": mean |shift| before correction, in output steps}``.
     """
-    from compiler_core.runtime.fastpath.plan import FastExecutor, PlanContext, build_step
-
     reporter = as_reporter(reporter)
     samples = list(samples)
     layers = {op.name: op for op in model.ops if op.kind == "linear" and op.outputs[0] in model.tensors}
     if not layers or not samples:
         return {"layers": 0, "mean_shift_steps": 0.0}
-    fast = FastExecutor(model)
-    if not fast.batchable:
+    walk = ProgramWalk(model, samples)
+    if walk.fast is None:
         logger.warning("Empirical bias correction skipped: it runs the samples as one batch, and this program has "
                        "tensors without a leading batch dimension of 1.")
         return {"layers": 0, "mean_shift_steps": 0.0}
     reference = _float_means(float_graph, model, [op.outputs[0] for op in layers.values()], layers, samples)
-    context = PlanContext(model)
-    feeds = {spec.name: np.concatenate([np.asarray(s[spec.name]) for s in samples]) for spec in model.inputs}
-    env = fast.quantize_inputs(feeds)
-    count = len(samples)
-    last_use = model.last_uses()
-    outputs = {spec.name for spec in model.outputs}
+    count = walk.count
     shifts = []
     with reporter.stage("bias-correction", total=len(layers), message=f"{len(layers)} layers, {count} samples"):
         for index, op in enumerate(model.ops):
             reporter.check()
-            step = fast.steps[index]
-            result = _run_step(step, op, env, count)
+            result = walk.run(index, op)
             if op.name in layers and op.outputs[0] in reference:
                 name = op.outputs[0]
                 shift = _channel_mean(model.params(name).dequantize(result[0]), _channel_axis(op, result[0].ndim))
                 shift -= reference[name]
                 if _move_bias(model, op, -shift):
-                    result = _run_step(build_step(op, context), op, env, count)
+                    result = walk.run(index, op, changed=True)
                     shifts.append(float(np.mean(np.abs(shift))) / _output_scale(model, name))
                 reporter.advance()
-            for name, value in zip(op.outputs, result):
-                env[name] = value
-            for name in op.inputs:
-                if name and last_use.get(name) == index and name not in outputs:
-                    env.pop(name, None)
+            walk.store(index, op, result)
     mean_shift = float(np.mean(shifts)) if shifts else 0.0
     logger.info("Bias correction: %d layer(s) on %d sample(s), mean |shift| %.3f output step(s)", len(shifts), count,
                 mean_shift)
@@ -98,6 +86,47 @@ def correct_biases(float_graph: ir.Model, model: QuantizedModel, samples: Sequen
 STEP_CHUNK = 4
 """Samples per step call: a convolution's intermediates (im2col, accumulators) grow with the batch, the
 environment does not need to (PP-OCR det with 16 samples in one call went past 5.7 GB)."""
+
+
+class ProgramWalk:
+    """The integer program run op by op on calibration samples as one batch, for passes that change a layer's
+    constants on the way and run the rest of the program on its new output (bias correction, the weight refit).
+
+    Attributes:
+        fast: the fast executor of the program, or None when it cannot run the samples as one batch.
+        env: tensor name -> codes of every sample, inputs first; a tensor leaves once its last reader ran.
+        count: the number of samples.
+    """
+
+    def __init__(self, model: QuantizedModel, samples: Sequence[Mapping[str, np.ndarray]]) -> None:
+        from compiler_core.runtime.fastpath.plan import FastExecutor, PlanContext
+
+        self.model, self.count = model, len(samples)
+        fast = FastExecutor(model)
+        self.fast = fast if fast.batchable else None
+        self.env: dict[str, np.ndarray] = {}
+        if self.fast is not None:
+            self._context = PlanContext(model)
+            feeds = {spec.name: np.concatenate([np.asarray(s[spec.name]) for s in samples]) for spec in model.inputs}
+            self.env = fast.quantize_inputs(feeds)
+            self._last_use = model.last_uses()
+            self._outputs = {spec.name for spec in model.outputs}
+
+    def run(self, index: int, op: IntOp, *, changed: bool = False) -> list[np.ndarray]:
+        """The outputs of op ``index`` on the current environment; ``changed``: its constants changed since the
+        executor was planned (its step is planned again)."""
+        from compiler_core.runtime.fastpath.plan import build_step
+
+        step = build_step(op, self._context) if changed else self.fast.steps[index]
+        return _run_step(step, op, self.env, self.count)
+
+    def store(self, index: int, op: IntOp, result: list[np.ndarray]) -> None:
+        """Keep op ``index``'s outputs; drop the inputs no later op reads (graph outputs stay)."""
+        for name, value in zip(op.outputs, result):
+            self.env[name] = value
+        for name in op.inputs:
+            if name and self._last_use.get(name) == index and name not in self._outputs:
+                self.env.pop(name, None)
 
 
 def _run_step(step, op: IntOp, env: dict, count: int) -> list[np.ndarray]:

@@ -56,9 +56,8 @@ def refit_convolutions(float_graph: ir.Model, model: QuantizedModel, samples: Se
         ``{"layers": refitted Conv count, "error_ratio": median over layers of the accumulator error on the
         samples after / before}``.
     """
-    from compiler_core.quantization.bias_correction import _run_step
+    from compiler_core.quantization.bias_correction import ProgramWalk
     from compiler_core.quantization.graph import GraphView
-    from compiler_core.runtime.fastpath.plan import FastExecutor, PlanContext, build_step
 
     reporter = as_reporter(reporter)
     samples = list(samples)
@@ -67,35 +66,27 @@ def refit_convolutions(float_graph: ir.Model, model: QuantizedModel, samples: Se
     layers = {op.name: nodes[op.name] for op in model.ops if _refittable(op, nodes.get(op.name), view)}
     if not layers or not samples:
         return {"layers": 0, "error_ratio": 1.0}
-    fast = FastExecutor(model)
-    if not fast.batchable:
+    walk = ProgramWalk(model, samples)
+    if walk.fast is None:
         logger.warning("Weight refit skipped: it runs the samples as one batch, and this program has tensors without "
                        "a leading batch dimension of 1.")
         return {"layers": 0, "error_ratio": 1.0}
     reference = _float_inputs(float_graph, [node.inputs[0].name for node in layers.values()], samples)
-    context = PlanContext(model)
-    feeds = {spec.name: np.concatenate([np.asarray(s[spec.name]) for s in samples]) for spec in model.inputs}
-    env = fast.quantize_inputs(feeds)
-    count = len(samples)
-    last_use = model.last_uses()
-    outputs = {spec.name for spec in model.outputs}
+    count = walk.count
     ratios = []
     with reporter.stage("weight-refit", total=len(layers), message=f"{len(layers)} convolutions, {count} samples"):
         for index, op in enumerate(model.ops):
             reporter.check()
-            step = fast.steps[index]
             if op.name in layers:
                 node = layers[op.name]
-                x_float = reference.get(node.inputs[0].name, feeds.get(node.inputs[0].name))
-                ratios.append(_refit(model, op, node, view.const(node.inputs[1]), env[op.inputs[0]], x_float))
-                step = build_step(op, context)
+                x_float = reference.get(node.inputs[0].name)
+                if x_float is None:  # the layer reads a model input: the float samples themselves
+                    x_float = np.concatenate([np.asarray(sample[node.inputs[0].name]) for sample in samples])
+                ratios.append(_refit(model, op, node, view.const(node.inputs[1]), walk.env[op.inputs[0]], x_float))
+            result = walk.run(index, op, changed=op.name in layers)
+            if op.name in layers:
                 reporter.advance()
-            result = _run_step(step, op, env, count)
-            for name, value in zip(op.outputs, result):
-                env[name] = value
-            for name in op.inputs:
-                if name and last_use.get(name) == index and name not in outputs:
-                    env.pop(name, None)
+            walk.store(index, op, result)
     ratio = float(np.median(ratios)) if ratios else 1.0
     logger.info("Weight refit: %d convolution(s) on %d sample(s), accumulator error after / before %.3f (median)",
                 len(ratios), count, ratio)
