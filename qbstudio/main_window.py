@@ -549,7 +549,7 @@ class MainWindow(QMainWindow):
         self._start_parse(model)
 
     def running_job(self) -> str | None:
-        """What the project's running background job does ("a compile", ...), or None: while one runs, the project
+        """What the project's running background job is ("the compile", ...), or None: while one runs, the project
         and its model stay as they are (one heavy job at a time)."""
         for slot, job in zip(self._job_slots(), ("the compile", "the sweep", "the model's parse",
                                                    "the writing of the calibration set")):
@@ -907,13 +907,9 @@ class MainWindow(QMainWindow):
             return False
         if self.is_llm:
             return self.start_llm_compile()
-        calibration, config = self.project.calibration, self.project.settings.config
-        if not (calibration.path or calibration.use_random or config.calib_data_paths or config.use_random_calib):
-            self.tabs.setCurrentIndex(1)  # where the data is chosen
-            dialogs.show_error(self, "No calibration data", "Choose calibration data first.\n\nIn the Calibration "
-                               "tab: Folder… (images or .npy files) or List/manifest…, or tick Random data for a "
-                               "smoke test.")
+        if not self._has_calibration_data():
             return False
+        calibration = self.project.calibration
         run_id = self.project.runs.next_id()
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         worker = Worker("compile", run_in_process, COMPILE_TARGET, self.project.mblt_path, save_path,
@@ -929,6 +925,17 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentIndex(2)
         self.runner.start("compile", worker)
         return True
+
+    def _has_calibration_data(self) -> bool:
+        """True if calibration data (or random data) is chosen; else says where to choose it, shows that tab and
+        returns False (the job would fail with CALIBRATION_ERROR in the API's words)."""
+        calibration, config = self.project.calibration, self.project.settings.config
+        if calibration.path or calibration.use_random or config.calib_data_paths or config.use_random_calib:
+            return True
+        self.tabs.setCurrentIndex(1)  # where the data is chosen
+        dialogs.show_error(self, "No calibration data", "Choose calibration data first.\n\nIn the Calibration tab: "
+                           "Folder… (images or .npy files) or List/manifest…, or tick Random data for a smoke test.")
+        return False
 
     def start_llm_compile(self) -> bool:
         """Ask for calibration text and LLM options, then compile the decoder LLM in the background.
@@ -1041,6 +1048,8 @@ class MainWindow(QMainWindow):
         readiness = self.readiness()
         if not readiness.ok:
             dialogs.show_error(self, "Cannot analyze", readiness.reason)
+            return False
+        if not self._has_calibration_data():
             return False
         calibration = self.project.calibration
         worker = Worker("sensitivity", sensitivity_report, self.project.mblt_path, self.project.settings.config,
