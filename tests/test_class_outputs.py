@@ -106,3 +106,13 @@ def test_scores_with_singleton_dimensions_agree_per_class_not_per_element():
     comparison = TensorComparison()
     comparison.add(reference, quantized, classifier=True)
     assert comparison.to_dict(classifier=True)["top1_agreement"] == 0.0
+
+
+def test_top_5_never_falls_below_top_1_on_tied_scores():
+    """A model with a constant output (onnx's light SqueezeNet: 1000 equal probabilities) showed top-1 100 %, top-5 0 %."""
+    from compiler_core.analysis.metrics import TensorComparison
+
+    comparison = TensorComparison()
+    comparison.add(np.full((1, 1000, 1, 1), 0.001), np.full((1, 1000, 1, 1), 0.001), classifier=True)
+    result = comparison.to_dict(classifier=True)
+    assert result["top1_agreement"] == 1.0 and result["top5_agreement"] == 1.0
