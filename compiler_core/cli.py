@@ -382,8 +382,8 @@ def _top_k(value, k: int, labels: list[str] | None) -> dict[str, Any]:
     import numpy as np
 
     flat = np.asarray(value).reshape(-1)
-    if value.ndim != 2 or value.shape[0] != 1 or flat.size < 2 or k <= 0:
-        return {}
+    if value.ndim < 2 or value.shape[0] != 1 or sum(size != 1 for size in value.shape[1:]) != 1 or k <= 0:
+        return {}  # scores: [1, C], or [1, C, 1, 1] / [1, 1, 1, C] from a 1x1-convolution head
     order = np.argsort(-flat)[:k]
     return {"top_k": [{"index": int(i), "score": float(flat[i]),
                        **({"label": labels[i]} if labels and i < len(labels) else {})} for i in order]}

@@ -198,3 +198,15 @@ def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_
     code, out, _ = _cli(capsys, "compile", "--model", str(SAMPLE), "-o", str(tmp_path / "r.mxq"),
                         "--target-device", "aries-rb", "--use-random-calib")
     assert code == 0 and "random data" in out and "--calib-data-path" in out and "--mixed-precision" not in out
+
+
+def test_run_ranks_scores_with_singleton_dimensions():
+    import numpy as np
+
+    from compiler_core.cli import _top_k
+
+    scores = np.zeros((1, 10, 1, 1), np.float32)
+    scores[0, 7] = 1.0
+    assert _top_k(scores, 3, None)["top_k"][0]["index"] == 7
+    assert _top_k(scores.reshape(1, 1, 1, 10), 1, None)["top_k"][0]["index"] == 7
+    assert _top_k(np.zeros((1, 4, 8, 8), np.float32), 3, None) == {}  # a feature map is not scores
