@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler_core.api import parse_model
-from compiler_core.mblt import conversion
+from compiler_core.mblt import conversion, opset_steps
 from compiler_core.mblt.opset_steps import COMPATIBLE_STEPS, convert_natively
 
 
@@ -135,7 +136,7 @@ def _old_softmax_model(path) -> None:
 def test_a_parse_that_needs_only_written_steps_does_not_call_the_c_api(tmp_path, monkeypatch):
     _old_softmax_model(tmp_path / "old.onnx")
     shapes = {"x": [1, 4, 6]}
-    monkeypatch.setattr(conversion, "convert_natively", lambda proto, version: None)
+    monkeypatch.setattr(conversion, "convert_natively", lambda proto, version, **options: None)
     through_c_api, _ = parse_model(tmp_path / "old.onnx", input_shape_dict=shapes)
     monkeypatch.undo()
     calls = []
@@ -154,9 +155,48 @@ def test_an_upgrade_that_fails_strict_inference_is_the_c_api_upgrade(monkeypatch
     results = []
     for native in (True, False):
         if not native:
-            monkeypatch.setattr(conversion, "convert_natively", lambda proto, version: None)
+            monkeypatch.setattr(conversion, "convert_natively", lambda proto, version, **options: None)
         copy = onnx.ModelProto()
         copy.CopyFrom(source)
         converted, inferred, _ = conversion.convert_source_proto(copy, 21)
         results.append((converted.SerializeToString(deterministic=True), inferred))
     assert results[0] == results[1] and not results[0][1] and "num_outputs" in str(onnx.ModelProto.FromString(results[0][0]))
+
+
+def _softmax_after_computed_reshape(axis: int) -> onnx.ModelProto:
+    """Opset 11: a Softmax reading a Reshape to a shape computed from ``Shape`` through ``Constant`` nodes (PP-OCR's
+    attention and classifier head): the C API's non-strict inference does not know the Softmax input's rank."""
+    def constant(name, values):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64)))
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             constant("start", [0]), constant("end", [2]), constant("tail", [3, 4]),
+             helper.make_node("Slice", ["shape", "start", "end"], ["head"]),
+             helper.make_node("Concat", ["head", "tail"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=axis)]
+    return _model(nodes, [_x([1, 2, 12])], [_y()], 11)
+
+
+@pytest.mark.parametrize("axis", [3, -1, 2])
+def test_a_softmax_whose_rank_only_strict_inference_knows(axis, tmp_path):
+    """On the last axis the upgrade writes ``axis = -1`` where the C API writes the Flatten/Reshape sandwich (it cannot
+    see the rank), and the parse keeps no Reshape for it; an inner axis still gets the C API's sandwich. Either way
+    the MBLT computes what the source does (the MBLT of PP-OCR rec has 6 Reshapes fewer)."""
+    source = _softmax_after_computed_reshape(axis)
+    plans = [[(13, "softmax")] if node.op_type == "Softmax" else [] for node in source.graph.node]
+    assert opset_steps._softmax_input_ranks(source, plans) == {"r": 0}  # what the C API's inference sees
+    native, _ = conversion._native_conversion(source, 21)
+    c_api = onnx.version_converter.convert_version(source, 21)
+    assert [node.op_type for node in c_api.graph.node].count("Flatten") == (0 if axis == -1 else 1)  # -1 + 0 == 0 - 1
+    flattened = [node.op_type for node in native.graph.node].count("Flatten")
+    assert flattened == (1 if axis == 2 else 0)
+    onnx.save(source, str(tmp_path / "source.onnx"))
+    parsed, _ = parse_model(tmp_path / "source.onnx")
+    ops = [node.op_type for node in parsed.graph]
+    if axis != 2:
+        assert ops == ["Reshape", "Softmax"]  # the model's own Reshape
+    x = np.random.default_rng(0).standard_normal((1, 2, 12)).astype(np.float32)
+    expected = ort.InferenceSession(source.SerializeToString()).run(None, {"x": x})[0]
+    got = ort.InferenceSession(ir.to_proto(parsed).SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)

@@ -23,7 +23,7 @@ import onnx_ir as ir
 import onnxscript.version_converter
 from onnxscript.version_converter import _c_api_utils, _version_converter
 
-from compiler_core.mblt.opset_steps import convert_natively
+from compiler_core.mblt.opset_steps import convert_natively, softmax_axes_last
 from compiler_core.mblt.rule_index import Inline, RemoveUnusedFunctions, RemoveUnusedNodes, RemoveUnusedOpsets
 
 logger = logging.getLogger(__name__)
@@ -101,11 +101,21 @@ def convert_source_proto_weights_apart(
 
 def _native_conversion(proto: onnx.ModelProto, target_version: int) -> tuple[onnx.ModelProto | None, bool]:
     """(:func:`convert_natively`'s upgrade with ONNX's strict inference, True) where it is written and inference
-    succeeds, else (None, False); ``proto`` is not modified."""
-    converted = convert_natively(proto, target_version)
+    succeeds, else (None, False); ``proto`` is not modified.
+
+    The upgrade is first written with every Softmax on its input's last axis, so that one strict inference both types
+    the result and tells the Softmax input ranks; only where that does not hold (an inner axis, an unknown rank) is it
+    written again the C API's way, after the C API's own non-strict inference of the ranks.
+    """
+    converted = convert_natively(proto, target_version, last_axis=True)
     if converted is None:
         return None, False
     result, inferred = _strict_inference(converted)
+    if not softmax_axes_last(proto, result if inferred else None, target_version):
+        converted = convert_natively(proto, target_version)
+        if converted is None:
+            return None, False
+        result, inferred = _strict_inference(converted)
     if inferred:
         logger.debug("Upgraded opset %s -> %s without the C API", proto.opset_import[0].version, target_version)
     return result, inferred

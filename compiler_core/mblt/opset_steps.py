@@ -12,7 +12,10 @@ to the protobuf what the C++ adapter does:
   node's next input;
 - ``Softmax_12_13`` (Softmax, LogSoftmax): ``axis`` on the last dimension becomes ``-1``; any other
   axis gets the ``Shape -> Flatten -> op(axis=-1) -> Reshape`` sandwich (the input's rank comes from
-  the same non-strict shape inference the C API runs first);
+  the same non-strict shape inference the C API runs first). With ``last_axis`` the upgrade writes
+  ``-1`` without that inference, and the caller keeps it where the strict inference of the result
+  shows the axis is the last (:func:`softmax_axes_last`): also where the C API's inference cannot see
+  the rank and writes the sandwich, which the parse then cannot always remove (PP-OCR rec kept 6 Reshapes);
 - ``BatchNormalization_13_14``: a check only (no training outputs);
 - ``Split_17_18``: a Split without a ``split`` input gets ``num_outputs``, its output count;
 - ``SetAttribute(layout, 0)``: LSTM, GRU and RNN 13 -> 14.
@@ -202,11 +205,18 @@ def _plan(node: onnx.NodeProto, source: int, target: int) -> list[tuple[int, str
     return adapters
 
 
-def convert_natively(proto: onnx.ModelProto, target_version: int) -> onnx.ModelProto | None:
+def convert_natively(proto: onnx.ModelProto, target_version: int, *,
+                     last_axis: bool = False) -> onnx.ModelProto | None:
     """The C API's upgrade of a flat, default-domain model to ``target_version``, or None where it is not written here.
 
     ``proto`` is left as it is; the result is a new model (the caller has set large weights aside, so the copy is
     small).
+
+    ``last_axis``: upgrade every Softmax/LogSoftmax as if its axis were its input's last dimension (``axis = -1``, no
+    sandwich), without the shape inference that finds the input ranks. That is the C API's result wherever its
+    inference knows the rank and the axis is the last one; the caller confirms it on the upgraded model's strict
+    inference with :func:`softmax_axes_last` (which also knows ranks the C API's non-strict inference misses, such as
+    PP-OCR cls's Softmax after a Reshape to a computed shape: the C API writes the sandwich there).
     """
     graph = proto.graph
     default = [entry for entry in proto.opset_import if entry.domain in ("", "ai.onnx")]
@@ -222,7 +232,7 @@ def convert_natively(proto: onnx.ModelProto, target_version: int) -> onnx.ModelP
         if plan is None:
             return None
         plans.append(plan)
-    ranks = _softmax_input_ranks(proto, plans)
+    ranks = _LAST_AXIS if last_axis else _softmax_input_ranks(proto, plans)
     if ranks is None:
         return None
     converted = onnx.ModelProto()
@@ -233,6 +243,38 @@ def convert_natively(proto: onnx.ModelProto, target_version: int) -> onnx.ModelP
     if any(plans) and not _adapt_nodes(converted, plans, ranks):
         return None
     return converted
+
+
+class _LastAxis(dict):
+    """Ranks for :func:`_softmax_12_13` under ``last_axis``: every Softmax input's rank is unknown (None)."""
+
+    def __missing__(self, name: str) -> None:
+        return None
+
+
+_LAST_AXIS = _LastAxis()
+
+
+def softmax_axes_last(source: onnx.ModelProto, inferred: onnx.ModelProto | None, target_version: int) -> bool:
+    """True if every Softmax/LogSoftmax that the upgrade of ``source`` adapts reads, in ``inferred`` (its upgrade under
+    ``last_axis`` with the shapes inferred; None when inference failed), an input of known rank whose last dimension
+    is the source node's axis: then ``axis = -1`` is the node's meaning in the new opset (opset 13 normalizes over
+    that one axis, as the old opsets did over the flattened dimensions from ``axis`` on). True when none is adapted."""
+    default = next(entry.version for entry in source.opset_import if entry.domain in ("", "ai.onnx"))
+    if not default < 13 <= target_version:
+        return True
+    axes = {node.input[0]: next((a.i for a in node.attribute if a.name == "axis"), 1)
+            for node in source.graph.node if node.op_type in _SOFTMAX_OPS}
+    if not axes:
+        return True
+    if inferred is None:
+        return False
+    graph = inferred.graph
+    ranks = {info.name: len(info.type.tensor_type.shape.dim)
+             for info in (*graph.input, *graph.value_info, *graph.output)
+             if info.name in axes and info.type.tensor_type.HasField("shape")}
+    return all(name in ranks and (axis if axis >= 0 else axis + ranks[name]) == ranks[name] - 1
+               for name, axis in axes.items())
 
 
 def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[tuple[int, str]]]) -> dict[str, int] | None:
@@ -354,16 +396,18 @@ def _axes_to_input(node: onnx.NodeProto, fresh) -> list[onnx.NodeProto]:
     return [constant]
 
 
-def _softmax_12_13(node: onnx.NodeProto, rank: int, fresh) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
-    """``Softmax_12_13``: ``axis = -1`` when the old axis is the last one, else the Flatten/Reshape sandwich."""
+def _softmax_12_13(node: onnx.NodeProto, rank: int | None,
+                   fresh) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]] | None:
+    """``Softmax_12_13``: ``axis = -1`` when the old axis is the last one (taken for granted when ``rank`` is None),
+    else the Flatten/Reshape sandwich."""
     attribute = next((a for a in node.attribute if a.name == "axis"), None)
     axis = attribute.i if attribute is not None else 1
-    if axis < 0:
+    if rank is not None and axis < 0:
         axis += rank
     if attribute is None:
         attribute = node.attribute.add(name="axis", type=onnx.AttributeProto.INT)
     attribute.i = -1
-    if axis == rank - 1:
+    if rank is None or axis == rank - 1:
         return None
     source, output = node.input[0], node.output[0]
     shape = onnx.NodeProto(op_type="Shape", input=[source], output=[fresh()])
