@@ -200,3 +200,15 @@ def test_a_softmax_whose_rank_only_strict_inference_knows(axis, tmp_path):
     expected = ort.InferenceSession(source.SerializeToString()).run(None, {"x": x})[0]
     got = ort.InferenceSession(ir.to_proto(parsed).SerializeToString()).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_nodes_the_c_api_upgrades_keep_their_source_names(tmp_path):
+    """The C API drops node metadata: the parse gives it back (Clip 10 -> 11 is not written here)."""
+    nodes = [helper.make_node("Clip", ["x"], ["c"], min=0.0, max=6.0, name="my_clip"),
+             helper.make_node("Relu", ["c"], ["y"], name="my_relu")]
+    source = _model(nodes, [_x([1, 4])], [_x([1, 4], "y")], 10)
+    assert convert_natively(source, 21) is None
+    onnx.save(source, str(tmp_path / "source.onnx"))
+    parsed, _ = parse_model(tmp_path / "source.onnx")
+    assert [(node.op_type, node.metadata_props["mblt.source_name"]) for node in parsed.graph] == [
+        ("Clip", "my_relu, my_clip")]

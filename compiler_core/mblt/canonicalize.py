@@ -320,7 +320,6 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     used = {""} | {node.domain for node in graph.node}
     for index in reversed([i for i, entry in enumerate(proto.opset_import) if entry.domain not in used]):
         del proto.opset_import[index]
-    saved = {node.name: {entry.key: entry.value for entry in node.metadata_props} for node in graph.node}
     header = onnx.ModelProto()
     for field in _MODEL_FIELDS:
         if proto.HasField(field):
@@ -339,13 +338,8 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             converted.ClearField(field)
     del converted.metadata_props[:]
     converted.metadata_props.extend(header.metadata_props)
-    for node in converted.graph.node:  # the C API drops node metadata but keeps node names
-        props = {entry.key: entry.value for entry in node.metadata_props}
-        props.update(saved.get(node.name, {}))
-        del node.metadata_props[:]
-        for key, value in props.items():
-            entry = node.metadata_props.add()
-            entry.key, entry.value = key, value
+    if any(node.name and not node.metadata_props for node in converted.graph.node):
+        _restore_node_metadata(converted.graph, graph)
     weights = _lift_constants_proto(converted.graph, pending)
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
@@ -360,6 +354,20 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     if model.opset_imports.get("") != opset.MBLT_OPSET_VERSION:
         raise _conversion_error(current)
     return model, inferred
+
+
+def _restore_node_metadata(converted: onnx.GraphProto, source: onnx.GraphProto) -> None:
+    """Give the C API's converted nodes the metadata of the source nodes of their names: the C API drops node metadata
+    but keeps node names (every source node has one, and the source name in its metadata); the Python upgrade keeps
+    both, and the nodes either inserts have neither."""
+    saved = {node.name: {entry.key: entry.value for entry in node.metadata_props} for node in source.node}
+    for node in converted.node:
+        props = {entry.key: entry.value for entry in node.metadata_props}
+        props.update(saved.get(node.name, {}))
+        del node.metadata_props[:]
+        for key, value in props.items():
+            entry = node.metadata_props.add()
+            entry.key, entry.value = key, value
 
 
 def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[onnx.TensorProto, bytes]],
