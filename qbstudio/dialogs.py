@@ -54,6 +54,15 @@ def error_parts(error: BaseException) -> tuple[str, str, str]:
     return message, hint, "\n".join(details)
 
 
+def _plain_text_box(icon: QMessageBox.Icon, title: str, message: str, buttons: QMessageBox.StandardButton,
+                    parent: QWidget | None) -> QMessageBox:
+    """A message box whose main text is shown as written: an error message is never HTML (Qt guesses from the text
+    otherwise, and an escaped one showed its entities, ``&#x27;`` for each quote)."""
+    box = QMessageBox(icon, title, message, buttons, parent)
+    box.setTextFormat(Qt.TextFormat.PlainText)
+    return box
+
+
 def show_error(parent: QWidget | None, title: str, error: BaseException | str) -> None:
     """A modal error box: the message, what to do about it, and the details (code, fields, traceback)."""
     if isinstance(error, str):
@@ -61,7 +70,7 @@ def show_error(parent: QWidget | None, title: str, error: BaseException | str) -
     else:
         message, hint, details = error_parts(error)
     logger.error("%s: %s %s", title, message, hint)
-    box = QMessageBox(QMessageBox.Icon.Critical, title, message, QMessageBox.StandardButton.Ok, parent)
+    box = _plain_text_box(QMessageBox.Icon.Critical, title, message, QMessageBox.StandardButton.Ok, parent)
     if hint:
         box.setInformativeText(hint)
     if details:
@@ -110,8 +119,7 @@ def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str
     """The question of :func:`ask_cut_graph` and its accept button (not shown yet)."""
     message, _, details = error_parts(error)
     names = ", ".join(f"<b>{html.escape(name)}</b>" for name in cut_at)
-    box = QMessageBox(QMessageBox.Icon.Question, "Import model", html.escape(message),
-                      QMessageBox.StandardButton.Cancel, parent)
+    box = _plain_text_box(QMessageBox.Icon.Question, "Import model", message, QMessageBox.StandardButton.Cancel, parent)
     box.setInformativeText(f"Import the model up to {names} instead? Those tensors become its outputs; run the "
                            "post-processing on them after the MXQ (the command line does the same with "
                            f"<code>--output-names {html.escape(','.join(cut_at))}</code>).")
@@ -207,17 +215,23 @@ def ask_model_inputs(parent: QWidget | None, needed: list[dict[str, str]], model
 
 def ask_submodule(parent: QWidget | None, error: BaseException, children: list[str]) -> str | None:
     """A TorchScript module that does not convert as a whole: compile one of its ``children`` instead?"""
+    box, buttons = submodule_box(parent, error, children)
+    box.exec()
+    return buttons.get(box.clickedButton())
+
+
+def submodule_box(parent: QWidget | None, error: BaseException,
+                  children: list[str]) -> tuple[QMessageBox, dict[object, str]]:
+    """The question of :func:`ask_submodule` and its buttons, by the child each chooses (not shown yet)."""
     message, _, details = error_parts(error)
-    box = QMessageBox(QMessageBox.Icon.Question, "Import model", html.escape(message),
-                      QMessageBox.StandardButton.Cancel, parent)
+    box = _plain_text_box(QMessageBox.Icon.Question, "Import model", message, QMessageBox.StandardButton.Cancel, parent)
     box.setInformativeText("A forward that keeps state in attributes or checks its inputs in Python does not "
                            "convert. Compile one of its submodules instead (often the stateless network inside; "
                            "the command line does the same with <code>--submodule NAME</code>):")
     if details:
         box.setDetailedText(details)
     buttons = {box.addButton(name, QMessageBox.ButtonRole.AcceptRole): name for name in children}
-    box.exec()
-    return buttons.get(box.clickedButton())
+    return box, buttons
 
 
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:

@@ -628,10 +628,15 @@ def exporter_reason(error: BaseException, max_lines: int = 3) -> str:
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
-    lines = [line.strip() for line in _ANSI.sub("", str(root)).strip().splitlines() if line.strip()]
+    text = _CAUSED_BY.sub("", _ANSI.sub("", str(root)))
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     text = f"{type(root).__name__}: {' '.join(lines[:max_lines]) or '(no message)'}"
     where = _user_frame(root)
     return f"{text} (at {where})" if where else text
+
+
+_CAUSED_BY = re.compile(r"\s*\[Caused by the value .*?\.\]", re.DOTALL)
+"""The TorchScript exporter's dump of the graph value behind a ``SymbolicValueError`` (its internal numbering)."""
 
 
 def _user_frame(error: BaseException) -> str:

@@ -13,7 +13,7 @@ import html
 import logging
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class PerformanceView(QWidget):
         self.colour.setToolTip("Colour each graph node by its layer's share of the estimated latency of this core mode")
         self.colour.toggled.connect(lambda _checked: self.colour_by_cycles.emit(self.colouring_mode))
         self.summary = QLabel(objectName="performanceSummary")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)  # messages and figures, never HTML
         self.summary.setWordWrap(True)
         self.row = QLabel(objectName="performanceLayer")
         self.row.setWordWrap(True)
@@ -68,7 +69,7 @@ class PerformanceView(QWidget):
         self.mode.blockSignals(False)
         self.mode.setEnabled(bool(report))
         self.colour.setEnabled(bool(report))
-        self.summary.setText(html.escape(message) if not report else "")
+        self.summary.setText(message if not report else "")
         self.refresh()
         self._on_mode()
 

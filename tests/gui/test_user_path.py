@@ -1020,13 +1020,17 @@ def test_silero_vad_torchscript_is_imported_through_its_stateless_submodule(qtbo
         return ({item["name"]: shapes[item["name"]] for item in needed if item["name"] in shapes},
                 {item["name"]: 16000 for item in needed if item["name"] == "sr"})
 
-    offered = []
+    offered, errors = [], []
     monkeypatch.setattr(dialogs, "ask_model_inputs", inputs)
-    monkeypatch.setattr(dialogs, "ask_submodule", lambda _parent, _error, children: offered.append(children) or
-                        "_model")
+    monkeypatch.setattr(dialogs, "ask_submodule", lambda _parent, error, children: offered.append(children) or
+                        errors.append(error) or "_model")
     window = make_window()
     wait_model(qtbot, window, lambda: window.import_model(source))
     assert answers.errors == [] and offered == [["_model", "_model_8k"]]
+    box, buttons = dialogs.submodule_box(window, errors[0], offered[0])
+    label = box.findChild(QLabel, "qt_msgbox_label")  # the exporter's message, quotes and all, not HTML entities
+    assert label.textFormat() == Qt.TextFormat.PlainText and label.text() == errors[0].message
+    assert '"' in label.text() and sorted(buttons.values()) == ["_model", "_model_8k"]
     assert asked == [["x", "sr"], ["x", "state"]] and window.project.model.submodule == "_model"
     assert window.project.model.input_shapes == shapes  # the LSTM state, optional in forward, given too
     assert [value.name for value in window.loaded.model.graph.inputs][:1] == ["x"]
