@@ -149,8 +149,7 @@ def example_arguments(module: Any, parameters: list[dict[str, Any]], feed_dict: 
         raise ArgumentError(
             f"forward needs a value for {', '.join(p['name'] for p in missing)}.",
             hint=f"{signature_text(parameters)}: give each tensor's shape and each scalar's value "
-                 "(command line: --input-shape x=1,576 --bind-input sr=16000; Python: input_shape_dict, "
-                 "constant_inputs).",
+                 f"(command line: {_command_line_example(missing)}; Python: input_shape_dict, constant_inputs).",
             inputs_needed=[{"name": p["name"], "type": p["type"], "optional": p["has_default"]}
                            for p in parameters if p in missing or (p["has_default"] and "Tensor" in p["type"])])
     dtypes = _index_inputs(module)
@@ -158,6 +157,14 @@ def example_arguments(module: Any, parameters: list[dict[str, Any]], feed_dict: 
     constants = {p["name"]: feed_dict[p["name"]] for p in used
                  if p["name"] in feed_dict and isinstance(feed_dict[p["name"]], (bool, int, float))}
     return args, [p["name"] for p in used], constants
+
+
+def _command_line_example(parameters: list[dict[str, Any]]) -> str:
+    """``--input-shape x=DIMS --bind-input sr=VALUE`` for these parameters (tensors get a shape, others a value)."""
+    options = [f"--input-shape {p['name']}=DIMS" if "Tensor" in p["type"] else f"--bind-input {p['name']}=VALUE"
+               for p in parameters]
+    shapes = " with DIMS such as 1,3,224,224" if any("Tensor" in p["type"] for p in parameters) else ""
+    return " ".join(options) + shapes
 
 
 def _check_names(names: list[str], feed_dict: Mapping[str, Any], input_shape_dict: Mapping[str, Any],
