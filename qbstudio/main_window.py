@@ -473,6 +473,7 @@ class MainWindow(QMainWindow):
         self.details.clear()
         self.support.set_report(None)
         self.check_support()
+        self.calibration.model_path = Path(self.project.model.path) if self.project.model else None  # its tokenizer
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
                                      [] if self.is_llm else self._specs())
         self.calibration.set_note(LLM_CALIBRATION_NOTE if self.is_llm else None)

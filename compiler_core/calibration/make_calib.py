@@ -8,6 +8,7 @@ when all of them succeeded, so an error or a cancel leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -309,3 +310,177 @@ def _restore(target: Path, backup: Path | None) -> None:
     if backup is not None:
         os.replace(backup, target)
         shutil.rmtree(backup.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- text for token inputs
+
+TOKEN_INPUT_ROLES: dict[str, tuple[str, ...]] = {
+    "ids": ("input_ids", "ids", "input", "tokens", "token_ids"),
+    "mask": ("attention_mask", "input_mask", "mask"),
+    "types": ("token_type_ids", "segment_ids", "type_ids"),
+    "positions": ("position_ids",),
+}
+"""Role of a transformer input -> the input names it goes by (HF exports, TF BERT's ``input_mask``/``segment_ids``)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+"""Files that make a folder a tokenizer folder (a HuggingFace model folder has some of them)."""
+
+
+def token_input_roles(specs: Sequence[Any]) -> dict[str, str] | None:
+    """Input name -> role (``ids``, ``mask``, ``types``, ``positions``) when every input of ``specs`` is an integer
+    input of one of those roles and one is the token ids; else None (the model does not take tokenized text)."""
+    by_name = {name: role for role, names in TOKEN_INPUT_ROLES.items() for name in names}
+    roles = {}
+    for spec in specs:
+        role = by_name.get(spec.name.lower())
+        if role is None or not np.issubdtype(spec.dtype, np.integer):
+            return None
+        roles[spec.name] = role
+    return roles if "ids" in roles.values() else None
+
+
+def tokenizer_folder(path: PathLike | None) -> Path | None:
+    """``path`` (a model folder) when it holds a tokenizer, else None."""
+    folder = Path(path) if path else None
+    return folder if folder is not None and folder.is_dir() and any(
+        (folder / name).is_file() for name in TOKENIZER_FILES) else None
+
+
+def make_calib_text(text_path: PathLike, tokenizer: Any, specs: Sequence[Any], save_dir: PathLike, save_name: str,
+                    max_size: int = 100, *, reporter: Reporter | ProgressCallback | None = None) -> Path:
+    """Tokenize the lines of a text file into calibration samples for a transformer's token inputs.
+
+    Each non-empty line is one sample: its token ids truncated or padded to the model's sequence length (the last
+    dimension of the ids input), with the attention mask (1 on tokens, 0 on padding), token types (0) and positions
+    (0, 1, ...) for the inputs that take them. Written as ``save_dir/save_name/000000_<input>.npy`` ... and a JSON
+    manifest ``save_dir/save_name.json`` (absolute paths), which ``open_calibration_data`` reads back; all or nothing,
+    as :func:`make_calib`.
+
+    Args:
+        text_path: UTF-8 text, one sentence or passage per line (blank lines skipped).
+        tokenizer: A HuggingFace model or tokenizer folder, a ``tokenizer.json`` file, or a loaded tokenizer
+            (``tokenizer(text, truncation=..., max_length=..., padding=...)`` returning ``input_ids`` ...).
+        specs: The model inputs (:func:`~compiler_core.calibration.input_specs`); each must be a token input
+            (:data:`TOKEN_INPUT_ROLES`).
+        save_dir: Folder receiving ``save_name/`` and ``save_name.json``.
+        save_name: Name of the sample folder and of the manifest.
+        max_size: The first ``max_size`` lines; -1 for all.
+        reporter: Progress and cancellation.
+
+    Returns:
+        Path of the JSON manifest.
+
+    Raises:
+        CalibrationError: the model's inputs are not token inputs, the text is missing, unreadable or empty.
+        ModelLoadError: the tokenizer cannot be loaded.
+        CancelledError: cancelled; nothing was written.
+    """
+    roles = token_input_roles(specs)
+    if roles is None:
+        names = ", ".join(f"{spec.name} ({np.dtype(spec.dtype).name})" for spec in specs)
+        raise CalibrationError(f"The model's inputs ({names}) are not token inputs, so text cannot calibrate it.",
+                               hint="Text calibrates models whose inputs are all integer token inputs (input_ids, "
+                                    "attention_mask, token_type_ids, position_ids); give other models images or "
+                                    ".npy files.")
+    ids = next(spec for spec in specs if roles[spec.name] == "ids")
+    length = int(ids.shape[-1])
+    lines = _select(_text_lines(Path(text_path)), max_size, None)
+    encode = _tokenizer(tokenizer)
+    reporter = as_reporter(reporter)
+    samples = []
+    filled = 0
+    with reporter.stage("tokenize", total=len(lines)):
+        for line in lines:
+            try:
+                encoded = encode(line, truncation=True, max_length=length, padding="max_length")
+            except ValueError as error:  # e.g. a tokenizer without a padding token
+                raise CalibrationError(f"The tokenizer cannot pad to {length} tokens: {error}",
+                                       hint="Use a tokenizer with a padding token (its tokenizer_config.json "
+                                            "names pad_token).") from error
+            tokens = np.asarray(encoded["input_ids"], np.int64).reshape(-1)[:length]
+            mask = np.asarray(encoded.get("attention_mask", np.ones(length)), np.int64).reshape(-1)[:length]
+            filled += int(mask.all())
+            values = {"ids": tokens, "mask": mask, "types": np.zeros(length, np.int64),
+                      "positions": np.arange(length, dtype=np.int64)}
+            samples.append({spec.name: values[roles[spec.name]].reshape(spec.shape).astype(spec.dtype)
+                            for spec in specs})
+            reporter.advance()
+    if filled:
+        logger.info("%d of %d lines fill all %d token positions (longer ones are cut there).", filled, len(samples),
+                    length)
+    return _write_token_samples(samples, specs, Path(save_dir), save_name, reporter)
+
+
+def _text_lines(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CalibrationError(f"Text file '{path}' does not exist.", hint="Check the path.", file=str(path)) from None
+    except UnicodeDecodeError as error:
+        raise CalibrationError(f"'{path.name}' is not UTF-8 text (byte {error.start}).",
+                               hint="Save the text as UTF-8, one sentence per line.", file=str(path)) from error
+    except OSError as error:
+        raise CalibrationError(f"Cannot read '{path}': {error.strerror or error}.", file=str(path)) from error
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise CalibrationError(f"'{path.name}' has no text.", hint="Write one sentence or passage per line.",
+                               file=str(path))
+    return lines
+
+
+def _tokenizer(tokenizer: Any) -> Callable[..., Mapping[str, Any]]:
+    """A callable tokenizer from a folder, a ``tokenizer.json`` or an object."""
+    from compiler_core.errors import ModelLoadError
+
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        if not callable(tokenizer):
+            raise ArgumentError(f"tokenizer must be a folder, a tokenizer.json file or a tokenizer, not "
+                                f"{type(tokenizer).__name__}.")
+        return tokenizer
+    path = Path(tokenizer)
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        if path.is_dir():
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        if path.is_file() and path.suffix == ".json":
+            return PreTrainedTokenizerFast(tokenizer_file=str(path))
+    except Exception as error:  # transformers raises OSError, ValueError, JSON errors ... for a bad tokenizer
+        raise ModelLoadError(f"Cannot load a tokenizer from '{path}': {type(error).__name__}: {error}",
+                             hint="Give the model's folder (with tokenizer.json or vocab.txt) or its tokenizer.json.",
+                             file=str(path)) from error
+    raise ModelLoadError(f"'{path}' is neither a tokenizer folder nor a tokenizer.json file.",
+                         hint="Give the model's folder (with tokenizer.json or vocab.txt) or its tokenizer.json.",
+                         file=str(path))
+
+
+def _write_token_samples(samples: Sequence[Mapping[str, np.ndarray]], specs: Sequence[Any], save_dir: Path,
+                         save_name: str, reporter: Reporter) -> Path:
+    if not save_name or Path(save_name).name != save_name:
+        raise ArgumentError(f"save_name must be a plain name, got '{save_name}'.")
+    target, manifest = save_dir / save_name, save_dir / f"{save_name}.json"
+    temp = _make_temp_dir(save_dir, save_name)
+    names = [spec.name for spec in specs]
+    files = [[f"{index:06d}_{position}.npy" for position in range(len(names))] for index in range(len(samples))]
+    try:
+        with reporter.stage("make calibration data", total=len(samples)):
+            for sample, row in zip(samples, files):
+                for name, file in zip(names, row):
+                    np.save(temp / file, sample[name])
+                reporter.advance()
+        backup = _swap_in(temp, target)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    root = target.resolve()
+    content = {"info": {"input names": names, "input shapes": [list(spec.shape) for spec in specs]},
+               "calib paths": [[str(root / file) for file in row] for row in files]}
+    try:
+        atomic_write_text(manifest, json.dumps(content, indent=1) + "\n")
+    except BaseException:
+        _restore(target, backup)
+        raise
+    if backup is not None:
+        shutil.rmtree(backup.parent, ignore_errors=True)
+    logger.info("Wrote %d tokenized calibration samples to %s and their manifest to %s.", len(samples), target,
+                manifest)
+    return manifest

@@ -33,7 +33,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from compiler_core.calibration import InputSpec, make_calib, open_calibration_data
+from compiler_core.calibration import (
+    InputSpec,
+    make_calib,
+    make_calib_text,
+    open_calibration_data,
+    token_input_roles,
+    tokenizer_folder,
+)
 from compiler_core.errors import QBCompilerError
 from compiler_core.progress import as_reporter
 from qbstudio import dialogs
@@ -108,6 +115,13 @@ def write_calibration_set(preprocessing: dict[str, Any], data_dir: str, save_dir
                       reporter=as_reporter(callback, cancel_token))
 
 
+def write_text_calibration_set(text_path: str, tokenizer: str, specs: list[InputSpec], save_dir: str,
+                               save_name: str, max_size: int, *, callback=None, cancel_token=None) -> Path:
+    """``compiler_core.calibration.make_calib_text`` as a worker job; returns the JSON manifest."""
+    return make_calib_text(text_path, tokenizer, specs, save_dir, save_name, max_size,
+                           reporter=as_reporter(callback, cancel_token))
+
+
 def to_pixmap(image: np.ndarray) -> QPixmap:
     """A QPixmap of a uint8 HxWx1 or HxWx3 array."""
     height, width, channels = image.shape
@@ -141,6 +155,7 @@ class CalibrationPanel(QWidget):
         self.settings = CompileSettings()
         self.specs: list[InputSpec] = []
         self.work_dir: Path | None = None
+        self.model_path: Path | None = None
         self.preview: Preview | None = None
         self.warnings: list[str] = []
         self._refreshing = False
@@ -187,9 +202,14 @@ class CalibrationPanel(QWidget):
         self.path_edit = QLineEdit(readOnly=True, placeholderText="No data chosen", objectName="calibPath")
         folder = QPushButton("Folder…", clicked=self._on_choose_folder)
         listing = QPushButton("List/manifest…", clicked=self._on_choose_file)
+        self.text_button = QPushButton("Text file…", objectName="calibTextButton", clicked=self._on_choose_text)
+        self.text_button.setToolTip("Tokenize a text file, one sentence per line, into token-id samples for this "
+                                    "model's inputs (make_calib_text); the model's own tokenizer is used.")
+        self.text_button.hide()
         row = QHBoxLayout()
         row.addWidget(folder)
         row.addWidget(listing)
+        row.addWidget(self.text_button)
         self.random_check = QCheckBox("Random data when no path is given (smoke test only)")
         self.random_check.toggled.connect(self._on_source_option)
         self.count_label = QLabel("", objectName="calibCount")
@@ -327,6 +347,7 @@ class CalibrationPanel(QWidget):
                     specs: list[InputSpec]) -> None:
         """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
         self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
+        self.text_button.setVisible(token_input_roles(specs) is not None if specs else False)
         self._timer.stop()
         self._rerun_preview = False
         self.runner.cancel("preview")
@@ -584,6 +605,31 @@ class CalibrationPanel(QWidget):
         channels = self.specs[0].channels if self.specs and self.specs[0].channels in (1, 3) else 3
         worker = Worker("make_calib", write_calibration_set, self.settings.preprocessing, self.source.path,
                         str(save_dir), save_name, max_size, channels)
+        worker.succeeded.connect(self._calibration_set_written)
+        worker.failed.connect(lambda error: dialogs.show_error(self, "Cannot write the calibration set", error))
+        self.runner.start("make_calib", worker)
+        return worker
+
+    def _on_choose_text(self) -> None:
+        text, _ = QFileDialog.getOpenFileName(self, "Text to calibrate on (one sentence per line)",
+                                              str(self.work_dir or ""), "Text (*.txt);;All files (*)")
+        if not text:
+            return
+        tokenizer = tokenizer_folder(self.model_path)
+        if tokenizer is None:
+            chosen, _ = QFileDialog.getOpenFileName(self, "The model's tokenizer (tokenizer.json)",
+                                                    str(self.model_path.parent if self.model_path else ""),
+                                                    "Tokenizer (tokenizer.json *.json)")
+            if not chosen:
+                return
+            tokenizer = Path(chosen)
+        self.make_text_calibration_set(text, tokenizer)
+
+    def make_text_calibration_set(self, text_path: str | Path, tokenizer: str | Path, save_name: str = "calib_text",
+                                  max_size: int = -1) -> Worker:
+        """Tokenize ``text_path`` into ``work_dir/save_name/*.npy`` + ``save_name.json``; then use the manifest."""
+        worker = Worker("make_calib", write_text_calibration_set, str(text_path), str(tokenizer), list(self.specs),
+                        str(self.work_dir), save_name, max_size)
         worker.succeeded.connect(self._calibration_set_written)
         worker.failed.connect(lambda error: dialogs.show_error(self, "Cannot write the calibration set", error))
         self.runner.start("make_calib", worker)

@@ -1038,7 +1038,7 @@ def test_silero_vad_torchscript_is_imported_through_its_stateless_submodule(qtbo
     assert readiness.ok or readiness.offload_helps, readiness.reason
 
 
-def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, answers, monkeypatch):
+def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, answers, monkeypatch, tmp_path):
     """all-MiniLM-L6-v2's folder: every forward parameter defaults to None, so the error listed none and the
     workbench stopped; it now asks for input_ids (and offers the masks as optional)."""
     pytest.importorskip("transformers")
@@ -1059,6 +1059,20 @@ def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, ans
     assert answers.errors == []
     assert asked == [[("input_ids", False), ("attention_mask", True), ("token_type_ids", True)]]
     assert [value.name for value in window.loaded.model.graph.inputs] == ["input_ids", "attention_mask"]
+    # calibration from text: the folder's tokenizer turns sentences into token-id samples (no .npy by hand)
+    panel = window.calibration
+    assert not panel.text_button.isHidden()
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(realmodels.SENTENCES) + "\n\n", encoding="utf-8")
+    panel.make_text_calibration_set(text, folder)
+    qtbot.waitUntil(lambda: panel.preview is not None and panel.preview.kind == "manifest", timeout=60_000)
+    manifest = window.project.work_dir / "calib_text.json"
+    assert answers.errors == [] and window.project.calibration.path == str(manifest)
+    assert panel.preview.total == len(realmodels.SENTENCES)
+    first = json.loads(manifest.read_text())["calib paths"][0]
+    ids, mask = (np.load(path) for path in first)
+    assert ids.shape == mask.shape == (1, 16) and ids[0, 0] == 101 and mask[0, 0] == 1  # [CLS]
+    assert window.readiness().ok
 
 
 def test_a_file_no_frontend_reads_is_explained_in_the_workbench_s_words(make_window, answers, tmp_path, monkeypatch):

@@ -260,6 +260,7 @@ def test_one_click_resize_keeps_the_0_1_scaling_of_no_pipeline(qtbot, make_windo
 def test_make_calib_writes_a_list_and_uses_it(qtbot, make_window, errors, tmp_path):
     window = make_window()
     open_and_wait(qtbot, window, SAMPLE_PROJECT)
+    assert window.calibration.text_button.isHidden()  # an image model: no text calibration offered
     images = tmp_path / "few"
     images.mkdir()
     for source in sorted((SAMPLE_DIR / "calib").glob("*.png"))[:8]:
