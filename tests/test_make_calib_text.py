@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 import realmodels
+
 from compiler_core.calibration import InputSpec, make_calib_text, open_calibration_data, token_input_roles
 from compiler_core.errors import CalibrationError, ModelLoadError
 
