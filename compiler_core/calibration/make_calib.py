@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -351,7 +352,7 @@ def make_calib_text(text_path: PathLike, tokenizer: Any, specs: Sequence[Any], s
 
     Each non-empty line is one sample: its token ids truncated or padded to the model's sequence length (the last
     dimension of the ids input), with the attention mask (1 on tokens, 0 on padding), token types (0) and positions
-    (0, 1, ...) for the inputs that take them. Written as ``save_dir/save_name/000000_<input>.npy`` ... and a JSON
+    (0, 1, ...) for the inputs that take them. Written as ``save_dir/save_name/000000_<input name>.npy`` ... and a JSON
     manifest ``save_dir/save_name.json`` (absolute paths), which ``open_calibration_data`` reads back; all or nothing,
     as :func:`make_calib`.
 
@@ -460,7 +461,8 @@ def _write_token_samples(samples: Sequence[Mapping[str, np.ndarray]], specs: Seq
     target, manifest = save_dir / save_name, save_dir / f"{save_name}.json"
     temp = _make_temp_dir(save_dir, save_name)
     names = [spec.name for spec in specs]
-    files = [[f"{index:06d}_{position}.npy" for position in range(len(names))] for index in range(len(samples))]
+    stems = [re.sub(r"[^A-Za-z0-9_.-]", "_", name) for name in names]
+    files = [[f"{index:06d}_{stem}.npy" for stem in stems] for index in range(len(samples))]
     try:
         with reporter.stage("make calibration data", total=len(samples)):
             for sample, row in zip(samples, files):

@@ -170,7 +170,8 @@ class CalibrationPanel(QWidget):
     def _build(self) -> None:
         left = QVBoxLayout()
         left.addWidget(self._source_group())
-        left.addWidget(self._pipeline_group())
+        self.pipeline_box = self._pipeline_group()
+        left.addWidget(self.pipeline_box)
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
@@ -348,6 +349,7 @@ class CalibrationPanel(QWidget):
         """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
         self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
         self.text_button.setVisible(token_input_roles(specs) is not None if specs else False)
+        self.pipeline_box.setVisible(not specs or any(spec.is_image for spec in specs))  # images feed none: no pipeline
         self._timer.stop()
         self._rerun_preview = False
         self.runner.cancel("preview")
@@ -574,7 +576,7 @@ class CalibrationPanel(QWidget):
 
     def _fill_grid(self, preview: Preview) -> None:
         self._clear_grid()
-        columns = 3
+        columns = 3 if any(image is not None for image in preview.images) else 1  # text captions need the width
         for position, (stats, image) in enumerate(zip(preview.stats, preview.images)):
             self.grid.addWidget(self._tile(stats, image, preview.spec), position // columns, position % columns)
 

@@ -1061,7 +1061,7 @@ def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, ans
     assert [value.name for value in window.loaded.model.graph.inputs] == ["input_ids", "attention_mask"]
     # calibration from text: the folder's tokenizer turns sentences into token-id samples (no .npy by hand)
     panel = window.calibration
-    assert not panel.text_button.isHidden()
+    assert not panel.text_button.isHidden() and panel.pipeline_box.isHidden()  # no image input: no image pipeline
     text = tmp_path / "sentences.txt"
     text.write_text("\n".join(realmodels.SENTENCES) + "\n\n", encoding="utf-8")
     panel.make_text_calibration_set(text, folder)
@@ -1070,6 +1070,7 @@ def test_a_transformers_folder_asks_for_its_token_inputs(qtbot, make_window, ans
     assert answers.errors == [] and window.project.calibration.path == str(manifest)
     assert panel.preview.total == len(realmodels.SENTENCES)
     first = json.loads(manifest.read_text())["calib paths"][0]
+    assert [Path(path).name for path in first] == ["000000_input_ids.npy", "000000_attention_mask.npy"]
     ids, mask = (np.load(path) for path in first)
     assert ids.shape == mask.shape == (1, 16) and ids[0, 0] == 101 and mask[0, 0] == 1  # [CLS]
     assert window.readiness().ok

@@ -261,6 +261,7 @@ def test_make_calib_writes_a_list_and_uses_it(qtbot, make_window, errors, tmp_pa
     window = make_window()
     open_and_wait(qtbot, window, SAMPLE_PROJECT)
     assert window.calibration.text_button.isHidden()  # an image model: no text calibration offered
+    assert not window.calibration.pipeline_box.isHidden()
     images = tmp_path / "few"
     images.mkdir()
     for source in sorted((SAMPLE_DIR / "calib").glob("*.png"))[:8]:
