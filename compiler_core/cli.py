@@ -467,7 +467,8 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
                          inference_scheme=args.inference_scheme, config_save_path=args.config_save_path,
                          mixed_precision_config=_mixed_precision_option(args),
                          callback=out.progress, **{k: v for k, v in options.items() if v is not None})
-    payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict()}
+    payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict(),
+               "config_preset": args.config_preset}
     out.result(payload, _compile_text(payload))
     return payload
 
@@ -620,9 +621,14 @@ def _compile_text(payload: dict[str, Any]) -> str:
         lines.append("  note: calibrated and measured on random data (--use-random-calib): the accuracy figures say "
                      "nothing about real inputs; pass --calib-data-path with real samples")
     elif not mixed and any(metrics.get("verdict") in ("warn", "flag") for metrics in payload["outputs"].values()):
-        lines.append("  hint: to gain accuracy, let the compiler choose int16 layers (--mixed-precision cosine=0.99), "
-                     "or use --config-preset a16w8 for recurrent, regression and image-to-image models "
-                     "(qbcompiler presets)")
+        suited = payload.get("suited_preset") or {}
+        if suited and payload.get("config_preset") != suited["name"]:
+            lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
+                         "compiler choose int16 layers (--mixed-precision cosine=0.99)")
+        else:
+            lines.append("  hint: to gain accuracy, let the compiler choose int16 layers (--mixed-precision "
+                         "cosine=0.99), or use --config-preset a16w8 for recurrent, regression and image-to-image "
+                         "models (qbcompiler presets)")
     if payload["analysis_file"]:
         lines.append(f"  analysis ({samples['holdout']} held-out samples): {payload['analysis_file']}")
     if payload["config_file"]:

@@ -66,6 +66,9 @@ class CompileResult:
     cpu_offload: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, dict[str, Any]] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
+    suited_preset: dict[str, str] = field(default_factory=dict)
+    """``{"name", "why"}`` of the preset made for this kind of model (:func:`~compiler_core.config.presets.
+    suggest_preset`), empty when none is; the accuracy hints name it."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary (the CLI's ``result`` line)."""
@@ -76,7 +79,8 @@ class CompileResult:
                 "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
                 "analysis": self.quantize.analysis.get("summary", {}),
                 "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary(),
-                "estimate": self.schedule, "mixed_precision": _mixed_summary(self.mixed_precision)}
+                "estimate": self.schedule, "mixed_precision": _mixed_summary(self.mixed_precision),
+                "suited_preset": self.suited_preset}
 
 
 def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, reporter: Reporter,
@@ -115,7 +119,17 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     saved_config = Path(atomic_write_text(config_save_path, json.dumps(
         config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
     return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
-                         parts.to_dict() if parts else {}, schedule, mixed.to_dict() if mixed is not None else {})
+                         parts.to_dict() if parts else {}, schedule, mixed.to_dict() if mixed is not None else {},
+                         suited_preset(graph))
+
+
+def suited_preset(model: ir.Model) -> dict[str, str]:
+    """``{"name", "why"}`` of the preset made for a model like this MBLT, or ``{}``."""
+    from compiler_core.calibration import input_kind, input_specs
+    from compiler_core.config.presets import suggest_preset
+
+    fit = suggest_preset({node.op_type for node in model.graph}, input_kind(input_specs(model)))
+    return {"name": fit.preset, "why": fit.why} if fit is not None else {}
 
 
 def _check_program(document: dict[str, Any], consts: dict[str, Any], save_path: Path) -> None:

@@ -920,7 +920,7 @@ class MainWindow(QMainWindow):
         worker.failed.connect(self._on_compile_failed)
         worker.cancelled.connect(self._on_compile_cancelled)
         self._compile_settings = (self.project.settings.to_dict()["config"], self.project.settings.summary(),
-                                  self.session.model_sha256)
+                                  self.session.model_sha256, self.project.settings.preset or "")
         self._compile_calibration = {"path": calibration.path, "use_random": calibration.use_random}
         self.run_panel.started()
         self.tabs.setCurrentIndex(2)
@@ -1006,10 +1006,10 @@ class MainWindow(QMainWindow):
             "FP32.")
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
-        config, summary, model_sha256 = self._compile_settings
+        config, summary, model_sha256, preset = self._compile_settings
         run = RunRecord.from_result(run_id, outcome.result, outcome.analysis, config=config, config_summary=summary,
                                     precisions=outcome.precisions, duration_s=outcome.duration_s,
-                                    model_sha256=model_sha256, calibration=self._compile_calibration)
+                                    model_sha256=model_sha256, calibration=self._compile_calibration, preset=preset)
         self.run_panel.finished("Done")
         self.session.add_run(run)  # the summary, compare view and details follow runs_changed
         self.statusBar().showMessage(f"Compiled {Path(run.mxq_path).name} in {run.duration_s:.1f} s", 8000)

@@ -192,6 +192,12 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
                "outputs": {"y": {"sqnr_db": 18.7, "cosine_mean": 0.995, "verdict": verdict}}}
     text = _compile_text(payload)
     assert ("--mixed-precision" in text and "a16w8" in text) is hinted
+    suited = {"name": "transformer_encoder", "why": "attention layers (Softmax, MatMul, LayerNormalization) over token "
+                                                     "inputs"}
+    text = _compile_text({**payload, "suited_preset": suited, "config_preset": None})
+    assert ("--config-preset transformer_encoder" in text and "--mixed-precision" in text) is hinted
+    text = _compile_text({**payload, "suited_preset": suited, "config_preset": "transformer_encoder"})
+    assert "--config-preset transformer_encoder" not in text  # used already: the general hint
 
 
 def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_to_try(tmp_path, capsys):

@@ -10,7 +10,6 @@ Resize, ConvTranspose) and a small Keras CNN (only where tensorflow imports). Ca
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,8 @@ import pytest
 import realmodels
 
 from compiler_core.api import mblt_compile, mxq_compile
+from compiler_core.calibration import input_specs, make_calib_text
+from compiler_core.mblt.io import load_mblt
 from compiler_core.runtime import Accelerator, Model
 
 pytestmark = pytest.mark.slow
@@ -73,33 +74,23 @@ def test_torch_live_mobilenet_v2(tmp_path):
     assert logits.shape == (1, 1000)
 
 
-def test_transformers_minilm_with_tokenized_calibration(tmp_path):
+def test_transformers_minilm_calibrated_on_text(tmp_path):
+    """A transformers folder calibrated on plain sentences (make_calib_text with the folder's own tokenizer); the
+    compile names the preset made for such a model."""
     folder = available(realmodels.minilm_dir)
     tokens = realmodels.tokenize(realmodels.SENTENCES, MINILM_SEQ_LEN)
     mblt = mblt_compile(folder, tmp_path / "minilm.mblt", backend="torch",
                         feed_dict={name: array[:1] for name, array in tokens.items()})
-    manifest = _token_manifest(tokens, tmp_path)
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(realmodels.SENTENCES) + "\n", encoding="utf-8")
+    manifest = make_calib_text(text, folder, input_specs(load_mblt(mblt)), tmp_path, "text")
     save_path = tmp_path / "minilm.mxq"
-    mxq_compile(mblt, target_device=DEVICE, calib_data_path=manifest, save_path=save_path, **FAST)
+    result = mxq_compile(mblt, target_device=DEVICE, calib_data_path=manifest, save_path=save_path, **FAST)
+    assert result.quantize.samples["calibration"] + result.quantize.samples.get("holdout", 0) == len(
+        realmodels.SENTENCES)
+    assert result.suited_preset["name"] == "transformer_encoder" and "token inputs" in result.suited_preset["why"]
     outputs = run_once(save_path, {name: array[:1] for name, array in tokens.items()})
     assert outputs[0].shape == (1, MINILM_SEQ_LEN, 384)
-
-
-def _token_manifest(tokens: dict[str, np.ndarray], folder: Path) -> Path:
-    """A JSON manifest with one ``.npy`` per input per sentence."""
-    names = list(tokens)
-    rows = []
-    for index in range(len(next(iter(tokens.values())))):
-        row = []
-        for name in names:
-            path = folder / f"{name}_{index}.npy"
-            np.save(path, tokens[name][index:index + 1])
-            row.append(path.name)
-        rows.append(row)
-    manifest = folder / "tokens.json"
-    manifest.write_text(json.dumps({"info": {"input names": names, "input shapes": [[1, MINILM_SEQ_LEN]] * len(names)},
-                                    "calib paths": rows}))
-    return manifest
 
 
 def test_torchscript_silero_vad(tmp_path):

@@ -81,3 +81,17 @@ def test_bad_text_tokenizer_and_model_are_explained(tokenizer_dir, tmp_path):
     with pytest.raises(ModelLoadError, match="tokenizer"):
         make_calib_text(good, tmp_path, _specs(), tmp_path, "x")  # a folder without a tokenizer
     assert sorted(path.name for path in tmp_path.iterdir()) == ["blank.txt", "good.txt", "latin.txt"]
+
+
+def test_the_preset_suggested_follows_the_ops_and_the_inputs():
+    from compiler_core.calibration import input_kind
+    from compiler_core.config.presets import PRESETS, suggest_preset
+
+    attention = {"Gather", "MatMul", "Softmax", "LayerNormalization", "Add"}
+    image = [InputSpec("pixels", (1, 3, 224, 224), np.dtype(np.float32), "NCHW")]
+    assert input_kind(_specs()) == "tokens" and input_kind(image) == "image"
+    assert suggest_preset(attention, input_kind(_specs())).preset == "transformer_encoder"
+    assert suggest_preset(attention, input_kind(image)).preset == "vision_transformer"
+    assert suggest_preset({"Conv", "Relu", "Add", "Softmax", "MatMul"}, "image") is None  # no LayerNormalization
+    assert suggest_preset(attention, "other") is None
+    assert {"transformer_encoder", "vision_transformer"} <= set(PRESETS)

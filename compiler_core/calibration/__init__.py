@@ -10,19 +10,19 @@ from compiler_core.calibration.make_calib import (
     make_calib,
     make_calib_man,
     make_calib_text,
-    token_input_roles,
     tokenizer_folder,
     vendor_yaml_to_pipeline,
 )
 from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, PIPELINE_OPS, preprocess_image
 from compiler_core.calibration.readers import open_calibration_data
-from compiler_core.calibration.specs import InputSpec, input_specs
+from compiler_core.calibration.specs import InputSpec, input_kind, input_specs, token_input_roles
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "PIPELINE_OPS",
     "CalibrationDataset",
     "InputSpec",
+    "input_kind",
     "input_specs",
     "make_calib",
     "make_calib_man",

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, pipeline_output_size, preprocess_image
+from compiler_core.calibration.specs import token_input_roles
 from compiler_core.calibration.validate import files_error, name_files, probe_images
 from compiler_core.config import PreprocessingConfig, PreprocessOp
 from compiler_core.config.files import read_mapping
@@ -315,28 +316,8 @@ def _restore(target: Path, backup: Path | None) -> None:
 
 # ---------------------------------------------------------------- text for token inputs
 
-TOKEN_INPUT_ROLES: dict[str, tuple[str, ...]] = {
-    "ids": ("input_ids", "ids", "input", "tokens", "token_ids"),
-    "mask": ("attention_mask", "input_mask", "mask"),
-    "types": ("token_type_ids", "segment_ids", "type_ids"),
-    "positions": ("position_ids",),
-}
-"""Role of a transformer input -> the input names it goes by (HF exports, TF BERT's ``input_mask``/``segment_ids``)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
 """Files that make a folder a tokenizer folder (a HuggingFace model folder has some of them)."""
-
-
-def token_input_roles(specs: Sequence[Any]) -> dict[str, str] | None:
-    """Input name -> role (``ids``, ``mask``, ``types``, ``positions``) when every input of ``specs`` is an integer
-    input of one of those roles and one is the token ids; else None (the model does not take tokenized text)."""
-    by_name = {name: role for role, names in TOKEN_INPUT_ROLES.items() for name in names}
-    roles = {}
-    for spec in specs:
-        role = by_name.get(spec.name.lower())
-        if role is None or not np.issubdtype(spec.dtype, np.integer):
-            return None
-        roles[spec.name] = role
-    return roles if "ids" in roles.values() else None
 
 
 def tokenizer_folder(path: PathLike | None) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +66,32 @@ def _input_spec(value: ir.Value) -> InputSpec:
     return InputSpec(value.name, tuple(int(d) for d in dims), np.dtype(value.dtype.numpy()), layout_hint(list(dims)))
 
 
+
+TOKEN_INPUT_ROLES: dict[str, tuple[str, ...]] = {
+    "ids": ("input_ids", "ids", "input", "tokens", "token_ids"),
+    "mask": ("attention_mask", "input_mask", "mask"),
+    "types": ("token_type_ids", "segment_ids", "type_ids"),
+    "positions": ("position_ids",),
+}
+"""Role of a transformer input -> the input names it goes by (HF exports, TF BERT's ``input_mask``/``segment_ids``)."""
+
+
+def token_input_roles(specs: Sequence[Any]) -> dict[str, str] | None:
+    """Input name -> role (``ids``, ``mask``, ``types``, ``positions``) when every input of ``specs`` is an integer
+    input of one of those roles and one is the token ids; else None (the model does not take tokenized text)."""
+    by_name = {name: role for role, names in TOKEN_INPUT_ROLES.items() for name in names}
+    roles = {}
+    for spec in specs:
+        role = by_name.get(spec.name.lower())
+        if role is None or not np.issubdtype(spec.dtype, np.integer):
+            return None
+        roles[spec.name] = role
+    return roles if "ids" in roles.values() else None
+
+
+def input_kind(specs: Sequence[InputSpec]) -> str:
+    """``tokens`` (every input a token input, :func:`token_input_roles`), ``image`` (one input images feed) or
+    ``other``: what calibration data and which preset suit the model."""
+    if specs and token_input_roles(specs) is not None:
+        return "tokens"
+    return "image" if any(spec.is_image for spec in specs) else "other"

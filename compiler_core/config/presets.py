@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,3 +170,28 @@ def preset_config(name: str) -> dict[str, Any]:
         ConfigError: no such preset.
     """
     return copy.deepcopy(get_preset(name).config)
+
+
+@dataclass(frozen=True)
+class PresetFit:
+    """A model shape a preset is made for: the ops the model must have and the kind of its inputs."""
+
+    preset: str
+    ops: frozenset[str]
+    inputs: str
+    why: str
+
+
+PRESET_FITS: tuple[PresetFit, ...] = (
+    PresetFit("transformer_encoder", frozenset({"Softmax", "MatMul", "LayerNormalization"}), "tokens",
+              "attention layers (Softmax, MatMul, LayerNormalization) over token inputs"),
+    PresetFit("vision_transformer", frozenset({"Softmax", "MatMul", "LayerNormalization"}), "image",
+              "attention layers (Softmax, MatMul, LayerNormalization) over an image input"),
+)
+"""Which preset suits which model, first match wins: the accuracy hints of the CLI and the workbench read this."""
+
+
+def suggest_preset(op_types: Collection[str], input_kind: str) -> PresetFit | None:
+    """The preset made for a model with these op types and inputs (``tokens``, ``image`` or ``other``), or None."""
+    ops = set(op_types)
+    return next((fit for fit in PRESET_FITS if fit.ops <= ops and fit.inputs == input_kind), None)

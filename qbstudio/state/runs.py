@@ -60,12 +60,14 @@ class RunRecord:
     int16_layers: int = 0
     calibration: dict[str, Any] = field(default_factory=dict)
     origin: str = "compile"
+    preset: str = ""
+    suited_preset: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
                     config: dict[str, Any], config_summary: str, precisions: dict[str, str] | None = None,
-                    duration_s: float = 0.0, model_sha256: str = "", calibration: dict[str, Any] | None = None
-                    ) -> RunRecord:
+                    duration_s: float = 0.0, model_sha256: str = "", calibration: dict[str, Any] | None = None,
+                    preset: str = "") -> RunRecord:
         """Build a record from ``CompileResult.to_dict()`` and the analysis JSON beside the MXQ."""
         rows = [{key: row.get(key) for key in _LAYER_KEYS} for row in (analysis or {}).get("layers", [])]
         estimate = {mode: {"latency_ms": row.get("latency_ms"), "throughput_fps": row.get("throughput_fps")}
@@ -77,7 +79,8 @@ class RunRecord:
                    layers=rows, precisions=dict(precisions or {}), duration_s=duration_s,
                    samples=dict(result.get("samples") or {}), model_sha256=model_sha256, estimate=estimate,
                    int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
-                   calibration=dict(calibration or {}))
+                   calibration=dict(calibration or {}), preset=preset,
+                   suited_preset=dict(result.get("suited_preset") or {}))
 
     @classmethod
     def from_sweep_record(cls, run_id: int, record: dict[str, Any], *, model_sha256: str, origin: str,

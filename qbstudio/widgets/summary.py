@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 from pathlib import Path
 
@@ -69,7 +70,13 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
     if samples.get("random"):
         rows.append(("Note", "<span style='color:#b26a00'>Random calibration data (a smoke test): these figures say "
                              "nothing about real inputs. Choose real samples in the Calibration tab.</span>"))
-    elif held is not None and held < FEW_HOLDOUT:
+    elif (head["verdict"] in ("warn", "flag") and run.suited_preset
+          and run.suited_preset.get("name") != run.preset):
+        suited = run.suited_preset
+        rows.append(("Try", f"<span style='color:#b26a00'>The model has {html.escape(suited.get('why', ''))}: the "
+                            f"<b>{html.escape(suited.get('name', ''))}</b> preset is made for such models "
+                            "(Compile tab › Preset).</span>"))
+    if not samples.get("random") and held is not None and held < FEW_HOLDOUT:
         rows.append(("Note", f"<span style='color:#b26a00'>Only {held} held-out sample(s): these figures are "
                              f"rough. Add calibration data for a steadier measure.</span>"))
     return rows

@@ -1088,3 +1088,20 @@ def test_a_file_no_frontend_reads_is_explained_in_the_workbench_s_words(make_win
     [(title, other_text)] = shown
     assert title == "Cannot import model" and "--backend" not in other_text
     assert "*.onnx" in other_text and "*.gguf" in other_text and "Import Model Folder" in other_text
+
+
+def test_a_flagged_run_names_the_preset_made_for_the_model():
+    """Found under Xvfb: MiniLM from a transformers folder compiled with the default settings to cosine 0.49, and
+    nothing said that the transformer_encoder preset (0.996 on the same data) exists."""
+    suited = {"name": "transformer_encoder", "why": "attention layers (Softmax, MatMul, LayerNormalization) over token "
+                                                     "inputs"}
+    run = RunRecord(run_id=1, created="", device="aries-rb", core_modes=["single"], mxq_path="m.mxq", size_bytes=1,
+                    config={}, metrics={"verdict": "flag", "mean_output_cosine": 0.49}, suited_preset=suited,
+                    samples={"calibration": 32, "holdout": 8})
+    rows = dict(summary_module.metric_rows(run))
+    assert "<b>transformer_encoder</b> preset" in rows["Try"] and "token inputs" in rows["Try"]
+    run.preset = "transformer_encoder"  # already used: nothing to try there
+    assert "Try" not in dict(summary_module.metric_rows(run))
+    run.preset, run.metrics = "", {"verdict": "ok", "mean_output_cosine": 0.999}
+    assert "Try" not in dict(summary_module.metric_rows(run))
+    assert RunRecord.from_dict(run.to_dict()).suited_preset == suited  # kept in the project file
