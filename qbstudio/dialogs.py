@@ -130,6 +130,10 @@ def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str
     return box, cut
 
 
+TOKEN_SHAPE_EXAMPLE = "1, 128"
+"""The shape offered for a transformer's token ids: one sequence of 128 tokens (BERT-style encoders' usual length)."""
+
+
 class ModelInputsDialog(QDialog):
     """Asks for what a torch or TorchScript ``forward`` needs to be traced: each tensor's shape, each scalar's value.
 
@@ -153,11 +157,18 @@ class ModelInputsDialog(QDialog):
                                 "Give the shape of each tensor input and the value of each number (numbers become "
                                 "constants of the graph):", wordWrap=True))
         form = QFormLayout()
+        from compiler_core.calibration.specs import TOKEN_INPUT_ROLES
+
+        token_names = {name for names in TOKEN_INPUT_ROLES.values() for name in names}
         for item in needed:
             scalar = is_scalar_type(item["type"])
+            tokens = item["name"].lower() in token_names  # a transformer's token input: [batch, sequence]
             field = QLineEdit(objectName=f"input:{item['name']}")
+            example = TOKEN_SHAPE_EXAMPLE if tokens else "1, 3, 224, 224"
             field.setPlaceholderText(("optional: " if item.get("optional") else "")
-                                     + (f"a value ({item['type']})" if scalar else "shape, e.g. 1, 3, 224, 224"))
+                                     + (f"a value ({item['type']})" if scalar else f"shape, e.g. {example}"))
+            if tokens and not scalar and not item.get("optional"):
+                field.setText(TOKEN_SHAPE_EXAMPLE)  # OK works at once; the sequence length is the user's to change
             field.textChanged.connect(self._validate)
             self.fields[item["name"]] = field
             form.addRow(QLabel(f"<b>{html.escape(item['name'])}</b> <small>({html.escape(item['type'])})</small>"),

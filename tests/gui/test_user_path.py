@@ -1001,6 +1001,18 @@ def test_the_model_inputs_dialog_takes_shapes_and_numbers_only(qtbot):
     assert ok.isEnabled() and dialog.answers() == ({"x": [1, 576]}, {"sr": 16000})
 
 
+def test_the_model_inputs_dialog_offers_a_token_sequence_for_token_ids(qtbot):
+    """A transformers folder's input_ids was offered "shape, e.g. 1, 3, 224, 224"; it is filled with one sequence of
+    128 tokens, so OK works at once, and the optional mask is offered the same shape."""
+    dialog = dialogs.ModelInputsDialog([{"name": "input_ids", "type": "Tensor | None", "optional": False},
+                                        {"name": "attention_mask", "type": "Tensor | None", "optional": True}], None,
+                                       "model", "forward(input_ids=None, attention_mask=None, ...)")
+    qtbot.addWidget(dialog)
+    assert dialog.buttons.button(dialog.buttons.StandardButton.Ok).isEnabled()
+    assert dialog.answers() == ({"input_ids": [1, 128]}, {})
+    assert dialog.fields["attention_mask"].placeholderText() == "optional: shape, e.g. 1, 128"
+
+
 def test_silero_vad_torchscript_is_imported_through_its_stateless_submodule(qtbot, make_window, answers,
                                                                            monkeypatch):
     """The real Silero VAD TorchScript file: its top-level forward (state kept in Python) does not convert; the
