@@ -70,16 +70,26 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
     if samples.get("random"):
         rows.append(("Note", "<span style='color:#b26a00'>Random calibration data (a smoke test): these figures say "
                              "nothing about real inputs. Choose real samples in the Calibration tab.</span>"))
-    elif (head["verdict"] in ("warn", "flag") and run.suited_preset
-          and run.suited_preset.get("name") != run.preset):
-        suited = run.suited_preset
-        rows.append(("Try", f"<span style='color:#b26a00'>The model has {html.escape(suited.get('why', ''))}: the "
-                            f"<b>{html.escape(suited.get('name', ''))}</b> preset is made for such models "
-                            "(Compile tab › Preset).</span>"))
+    elif head["verdict"] in ("warn", "flag") and (tip := accuracy_tip(run)):
+        rows.append(("Try", f"<span style='color:#b26a00'>{tip}</span>"))
     if not samples.get("random") and held is not None and held < FEW_HOLDOUT:
         rows.append(("Note", f"<span style='color:#b26a00'>Only {held} held-out sample(s): these figures are "
                              f"rough. Add calibration data for a steadier measure.</span>"))
     return rows
+
+
+def accuracy_tip(run: RunRecord) -> str:
+    """What to try on a run below the usual accuracy (HTML), or "" when the run tried it already: the preset made
+    for the model, else automatic mixed precision and the a16w8 preset (what the CLI's hint says)."""
+    suited = run.suited_preset
+    if suited and suited.get("name") != run.preset:
+        return (f"The model has {html.escape(suited.get('why', ''))}: the <b>{html.escape(suited.get('name', ''))}"
+                "</b> preset is made for such models (Compile tab › Preset).")
+    if (run.config.get("mixedPrecision") or {}).get("apply") or run.preset == "a16w8":
+        return ""
+    return ("<b>Automatic mixed precision</b> (Compile tab) gives int16 to the layers that need it for a target you "
+            "set; the <b>a16w8</b> preset gives every activation int16 (recurrent, regression and image-to-image "
+            "models).")
 
 
 class CompileSummary(QWidget):

@@ -1112,8 +1112,13 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
                     samples={"calibration": 32, "holdout": 8})
     rows = dict(summary_module.metric_rows(run))
     assert "<b>transformer_encoder</b> preset" in rows["Try"] and "token inputs" in rows["Try"]
-    run.preset = "transformer_encoder"  # already used: nothing to try there
+    run.preset = "transformer_encoder"  # already used: the general advice instead
+    assert "Automatic mixed precision" in dict(summary_module.metric_rows(run))["Try"]
+    run.suited_preset = {}  # a segmentation model (found under Xvfb: a "warn" run said nothing to try)
+    assert "<b>a16w8</b> preset" in dict(summary_module.metric_rows(run))["Try"]
+    run.config = {"mixedPrecision": {"apply": True}}  # tried already
     assert "Try" not in dict(summary_module.metric_rows(run))
+    run.suited_preset = suited
     run.preset, run.metrics = "", {"verdict": "ok", "mean_output_cosine": 0.999}
     assert "Try" not in dict(summary_module.metric_rows(run))
     assert RunRecord.from_dict(run.to_dict()).suited_preset == suited  # kept in the project file
