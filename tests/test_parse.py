@@ -412,6 +412,35 @@ def test_conv_wider_than_the_npu_window_is_split_into_convs_that_fit(tmp_path, k
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("channels", "length", "kernel", "stride", "pads"), [
+    (1, 576, 256, 128, (32, 32)),  # Silero VAD's STFT
+    (3, 97, 25, 12, (3, 0)),  # kernel not a whole number of frames
+    (2, 50, 9, 16, (0, 5)),  # kernel shorter than the stride, input cut
+    (1, 64, 64, 16, (0, 0)),  # a single output
+])
+def test_conv_with_a_stride_beyond_the_npu_reads_frames_as_channels(tmp_path, channels, length, kernel, stride, pads):
+    from compiler_core.ops.constraints import MAX_STRIDE
+    from compiler_core.targets import check_support
+
+    rng = np.random.default_rng(0)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=[stride], kernel_shape=[kernel])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((5, channels, kernel)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "strided.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    model = load_mblt(mblt)
+    [conv] = [node for node in model.graph if node.op_type == "Conv"]
+    assert list(conv.attributes["strides"].as_ints()) == [1] and max(list(conv.attributes["strides"].as_ints())) <= MAX_STRIDE
+    assert check_support(model, "aries-rb").counts()["unsupported"] == 0
+    feed = {"x": rng.standard_normal((1, channels, length)).astype(np.float32)}
+    (expected,) = ort.InferenceSession(str(source)).run(None, feed)
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
     """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),

@@ -333,6 +333,81 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         return total
 
 
+class FramedStridedConv(RewriteRuleClassBase):
+    """A 1-D Conv whose stride is beyond the NPU's (and not its kernel) -> frames of ``stride`` samples as channels.
+
+    ``y[t] = sum_m W[m] x[t*S + m]``: cut the (padded) input into frames of ``S`` samples, ``x'[c*S + j, f] =
+    x[c, f*S + j]`` (Reshape, Transpose, Reshape), and the kernel into ``ceil(K / S)`` frames of its taps
+    (zero-padded to whole frames), ``W'[o, c*S + j, k] = W[o, c, k*S + j]``; then ``y = Conv(x', W')`` with stride 1
+    and ``ceil(K / S)`` taps. Exact in float. Silero VAD's STFT (kernel 256, stride 128, one channel) is the case:
+    it ran on the CPU before.
+    """
+
+    def pattern(self, op, x, w):
+        return op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, w, y) -> MatchResult:
+        from compiler_core.ops.constraints import MAX_KERNEL, MAX_STRIDE
+
+        result = MatchResult()
+        node = y.producer()
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if w.const_value is None or (bias is not None and bias.const_value is None):
+            return result.fail(f"{node.name}: weights or bias are not constants.")
+        if len(w.const_value.shape) != 3 or x.shape is None or len(x.shape) != 3 \
+                or not all(isinstance(dim, int) for dim in x.shape):
+            return result.fail(f"{node.name}: not a 1-D convolution of a static input.")
+        attributes = node.attributes
+        kernel, stride = w.const_value.shape[2], (list(attributes["strides"].as_ints()) if "strides" in attributes
+                                                   else [1])[0]
+        if stride <= MAX_STRIDE or stride == kernel:
+            return result.fail(f"{node.name}: the NPU takes stride {stride} with kernel {kernel}.")
+        if -(-kernel // stride) > MAX_KERNEL:
+            return result.fail(f"{node.name}: {-(-kernel // stride)} frames of taps exceed the NPU window.")
+        if attributes.get_int("group", 1) != 1 or list(attributes.get_ints("dilations", [1])) != [1]:
+            return result.fail(f"{node.name}: grouped or dilated.")
+        if attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            return result.fail(f"{node.name}: auto_pad (explicit pads only).")
+        if x.shape[2] + sum(attributes.get_ints("pads", [0, 0])) < kernel:
+            return result.fail(f"{node.name}: the input is shorter than the kernel.")
+        return result
+
+    def rewrite(self, op, x, w, y):
+        node = y.producer()
+        attributes = node.attributes
+        weight = w.const_value.numpy()
+        out_channels, in_channels, kernel = weight.shape
+        stride = list(attributes["strides"].as_ints())[0]
+        begin, end = list(attributes.get_ints("pads", [0, 0]))
+        batch, _, length = x.shape
+        padded = length + begin + end
+        outputs = (padded - kernel) // stride + 1
+        taps = -(-kernel // stride)  # the kernel in whole frames
+        frames = outputs - 1 + taps
+        end += frames * stride - padded  # cut (or zero-pad) the input to whole frames
+        if end < 0:
+            x = op.Slice(x, *(op.initializer(ir.tensor(np.array([v], np.int64)), name=f"{node.name}_frames_{k}")
+                              for k, v in (("start", 0), ("stop", length + end), ("axis", 2))))
+            end = 0
+        if begin or end:
+            x = op.Pad(x, op.initializer(ir.tensor(np.array([0, 0, begin, 0, 0, end], np.int64)),
+                                         name=f"{node.name}_frames_pads"))
+
+        def shape(name: str, dims: list[int]) -> ir.Value:
+            return op.initializer(ir.tensor(np.array(dims, np.int64)), name=f"{node.name}_frames_{name}")
+
+        cut = op.Reshape(x, shape("cut", [batch, in_channels, frames, stride]))
+        framed = op.Reshape(op.Transpose(cut, perm=[0, 1, 3, 2]), shape("shape", [batch, in_channels * stride, frames]))
+        whole = np.zeros((out_channels, in_channels, taps * stride), weight.dtype)
+        whole[:, :, :kernel] = weight
+        folded = whole.reshape(out_channels, in_channels, taps, stride).transpose(0, 1, 3, 2)
+        inputs = [framed, op.initializer(ir.tensor(np.ascontiguousarray(folded.reshape(
+            out_channels, in_channels * stride, taps))), name=f"{node.name}_frames_w")]
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            inputs.append(node.inputs[2])
+        return op.Conv(*inputs, kernel_shape=[taps], strides=[1], pads=[0, 0])
+
+
 class LrnToConv(RewriteRuleClassBase):
     """LRN (AlexNet, GoogLeNet, ZFNet) -> ``x * Pow(Conv(x * x), -beta)`` with a banded 1x1 Conv.
 
@@ -842,6 +917,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
      WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
-                           ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), CollapseHighRankTranspose.rule(),
+                           ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
+                           CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
