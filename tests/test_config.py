@@ -408,6 +408,21 @@ def test_preset_applies_where_nothing_overrides_it(config_file):
     assert config.calibration.mode is CalibrationMode.Histogram
 
 
+def test_a_preset_the_config_file_overrides_is_reported(tmp_path, caplog):
+    """A config saved from a compile sets every key: a preset given with it changed nothing, without a word."""
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(CompileConfig.default_config().model_dump(mode="json", by_alias=True)))
+    with caplog.at_level("WARNING", logger="compiler_core.config.resolve"):
+        config = resolve_config(compile_config=saved, config_preset="a16w8")
+    assert config.bit.layer_overrides.activation16_bits == []  # the file wins, as documented
+    [record] = caplog.records
+    assert "preset 'a16w8'" in record.getMessage() and "bit.layerOverrides.activation16Bits" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="compiler_core.config.resolve"):
+        resolve_config(compile_config={"inferenceScheme": "multi"}, config_preset="a16w8")  # no overlap: quiet
+    assert caplog.records == []
+
+
 def test_explicit_arguments_beat_sub_configs():
     config = resolve_config(sub_configs={"layer_bias_correction_config": {"apply": False, "iterations": 9}},
                             layer_bias_correction=True, calib_data_path="calib/", image_channels=3)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.alias_generators import to_camel
 
 from compiler_core.config.models import CompileConfig
 from compiler_core.errors import ArgumentError
@@ -82,10 +83,34 @@ def resolve_config(compile_config: str | os.PathLike | Mapping[str, Any] | Compi
         layers.append(explicit_fields(CompileConfig.from_preset(config_preset)))
     if compile_config is not None:
         layers.append(explicit_fields(_load_compile_config(compile_config)))
+        if config_preset is not None:
+            _warn_preset_overridden(config_preset, layers[0], layers[1])
     layers.extend(_sub_config_layer(name, value) for name, value in {**(sub_configs or {}), **routed}.items()
                   if value is not None)
     layers.append(_explicit_layer(explicit_args))
     return CompileConfig.from_dict(reduce(deep_merge, layers, {}), source="resolved config")
+
+
+def _warn_preset_overridden(preset: str, preset_layer: Mapping[str, Any], file_layer: Mapping[str, Any]) -> None:
+    """Log the preset's keys that the config file sets to other values: the file wins, so the preset does nothing
+    there (a config saved from a compile sets every key, so a preset added to it changes nothing at all)."""
+    leaves = dict(_leaves(preset_layer))
+    in_file = dict(_leaves(file_layer))
+    overridden = [path for path, value in leaves.items() if path in in_file and in_file[path] != value]
+    if overridden:
+        logger.warning("The config file sets %d of the %d key(s) of preset '%s' to other values, and a file comes "
+                       "before a preset: %s. Remove those keys from the file to get the preset's.", len(overridden),
+                       len(leaves), preset, ", ".join(".".join(to_camel(part) for part in path.split("."))
+                                                      for path in overridden))
+
+
+def _leaves(layer: Mapping[str, Any], prefix: str = ""):
+    """(dotted path, value) of every leaf of a nested config layer."""
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def _load_compile_config(compile_config: Any) -> CompileConfig:
