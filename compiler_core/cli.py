@@ -625,6 +625,9 @@ def _compile_text(payload: dict[str, Any]) -> str:
         if suited and payload.get("config_preset") != suited["name"]:
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
                          "compiler choose int16 layers (--mixed-precision cosine=0.99)")
+        elif payload.get("config_preset") in ("a16w8", "a16w16"):  # int16 activations already: the weights next
+            lines.append("  hint: with int16 activations everywhere, int16 weights may help (--config-preset a16w16), "
+                         "or more calibration data")
         else:
             lines.append("  hint: to gain accuracy, let the compiler choose int16 layers (--mixed-precision "
                          "cosine=0.99), or use --config-preset a16w8 for recurrent, regression and image-to-image "

@@ -198,6 +198,8 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
     assert ("--config-preset transformer_encoder" in text and "--mixed-precision" in text) is hinted
     text = _compile_text({**payload, "suited_preset": suited, "config_preset": "transformer_encoder"})
     assert "--config-preset transformer_encoder" not in text  # used already: the general hint
+    text = _compile_text({**payload, "config_preset": "a16w8"})
+    assert "--config-preset a16w8" not in text and ("a16w16" in text) is hinted  # not the preset it just used
 
 
 def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_to_try(tmp_path, capsys):

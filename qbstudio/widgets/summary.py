@@ -80,12 +80,16 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
 
 def accuracy_tip(run: RunRecord) -> str:
     """What to try on a run below the usual accuracy (HTML), or "" when the run tried it already: the preset made
-    for the model, else automatic mixed precision and the a16w8 preset (what the CLI's hint says)."""
+    for the model, else automatic mixed precision and the a16w8 preset, after a16w8 the a16w16 one (as the CLI's
+    hint)."""
     suited = run.suited_preset
     if suited and suited.get("name") != run.preset:
         return (f"The model has {html.escape(suited.get('why', ''))}: the <b>{html.escape(suited.get('name', ''))}"
                 "</b> preset is made for such models (Compile tab › Preset).")
-    if (run.config.get("mixedPrecision") or {}).get("apply") or run.preset == "a16w8":
+    if run.preset == "a16w8":
+        return ("With int16 activations everywhere, int16 weights may help: the <b>a16w16</b> preset (Compile tab › "
+                "Preset), or more calibration data.")
+    if (run.config.get("mixedPrecision") or {}).get("apply") or run.preset == "a16w16":
         return ""
     return ("<b>Automatic mixed precision</b> (Compile tab) gives int16 to the layers that need it for a target you "
             "set; the <b>a16w8</b> preset gives every activation int16 (recurrent, regression and image-to-image "
