@@ -300,7 +300,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     import numpy as np
 
     from compiler_core.runtime import Accelerator, Model, ModelConfig
-    from compiler_core.runtime.inputs import load_run_inputs
+    from compiler_core.runtime.inputs import load_run_inputs, top_k
 
     if args.prompt is not None:
         return _run_prompt(args, out)
@@ -320,7 +320,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         entry = {"input": _display_path(name), "seconds": round(elapsed, 4), "outputs": []}
         for spec, value in zip(model.artifact.output_specs, outputs):
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
-                                     **_top_k(value, args.top_k, labels)})
+                                     **top_k(value, args.top_k, labels)})
             if args.output_dir:
                 target = Path(args.output_dir) / f"{Path(name).stem}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -376,17 +376,6 @@ def _display_path(name: str) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return name
-
-
-def _top_k(value, k: int, labels: list[str] | None) -> dict[str, Any]:
-    import numpy as np
-
-    flat = np.asarray(value).reshape(-1)
-    if value.ndim < 2 or value.shape[0] != 1 or sum(size != 1 for size in value.shape[1:]) != 1 or k <= 0:
-        return {}  # scores: [1, C], or [1, C, 1, 1] / [1, 1, 1, C] from a 1x1-convolution head
-    order = np.argsort(-flat)[:k]
-    return {"top_k": [{"index": int(i), "score": float(flat[i]),
-                       **({"label": labels[i]} if labels and i < len(labels) else {})} for i in order]}
 
 
 def _run_text(payload: dict[str, Any]) -> str:

@@ -211,7 +211,7 @@ def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_
 def test_run_ranks_scores_with_singleton_dimensions():
     import numpy as np
 
-    from compiler_core.cli import _top_k
+    from compiler_core.runtime.inputs import top_k as _top_k
 
     scores = np.zeros((1, 10, 1, 1), np.float32)
     scores[0, 7] = 1.0

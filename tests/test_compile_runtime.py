@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper
 
@@ -586,3 +587,22 @@ def test_minilm_on_regulus_ra_lists_the_mfu_less_ops_and_writes_nothing(minilm):
     assert all("multi-function unit (MFU)" in op["reason"] for op in error.fields["ops"])
     assert error.fields["device"] == "regulus-ra" and "regulus-rb" in error.hint
     assert _files(output.parent) == []
+
+
+def test_inputs_run_through_the_mxq_beside_fp32(sample_cli, sample_mblt):
+    """compare_with_fp32 (the workbench's "Try on inputs"): the MXQ's outputs beside onnxruntime's on the MBLT, for
+    the same preprocessed test images, with the top classes of each."""
+    from compiler_core.runtime.inputs import compare_with_fp32
+
+    tests = [str(path) for path in sorted((SAMPLE_DIR / "test").glob("*.png"))[:4]]
+    results = compare_with_fp32(sample_cli["mxq"], sample_mblt, tests, k=3)
+    assert [Path(entry["input"]).name for entry in results] == [Path(path).name for path in tests]
+    model = _launched(sample_cli["mxq"], input_layout="NCHW")
+    session = ort.InferenceSession(str(sample_mblt))
+    for entry, feeds in zip(results, _sample_feeds(sample_cli["mxq"])):
+        [logits] = entry["outputs"]
+        ours, = model.infer(feeds)
+        reference = session.run(None, {session.get_inputs()[0].name: feeds})[0]
+        assert logits["shape"] == [1, 10] and logits["cosine"] > 0.99 and logits["sqnr_db"] > 15
+        assert [item["index"] for item in logits["mxq_top_k"]] == list(np.argsort(-ours.ravel())[:3])
+        assert [item["index"] for item in logits["fp32_top_k"]] == list(np.argsort(-reference.ravel())[:3])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from compiler_core.calibration import InputSpec, open_calibration_data
 from compiler_core.config import CompileConfig
 from compiler_core.mblt.io import layout_hint
+from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 from compiler_core.runtime.artifact import CompiledArtifact
 
 
@@ -26,3 +29,63 @@ def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterato
                                     image_channels=config.image_channels, for_calibration=False)
     for index in range(len(dataset)):
         yield dataset.sources[index], dataset.sample(index)
+
+
+def top_k(value: np.ndarray, k: int, labels: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{"top_k": [{"index", "score", "label"?}, ...]}`` for class scores (``[1, C]``, or ``[1, C, 1, 1]`` /
+    ``[1, 1, 1, C]`` from a 1x1-convolution head), else ``{}``."""
+    flat = np.asarray(value).reshape(-1)
+    if value.ndim < 2 or value.shape[0] != 1 or sum(size != 1 for size in value.shape[1:]) != 1 or k <= 0:
+        return {}
+    order = np.argsort(-flat)[:k]
+    return {"top_k": [{"index": int(i), "score": float(flat[i]),
+                       **({"label": labels[i]} if labels and i < len(labels) else {})} for i in order]}
+
+
+def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequence[str], *, k: int = 5,
+                      reporter: Reporter | ProgressCallback | None = None) -> list[dict[str, Any]]:
+    """Run inputs through an MXQ (the bit-exact simulator) and its FP32 MBLT (onnxruntime), side by side.
+
+    Args:
+        mxq_path: The compiled model.
+        mblt_path: The MBLT it was compiled from (the FP32 reference).
+        paths: Images (preprocessed as the MXQ's calibration data was), ``.npy`` files, lists or manifests.
+        k: How many classes to list for class-score outputs.
+        reporter: Progress and cancellation.
+
+    Returns:
+        Per input ``{"input", "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
+        "mxq_top_k"}]}`` (the top-k lists only for class scores).
+    """
+    import onnxruntime as ort
+
+    from compiler_core.analysis.metrics import cosine, sqnr_db
+    from compiler_core.runtime.model import Accelerator, Model
+
+    model = Model(mxq_path, input_layout="NCHW")  # the model's own layout, as the samples are (NHWC models: as is)
+    model.launch(Accelerator(model.artifact.device))
+    session = ort.InferenceSession(str(mblt_path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    reporter = as_reporter(reporter)
+    samples = list(load_run_inputs(model.artifact, paths))
+    results = []
+    try:
+        with reporter.stage("run", total=len(samples)):
+            for source, feeds in samples:
+                quantized = model.infer(feeds)
+                reference = dict(zip(names, session.run(None, feeds)))
+                outputs = []
+                for spec, value in zip(model.artifact.output_specs, quantized):
+                    fp32 = np.asarray(reference.get(spec.name), np.float64)
+                    ours = np.asarray(value, np.float64).reshape(fp32.shape)
+                    noise = float(np.sum((fp32 - ours) ** 2))
+                    outputs.append({"name": spec.name, "shape": list(fp32.shape), "cosine": cosine(fp32.ravel(), ours.ravel()),
+                                    "sqnr_db": sqnr_db(float(np.sum(fp32 ** 2)), noise),
+                                    "max_abs_error": float(np.max(np.abs(fp32 - ours))) if fp32.size else 0.0,
+                                    "fp32_top_k": top_k(fp32, k).get("top_k", []),
+                                    "mxq_top_k": top_k(ours, k).get("top_k", [])})
+                results.append({"input": source, "outputs": outputs})
+                reporter.advance()
+    finally:
+        model.dispose()
+    return results
