@@ -109,6 +109,8 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
+TRY_SLOT = "try"
+"""Runner slot of "Try on inputs…"."""
 PRELOAD_MODULES = ("numpy", "onnx", "onnx_ir", "onnxscript", "compiler_core.calibration",
                    "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
                    "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
@@ -403,6 +405,7 @@ class MainWindow(QMainWindow):
         self.run_panel.compile_requested.connect(self.start_compile)
         self.run_panel.cancel_requested.connect(lambda: self.runner.cancel("compile"))
         self.compare.run_selected.connect(lambda run_id: self.run_panel.summary.show_run(self.session.runs.get(run_id)))
+        self.run_panel.summary.try_requested.connect(lambda run: self.try_on_inputs(run))
         self.run_panel.offload_requested.connect(self.enable_cpu_offload)
         self.runner.busy_changed.connect(self._on_busy_changed)
         self.welcome.sample_requested.connect(lambda: self.open_path(SAMPLE_PROJECT))
@@ -553,7 +556,7 @@ class MainWindow(QMainWindow):
         """What the project's running background job is ("the compile", ...), or None: while one runs, the project
         and its model stay as they are (one heavy job at a time)."""
         for slot, job in zip(self._job_slots(), ("the compile", "the sweep", "the model's parse",
-                                                   "the writing of the calibration set")):
+                                                   "the writing of the calibration set", "the run on inputs")):
             worker = self.runner.worker(slot)
             if worker is not None:
                 return "the sensitivity analysis" if worker.name == "sensitivity" else job  # it shares the slot
@@ -564,7 +567,7 @@ class MainWindow(QMainWindow):
         """The runner slots of the jobs Cancel stops and that keep the project as it is while they run."""
         from qbstudio.compare_controller import SWEEP_SLOT
 
-        return "compile", SWEEP_SLOT, "model", "make_calib"
+        return "compile", SWEEP_SLOT, "model", "make_calib", TRY_SLOT
 
     def _idle(self, what: str) -> bool:
         """True if no job runs; else says so in a message box (a status line is missed: the user just chose a
@@ -1337,6 +1340,31 @@ class MainWindow(QMainWindow):
         from qbstudio.widgets import setup_check
 
         setup_check.show_dialog(self, self.dirs)
+
+    def try_on_inputs(self, run: RunRecord, paths: list[str] | None = None) -> Worker | None:
+        """Run images or ``.npy`` files (asked for when ``paths`` is None) through ``run``'s MXQ beside the FP32 graph;
+        the results open in a window."""
+        if not self._idle("run inputs"):
+            return None
+        if paths is None:
+            paths, _ = QFileDialog.getOpenFileNames(self, "Inputs to run through the MXQ",
+                                                    str(Path(self.project.calibration.path or "").parent),
+                                                    "Images or arrays (*.png *.jpg *.jpeg *.bmp *.npy);;All files (*)")
+            if not paths:
+                return None
+        from qbstudio.widgets.try_inputs import TryResultsDialog, compare_job
+
+        worker = Worker("try", compare_job, run.mxq_path, str(self.project.mblt_path), list(paths))
+        label = f"Run #{run.run_id} ({run.config_summary or run.device})"
+
+        def show(results) -> None:
+            self.try_dialog = TryResultsDialog(results, label, self)
+            self.try_dialog.show()
+
+        worker.succeeded.connect(show)
+        worker.failed.connect(lambda error: dialogs.show_error(self, "Cannot run the inputs", error))
+        self.runner.start(TRY_SLOT, worker)
+        return worker
 
     def show_llm_try(self) -> None:
         """The "Try it" window of a compiled LLM (imported on use)."""

@@ -6,7 +6,7 @@ import html
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -97,7 +97,13 @@ def accuracy_tip(run: RunRecord) -> str:
 
 
 class CompileSummary(QWidget):
-    """Shows one :class:`RunRecord`."""
+    """Shows one :class:`RunRecord`.
+
+    Signals:
+        try_requested(object): the user wants to run inputs of their own through the run's MXQ.
+    """
+
+    try_requested = Signal(object)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -115,8 +121,13 @@ class CompileSummary(QWidget):
         self.layers.horizontalHeader().setStretchLastSection(True)
         self.show_button = QPushButton("Show in folder", objectName="showInFolder")
         self.show_button.clicked.connect(self.show_in_folder)
+        self.try_button = QPushButton("Try on inputs…", objectName="tryInputs")
+        self.try_button.setToolTip("Run images or .npy files of your own through this MXQ (the bit-exact simulator) "
+                                   "and the FP32 graph, side by side")
+        self.try_button.clicked.connect(lambda: self.run is not None and self.try_requested.emit(self.run))
         buttons = QHBoxLayout()
         buttons.addWidget(self.show_button)
+        buttons.addWidget(self.try_button)
         buttons.addStretch(1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -131,6 +142,7 @@ class CompileSummary(QWidget):
         """Show ``run`` (None: the 'no compile yet' hint)."""
         self.run = run
         self.show_button.setEnabled(run is not None)
+        self.try_button.setEnabled(run is not None and Path(run.mxq_path).is_file())
         while self.metrics.rowCount():
             self.metrics.removeRow(0)
         self.layers.setRowCount(0)

@@ -1124,3 +1124,24 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
     run.preset, run.metrics = "", {"verdict": "ok", "mean_output_cosine": 0.999}
     assert "Try" not in dict(summary_module.metric_rows(run))
     assert RunRecord.from_dict(run.to_dict()).suited_preset == suited  # kept in the project file
+
+
+def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answers):
+    """Try on inputs…: the sample's test images through the run's MXQ and the FP32 graph, in a window (the workbench
+    could not run a compiled model on an input before, only the CLI could)."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"]
+    run = window.session.latest_run
+    assert window.run_panel.summary.try_button.isEnabled()
+    images = sorted((SAMPLE_DIR / "test").glob("*.png"))[:2]
+    worker = window.try_on_inputs(run, [str(path) for path in images])
+    with qtbot.waitSignal(worker.succeeded, timeout=TIMEOUT_MS):
+        pass
+    qtbot.waitUntil(lambda: getattr(window, "try_dialog", None) is not None and window.try_dialog.isVisible())
+    text = window.try_dialog.browser.toPlainText()
+    assert all(path.name in text for path in images) and "logits" in text and answers.errors == []
+    assert "[1, 10]" in text and "top classes" in text
+    window.try_dialog.close()
