@@ -255,7 +255,20 @@ class ConvTransposeDivChannel(_ConvChannelAffine):
     operator, producer = "Div", "ConvTranspose"
 
 
-class SplitWideConvKernel(RewriteRuleClassBase):
+class _ConvRule(RewriteRuleClassBase):
+    """The pattern of the rules that rewrite one Conv by its weights (a Conv, any inputs and attributes)."""
+
+    def pattern(self, op, x, w):
+        return op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+
+def _constant_weights(node: ir.Node) -> bool:
+    """Whether a Conv's weights, and its bias if it has one, are constants."""
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return node.inputs[1].const_value is not None and (bias is None or bias.const_value is not None)
+
+
+class SplitWideConvKernel(_ConvRule):
     """A Conv whose kernel is wider than the NPU's window limit -> a sum of Convs over slices of the kernel.
 
     ``y[t] = sum_k W[k] x[t*s + k*d]`` splits over ``k`` into chunks of at most ``MAX_KERNEL`` taps: chunk
@@ -264,16 +277,12 @@ class SplitWideConvKernel(RewriteRuleClassBase):
     (kernel 128 over time) is the case that needs it. One axis per application; the rule repeats for more.
     """
 
-    def pattern(self, op, x, w):
-        return op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
-
     def check(self, context, x, w, y) -> MatchResult:
         from compiler_core.ops.constraints import MAX_KERNEL, MAX_STRIDE
 
         result = MatchResult()
         node = y.producer()
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if w.const_value is None or (bias is not None and bias.const_value is None):
+        if not _constant_weights(node):
             return result.fail(f"{node.name}: weights or bias are not constants.")
         wide = [j for j, k in enumerate(w.const_value.shape[2:]) if k > MAX_KERNEL]
         if not wide:
@@ -333,7 +342,7 @@ class SplitWideConvKernel(RewriteRuleClassBase):
         return total
 
 
-class FramedStridedConv(RewriteRuleClassBase):
+class FramedStridedConv(_ConvRule):
     """A 1-D Conv whose stride is beyond the NPU's (and not its kernel) -> frames of ``stride`` samples as channels.
 
     ``y[t] = sum_m W[m] x[t*S + m]``: cut the (padded) input into frames of ``S`` samples, ``x'[c*S + j, f] =
@@ -343,16 +352,12 @@ class FramedStridedConv(RewriteRuleClassBase):
     it ran on the CPU before.
     """
 
-    def pattern(self, op, x, w):
-        return op.Conv(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
-
     def check(self, context, x, w, y) -> MatchResult:
         from compiler_core.ops.constraints import MAX_KERNEL, MAX_STRIDE
 
         result = MatchResult()
         node = y.producer()
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if w.const_value is None or (bias is not None and bias.const_value is None):
+        if not _constant_weights(node):
             return result.fail(f"{node.name}: weights or bias are not constants.")
         if len(w.const_value.shape) != 3 or x.shape is None or len(x.shape) != 3 \
                 or not all(isinstance(dim, int) for dim in x.shape):
