@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -450,12 +451,18 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
                "constant_inputs": _bind_pairs(getattr(args, "bind_input", None)) or None,
                "output_names": _names(getattr(args, "output_names", None)),
                "backend": getattr(args, "backend", None), **_frontend_options(args)}
-    result = mxq_compile(model, target_device=args.target_device, calib_data_path=args.calib_data_path,
-                         save_path=args.output, compile_config=args.compile_config, config_preset=args.config_preset,
-                         use_random_calib=args.use_random_calib or None, cpu_offload=args.cpu_offload,
-                         inference_scheme=args.inference_scheme, config_save_path=args.config_save_path,
-                         mixed_precision_config=_mixed_precision_option(args),
-                         callback=out.progress, **{k: v for k, v in options.items() if v is not None})
+    options = {k: v for k, v in options.items() if v is not None}
+    with tempfile.TemporaryDirectory(prefix="qbcompiler-text-") as folder:
+        calib_data_path = args.calib_data_path
+        if getattr(args, "calib_text", None):
+            model, calib_data_path = _text_calibration(args, model, options, Path(folder))
+            options = {}  # parsed already
+        result = mxq_compile(model, target_device=args.target_device, calib_data_path=calib_data_path,
+                             save_path=args.output, compile_config=args.compile_config,
+                             config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
+                             cpu_offload=args.cpu_offload, inference_scheme=args.inference_scheme,
+                             config_save_path=args.config_save_path, mixed_precision_config=_mixed_precision_option(args),
+                             callback=out.progress, **options)
     payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict(),
                "config_preset": args.config_preset}
     out.result(payload, _compile_text(payload))
@@ -516,6 +523,26 @@ def _analyze_text(payload: dict[str, Any]) -> str:
                      f"{_number(point.get('rmse_over_scale'), 2):>7s}")
     lines.extend(f"Wrote {path}" for path in payload["written"])
     return "\n".join(lines)
+
+
+def _text_calibration(args: argparse.Namespace, model: str, options: dict[str, Any], folder: Path) -> tuple[str, list[str]]:
+    """``--calib-text``: the model parsed into ``folder`` (an MBLT is used as it is) and its calibration manifest of
+    the tokenized sentences; returns ``(MBLT, [manifest])``."""
+    from compiler_core.api import mblt_compile
+    from compiler_core.calibration import input_specs, make_calib_text, tokenizer_folder
+    from compiler_core.mblt.io import load_mblt
+
+    if args.calib_data_path or args.use_random_calib:
+        raise ArgumentError("--calib-text replaces --calib-data-path and --use-random-calib; give one of them.")
+    tokenizer = args.tokenizer or tokenizer_folder(model)
+    if tokenizer is None:
+        raise ArgumentError("--calib-text needs the model's tokenizer.",
+                            hint="Pass --tokenizer FOLDER (a transformers model or tokenizer folder) or "
+                                 "--tokenizer tokenizer.json; a transformers model folder given as the model is used "
+                                 "by itself.")
+    mblt = model if str(model).endswith(".mblt") else str(mblt_compile(model, folder / "model.mblt", **options))
+    manifest = make_calib_text(args.calib_text, tokenizer, input_specs(load_mblt(mblt)), folder, "calib_text", -1)
+    return mblt, [str(manifest)]
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -740,6 +767,12 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
     parser.add_argument("--target-device", help="aries-rb, regulus-ra, regulus-rb or regulus-rb-usb")
     parser.add_argument("--calib-data-path", action="append", metavar="PATH",
                         help="images folder, .npy folder, .txt list or JSON manifest (repeatable)")
+    parser.add_argument("--calib-text", metavar="FILE.txt",
+                        help="token-input models (transformer encoders): calibrate on these sentences, one per line, "
+                             "tokenized with --tokenizer")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="with --calib-text: the model's tokenizer folder or tokenizer.json (default: the model's "
+                             "own folder)")
     parser.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
     parser.add_argument("--config-preset", help="preset name (see `qbcompiler presets`)")
     parser.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig")

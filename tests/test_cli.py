@@ -218,3 +218,36 @@ def test_run_ranks_scores_with_singleton_dimensions():
     assert _top_k(scores, 3, None)["top_k"][0]["index"] == 7
     assert _top_k(scores.reshape(1, 1, 1, 10), 1, None)["top_k"][0]["index"] == 7
     assert _top_k(np.zeros((1, 4, 8, 8), np.float32), 3, None) == {}  # a feature map is not scores
+
+
+def test_compile_calibrates_a_token_model_on_text(tmp_path, capsys):
+    """--calib-text: sentences through the tokenizer into the model's token inputs (a small embedding model here)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import realmodels
+
+    try:
+        tokenizer = realmodels.minilm_dir()
+    except realmodels.RealModelUnavailable as error:
+        pytest.skip(str(error))
+    table = np.random.default_rng(0).standard_normal((30522, 8)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["embedded"]),
+             helper.make_node("Relu", ["embedded"], ["y"])]
+    graph = helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])],
+                              [numpy_helper.from_array(table, "table")])
+    model = tmp_path / "tokens.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(model))
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(realmodels.SENTENCES * 3), encoding="utf-8")
+    args = ["compile", "--model", str(model), "--calib-text", str(text), "--target-device", "aries-rb",
+            "-o", str(tmp_path / "tokens.mxq")]
+    code, _, err = _cli(capsys, *args)
+    assert code != 0 and "--calib-text needs the model's tokenizer" in err  # an .onnx file has none of its own
+    code, out, _ = _cli(capsys, *args, "--tokenizer", str(tokenizer))
+    assert code == 0 and (tmp_path / "tokens.mxq").is_file()
+    assert f"calibrated on {len(realmodels.SENTENCES) * 3 - 4} samples" in out  # 4 held out for the analysis
+    code, _, err = _cli(capsys, *args, "--tokenizer", str(tokenizer), "--calib-data-path", str(tmp_path))
+    assert code != 0 and "give one of them" in err
