@@ -224,9 +224,8 @@ def test_compile_calibrates_a_token_model_on_text(tmp_path, capsys):
     """--calib-text: sentences through the tokenizer into the model's token inputs (a small embedding model here)."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     import realmodels
+    from onnx import TensorProto, helper, numpy_helper
 
     try:
         tokenizer = realmodels.minilm_dir()
