@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QTextBrowser, QVBoxLayout, QWidget
 
 from compiler_core.progress import as_reporter
 
@@ -19,11 +19,12 @@ def compare_job(mxq_path: str, mblt_path: str, paths: list[str], *, callback=Non
     return compare_with_fp32(mxq_path, mblt_path, paths, reporter=as_reporter(callback, cancel_token))
 
 
-def _classes(items: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{item['index']} ({item['score']:.3g})" for item in items)
+def _classes(items: list[dict[str, Any]], labels: list[str]) -> str:
+    return ", ".join(f"{html.escape(labels[item['index']]) if item['index'] < len(labels) else item['index']} "
+                     f"({item['score']:.3g})" for item in items)
 
 
-def results_html(results: list[dict[str, Any]], run_label: str) -> str:
+def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str] | None = None) -> str:
     """One table row per input and output: shape, cosine, SQNR, largest error, and the top classes of class scores."""
     rows = []
     for entry in results:
@@ -32,8 +33,8 @@ def results_html(results: list[dict[str, Any]], run_label: str) -> str:
             if output["fp32_top_k"]:
                 same = output["fp32_top_k"][0]["index"] == output["mxq_top_k"][0]["index"]
                 colour = "#2e7d32" if same else "#c62828"
-                top = (f"<span style='color:{colour}'>{_classes(output['mxq_top_k'])}</span><br>"
-                       f"<small>FP32: {_classes(output['fp32_top_k'])}</small>")
+                top = (f"<span style='color:{colour}'>{_classes(output['mxq_top_k'], labels or [])}</span><br>"
+                       f"<small>FP32: {_classes(output['fp32_top_k'], labels or [])}</small>")
             rows.append(f"<tr><td>{html.escape(Path(entry['input']).name)}</td><td>{html.escape(output['name'])}</td>"
                         f"<td>{output['shape']}</td><td>{output['cosine']:.5f}</td><td>{output['sqnr_db']:.1f}</td>"
                         f"<td>{output['max_abs_error']:.4g}</td><td>{top}</td></tr>")
@@ -45,16 +46,37 @@ def results_html(results: list[dict[str, Any]], run_label: str) -> str:
 
 
 class TryResultsDialog(QDialog):
-    """Shows :func:`results_html` (not modal: the workbench stays usable)."""
+    """Shows :func:`results_html` (not modal: the workbench stays usable); "Class names…" reads a labels file (one
+    name per line, as ``qbcompiler run --labels``) to name the classes."""
 
     def __init__(self, results: list[dict[str, Any]], run_label: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Try on inputs")
         self.resize(820, 420)
+        self.results, self.run_label = results, run_label
         self.browser = QTextBrowser(objectName="tryResults")
         self.browser.setHtml(results_html(results, run_label))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.close)
+        if any(output["fp32_top_k"] for entry in results for output in entry["outputs"]):
+            names = buttons.addButton("Class names…", QDialogButtonBox.ButtonRole.ActionRole)
+            names.clicked.connect(self._on_labels)
         layout = QVBoxLayout(self)
         layout.addWidget(self.browser)
         layout.addWidget(buttons)
+
+    def _on_labels(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Class names, one per line", "", "Text (*.txt);;All files (*)")
+        if path:
+            self.show_labels(path)
+
+    def show_labels(self, path: str | Path) -> None:
+        """Name the classes with the lines of ``path``."""
+        try:
+            labels = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            from qbstudio import dialogs
+
+            dialogs.show_error(self, "Cannot read the class names", f"'{path}' cannot be read: {error}")
+            return
+        self.browser.setHtml(results_html(self.results, self.run_label, labels))

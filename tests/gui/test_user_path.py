@@ -1149,5 +1149,7 @@ def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answe
     qtbot.waitUntil(lambda: getattr(window, "try_dialog", None) is not None and window.try_dialog.isVisible())
     text = window.try_dialog.browser.toPlainText()
     assert all(path.name in text for path in images) and "logits" in text and answers.errors == []
-    assert "[1, 10]" in text and "top classes" in text
+    assert "[1, 10]" in text and "top classes" in text and "Trouser" not in text
+    window.try_dialog.show_labels(SAMPLE_DIR / "labels.txt")  # Class names…: the labels file the CLI takes
+    assert "Trouser" in window.try_dialog.browser.toPlainText()
     window.try_dialog.close()
