@@ -253,6 +253,32 @@ def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
     assert tried == [model.graph.node(1)]  # the pattern match and check ran on the wide Conv only
 
 
+def test_the_long_stride_condition_rejects_only_convs_the_full_try_rejects():
+    """FramedStridedConv on 1-D Convs with stride 2, stride 16 (kernel 32) and no strides attribute: the indexed rule
+    tries exactly the node the full rule rewrites (the long stride)."""
+    from compiler_core.mblt.rules import FramedStridedConv
+
+    rng = np.random.default_rng(0)
+    short, framed = (numpy_helper.from_array(rng.standard_normal((2, 2, k)).astype(np.float32), f"w{k}")
+                     for k in (3, 32))
+    nodes = [helper.make_node("Conv", ["x", "w3"], ["c0"], strides=[2], pads=[1, 1]),
+             helper.make_node("Conv", ["c0", "w32"], ["c1"], strides=[16]),
+             helper.make_node("Conv", ["c1", "w3"], ["y"], pads=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])], [short, framed])
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    rule = FramedStridedConv.rule()
+    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    tried = []
+    library_try = rule.try_rewrite
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    assert ours == full == [False, True, False]
+    assert tried == [model.graph.node(1)]  # the pattern match and check ran on the long-stride Conv only
+
+
 def test_name_fix_names_as_the_library_pass_does(monkeypatch):
     """Unique names: nothing to do, and the check alone says so; a duplicated value name, an unnamed value and an
     unnamed node: the library's renaming."""

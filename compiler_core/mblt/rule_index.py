@@ -186,6 +186,14 @@ def _kernel_too_wide(node: ir.Node) -> bool:
     return any(size > MAX_KERNEL for size in weights.const_value.shape[2:])
 
 
+def _stride_too_long(node: ir.Node) -> bool:
+    """First condition of our ``FramedStridedConv`` check: a stride longer than the NPU's."""
+    from compiler_core.ops.constraints import MAX_STRIDE
+
+    strides = node.attributes.get_ints("strides", None)
+    return strides is not None and any(stride > MAX_STRIDE for stride in strides)
+
+
 def _operand_constant_after(producer: str) -> Callable[[ir.Node], bool]:
     """Conditions of our ``{producer}{Mul,Add,Sub,Div}Channel`` checks, in either operand order: one operand a
     constant, the other the output of a ``producer`` (Conv, ConvTranspose) that nothing else reads (not a graph
@@ -227,6 +235,7 @@ def _shape_computed(node: ir.Node) -> bool:
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
     "MaterializeReshapeShape": _shape_computed,
     "SplitWideConvKernel": _kernel_too_wide,
+    "FramedStridedConv": _stride_too_long,
     **{f"{producer}{operator}Channel": _operand_constant_after(producer)
        for producer in ("Conv", "ConvTranspose") for operator in ("Mul", "Add", "Sub", "Div")},
     "ConvAffineFusion": _scaled_conv_plus_scalar,
