@@ -346,3 +346,27 @@ def test_fit_to_model_resets_normalization_chosen_for_another_channel_count():
     settings.set("preprocessing", fashion)
     assert fit_to_model(settings, CalibrationSource(), rgb_other, rgb) == []  # same channels: kept
     assert settings.preprocessing == fashion
+
+
+def test_fit_to_model_keeps_a_folder_of_raw_images_for_another_image_model(tmp_path):
+    """Raw photos feed any one-image model through the pipeline: replacing a 224x224 classifier by a 256x256 NHWC
+    model keeps the folder (and says so); a folder of .npy arrays made for the old shape, a model with a second
+    input or a gray model's images for a colour model clear it."""
+    from qbstudio.state.model_fit import fit_to_model
+
+    photos, arrays = tmp_path / "photos", tmp_path / "arrays"
+    photos.mkdir()
+    arrays.mkdir()
+    (photos / "a.JPG").write_bytes(b"")
+    (arrays / "a.npy").write_bytes(b"")
+    rgb = [InputSpec("input", (1, 3, 224, 224), np.dtype("float32"), "NCHW")]
+    nhwc = [InputSpec("input_1", (1, 256, 256, 3), np.dtype("float32"), "NHWC")]
+    two = [*nhwc, InputSpec("mask", (1, 16), np.dtype("float32"), "")]
+    source = CalibrationSource(path=str(photos))
+    notes = fit_to_model(CompileSettings(), source, nhwc, rgb)
+    assert source.path == str(photos) and any(note.startswith("Calibration data kept") for note in notes)
+    gray = [InputSpec("image", (1, 1, 28, 28), np.dtype("float32"), "NCHW")]
+    for path, specs, previous in ((arrays, nhwc, rgb), (photos, two, rgb), (photos, rgb, gray)):
+        source = CalibrationSource(path=str(path))
+        notes = fit_to_model(CompileSettings(), source, specs, previous)
+        assert source.path is None and any(note.startswith("Calibration data cleared") for note in notes)

@@ -11,6 +11,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,13 +51,33 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
     notes = _fit_image_channels(settings, specs)
     if previous is not None and not same_inputs(previous, specs):
         notes += _fit_preprocessing(settings, specs, previous)
-        if calibration.path:
+        if calibration.path and _raw_images_fit(calibration.path, specs, previous):
+            notes.append(f"Calibration data kept: '{calibration.path}' holds raw images, which the preprocessing "
+                         f"pipeline fits to this model's input (check it in the Calibration tab).")
+        elif calibration.path:
             notes.append(f"Calibration data cleared: '{calibration.path}' was chosen for the previous model's "
                          f"inputs.")
             calibration.path = None
     for note in notes:
         logger.info("model changed: %s", note)
     return notes
+
+
+def _raw_images_fit(path: str, specs: Sequence[InputSpec], previous: Sequence[InputSpec]) -> bool:
+    """Whether ``path`` is a folder of raw images (no ``.npy`` arrays) and both models take one image input with the
+    same channel count: such a folder feeds the new model through the preprocessing pipeline (unlike arrays made for
+    one input shape); gray images chosen for a gray model are not the data of a colour one."""
+    from compiler_core.calibration.preprocess import IMAGE_SUFFIXES
+
+    folder = Path(path)
+    if len(specs) != 1 or len(previous) != 1 or not (specs[0].is_image and previous[0].is_image) \
+            or specs[0].channels != previous[0].channels or not folder.is_dir():
+        return False
+    try:
+        suffixes = {entry.suffix.lower() for entry in folder.iterdir() if not entry.name.startswith(".")}
+    except OSError:
+        return False
+    return bool(suffixes & set(IMAGE_SUFFIXES)) and ".npy" not in suffixes
 
 
 def _fit_image_channels(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
