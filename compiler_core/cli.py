@@ -638,7 +638,7 @@ def _compile_text(payload: dict[str, Any]) -> str:
                      "nothing about real inputs; pass --calib-data-path with real samples")
     elif not mixed and any(metrics.get("verdict") in ("warn", "flag") for metrics in payload["outputs"].values()):
         suited = payload.get("suited_preset") or {}
-        if suited and payload.get("config_preset") != suited["name"]:
+        if suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
                          "compiler choose int16 layers (--mixed-precision cosine=0.99)")
         elif payload.get("config_preset") in ("a16w8", "a16w16"):  # int16 activations already: the weights next

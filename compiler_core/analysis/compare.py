@@ -23,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 from threadpoolctl import threadpool_limits
 
-from compiler_core.analysis.metrics import TensorComparison, is_classifier_output
+from compiler_core.analysis.metrics import TensorComparison, head_op_type, is_classifier_output
 from compiler_core.calibration.statistics import session_with_outputs
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter, as_reporter
@@ -77,18 +77,10 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     return report
 
 
-_SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-
-
 def _head_op(model: QuantizedModel, tensor: str) -> str:
     """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none)."""
-    producers = {name: op for op in model.ops for name in op.outputs}
-    op = producers.get(tensor)
-    for _ in range(len(model.ops)):
-        if op is None or op.op_type not in _SHAPE_OPS or not op.inputs:
-            break
-        op = producers.get(op.inputs[0])
-    return op.op_type if op is not None else ""
+    return head_op_type(tensor, {name: (op.op_type, op.inputs[0] if op.inputs else None)
+                                 for op in model.ops for name in op.outputs})
 
 
 def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | None) -> list[str]:

@@ -8,6 +8,7 @@ compares the reference's top-1 class with the quantized top-1 / top-5 (classifie
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,6 +175,24 @@ def verdict(sqnr: float, warn_db: float = WARN_SQNR_DB, flag_db: float = FLAG_SQ
 
 PROBABILITY_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid"})
 LOGIT_OPS = frozenset({"Gemm", "MatMul", "Add", "Conv"})
+
+
+SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def head_op_type(tensor: str, producers: Mapping[str, tuple[str, str | None]]) -> str:
+    """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none).
+
+    Args:
+        tensor: The output's name.
+        producers: Tensor name -> (op type of its producer, the producer's first input or None), for any graph form.
+    """
+    entry = producers.get(tensor)
+    for _ in range(len(producers)):
+        if entry is None or entry[0] not in SHAPE_OPS or not entry[1]:
+            break
+        entry = producers.get(entry[1])
+    return entry[0] if entry is not None else ""
 
 
 def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> bool:

@@ -174,12 +174,16 @@ def preset_config(name: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PresetFit:
-    """A model shape a preset is made for: the ops the model must have and the kind of its inputs."""
+    """A model shape a preset is made for: the ops the model must have, the kind of its inputs, and whether every
+    output must hold class scores; ``covers`` names other presets that include this one's settings (using one of
+    them is using this)."""
 
     preset: str
     ops: frozenset[str]
     inputs: str
     why: str
+    class_scores: bool = False
+    covers: frozenset[str] = frozenset()
 
 
 PRESET_FITS: tuple[PresetFit, ...] = (
@@ -187,11 +191,21 @@ PRESET_FITS: tuple[PresetFit, ...] = (
               "attention layers (Softmax, MatMul, LayerNormalization) over token inputs"),
     PresetFit("vision_transformer", frozenset({"Softmax", "MatMul", "LayerNormalization"}), "image",
               "attention layers (Softmax, MatMul, LayerNormalization) over an image input"),
+    PresetFit("classification", frozenset(), "image", "class scores computed from an image (an image classifier)",
+              class_scores=True, covers=frozenset({"classification_torchvision"})),
 )
 """Which preset suits which model, first match wins: the accuracy hints of the CLI and the workbench read this."""
 
 
-def suggest_preset(op_types: Collection[str], input_kind: str) -> PresetFit | None:
-    """The preset made for a model with these op types and inputs (``tokens``, ``image`` or ``other``), or None."""
+def suggest_preset(op_types: Collection[str], input_kind: str, class_scores: bool = False) -> PresetFit | None:
+    """The preset made for a model with these op types and inputs (``tokens``, ``image`` or ``other``), or None.
+
+    Args:
+        op_types: The model's op types.
+        input_kind: What feeds the model (:func:`compiler_core.calibration.input_kind`).
+        class_scores: Every output of the model holds class scores
+            (:func:`compiler_core.analysis.metrics.is_classifier_output`).
+    """
     ops = set(op_types)
-    return next((fit for fit in PRESET_FITS if fit.ops <= ops and fit.inputs == input_kind), None)
+    return next((fit for fit in PRESET_FITS if fit.ops <= ops and fit.inputs == input_kind
+                 and (class_scores or not fit.class_scores)), None)

@@ -61,7 +61,7 @@ class RunRecord:
     calibration: dict[str, Any] = field(default_factory=dict)
     origin: str = "compile"
     preset: str = ""
-    suited_preset: dict[str, str] = field(default_factory=dict)
+    suited_preset: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,

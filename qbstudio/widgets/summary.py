@@ -83,7 +83,7 @@ def accuracy_tip(run: RunRecord) -> str:
     for the model, else automatic mixed precision and the a16w8 preset, after a16w8 the a16w16 one (as the CLI's
     hint)."""
     suited = run.suited_preset
-    if suited and suited.get("name") != run.preset:
+    if suited and run.preset not in (suited.get("name"), *suited.get("covers", ())):
         return (f"The model has {html.escape(suited.get('why', ''))}: the <b>{html.escape(suited.get('name', ''))}"
                 "</b> preset is made for such models (Compile tab › Preset).")
     if run.preset == "a16w8":

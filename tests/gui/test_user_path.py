@@ -1130,6 +1130,13 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
     run.preset, run.metrics = "", {"verdict": "ok", "mean_output_cosine": 0.999}
     assert "Try" not in dict(summary_module.metric_rows(run))
     assert RunRecord.from_dict(run.to_dict()).suited_preset == suited  # kept in the project file
+    # an image classifier at default settings (found under Xvfb: MobileNetV2 0.969, "warn", AMP suggested first)
+    run.suited_preset = {"name": "classification", "why": "class scores computed from an image (an image classifier)",
+                         "covers": ["classification_torchvision"]}
+    run.metrics, run.config = {"verdict": "warn", "mean_output_cosine": 0.969}, {}
+    assert "<b>classification</b> preset" in dict(summary_module.metric_rows(run))["Try"]
+    run.preset = "classification_torchvision"  # includes its settings
+    assert "<b>classification</b>" not in dict(summary_module.metric_rows(run))["Try"]
 
 
 def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answers):
