@@ -348,6 +348,23 @@ def test_fit_to_model_resets_normalization_chosen_for_another_channel_count():
     assert settings.preprocessing == fashion
 
 
+def test_a_preprocessing_reset_also_turns_off_the_uint8_input_its_preset_chose():
+    """Found under Xvfb: the ImageNet pipeline preset (uint8 input, normalization fused) chosen for MobileNetV2 was
+    reset when a 256x256 pose model replaced it, but the uint8 input stayed on for the new model."""
+    from qbstudio.state.calibration import pipeline_preset
+    from qbstudio.state.model_fit import fit_to_model
+
+    preprocessing, uint8 = pipeline_preset("classification_torchvision")
+    settings = CompileSettings()
+    settings.set("preprocessing", preprocessing)
+    settings.set("uint8Input.apply", uint8)
+    rgb = [InputSpec("input", (1, 3, 224, 224), np.dtype("float32"), "NCHW")]
+    pose = [InputSpec("input_1", (1, 256, 256, 3), np.dtype("float32"), "NHWC")]
+    notes = fit_to_model(settings, CalibrationSource(), pose, rgb)
+    assert uint8 and not settings.config.uint8_input.apply and not settings.preprocessing["pipeline"]
+    assert any(note.startswith("Preprocessing reset (and uint8 model input off)") for note in notes)
+
+
 def test_fit_to_model_keeps_a_folder_of_raw_images_for_another_image_model(tmp_path):
     """Raw photos feed any one-image model through the pipeline: replacing a 224x224 classifier by a 256x256 NHWC
     model keeps the folder (and says so); a folder of .npy arrays made for the old shape, a model with a second

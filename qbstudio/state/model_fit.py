@@ -114,8 +114,12 @@ def _fit_preprocessing(settings: CompileSettings, specs: Sequence[InputSpec],
     if all(size == (height, width) for size in sizes) and means <= {1, image.channels} and same_channels:
         return []
     settings.set("preprocessing", PreprocessForm().to_preprocessing())
-    return [f"Preprocessing reset: its sizes or normalization were for the previous model, not {height}x{width} "
-            f"with {image.channels} channel(s). Choose a pipeline in the Calibration tab."]
+    uint8 = settings.config.uint8_input.apply  # raw pixels in, the old pipeline's normalization fused: reset with it
+    if uint8:
+        settings.set("uint8Input.apply", False)
+    return [f"Preprocessing reset{' (and uint8 model input off)' if uint8 else ''}: its sizes or normalization were "
+            f"for the previous model, not {height}x{width} with {image.channels} channel(s). Choose a pipeline in the "
+            f"Calibration tab."]
 
 
 def holdout_split(total: int, holdout: int, num_samples: int) -> tuple[int, int]:
