@@ -163,6 +163,7 @@ class CalibrationPanel(QWidget):
         self._report_errors = False
         self._timer = QTimer(self, singleShot=True, interval=PREVIEW_DELAY_MS)
         self._timer.timeout.connect(self.refresh_preview)
+        runner.busy_changed.connect(self._on_busy_changed)
         self._build()
 
     # ------------------------------------------------------------------ building
@@ -502,14 +503,18 @@ class CalibrationPanel(QWidget):
                         self.settings.preprocessing)
         worker.succeeded.connect(self._show_preview)
         worker.failed.connect(self._preview_error)
-        worker.finished.connect(self._preview_finished)
         self.preview_status.setText("Reading calibration data…")
         self.runner.start("preview", worker)
 
-    def _preview_finished(self) -> None:
-        if self._rerun_preview:
+    def _on_busy_changed(self, slot: str, busy: bool) -> None:
+        """Run the preview asked for while the last one was still running, once the runner has let that one go.
+
+        Keyed on the runner's slot becoming free, not on the worker's ``finished``: a request arriving between the
+        worker's end and the runner's clean-up saw the slot busy and was otherwise lost ("Reading calibration
+        data…" for ever, found under Xvfb)."""
+        if slot == "preview" and not busy and self._rerun_preview:
             self._rerun_preview = False
-            QTimer.singleShot(0, lambda: self.refresh_preview(report_errors=self._report_errors))
+            self.refresh_preview(report_errors=self._report_errors)
 
     def _preview_error(self, error: Exception) -> None:
         self.preview = None

@@ -89,6 +89,7 @@ class HistogramView(QWidget):
         self._weight_plot: Any = None
         self._weight_curves: list[list[Any]] = []
         self._pending: RunRecord | None = None
+        runner.busy_changed.connect(self._after_job)
         self.mblt_path: str = ""
         """The MBLT the runs compiled (the project's): statistics are looked up for it."""
 
@@ -210,15 +211,16 @@ class HistogramView(QWidget):
         worker.succeeded.connect(lambda stats: self._on_stats(tensor, stats))
         worker.failed.connect(lambda error: self.title.setText(f"<b>{self.layer}</b>: statistics unavailable: "
                                                                f"{getattr(error, 'message', error)}"))
-        worker.finished.connect(self._after_job)
         self.runner.start(SLOT, worker)
 
-    def _after_job(self) -> None:
+    def _after_job(self, slot: str, busy: bool) -> None:
+        """Load the statistics asked for while the last lookup ran, once the runner has freed the slot (keyed on the
+        slot, not on the job's end: a request between the two would be lost, as the calibration preview's was)."""
+        if slot != SLOT or busy:
+            return
         pending, self._pending = self._pending, None
         if pending is not None:
-            from PySide6.QtCore import QTimer
-
-            QTimer.singleShot(0, lambda: self._load_statistics(pending))
+            self._load_statistics(pending)
 
     def _on_stats(self, tensor: str, stats: Any) -> None:
         if tensor != self.tensor:

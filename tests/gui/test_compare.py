@@ -206,6 +206,28 @@ def test_histogram_shows_each_runs_clip_range_matching_the_mxq(qtbot, view, swee
     shoot(view, "compare_histogram.png")
 
 
+def test_histogram_of_a_layer_picked_as_the_last_lookup_ends_is_shown(qtbot, view, sweep, monkeypatch):
+    """A layer picked just as the previous statistics lookup ended (after the job, before the runner freed its slot)
+    is looked up once the slot is free; keyed on the job's end, the request was lost and the view stayed at
+    "loading statistics from the cache…" (the calibration preview's bug, same pattern)."""
+    view.set_picks([1, 2, 3], baseline=1)
+    view.tabs.setCurrentWidget(view.histogram)
+    histogram = view.histogram
+    first, second = [name for name in sweep["order"] if name.startswith("Conv")][:2]
+    start, started = histogram.runner.start, []
+
+    def start_with_a_late_pick(slot, worker):
+        if not started:
+            worker.finished.connect(lambda: view.show_layer(second))  # before the runner connects its clean-up
+        started.append(slot)
+        return start(slot, worker)
+
+    monkeypatch.setattr(histogram.runner, "start", start_with_a_late_pick)
+    view.show_layer(first)
+    qtbot.waitUntil(lambda: len(started) == 2 and histogram.counts is not None, timeout=60_000)
+    assert histogram.layer == second and "calibration samples" in histogram.title.text()
+
+
 # ---------------------------------------------------------------------------------------------- Pareto
 
 

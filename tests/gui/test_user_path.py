@@ -1139,6 +1139,30 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
     assert "<b>classification</b>" not in dict(summary_module.metric_rows(run))["Try"]
 
 
+def test_a_preview_asked_for_as_the_last_one_ends_still_runs(qtbot, make_window, answers, monkeypatch):
+    """Found under Xvfb: unticking uint8 input, then "Resize to 256x256" at once left the preview at "Reading
+    calibration data…" for good. A request that arrives after the preview job ended but before the runner let it go
+    saw the slot busy, asked for a re-run, and that re-run was keyed on the job's end, which had passed. Here the
+    request is made at exactly that moment (a slot on the job's end that runs before the runner's clean-up)."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    panel = window.calibration
+    started = []
+    start = panel.runner.start
+
+    def start_with_a_late_request(slot, worker):
+        if slot == "preview" and not started:
+            worker.finished.connect(lambda: panel.refresh_preview())  # before the runner connects its clean-up
+        started.append(slot)
+        return start(slot, worker)
+
+    monkeypatch.setattr(panel.runner, "start", start_with_a_late_request)
+    panel.refresh_preview()
+    qtbot.waitUntil(lambda: started.count("preview") == 2 and not panel.runner.is_busy("preview"),
+                    timeout=TIMEOUT_MS)
+    assert panel.preview_status.text().startswith("Showing")
+
+
 def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answers):
     """Try on inputs…: the sample's test images through the run's MXQ and the FP32 graph, in a window (the workbench
     could not run a compiled model on an input before, only the CLI could)."""
