@@ -276,6 +276,11 @@ class CompareView(QWidget):
         table.itemSelectionChanged.connect(self._on_selection)
         table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         table.customContextMenuRequested.connect(self._on_table_menu)
+        # three runs in view whatever the splitter gets (their settings wrap to two lines): on a 768-pixel-high
+        # screen the proportional split left room for one and a half
+        line = table.fontMetrics().height()
+        table.setMinimumHeight(table.horizontalHeader().sizeHint().height() + 3 * (2 * line + 8)
+                               + 2 * table.frameWidth())
         return table
 
     def _build(self) -> None:

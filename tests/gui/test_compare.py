@@ -144,6 +144,17 @@ def test_three_runs_side_by_side_with_a_pinned_baseline(qtbot, view, sweep):
     shoot(view, "compare_side_by_side.png")
 
 
+def test_three_runs_stay_in_view_on_a_laptop_screen(qtbot, view, sweep):
+    """Found under Xvfb at 1366x768: the runs table got the splitter's proportional share, room for one and a half
+    runs. In a view of the height the tab gets on that screen, the three runs are all in view."""
+    view.resize(850, 480)
+    qtbot.wait(50)
+    table = view.table
+    assert table.rowCount() == 3
+    assert table.viewport().height() >= sum(table.rowHeight(row) for row in range(3))
+    shoot(view, "compare_small_screen.png")
+
+
 def test_picking_is_capped_at_four_and_follows_the_table(qtbot, view, sweep):
     many = sweep["runs"] + [RunRecord.from_dict({**run.to_dict(), "run_id": run.run_id + 10}) for run in sweep["runs"]]
     view.set_history(RunHistory(many))
