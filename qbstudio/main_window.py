@@ -1204,8 +1204,16 @@ class MainWindow(QMainWindow):
         else:
             self._on_save_as()
 
+    def suggested_project_name(self) -> str:
+        """The file name Save As proposes: the project's, or for an untitled one its model's ("Untitled" says
+        nothing in a folder of projects)."""
+        project = self.project
+        if project.path is None and project.model is not None:
+            return f"{Path(project.model.path).stem}{PROJECT_SUFFIX}"
+        return f"{project.name}{PROJECT_SUFFIX}"
+
     def _on_save_as(self) -> bool:
-        start = str(Path(self.preferences.last_dir("project") or Path.home()) / f"{self.project.name}{PROJECT_SUFFIX}")
+        start = str(Path(self.preferences.last_dir("project") or Path.home()) / self.suggested_project_name())
         path, _ = QFileDialog.getSaveFileName(self, "Save project", start, PROJECT_FILTER)
         return bool(path) and self.save_project_as(path)
 

@@ -1139,6 +1139,16 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
     assert "<b>classification</b>" not in dict(summary_module.metric_rows(run))["Try"]
 
 
+def test_save_as_proposes_the_model_s_name_for_an_untitled_project(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: Save Project on an untitled project with MobileNetV2 proposed "Untitled.qbproj"."""
+    window = make_window()
+    assert window.suggested_project_name() == "Untitled.qbproj"  # nothing to name it after
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb_classifier.onnx")))
+    assert window.suggested_project_name() == "rgb_classifier.qbproj"
+    assert window.save_project_as(tmp_path / "mine.qbproj")
+    assert window.suggested_project_name() == "mine.qbproj"  # a saved project keeps its own name
+
+
 def test_a_preview_asked_for_as_the_last_one_ends_still_runs(qtbot, make_window, answers, monkeypatch):
     """Found under Xvfb: unticking uint8 input, then "Resize to 256x256" at once left the preview at "Reading
     calibration data…" for good. A request that arrives after the preview job ended but before the runner let it go
