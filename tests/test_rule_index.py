@@ -815,3 +815,56 @@ def test_conv_channel_fusions_compute_the_float64_result_copying_no_unchanged_we
             -1, 1, 1, 1)
         assert fused.tobytes() == widened.astype(np.float32).tobytes()
         assert np.shares_memory(fused, source) == (operator in ("Add", "Sub") and not with_nan)
+
+
+def _batchnorm_graph(case: str) -> onnx.ModelProto:
+    """Conv (or Gemm) -> BatchNormalization, as written, or with what keeps the library's fusion from applying."""
+    rng = np.random.default_rng(1)
+    gemm = case == "gemm"
+    weights = rng.standard_normal((4, 8) if gemm else (4, 3, 3, 3)).astype(np.float32)
+    params = [rng.uniform(0.5, 1.5, 4).astype(np.float32) for _ in range(4)]
+    initializers = [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.ones(4, np.float32), "b"),
+                    *(numpy_helper.from_array(p, n) for p, n in zip(params, ("s", "o", "m", "v")))]
+    shape_in, shape_out = ([2, 8], [2, 4]) if gemm else ([1, 3, 8, 8], [1, 4, 8, 8])
+    inbound = (helper.make_node("Gemm", ["x", "w", "b"], ["c"], transB=1, beta=0.5) if gemm
+               else helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]))
+    nodes = [inbound, helper.make_node("BatchNormalization", ["c", "s", "o", "m", "v"], ["y"], epsilon=1e-3)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape_in)]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape_out)]
+    if case == "conv output read twice":
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, shape_out))
+    elif case == "conv output is a graph output":
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, shape_out))
+    elif case == "weights shared":
+        nodes.append(helper.make_node("Conv", ["x", "w"], ["z"], pads=[1, 1, 1, 1]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, shape_out))
+    elif case == "mean is an input":
+        initializers = [t for t in initializers if t.name != "m"]
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [4]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+
+@pytest.mark.parametrize(("case", "fused"), [("plain", True), ("gemm", True), ("conv output read twice", False),
+                                              ("conv output is a graph output", False), ("weights shared", False),
+                                              ("mean is an input", False)])
+def test_batchnorm_fusion_applied_directly_gives_the_library_s_graph(case, fused):
+    """Our BatchNorm fusions apply without the pattern matcher in an indexed rule set: the same decision and the
+    same graph, byte for byte, as the library's rule set with the library's rules."""
+    from compiler_core.mblt.rule_index import IndexedRuleSet, _quick_library_rules
+
+    quick = _quick_library_rules()
+    ours = ir.serde.deserialize_model(_batchnorm_graph(case))
+    library = ir.serde.deserialize_model(_batchnorm_graph(case))
+    tried = []
+    rule = quick["FuseBatchNormIntoGemm" if case == "gemm" else "FuseBatchNormIntoConv"]
+    direct = rule.apply_directly
+    rule.apply_directly = lambda *args: tried.append(args[1].op_type) or direct(*args)
+    count = IndexedRuleSet(indexed_rules([rule])).apply_to_model(ours)
+    names = {"gemm": "FuseBatchNormIntoGemm"}.get(case, "FuseBatchNormIntoConv")
+    library_rule = next(r for r in rewriter._DEFAULT_REWRITE_RULES if r.name == names)
+    assert tried == ["BatchNormalization"]  # the direct path ran, on the BatchNorm only
+    assert count == rewriter.RewriteRuleSet([library_rule]).apply_to_model(library) == int(fused)
+    assert ir.serde.serialize_model(ours).SerializeToString() == ir.serde.serialize_model(library).SerializeToString()
+    assert ("BatchNormalization" not in [node.op_type for node in ours.graph]) is fused

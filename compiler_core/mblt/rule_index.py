@@ -32,7 +32,7 @@ from onnx_ir.passes.common import initializer_deduplication as _deduplication
 from onnxscript import optimizer as onnxscript_optimizer
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
-from onnxscript.rewriter import RewriteRuleSet
+from onnxscript.rewriter import RewriteRuleSet, _context
 from onnxscript.rewriter import _rewrite_rule as rewrite_rule_module
 from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
@@ -282,6 +282,12 @@ class IndexedRuleSet(RewriteRuleSet):
         count = 0
         for node in graph_or_function:
             for rule in self._candidates(node.op_type):
+                direct = getattr(rule, "apply_directly", None)
+                if direct is not None:
+                    if direct(graph_or_function, node):
+                        count += 1
+                        break
+                    continue
                 delta = rule.try_rewrite(model, graph_or_function, node, verbose=verbose)
                 if delta is None:
                     continue
@@ -371,6 +377,50 @@ class _BatchNormFusionRewrite:
                      op.initializer(ir.Tensor(fused_bias), name=bias_name), **attributes)
 
 
+    def apply_directly(self, graph_or_function: ir.Graph | ir.Function, batchnorm: ir.Node, rule_name: str) -> bool:
+        """The library's match, check and replacement of this fusion at ``batchnorm``, without its pattern matcher and
+        rewrite tape (about 0.25 ms per fused BatchNorm, dozens per PP-OCR model); False where the library's rule
+        does not apply (or would raise), leaving the graph as it is.
+
+        The match: a BatchNormalization of five inputs whose first is the first output of a node of this op type
+        (standard domain, with an input), the two nodes' other outputs unused and not graph outputs. The check: the
+        inbound weights (and bias) and the four BatchNorm parameters are constant initializers, not graph inputs, and
+        the weights and bias feed nothing else. The replacement: as the library's rule set puts it in (new
+        initializers under the old weight names, the rule name tag, the matched nodes' metadata merged).
+        """
+        if _is_function(graph_or_function) or batchnorm.domain not in ("", "ai.onnx") or len(batchnorm.inputs) != 5:
+            return False
+        inbound_out = batchnorm.inputs[0]
+        inbound = inbound_out.producer() if inbound_out is not None else None
+        if inbound is None or inbound.op_type != self.op_type or inbound.domain not in ("", "ai.onnx") \
+                or not inbound.outputs or inbound.outputs[0] is not inbound_out or len(inbound.inputs) < 2 \
+                or inbound.inputs[0] is None:
+            return False
+        matched = (batchnorm, inbound)
+        result = batchnorm.outputs[0]
+        for node in matched:
+            for value in node.outputs:
+                if value is not result and (value.is_graph_output()
+                                            or any(user not in matched for user, _ in value.uses())):
+                    return False
+        own = list(inbound.inputs[1:3])
+        for value in (*own, *batchnorm.inputs[1:]):
+            if value is None or not value.is_initializer() or value.const_value is None or value.is_graph_input():
+                return False
+        if any(user not in matched for value in own for user, _ in value.uses()):
+            return False
+        op = _context.TapeBuilder()
+        output = self.rewrite(op, inbound.inputs[0], inbound_out, result)
+        (node,) = op.nodes
+        for initializer in op.initializers:
+            graph_or_function.initializers[initializer.name] = initializer
+        node.metadata_props[rewrite_rule_module.RULE_NAME_TAG] = rule_name
+        ir.convenience.replace_nodes_and_values(graph_or_function, batchnorm, matched, [node], [result], [output])
+        if rewrite_rule_module.merge_metadata:
+            rewrite_rule_module._default_metadata_merger.copy_merged_metadata(list(matched), [node])
+        return True
+
+
 class _FuseBatchNormIntoConv(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchNormIntoConv):
     pass
 
@@ -384,9 +434,16 @@ class _FuseBatchNormIntoGemm(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchN
 
 
 def _quick_library_rules() -> dict[str, RewriteRule]:
-    """Library rule name -> our rule with the same pattern, check and result, rewriting quicker."""
-    classes = (_FuseBatchNormIntoConv, _FuseBatchNormIntoConvTranspose, _FuseBatchNormIntoGemm)
-    return {cls.__mro__[2].__name__: cls.rule(name=cls.__mro__[2].__name__) for cls in classes}
+    """Library rule name -> our rule with the same pattern, check and result, rewriting quicker (and, in an
+    :class:`IndexedRuleSet`, applied directly: ``apply_directly``)."""
+    rules = {}
+    for cls in (_FuseBatchNormIntoConv, _FuseBatchNormIntoConvTranspose, _FuseBatchNormIntoGemm):
+        name = cls.__mro__[2].__name__
+        instance = cls()
+        rule = cls.rule(name=name)
+        rule.apply_directly = functools.partial(instance.apply_directly, rule_name=name)
+        rules[name] = rule
+    return rules
 
 
 _DEFAULT_RULES: RewriteRuleSet | None = None
