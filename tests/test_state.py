@@ -92,6 +92,27 @@ def test_preset_and_int16_overrides(tmp_path):
     assert "Conv_3" not in settings.int16_layers
 
 
+def test_reset_undoes_layered_presets_and_keeps_the_target_and_the_data_pipeline():
+    """Found under Xvfb: after a16w8 then a16w16 (presets layer over the current settings) nothing led back to the
+    defaults; choosing another preset kept the int16 layers of the earlier ones."""
+    from qbstudio.state.calibration import pipeline_preset
+
+    preprocessing, uint8 = pipeline_preset("classification_torchvision")
+    settings = CompileSettings()
+    settings.set_device("regulus-rb")
+    settings.set("preprocessing", preprocessing)
+    settings.set("uint8Input.apply", uint8)
+    settings.apply_preset("a16w16")
+    settings.apply_preset("classification")
+    assert settings.int16_layers == ["*"]  # layered: the earlier preset's int16 stays
+    pipeline = settings.preprocessing
+    settings.reset()
+    defaults = CompileSettings().config
+    assert settings.preset is None and settings.int16_layers == [] and settings.device == "regulus-rb"
+    assert settings.config.calibration == defaults.calibration and settings.config.bit == defaults.bit
+    assert settings.preprocessing == pipeline and settings.config.uint8_input.apply is uint8 is True
+
+
 def test_loading_an_invalid_config_keeps_the_settings(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"calibration": {"mode": 1, "unknownKey": 2}}')

@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DEVICE = "aries-rb"
 INT16_PATH = "bit.layerOverrides.activation16Bits"
+KEPT_ON_RESET = ("targetDevice", "inferenceScheme", "imageChannels", "preprocessing", "uint8Input")
+"""Config keys "Reset to defaults" keeps: the target and what the Calibration tab set for the model's data."""
 
 
 class CompileSettings:
@@ -130,6 +132,14 @@ class CompileSettings:
     def preprocessing(self) -> dict[str, Any]:
         """The ``preprocessing`` section as a camelCase dict."""
         return copy.deepcopy(self.get("preprocessing"))
+
+    def reset(self) -> None:
+        """Back to the compile defaults, keeping what describes the model, its data and the target
+        (:data:`KEPT_ON_RESET`: device, inference scheme, image channels, preprocessing, uint8 input)."""
+        current = self._config.to_dict()
+        kept = {key: current[key] for key in KEPT_ON_RESET if key in current}
+        self._config = CompileConfig.from_dict(kept, source="defaults")
+        self.preset = None
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace the settings with a JSON/YAML config file (the CLI's schema).

@@ -265,9 +265,14 @@ class OptionsPanel(QWidget):
         load.clicked.connect(self.ask_load_config)
         save = QPushButton("Save config…", objectName="saveConfigButton")
         save.clicked.connect(self.ask_save_config)
+        reset = QPushButton("Reset to defaults", objectName="resetConfigButton")
+        reset.setToolTip("Undo presets and edits: the compile defaults, keeping the device, the inference scheme and "
+                         "the Calibration tab's preprocessing (presets are layered over the current settings)")
+        reset.clicked.connect(self.reset_to_defaults)
         self.config_label = QLabel(styleSheet="color: #555")
         row.addWidget(load)
         row.addWidget(save)
+        row.addWidget(reset)
         row.addWidget(self.config_label, 1)
         return row
 
@@ -438,6 +443,11 @@ class OptionsPanel(QWidget):
     def _on_remove_int16(self) -> None:
         names = [item.text() for item in self.int16_list.selectedItems()]
         self._apply(lambda: [self.settings.remove_int16_layer(name) for name in names])
+
+    def reset_to_defaults(self) -> None:
+        """Back to the compile defaults (see :meth:`CompileSettings.reset`)."""
+        if self._apply(self.settings.reset):
+            self.config_label.setText("Defaults")
 
     def load_config(self, path: str | Path) -> bool:
         """Replace the settings with a config file; an invalid file shows an error and changes nothing."""

@@ -23,7 +23,7 @@ pytest.importorskip("PySide6.QtWebEngineWidgets")
 from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel, QPushButton  # noqa: E402
 from test_parse import detector_with_nms  # noqa: E402  (the Conv -> boxes, scores -> NMS model)
 
 from qbstudio import dialogs  # noqa: E402
@@ -1137,6 +1137,19 @@ def test_a_flagged_run_names_the_preset_made_for_the_model():
     assert "<b>classification</b> preset" in dict(summary_module.metric_rows(run))["Try"]
     run.preset = "classification_torchvision"  # includes its settings
     assert "<b>classification</b>" not in dict(summary_module.metric_rows(run))["Try"]
+
+
+def test_reset_to_defaults_undoes_the_presets_applied_in_the_compile_tab(qtbot, make_window, answers):
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    options = window.options
+    pipeline = window.project.settings.preprocessing
+    options.apply_preset("a16w16")
+    assert window.project.settings.int16_layers == ["*"]
+    options.findChild(QPushButton, "resetConfigButton").click()
+    settings = window.project.settings
+    assert settings.int16_layers == [] and settings.preset is None and settings.preprocessing == pipeline
+    assert options.preset_combo.currentData() is None and options.config_label.text() == "Defaults"
 
 
 def test_save_as_proposes_the_model_s_name_for_an_untitled_project(qtbot, make_window, answers, tmp_path):
