@@ -98,3 +98,13 @@ def test_the_cli_summary_says_when_an_output_has_no_cosine_or_left_samples_out()
     assert "cosine n/a (FP32 output near zero on every held-out sample)" in lines[0]
     assert "cosine 0.9990, 1 near-zero sample(s) left out of the cosine" in lines[1]
     assert _summary(outputs, [])["mean_output_cosine"] == pytest.approx(0.999)
+
+
+def test_mixed_precision_progress_shows_its_metric_for_people():
+    """Found under Xvfb: the run panel showed "21 unit(s): cosine 0.7264826095456009, ..." cut off by the panel."""
+    from compiler_core.quantization.mixed_precision import format_metric
+
+    assert format_metric("cosine", 0.7264826095456009) == "cosine 0.7265"
+    assert format_metric("sqnrDb", 24.349) == "SQNR 24.3 dB"
+    assert format_metric("top1", 0.975) == "top-1 97.5 %"
+    assert format_metric("cosine", None) == "cosine -"

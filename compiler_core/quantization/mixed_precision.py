@@ -120,6 +120,17 @@ def target_metric(analysis: Mapping[str, Any], kind: str, statistic: str = "mean
     return min(values) if values else None
 
 
+def format_metric(kind: str, value: float | None) -> str:
+    """A target metric for people: ``cosine 0.9912``, ``SQNR 24.3 dB``, ``top-1 97.5 %``."""
+    if value is None:
+        return f"{kind} -"
+    if kind == "sqnrDb":
+        return f"SQNR {value:.1f} dB"
+    if kind == "top1":
+        return f"top-1 {100 * value:.1f} %"
+    return f"{kind} {value:.4f}"
+
+
 def exact_pattern(name: str) -> str:
     """A ``layer_matches`` pattern that matches exactly ``name`` (glob characters escaped)."""
     return "".join(f"[{char}]" if char in "*?[" else char for char in name)
@@ -377,7 +388,8 @@ class _Search:
                              report, latency)
         point["prefix"] = prefix
         self.reporter.emit("mixed-precision", len(self.points), 0,
-                           f"{size} unit(s): {self.kind} {point['metric']}, {point['int16_layers']} int16 layer(s)")
+                           f"{size} unit(s): {format_metric(self.kind, point['metric'])}, {point['int16_layers']} "
+                           "int16 layer(s)")
         return point
 
     def _record(self, size: int, layers, activations, weights, config, model, report, latency) -> dict[str, Any]:

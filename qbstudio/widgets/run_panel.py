@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from compiler_core.progress import ProgressEvent
@@ -55,11 +55,12 @@ class RunPanel(QWidget):
         self._build()
 
     def _build(self) -> None:
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.compile_button)
-        buttons.addWidget(self.cancel_button)
-        buttons.addWidget(self.stage_label, 1)
-        buttons.addWidget(self.elapsed_label)
+        buttons = QHBoxLayout()  # top-aligned: a stage message that wraps grows downwards, the buttons stay put
+        top = Qt.AlignmentFlag.AlignTop
+        buttons.addWidget(self.compile_button, 0, top)
+        buttons.addWidget(self.cancel_button, 0, top)
+        buttons.addWidget(self.stage_label, 1, top)
+        buttons.addWidget(self.elapsed_label, 0, top)
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)
         blocked = QHBoxLayout()
