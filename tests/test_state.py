@@ -146,6 +146,11 @@ def test_runs_rank_and_compare_layers():
     history.add(second)
     assert history.next_id() == 3 and history.latest is second
     assert RunHistory.from_list(history.to_list()).to_list() == history.to_list()
+    mixed = {"target": {"kind": "cosine", "value": 0.99}, "target_met": True, "metric": 0.992}
+    result = {"device": "aries-rb", "core_modes": ["single"], "output": "/x/run3.mxq", "size_bytes": 10,
+              "mixed_precision": mixed}
+    record = RunRecord.from_result(3, result, None, config={}, config_summary="s")
+    assert record.mixed_precision == mixed and _run(4, {"a": 1.0}).mixed_precision == {}
 
 
 # ---------------------------------------------------------------- projects

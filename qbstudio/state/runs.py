@@ -39,6 +39,9 @@ class RunRecord:
         int16_layers: Activation tensors quantized to int16.
         calibration: ``{"path", "use_random"}``: the data the run calibrated on (to find its statistics).
         origin: ``compile`` (the Compile button) or the sweep point's name (``sweep 1 · point-03``).
+        preset: The preset last applied to the settings ("" if none).
+        suited_preset: The preset made for this kind of model (``CompileResult.suited_preset``).
+        mixed_precision: The automatic mixed precision outcome (target, met, int16 layers, latency), if it ran.
     """
 
     run_id: int
@@ -62,6 +65,7 @@ class RunRecord:
     origin: str = "compile"
     preset: str = ""
     suited_preset: dict[str, Any] = field(default_factory=dict)
+    mixed_precision: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
@@ -80,7 +84,8 @@ class RunRecord:
                    samples=dict(result.get("samples") or {}), model_sha256=model_sha256, estimate=estimate,
                    int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
                    calibration=dict(calibration or {}), preset=preset,
-                   suited_preset=dict(result.get("suited_preset") or {}))
+                   suited_preset=dict(result.get("suited_preset") or {}),
+                   mixed_precision=dict(result.get("mixed_precision") or {}))
 
     @classmethod
     def from_sweep_record(cls, run_id: int, record: dict[str, Any], *, model_sha256: str, origin: str,

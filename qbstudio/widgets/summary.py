@@ -62,6 +62,8 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
     on = f" (on {held} held-out sample{'s' if held != 1 else ''})" if held is not None else ""
     if head["top1"] is not None:
         rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %{on}"))
+    if mixed := run.mixed_precision:
+        rows.append(("Mixed precision", mixed_precision_text(mixed)))
     samples = run.samples
     if samples:
         random = " random" if samples.get("random") else ""
@@ -78,6 +80,20 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
     return rows
 
 
+def mixed_precision_text(mixed: dict) -> str:
+    """One line on the automatic mixed precision outcome (HTML): target, met or not, what it took."""
+    from compiler_core.quantization.mixed_precision import format_metric
+
+    target = mixed.get("target") or {}
+    kind = target.get("kind", "cosine")
+    met = mixed.get("target_met")
+    verdict = "<b style='color:#2e7d32'>met</b>" if met else "<b style='color:#b26a00'>not met</b>"
+    return (f"target {format_metric(kind, target.get('value'))} {verdict} (reached "
+            f"{format_metric(kind, mixed.get('metric'))}) with {mixed.get('int16_layers', 0)} int16 layer(s) "
+            f"({100 * (mixed.get('int16_fraction') or 0):.0f} %), estimated latency "
+            f"{100 * (mixed.get('latency_increase') or 0):+.1f} %; {mixed.get('points_tried', 0)} points tried")
+
+
 def accuracy_tip(run: RunRecord) -> str:
     """What to try on a run below the usual accuracy (HTML), or "" when the run tried it already: the preset made
     for the model, else automatic mixed precision and the a16w8 preset, after a16w8 the a16w16 one (as the CLI's
@@ -89,6 +105,9 @@ def accuracy_tip(run: RunRecord) -> str:
     if run.preset == "a16w8":
         return ("With int16 activations everywhere, int16 weights may help: the <b>a16w16</b> preset (Compile tab › "
                 "Preset), or more calibration data.")
+    if run.mixed_precision and not run.mixed_precision.get("target_met"):
+        return ("The target needs more int16 than the limits allow: raise the int16 share or the latency budget "
+                "(Compile tab › Automatic mixed precision), or use the <b>a16w8</b> / <b>a16w16</b> preset.")
     if (run.config.get("mixedPrecision") or {}).get("apply") or run.preset == "a16w16":
         return ""
     return ("<b>Automatic mixed precision</b> (Compile tab) gives int16 to the layers that need it for a target you "
