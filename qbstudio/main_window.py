@@ -695,7 +695,8 @@ class MainWindow(QMainWindow):
 
             llm_decode_path(self.project.mblt_path).unlink(missing_ok=True)
         self.session.set_model(loaded)
-        self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous)
+        self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous,
+                                      source=self.project.model.path if imported and self.project.model else None)
         if self.fit_notes:
             self.options.refresh()
             self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,

@@ -413,3 +413,27 @@ def test_fit_to_model_keeps_a_folder_of_raw_images_for_another_image_model(tmp_p
         source = CalibrationSource(path=str(path))
         notes = fit_to_model(CompileSettings(), source, specs, previous)
         assert source.path is None and any(note.startswith("Calibration data cleared") for note in notes)
+
+
+def test_an_imported_transformers_folder_brings_its_image_processor_as_the_pipeline(tmp_path):
+    """Found under Xvfb: a ViT folder with its preprocessor_config.json, calibrated on photos, was "no preprocessing
+    pipeline is given"; the model's own processor (resize 64x64, mean/std 0.5) is now the pipeline."""
+    import json
+
+    from qbstudio.state.model_fit import fit_to_model
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "do_resize": True, "size": {"height": 64, "width": 64}, "resample": 2, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    vit = [InputSpec("pixel_values", (1, 3, 64, 64), np.dtype("float32"), "NCHW")]
+    settings = CompileSettings()
+    notes = fit_to_model(settings, CalibrationSource(), vit, None, source=str(tmp_path))
+    ops = [step["op"] for step in settings.preprocessing["pipeline"]]
+    assert settings.preprocessing["apply"] and ops == ["colorConvert", "resize", "normalize"]
+    assert notes[0].startswith("Preprocessing from the folder's preprocessor_config.json")
+    assert fit_to_model(settings, CalibrationSource(), vit, vit, source=str(tmp_path)) == []  # set: kept
+    other = CompileSettings()
+    assert fit_to_model(other, CalibrationSource(), vit, None) == []  # a project reopened as it was
+    pinned = [InputSpec("pixel_values", (1, 3, 96, 96), np.dtype("float32"), "NCHW")]
+    notes = fit_to_model(other, CalibrationSource(), pinned, None, source=str(tmp_path))
+    assert not other.preprocessing["apply"] and "another size" in notes[0]

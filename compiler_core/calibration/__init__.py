@@ -6,6 +6,7 @@ docs/calibration-data.md.
 """
 
 from compiler_core.calibration.dataset import CalibrationDataset
+from compiler_core.calibration.hf_processor import folder_pipeline
 from compiler_core.calibration.make_calib import (
     make_calib,
     make_calib_man,
@@ -21,6 +22,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "PIPELINE_OPS",
     "CalibrationDataset",
+    "folder_pipeline",
     "InputSpec",
     "input_kind",
     "input_specs",

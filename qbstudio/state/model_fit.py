@@ -36,7 +36,7 @@ def same_inputs(first: Sequence[InputSpec], second: Sequence[InputSpec]) -> bool
 
 
 def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, specs: Sequence[InputSpec],
-                 previous: Sequence[InputSpec] | None) -> list[str]:
+                 previous: Sequence[InputSpec] | None, source: str | None = None) -> list[str]:
     """Re-derive the model-dependent settings for a model with inputs ``specs``.
 
     Args:
@@ -44,6 +44,8 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
         calibration: The project's calibration source (edited in place).
         specs: The new model's inputs.
         previous: The replaced model's inputs (None: no model before).
+        source: The model just imported (None for a project reopened as it was): a transformers folder's own
+            image processor becomes the preprocessing when none is set.
 
     Returns:
         One sentence per change, for the user; empty when everything still fits.
@@ -58,6 +60,8 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
             notes.append(f"Calibration data cleared: '{calibration.path}' was chosen for the previous model's "
                          f"inputs.")
             calibration.path = None
+    if source is not None:
+        notes += _fit_folder_processor(settings, specs, source)
     for note in notes:
         logger.info("model changed: %s", note)
     return notes
@@ -78,6 +82,30 @@ def _raw_images_fit(path: str, specs: Sequence[InputSpec], previous: Sequence[In
     except OSError:
         return False
     return bool(suffixes & set(IMAGE_SUFFIXES)) and ".npy" not in suffixes
+
+
+def _fit_folder_processor(settings: CompileSettings, specs: Sequence[InputSpec], source: str) -> list[str]:
+    """A transformers folder's image processor as the preprocessing of its one image input, when none is set and the
+    processor's output size is the input's (a model pinned to another size keeps the user's choice)."""
+    from compiler_core.calibration import folder_pipeline
+    from compiler_core.calibration.hf_processor import PROCESSOR_FILE
+    from compiler_core.calibration.preprocess import pipeline_output_size
+    from compiler_core.config import CompileConfig
+
+    if len(specs) != 1 or not specs[0].is_image or not Path(source).is_dir() or settings.preprocessing.get("apply"):
+        return []
+    found = folder_pipeline(source)
+    if found is None:
+        return []
+    preprocessing, notes = found
+    pipeline = CompileConfig.from_dict({"preprocessing": preprocessing}).preprocessing.pipeline
+    size = specs[0].spatial_size
+    if pipeline_output_size(pipeline, (size[0] * 7 + 1, size[1] * 5 + 3)) != size:  # any odd photo size
+        return [f"The folder's {PROCESSOR_FILE} prepares images at another size than the model input "
+                f"({size[0]}x{size[1]}): not used. Choose a pipeline in the Calibration tab."]
+    settings.set("preprocessing", preprocessing)
+    return [f"Preprocessing from the folder's {PROCESSOR_FILE} (the model's own image processor)."
+            + "".join(f" {note}" for note in notes)]
 
 
 def _fit_image_channels(settings: CompileSettings, specs: Sequence[InputSpec]) -> list[str]:
