@@ -319,8 +319,33 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
                             constant_inputs=constant_inputs, output_names=output_names, callback=reporter,
                             **frontend_options)
         kwargs.setdefault("model_path", [str(model)] if isinstance(model, (str, Path)) else None)
+        if isinstance(model, (str, Path)) and "preprocessing_config" not in kwargs:
+            processor = _folder_preprocessing(Path(model), mblt, kwargs)
+            if processor is not None:
+                kwargs["preprocessing_config"] = processor
         return mxq_compile_from_mblt(mblt, target_device=target_device, calib_data_path=calib_data_path,
                                      save_path=save_path, callback=reporter, **kwargs)
+
+
+def _folder_preprocessing(source: Path, mblt: Path, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The image processor of a transformers model folder as the preprocessing, when the config sets none."""
+    from compiler_core.calibration import input_specs
+    from compiler_core.calibration.hf_processor import PROCESSOR_FILE, model_folder_pipeline
+    from compiler_core.config import resolve_config
+    from compiler_core.mblt.io import load_mblt
+
+    if not (source / PROCESSOR_FILE).is_file():
+        return None
+    config = resolve_config(compile_config=kwargs.get("compile_config"), config_preset=kwargs.get("config_preset"))
+    if config.preprocessing.apply:
+        return None
+    preprocessing, notes = model_folder_pipeline(source, input_specs(load_mblt(mblt)))
+    for note in notes:
+        logger.info("%s", note)
+    if preprocessing is not None:
+        logger.info("Preprocessing from %s (the model's own image processor); set preprocessing to override it.",
+                    source / PROCESSOR_FILE)
+    return preprocessing
 
 
 def _parse_options_from_config(kwargs: Mapping[str, Any], backend: str | None,

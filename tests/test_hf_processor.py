@@ -62,3 +62,30 @@ def test_settings_it_cannot_translate_leave_the_folder_s_processor_unused(tmp_pa
         processor_pipeline({"do_resize": True, "size": {"shortest_edge": 800, "longest_edge": 1333}})
     with pytest.raises(ValueError, match="no image processor"):
         processor_pipeline({"feature_size": 80, "sampling_rate": 16000})  # an audio feature extractor
+
+
+def test_compiling_a_model_folder_uses_its_processor_unless_the_config_sets_a_pipeline(tmp_path):
+    """mxq_compile of a transformers folder: with no pipeline in the config, its processor prepares the photos (the
+    CLI compiled a ViT folder on photos with it); a config pipeline, or a processor for another size, wins."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    from compiler_core.api import _folder_preprocessing, mblt_compile
+
+    conv = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 64, 64])],
+                             [numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")])
+    save(helper.make_model(conv, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "m.onnx")
+    mblt = mblt_compile(str(tmp_path / "m.onnx"), tmp_path / "m.mblt")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert _folder_preprocessing(folder, mblt, {}) is None  # no processor file
+    processor = {"do_resize": True, "size": {"height": 64, "width": 64}, "image_mean": [0.5] * 3,
+                 "image_std": [0.5] * 3}
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    pipeline = _folder_preprocessing(folder, mblt, {})
+    assert [step["op"] for step in pipeline["pipeline"]] == ["colorConvert", "resize", "normalize"]
+    own = {"preprocessing": {"apply": True, "pipeline": [{"op": "resize", "height": 64, "width": 64}]}}
+    assert _folder_preprocessing(folder, mblt, {"compile_config": own}) is None
+    (folder / "preprocessor_config.json").write_text(json.dumps({**processor, "size": {"height": 32, "width": 32}}))
+    assert _folder_preprocessing(folder, mblt, {}) is None

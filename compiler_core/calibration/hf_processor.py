@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compiler_core.calibration.specs import InputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,30 @@ def folder_pipeline(folder: str | Path) -> tuple[dict[str, Any], list[str]] | No
     except ValueError as error:
         logger.info("%s: %s; its preprocessing is not used", path, error)
         return None
+
+
+def model_folder_pipeline(folder: str | Path, specs: Sequence[InputSpec]) -> tuple[dict[str, Any] | None, list[str]]:
+    """:func:`folder_pipeline` for a model with inputs ``specs``: used only for one image input, and only when the
+    pipeline's output is that input's size (whatever the photo's size).
+
+    Returns:
+        ``(preprocessing or None, notes)``: a note says why a processor that exists is not used.
+    """
+    from compiler_core.calibration.preprocess import pipeline_output_size
+    from compiler_core.config import CompileConfig
+
+    if len(specs) != 1 or not specs[0].is_image or not Path(folder).is_dir():
+        return None, []
+    found = folder_pipeline(folder)
+    if found is None:
+        return None, []
+    preprocessing, notes = found
+    pipeline = CompileConfig.from_dict({"preprocessing": preprocessing}).preprocessing.pipeline
+    height, width = specs[0].spatial_size
+    if pipeline_output_size(pipeline, (height * 7 + 1, width * 5 + 3)) != (height, width):  # an odd photo size
+        return None, [f"The folder's {PROCESSOR_FILE} prepares images at another size than the model input "
+                      f"({height}x{width}): not used."]
+    return preprocessing, notes
 
 
 def processor_pipeline(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -85,24 +85,15 @@ def _raw_images_fit(path: str, specs: Sequence[InputSpec], previous: Sequence[In
 
 
 def _fit_folder_processor(settings: CompileSettings, specs: Sequence[InputSpec], source: str) -> list[str]:
-    """A transformers folder's image processor as the preprocessing of its one image input, when none is set and the
-    processor's output size is the input's (a model pinned to another size keeps the user's choice)."""
-    from compiler_core.calibration import folder_pipeline
-    from compiler_core.calibration.hf_processor import PROCESSOR_FILE
-    from compiler_core.calibration.preprocess import pipeline_output_size
-    from compiler_core.config import CompileConfig
+    """A transformers folder's image processor as the preprocessing of its one image input, when none is set (see
+    ``compiler_core.calibration.hf_processor.model_folder_pipeline``)."""
+    from compiler_core.calibration.hf_processor import PROCESSOR_FILE, model_folder_pipeline
 
-    if len(specs) != 1 or not specs[0].is_image or not Path(source).is_dir() or settings.preprocessing.get("apply"):
+    if settings.preprocessing.get("apply"):
         return []
-    found = folder_pipeline(source)
-    if found is None:
-        return []
-    preprocessing, notes = found
-    pipeline = CompileConfig.from_dict({"preprocessing": preprocessing}).preprocessing.pipeline
-    size = specs[0].spatial_size
-    if pipeline_output_size(pipeline, (size[0] * 7 + 1, size[1] * 5 + 3)) != size:  # any odd photo size
-        return [f"The folder's {PROCESSOR_FILE} prepares images at another size than the model input "
-                f"({size[0]}x{size[1]}): not used. Choose a pipeline in the Calibration tab."]
+    preprocessing, notes = model_folder_pipeline(source, specs)
+    if preprocessing is None:
+        return [f"{note} Choose a pipeline in the Calibration tab." for note in notes]
     settings.set("preprocessing", preprocessing)
     return [f"Preprocessing from the folder's {PROCESSOR_FILE} (the model's own image processor)."
             + "".join(f" {note}" for note in notes)]
