@@ -817,8 +817,15 @@ def _quiet(name: str, prefix: str = "The model version conversion is not support
         target.removeFilter(not_expected)
 
 
+_ALWAYS_FOLDED = frozenset({"ConstantOfShape", "DequantizeLinear"})
+"""Ops folded whenever their inputs are constants, beyond the library's defaults: a QDQ model's weights
+(``DequantizeLinear`` of constant codes, which the library keeps to preserve the quantization) are float weights here:
+the compiler quantizes on its own, and a BatchNorm whose parameters stay behind a DequantizeLinear until the last fold
+is neither fused nor made an affine (an onnxruntime QDQ MobileNetV2 was refused: BatchNormalization x52)."""
+
+
 def _should_fold(node: ir.Node) -> bool | None:
-    return True if node.op_type == "ConstantOfShape" else None
+    return True if node.op_type in _ALWAYS_FOLDED else None
 
 
 def _infer_shapes(model: ir.Model) -> None:

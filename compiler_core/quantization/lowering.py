@@ -134,7 +134,14 @@ def attr_str(node: ir.Node, name: str, default: str) -> str:
 
 
 def clamp_codes(params: QuantParams, low: float, high: float) -> tuple[int, int]:
-    """Output code bounds for a fused activation clamping to ``[low, high]`` (float)."""
+    """Output code bounds for a fused activation clamping to ``[low, high]`` (float).
+
+    Raises:
+        KernelRefusal: a finite bound on per-channel parameters (a uint8 image input's): one pair of code bounds
+            cannot clamp them.
+    """
+    if np.isfinite(low) or np.isfinite(high):
+        scalar(params)
     code_low = params.qmin if not np.isfinite(low) else int(params.quantize(np.float64(low)))
     code_high = params.qmax if not np.isfinite(high) else int(params.quantize(np.float64(high)))
     return max(code_low, params.qmin), min(code_high, params.qmax)
@@ -143,7 +150,8 @@ def clamp_codes(params: QuantParams, low: float, high: float) -> tuple[int, int]
 def scalar(params: QuantParams) -> tuple[float, int]:
     """``(scale, zero_point)`` of per-tensor parameters."""
     if params.axis is not None:
-        raise kernels.KernelRefusal("per-channel (uint8 image) input parameters can only feed a convolution directly")
+        raise kernels.KernelRefusal("per-channel (uint8 image) input parameters can only feed a convolution directly; "
+                                     "turn off uint8Input (the uint8 model input) for this model")
     return float(params.scale), int(params.zero_point)
 
 
