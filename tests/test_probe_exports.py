@@ -1,0 +1,146 @@
+"""Layers and exports an unseen-model probe found broken (s12): each goes through the user's path.
+
+Old-opset resizes keep their coordinates through the opset upgrade; a MatMul with a batched constant weight
+compiles (or is refused by ``check``, never an internal error); a model that would leave the NPU nothing to
+run is refused with the unsupported ops named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from corpus import write_manifest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler_core.api import mblt_compile, mxq_compile
+from compiler_core.errors import UnsupportedOpsError
+from compiler_core.mblt.conversion import convert_version
+from compiler_core.mblt.io import load_mblt
+from compiler_core.runtime import Accelerator, Model
+from compiler_core.targets import SupportStatus, check_support
+
+RNG = np.random.default_rng(0)
+FLOAT = TensorProto.FLOAT
+
+
+def _save(tmp_path: Path, name: str, nodes, inputs, outputs, weights, opset: int) -> Path:
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, FLOAT, s) for n, s in outputs], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 6 if opset <= 11 else 8
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _weight(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+
+def _floats(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, np.float32), name)
+
+
+def _run(path, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _compile_and_run(source: Path, shapes: dict, tmp_path: Path, **options) -> tuple[list, list]:
+    """Compile on 8 random samples, run the MXQ and onnxruntime on one other: (MXQ outputs, source outputs)."""
+    sample = lambda: {n: RNG.standard_normal(s).astype(np.float32) for n, s in shapes.items()}  # noqa: E731
+    mxq_compile(str(source), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
+                calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])), **options)
+    model = Model(str(tmp_path / "model.mxq"), input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    feeds = sample()
+    return model.infer(feeds), _run(source, feeds)
+
+
+# -- opset 9/10 resizes -------------------------------------------------------------------------
+
+
+def _old_resize(tmp_path: Path, opset: int, mode: str, scale: float) -> Path:
+    op = "Upsample" if opset == 9 else "Resize"
+    size = int(8 * scale)
+    return _save(tmp_path, f"{op.lower()}{opset}_{mode}",
+                 [helper.make_node(op, ["x", "scales"], ["y"], mode=mode)], [("x", [1, 2, 8, 8])],
+                 [("y", [1, 2, size, size])], [_floats("scales", [1, 1, scale, scale])], opset)
+
+
+@pytest.mark.parametrize(("opset", "mode", "scale"), [(9, "linear", 2.0), (10, "linear", 1.5), (10, "nearest", 1.5),
+                                                      (9, "nearest", 1.25)])
+def test_an_old_opset_upsampling_keeps_its_asymmetric_coordinates(tmp_path, opset, mode, scale):
+    """Upsample-9 / Resize-10 map output x to input x / scale; the MBLT computes what the source computes."""
+    source = _old_resize(tmp_path, opset, mode, scale)
+    mblt = mblt_compile(source, tmp_path / "model.mblt")
+    x = RNG.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(_run(mblt, {"x": x})[0], _run(source, {"x": x})[0], atol=1e-5)
+
+
+def test_the_onnx_ir_conversion_path_keeps_old_resize_coordinates_too(tmp_path):
+    """:func:`convert_version` (the path of models the protobuf path does not take) gives the same result."""
+    model = ir.load(_old_resize(tmp_path, 10, "linear", 2.0))
+    convert_version(model, 21)
+    (resize,) = [node for node in model.graph if node.op_type == "Resize"]
+    assert resize.attributes["coordinate_transformation_mode"].value == "asymmetric"
+
+
+def test_an_opset_11_resize_keeps_its_default_coordinates(tmp_path):
+    """Resize-11 without the attribute means half_pixel: the upgrade leaves it so."""
+    source = _save(tmp_path, "resize11", [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
+                   [("x", [1, 2, 8, 8])], [("y", [1, 2, 16, 16])], [_floats("scales", [1, 1, 2, 2])], 11)
+    mblt = load_mblt(mblt_compile(source, tmp_path / "model.mblt"))
+    (resize,) = [node for node in mblt.graph if node.op_type == "Resize"]
+    mode = resize.attributes.get("coordinate_transformation_mode")
+    assert mode is None or mode.value == "half_pixel"
+
+
+# -- MatMul with a batched constant weight ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape"), [([1, 16, 8], [1, 8, 6]), ([1, 4, 16, 8], [4, 8, 6])])
+def test_a_matmul_with_a_batched_constant_weight_compiles_and_follows_onnxruntime(tmp_path, x_shape, w_shape):
+    """``torch.matmul(x, w)`` with a ``[1, K, N]`` or per-head ``[H, K, N]`` parameter: dense layers on the NPU."""
+    out_shape = [*x_shape[:-1], w_shape[-1]]
+    source = _save(tmp_path, "batched_weight", [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", x_shape)],
+                   [("y", out_shape)], [_weight("w", *w_shape)], 13)
+    assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
+    (output,), (reference,) = _compile_and_run(source, {"x": x_shape}, tmp_path)
+    assert output.shape == reference.shape
+    assert _cosine(output, reference) > 0.99
+
+
+def test_check_refuses_a_constant_weight_the_input_broadcasts_against(tmp_path):
+    """x [1, 16, 8] @ w [4, 8, 8] has no dense-layer form: ``check`` says so (it used to say supported)."""
+    source = _save(tmp_path, "broadcast", [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [1, 16, 8])],
+                   [("y", [4, 16, 8])], [_weight("w", 4, 8, 8)], 13)
+    report = check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb")
+    (entry,) = report.entries.values()
+    assert entry.status == SupportStatus.UNSUPPORTED
+    assert "batch axes" in entry.reason and "4x8x8" in entry.reason
+
+
+# -- nothing left for the NPU -------------------------------------------------------------------
+
+
+def test_a_model_with_nothing_for_the_npu_is_refused_with_its_ops_named(tmp_path):
+    """A 3-D convolution then a Reshape: with cpu_offload everything that computes would run on the CPU."""
+    source = _save(tmp_path, "conv3d", [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 6),
+                                        helper.make_node("Reshape", ["c", "shape"], ["y"])],
+                   [("x", [1, 1, 4, 8, 8])], [("y", [1, 4, 256])],
+                   [_weight("w", 4, 1, 3, 3, 3), numpy_helper.from_array(np.array([1, 4, 256], np.int64), "shape")], 13)
+    with pytest.raises(UnsupportedOpsError) as caught:
+        _compile_and_run(source, {"x": [1, 1, 4, 8, 8]}, tmp_path, cpu_offload=True)
+    assert "Nothing is left for the NPU" in caught.value.message and "Conv_0" in caught.value.message
+    assert "3-D Conv" in caught.value.message
+    assert not (tmp_path / "model.mxq").exists()
