@@ -917,6 +917,48 @@ class LayerNormAdd(_LayerNormAffine):
     operator = "Add"
 
 
+_MAX_WEIGHT_BATCH = 64
+"""Most batch entries a constant MatMul weight is split into (one dense layer each)."""
+
+
+class MatMulBatchedWeight(RewriteRuleClassBase):
+    """``MatMul(x, w)`` with a constant ``w`` that has batch axes -> dense layers the NPU runs.
+
+    ``torch.matmul(x, w)`` with a ``[1, K, N]`` parameter broadcasts the unit batch axes: when ``x`` has
+    at least ``w``'s rank, dropping them changes no output shape, and the product is one dense layer.
+    A per-head weight ``[H, K, N]`` (``x`` is ``[.., H, M, K]``) becomes H dense layers over the slices
+    of ``x`` along axis -3, concatenated back.
+    """
+
+    def pattern(self, op, x, w):
+        return op.MatMul(x, w, _outputs=["y"])
+
+    def check(self, context, x, w, y) -> MatchResult:
+        result = MatchResult()
+        if w.const_value is None or w.shape is None or x.shape is None:
+            return result.fail("the weight is not a constant of known shape")
+        shape, x_shape = list(w.shape), list(x.shape)
+        if len(shape) < 3 or len(x_shape) < len(shape):
+            return result.fail("the weight has no batch axes, or x broadcasts against it")
+        batch = [d for d in shape[:-2] if d != 1]
+        if not batch:
+            return result
+        if len(batch) > 1 or shape[-3] != batch[0] or x_shape[-3] != batch[0] or batch[0] > _MAX_WEIGHT_BATCH:
+            return result.fail("the weight's batch axes are not one per-slice axis -3 that x shares")
+        return result
+
+    def rewrite(self, op, x, w, y):
+        node = y.producer()
+        weight = w.const_value.numpy()
+        matrices = weight.reshape(-1, *weight.shape[-2:])
+        if len(matrices) == 1:
+            return op.MatMul(x, op.initializer(ir.Tensor(matrices[0]), name=f"{node.name}_w2d"))
+        slices = op.Split(x, axis=-3, num_outputs=len(matrices), _outputs=len(matrices))
+        products = [op.MatMul(part, op.initializer(ir.Tensor(np.ascontiguousarray(matrix)), name=f"{node.name}_w{h}"))
+                    for h, (part, matrix) in enumerate(zip(slices, matrices))]
+        return op.Concat(*products, axis=-3)
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -924,5 +966,5 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
+                           LrnToConv.rule(), MatMulBatchedWeight.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
