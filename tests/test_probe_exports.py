@@ -144,3 +144,25 @@ def test_a_model_with_nothing_for_the_npu_is_refused_with_its_ops_named(tmp_path
     assert "Nothing is left for the NPU" in caught.value.message and "Conv_0" in caught.value.message
     assert "3-D Conv" in caught.value.message
     assert not (tmp_path / "model.mxq").exists()
+
+
+# -- Gemm the dense-layer kernel cannot take ---------------------------------------------------
+
+
+@pytest.mark.parametrize("constant_b", [True, False])
+def test_a_gemm_with_transposed_a_or_an_activation_b_runs_on_the_npu(tmp_path, constant_b):
+    """``transA=1`` (constant B) and an activation B (with alpha, beta, C) become MatMul + Add, all on the NPU."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["a"])]  # A = [K, M] = [16, 1] for transA
+    if constant_b:
+        nodes.append(helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, beta=0.5))
+        weights = [_weight("b", 16, 10), _weight("c", 1, 10)]
+    else:
+        nodes += [helper.make_node("Sigmoid", ["a"], ["s"]),  # s [16, 1] @ a^T [1, 16]
+                  helper.make_node("Gemm", ["s", "a", "c"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+        weights = [_weight("c", 16, 16)]
+    out = [1, 10] if constant_b else [16, 16]
+    source = _save(tmp_path, "gemm", nodes, [("x", [1, 16])], [("y", out)],
+                   [*weights, numpy_helper.from_array(np.array([16, 1], np.int64), "shape")], 13)
+    assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
+    (output,), (reference,) = _compile_and_run(source, {"x": [1, 16]}, tmp_path)
+    assert _cosine(output, reference) > 0.99

@@ -959,6 +959,44 @@ class MatMulBatchedWeight(RewriteRuleClassBase):
         return op.Concat(*products, axis=-3)
 
 
+class GemmToMatMul(RewriteRuleClassBase):
+    """A Gemm the dense-layer kernel cannot take (``transA=1``, or a non-constant ``B``) -> ``MatMul`` (+ ``Add``).
+
+    ``alpha * A' @ B' + beta * C`` with ``A'``/``B'`` transposed as the attributes say: the MatMul is a dense layer
+    when ``B`` is a constant and a product of two activations otherwise, both of which the NPU runs.
+    """
+
+    def pattern(self, op, a, b):
+        return op.Gemm(a, b, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, a, b, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        trans_a = node.attributes.get("transA")
+        if (trans_a is None or trans_a.value == 0) and b.const_value is not None:
+            return result.fail("a plain Gemm with constant weights is a dense layer as it is")
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is not None and (c.shape is None or y.shape is None or len(c.shape) > len(y.shape)):
+            return result.fail("the shape of C is unknown")
+        return result
+
+    def rewrite(self, op, a, b, y):
+        node = y.producer()
+        attribute = lambda name, default: node.attributes[name].value if name in node.attributes else default  # noqa: E731
+        left = op.Transpose(a, perm=[1, 0]) if attribute("transA", 0) else a
+        right = op.Transpose(b, perm=[1, 0]) if attribute("transB", 0) else b
+        product = op.MatMul(left, right)
+        alpha, beta = float(attribute("alpha", 1.0)), float(attribute("beta", 1.0))
+        if alpha != 1.0:
+            product = op.Mul(product, op.Constant(value=ir.tensor(np.array(alpha, np.float32))))
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is None:
+            return product
+        if beta != 1.0:
+            c = op.Mul(c, op.Constant(value=ir.tensor(np.array(beta, np.float32))))
+        return op.Add(product, c)
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -966,5 +1004,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), MatMulBatchedWeight.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
+                           LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
+                           *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
