@@ -166,3 +166,22 @@ def test_a_gemm_with_transposed_a_or_an_activation_b_runs_on_the_npu(tmp_path, c
     assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
     (output,), (reference,) = _compile_and_run(source, {"x": [1, 16]}, tmp_path)
     assert _cosine(output, reference) > 0.99
+
+
+# -- circular padding ---------------------------------------------------------------------------
+
+
+def test_a_circular_pad_between_convolutions_runs_on_the_npu_exactly(tmp_path):
+    """``padding_mode="circular"`` (Pad mode wrap) becomes Slice + Concat: the MBLT equals the source, all on the NPU."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", ["c", "pads"], ["p"], mode="wrap"),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    source = _save(tmp_path, "wrap", nodes, [("x", [1, 3, 8, 8])], [("y", [1, 4, 9, 8])],
+                   [_weight("w", 8, 3, 3, 3), _weight("w2", 4, 8, 3, 3),
+                    numpy_helper.from_array(np.array([0, 0, 2, 1, 0, 0, 1, 1], np.int64), "pads")], 19)
+    mblt = mblt_compile(source, tmp_path / "m.mblt")
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(_run(mblt, {"x": x})[0], _run(source, {"x": x})[0], atol=1e-5)
+    assert check_support(load_mblt(mblt), "aries-rb").all_supported
+    (output,), (reference,) = _compile_and_run(source, {"x": [1, 3, 8, 8]}, tmp_path)
+    assert _cosine(output, reference) > 0.99

@@ -997,6 +997,53 @@ class GemmToMatMul(RewriteRuleClassBase):
         return op.Add(product, c)
 
 
+class WrapPadToConcat(RewriteRuleClassBase):
+    """``Pad(x, pads, mode="wrap")`` (``padding_mode="circular"``) -> per padded axis, ``Concat`` of the input's
+    last ``begin`` entries, the input and its first ``end`` entries (exact; Slice and Concat run on the NPU)."""
+
+    def pattern(self, op, x, pads):
+        return op.Pad(x, pads, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, pads, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        mode = node.attributes.get("mode")
+        if mode is None or mode.value != "wrap":
+            return result.fail(f"{node.name}: not a wrap Pad.")
+        if x.shape is None or not all(isinstance(d, int) for d in x.shape):
+            return result.fail(f"{node.name}: the input shape is not static.")
+        if pads.const_value is None or pads.const_value.size != 2 * len(x.shape):
+            return result.fail(f"{node.name}: the pads are not a constant for every axis.")
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return result.fail(f"{node.name}: explicit axes.")
+        amounts = pads.const_value.numpy().reshape(2, -1)
+        if np.any(amounts < 0) or np.any(amounts > np.asarray(list(x.shape))):
+            return result.fail(f"{node.name}: a pad is negative or wider than its axis.")
+        return result
+
+    def rewrite(self, op, x, pads, y):
+        node = y.producer()
+        begins, ends = pads.const_value.numpy().reshape(2, -1)
+        value = x
+
+        def constant(values, name):
+            return op.initializer(ir.tensor(np.asarray(values, np.int64)), name=f"{node.name}_{name}")
+
+        for axis, (begin, end) in enumerate(zip(begins.tolist(), ends.tolist())):
+            if not begin and not end:
+                continue
+            parts = []
+            if begin:
+                parts.append(op.Slice(value, constant([-begin], f"start{axis}"),
+                                      constant([np.iinfo(np.int64).max], f"stop{axis}"), constant([axis], f"axis{axis}")))
+            parts.append(value)
+            if end:
+                parts.append(op.Slice(value, constant([0], f"zero{axis}"), constant([end], f"end{axis}"),
+                                      constant([axis], f"axis_end{axis}")))
+            value = op.Concat(*parts, axis=axis)
+        return value if value is not x else op.Identity(x)
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -1004,6 +1051,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
+                           LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(), WrapPadToConcat.rule(),
                            *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
