@@ -185,3 +185,19 @@ def test_a_circular_pad_between_convolutions_runs_on_the_npu_exactly(tmp_path):
     assert check_support(load_mblt(mblt), "aries-rb").all_supported
     (output,), (reference,) = _compile_and_run(source, {"x": [1, 3, 8, 8]}, tmp_path)
     assert _cosine(output, reference) > 0.99
+
+
+# -- LogSoftmax -----------------------------------------------------------------------------------
+
+
+def test_a_log_softmax_inside_the_network_runs_on_the_npu(tmp_path):
+    """A CTC-style head: MatMul -> LogSoftmax over 32 classes -> MatMul; LogSoftmax has no kernel of its own and
+    sat inside the NPU body (unsupported even with cpu_offload). Now Exp/Log tables and reductions, on the NPU."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("LogSoftmax", ["logits"], ["l"], axis=-1),
+             helper.make_node("MatMul", ["l", "w2"], ["y"])]
+    source = _save(tmp_path, "logsoftmax", nodes, [("x", [1, 20, 16])], [("y", [1, 20, 8])],
+                   [numpy_helper.from_array((RNG.standard_normal((16, 32)) * 1.5).astype(np.float32), "w"),
+                    _weight("w2", 32, 8)], 13)
+    assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
+    (output,), (reference,) = _compile_and_run(source, {"x": [1, 20, 16]}, tmp_path)
+    assert _cosine(output - output.mean(), reference - reference.mean()) > 0.99

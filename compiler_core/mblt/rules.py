@@ -1044,6 +1044,30 @@ class WrapPadToConcat(RewriteRuleClassBase):
         return value if value is not x else op.Identity(x)
 
 
+class LogSoftmaxToExpLog(RewriteRuleClassBase):
+    """``LogSoftmax(x)`` -> ``d - Log(ReduceSum(Exp(d)))`` with ``d = x - ReduceMax(x)`` over the same axis.
+
+    The stable form of the definition; every op has an NPU kernel (Exp and Log look-up tables, vector reductions).
+    ``Log(Softmax(x))`` would not do: int8 probabilities round small ones to 0.
+    """
+
+    def pattern(self, op, x):
+        return op.LogSoftmax(x, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        if x.shape is None:
+            return result.fail("the input rank is unknown")
+        return result
+
+    def rewrite(self, op, x, y):
+        node = y.producer()
+        axis = node.attributes["axis"].value if "axis" in node.attributes else -1
+        axes = op.initializer(ir.tensor(np.array([axis], np.int64)), name=f"{node.name}_axes")
+        shifted = op.Sub(x, op.ReduceMax(x, axes, keepdims=1))
+        return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -1052,5 +1076,5 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(), WrapPadToConcat.rule(),
-                           *_fake_quant_rules(), *_transpose_down_rules()]
+                           LogSoftmaxToExpLog.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
