@@ -201,3 +201,50 @@ def test_a_log_softmax_inside_the_network_runs_on_the_npu(tmp_path):
     assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
     (output,), (reference,) = _compile_and_run(source, {"x": [1, 20, 16]}, tmp_path)
     assert _cosine(output - output.mean(), reference - reference.mean()) > 0.99
+
+
+# -- outputs that are inputs or constants -------------------------------------------------------
+
+
+def test_an_onnx_input_returned_as_an_output_keeps_its_name(tmp_path):
+    """The library's output fix renamed the input (``x_orig``): the user could not feed ``x``. The copy is the output."""
+    source = _save(tmp_path, "returned", [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])],
+                   [("x", [1, 3, 8, 8])], [("c", [1, 4, 8, 8]), ("x", [1, 3, 8, 8])], [_weight("w", 4, 3, 3, 3)], 13)
+    graph = load_mblt(mblt_compile(source, tmp_path / "m.mblt")).graph
+    assert [value.name for value in graph.inputs] == ["x"]
+    assert [value.name for value in graph.outputs] == ["c", "x_out"]
+    (conv, copy), (reference, _) = _compile_and_run(source, {"x": [1, 3, 8, 8]}, tmp_path)
+    assert _cosine(conv, reference) > 0.99 and copy.shape == (1, 3, 8, 8)
+
+
+def test_a_torch_module_returning_its_input_keeps_the_parameter_name(tmp_path):
+    """The dynamo exporter names the returned input after the output (``output_1``): the graph input is ``x`` again."""
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
+    wrapper = type("Returns", (torch.nn.Module,), {"forward": lambda self, x: (module(x), x)})()
+    graph = load_mblt(mblt_compile(wrapper, tmp_path / "m.mblt", backend="torch",
+                                   feed_dict={"x": torch.randn(1, 3, 8, 8)})).graph
+    assert [value.name for value in graph.inputs] == ["x"]
+    assert [value.name for value in graph.outputs] == ["output_0", "output_1"]
+
+
+def test_a_plain_dict_of_outputs_exports_every_tensor(tmp_path):
+    """Only a transformers ModelOutput is cut to its ``logits``; a module's own dict keeps all its tensors."""
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
+    wrapper = type("Heads", (torch.nn.Module,), {"forward": lambda self, x: {"logits": module(x),
+                                                                              "feat": module(x).mean((2, 3))}})()
+    graph = load_mblt(mblt_compile(wrapper, tmp_path / "m.mblt", backend="torch",
+                                   feed_dict={"x": torch.randn(1, 3, 8, 8)})).graph
+    assert [value.name for value in graph.outputs] == ["logits", "feat"]
+
+
+def test_a_constant_output_is_refused_at_parse_with_the_output_names_remedy(tmp_path):
+    """A weight returned as an output made the compile fail with INTERNAL_ERROR (KeyError in the memory plan)."""
+    source = _save(tmp_path, "constant", [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])],
+                   [("x", [1, 3, 8, 8])], [("c", [1, 4, 8, 8]), ("w", [4, 3, 3, 3])], [_weight("w", 4, 3, 3, 3)], 13)
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(source, tmp_path / "m.mblt")
+    assert "'w'" in caught.value.message and "output_names=['c']" in caught.value.hint
+    graph = load_mblt(mblt_compile(source, tmp_path / "m.mblt", output_names=["c"])).graph
+    assert [value.name for value in graph.outputs] == ["c"]
