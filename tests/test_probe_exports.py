@@ -248,3 +248,25 @@ def test_a_constant_output_is_refused_at_parse_with_the_output_names_remedy(tmp_
     assert "'w'" in caught.value.message and "output_names=['c']" in caught.value.hint
     graph = load_mblt(mblt_compile(source, tmp_path / "m.mblt", output_names=["c"])).graph
     assert [value.name for value in graph.outputs] == ["c"]
+
+
+# -- int32 token ids ----------------------------------------------------------------------------
+
+
+def test_an_embedding_of_int32_ids_cast_to_int64_runs_on_the_npu(tmp_path):
+    """TF-style exports cast int32 ids to int64 before the lookup; the Cast to int64 had no kernel (CPU head)."""
+    nodes = [helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64),
+             helper.make_node("Gather", ["table", "ids64"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "ids", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 12])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 12, 8])],
+                              [_weight("table", 50, 16), _weight("w", 16, 8)])
+    source = tmp_path / "ids.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), source)
+    assert check_support(load_mblt(mblt_compile(source, tmp_path / "m.mblt")), "aries-rb").all_supported
+    sample = lambda: {"ids": RNG.integers(0, 50, (1, 12)).astype(np.int32)}  # noqa: E731
+    mxq_compile(str(source), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
+                calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])))
+    model = Model(str(tmp_path / "model.mxq"))
+    model.launch(Accelerator("aries-rb"))
+    feeds = sample()
+    assert _cosine(model.infer(feeds)[0], _run(source, feeds)[0]) > 0.99

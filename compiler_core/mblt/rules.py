@@ -1068,6 +1068,33 @@ class LogSoftmaxToExpLog(RewriteRuleClassBase):
         return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
 
 
+class GatherCastIds(RewriteRuleClassBase):
+    """``Gather(table, Cast(ids, to=int64))`` -> ``Gather(table, ids)`` when ``ids`` is an int32 model input.
+
+    TF/TFLite exports and byte models (Magika) feed int32 token ids and cast them to int64 for the lookup;
+    Gather takes int32 indices as they are, and the lookup of a model input runs on the NPU (the Cast to an
+    integer type does not).
+    """
+
+    def pattern(self, op, table, ids):
+        return op.Gather(table, op.Cast(ids, _allow_other_attributes=True), _allow_other_attributes=True,
+                         _outputs=["y"])
+
+    def check(self, context, table, ids, y) -> MatchResult:
+        result = MatchResult()
+        cast = y.producer().inputs[1].producer()
+        target = cast.attributes.get("to")
+        if not ids.is_graph_input() or ids.dtype != ir.DataType.INT32:
+            return result.fail("the cast values are not an int32 model input (Gather takes int32 or int64 indices)")
+        if target is None or ir.DataType(target.value) != ir.DataType.INT64:
+            return result.fail("the Cast is not to int64")
+        return result
+
+    def rewrite(self, op, table, ids, y):
+        node = y.producer()
+        return op.Gather(table, ids, **dict(node.attributes.items()))
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -1076,5 +1103,5 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(), WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
