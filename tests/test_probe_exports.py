@@ -149,11 +149,17 @@ def test_a_model_with_nothing_for_the_npu_is_refused_with_its_ops_named(tmp_path
 # -- Gemm the dense-layer kernel cannot take ---------------------------------------------------
 
 
-@pytest.mark.parametrize("constant_b", [True, False])
-def test_a_gemm_with_transposed_a_or_an_activation_b_runs_on_the_npu(tmp_path, constant_b):
-    """``transA=1`` (constant B) and an activation B (with alpha, beta, C) become MatMul + Add, all on the NPU."""
+@pytest.mark.parametrize("case", ["transposed_a", "activation_b", "activation_c"])
+def test_a_gemm_with_transposed_a_or_an_activation_b_runs_on_the_npu(tmp_path, case):
+    """``transA=1`` (constant B), an activation B (with alpha, beta, C) and an activation C become MatMul + Add,
+    all on the NPU."""
+    constant_b = case != "activation_b"
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["a"])]  # A = [K, M] = [16, 1] for transA
-    if constant_b:
+    if case == "activation_c":  # y = x @ W + sigmoid(x @ W2): a residual branch as C
+        nodes = [helper.make_node("MatMul", ["x", "w2"], ["m"]), helper.make_node("Sigmoid", ["m"], ["c"]),
+                 helper.make_node("Gemm", ["x", "b", "c"], ["y"])]
+        weights = [_weight("b", 16, 10), _weight("w2", 16, 10)]
+    elif constant_b:
         nodes.append(helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, beta=0.5))
         weights = [_weight("b", 16, 10), _weight("c", 1, 10)]
     else:

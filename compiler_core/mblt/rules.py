@@ -960,7 +960,7 @@ class MatMulBatchedWeight(RewriteRuleClassBase):
 
 
 class GemmToMatMul(RewriteRuleClassBase):
-    """A Gemm the dense-layer kernel cannot take (``transA=1``, or a non-constant ``B``) -> ``MatMul`` (+ ``Add``).
+    """A Gemm the dense-layer kernel cannot take (``transA=1``, a non-constant ``B`` or ``C``) -> ``MatMul`` (+ ``Add``).
 
     ``alpha * A' @ B' + beta * C`` with ``A'``/``B'`` transposed as the attributes say: the MatMul is a dense layer
     when ``B`` is a constant and a product of two activations otherwise, both of which the NPU runs.
@@ -973,9 +973,9 @@ class GemmToMatMul(RewriteRuleClassBase):
         result = MatchResult()
         node = y.producer()
         trans_a = node.attributes.get("transA")
-        if (trans_a is None or trans_a.value == 0) and b.const_value is not None:
-            return result.fail("a plain Gemm with constant weights is a dense layer as it is")
         c = node.inputs[2] if len(node.inputs) > 2 else None
+        if (trans_a is None or trans_a.value == 0) and b.const_value is not None and (c is None or c.const_value is not None):
+            return result.fail("a plain Gemm with constant weights and bias is a dense layer as it is")
         if c is not None and (c.shape is None or y.shape is None or len(c.shape) > len(y.shape)):
             return result.fail("the shape of C is unknown")
         return result
