@@ -276,3 +276,29 @@ def test_an_embedding_of_int32_ids_cast_to_int64_runs_on_the_npu(tmp_path):
     model.launch(Accelerator("aries-rb"))
     feeds = sample()
     assert _cosine(model.infer(feeds)[0], _run(source, feeds)[0]) > 0.99
+
+
+# -- Keras recurrent layers ---------------------------------------------------------------------
+
+
+def test_a_keras_bidirectional_lstm_compiles_and_follows_keras(tmp_path):
+    """Keras LSTM/GRU loop over TensorLists (no TFLite builtin): the frontend unrolls them, and the FILL of their
+    zero initial state (its dims from SHAPE of the input) folds. Both were UNSUPPORTED_OPS at parse."""
+    tf = pytest.importorskip("tensorflow", reason="the tf extra (tensorflow-cpu) is not installed")
+    layers = tf.keras.layers
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((8, 16))
+    hidden = layers.Bidirectional(layers.LSTM(8, return_sequences=True))(inputs)
+    keras_model = tf.keras.Model(inputs, layers.Dense(4)(layers.GRU(8)(hidden)))
+    path = tmp_path / "rnn.keras"
+    keras_model.save(path)
+    graph = load_mblt(mblt_compile(path, tmp_path / "m.mblt")).graph
+    assert check_support(load_mblt(tmp_path / "m.mblt"), "aries-rb").all_supported
+    name = graph.inputs[0].name
+    sample = lambda: {name: RNG.standard_normal((1, 8, 16)).astype(np.float32)}  # noqa: E731
+    mxq_compile(str(path), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
+                calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])))
+    model = Model(str(tmp_path / "model.mxq"))
+    model.launch(Accelerator("aries-rb"))
+    feeds = sample()
+    assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99

@@ -43,19 +43,49 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
 
     path = _as_path(model)
     tf = import_tensorflow()
-    converter = _converter(tf, path)
+    try:
+        flatbuffer = _convert(tf, _converter(tf, path))
+    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
+        if "TensorList" not in str(error) or path.is_dir():
+            raise _conversion_error(path, error) from error
+        try:  # Keras LSTM/GRU/SimpleRNN loop over TensorLists, which TFLite builtins lack; unrolled they convert
+            flatbuffer = _convert(tf, _unrolled_converter(tf, path))
+        except Exception:  # not unrollable (no static sequence length): the first error says what is wrong
+            raise _conversion_error(path, error) from error
+    logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
+    return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+def _convert(tf: Any, converter: Any) -> bytes:
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):  # Keras prints the exported signature ("Endpoint 'serve' ...")
-            flatbuffer = converter.convert()
-    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
-        raise _conversion_error(path, error) from error
+            return converter.convert()
     finally:
         if printed.getvalue().strip():
             logger.debug("TensorFlow's converter printed:\n%s", printed.getvalue().rstrip())
-    logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
-    return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+def _unrolled_converter(tf: Any, path: Path) -> Any:
+    """The converter of the Keras model with its recurrent layers unrolled (``unroll=True``: the same outputs, the
+    time loop written out step by step), for a static sequence length."""
+    keras_model = _guarded(path, lambda: tf.keras.models.load_model(str(path), compile=False))
+    recurrent = [layer for layer in _sublayers(keras_model) if isinstance(layer, tf.keras.layers.RNN)]
+    for layer in recurrent:
+        layer.unroll = True
+    logger.info("%s: unrolled %d recurrent layer(s) for the TFLite converter", path.name, len(recurrent))
+    return tf.lite.TFLiteConverter.from_keras_model(keras_model)
+
+
+def _sublayers(layer: Any):
+    """``layer`` and every layer inside it (models, wrappers such as Bidirectional and TimeDistributed)."""
+    yield layer
+    children = list(getattr(layer, "layers", None) or [])
+    children += [getattr(layer, name) for name in ("forward_layer", "backward_layer", "layer") if hasattr(layer, name)]
+    for child in children:
+        if child is not layer and hasattr(child, "weights"):
+            yield from _sublayers(child)
 
 
 def import_tensorflow() -> Any:
