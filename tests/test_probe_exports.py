@@ -302,3 +302,30 @@ def test_a_keras_bidirectional_lstm_compiles_and_follows_keras(tmp_path):
     model.launch(Accelerator("aries-rb"))
     feeds = sample()
     assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99
+
+
+def test_keras_dilated_convolutions_compile_as_dilated_convs(tmp_path):
+    """With a dynamic batch TF writes a dilated conv as SPACE_TO_BATCH_ND -> CONV_2D -> BATCH_TO_SPACE_ND (no
+    converter: UNSUPPORTED_OPS at parse); converted again with batch 1 it is one dilated CONV_2D, same input name."""
+    tf = pytest.importorskip("tensorflow", reason="the tf extra (tensorflow-cpu) is not installed")
+    layers = tf.keras.layers
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input((32, 8))
+    hidden = layers.Conv1D(8, 3, padding="causal", dilation_rate=2, activation="relu")(inputs)
+    hidden = layers.Conv2D(4, 3, padding="same", dilation_rate=2)(layers.Reshape((32, 8, 1))(hidden))
+    keras_model = tf.keras.Model(inputs, hidden)
+    path = tmp_path / "dilated.keras"
+    keras_model.save(path)
+    graph = load_mblt(mblt_compile(path, tmp_path / "m.mblt")).graph
+    assert [node.op_type for node in graph].count("Conv") == 2
+    assert {int(d) for node in graph if node.op_type == "Conv" for d in node.attributes["dilations"].value} == {1, 2}
+    name = graph.inputs[0].name  # the name TF's own conversion of the file gives (the calibration data's key)
+    first = tf.lite.TFLiteConverter.from_keras_model(tf.keras.models.load_model(path, compile=False)).convert()
+    assert name == tf.lite.Interpreter(model_content=first).get_input_details()[0]["name"]
+    sample = lambda: {name: RNG.standard_normal((1, 32, 8)).astype(np.float32)}  # noqa: E731
+    mxq_compile(str(path), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
+                calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])))
+    model = Model(str(tmp_path / "model.mxq"))
+    model.launch(Accelerator("aries-rb"))
+    feeds = sample()
+    assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99

@@ -4,6 +4,11 @@ TensorFlow's own TFLite converter lowers the model to TFLite builtin ops (foldin
 resolving Keras layers and control flow that tf2onnx would have to pattern-match), and the TFLite
 frontend turns that into ONNX. Only builtin TFLite ops are allowed (no Select TF ops), and no
 quantization is applied: the compiler quantizes later. TensorFlow is an optional extra.
+
+Two retries on Keras files: a conversion that fails on TensorList ops (the loop of LSTM/GRU/SimpleRNN) is
+done again with the recurrent layers unrolled; a flatbuffer with ops the TFLite frontend cannot convert
+(a dilated convolution kept as SPACE_TO_BATCH_ND/BATCH_TO_SPACE_ND for the dynamic batch) is made again
+from a copy of the model whose inputs have batch 1 (same names), which TensorFlow writes as plain ops.
 """
 
 from __future__ import annotations
@@ -53,7 +58,36 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
         except Exception:  # not unrollable (no static sequence length): the first error says what is wrong
             raise _conversion_error(path, error) from error
     logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
-    return load_tflite_bytes(flatbuffer, path, output_names)
+    try:
+        return load_tflite_bytes(flatbuffer, path, output_names)
+    except UnsupportedOpsError as error:
+        batch_one = None if path.is_dir() else _batch_one_flatbuffer(tf, path)
+        if batch_one is None:
+            raise
+        logger.info("%s: converted again with batch 1 (%s)", path.name, error.message)
+        return load_tflite_bytes(batch_one, path, output_names)
+
+
+def _batch_one_flatbuffer(tf: Any, path: Path) -> bytes | None:
+    """The Keras model converted with its inputs' batch fixed to 1 (same input names), or None where that fails.
+
+    With a dynamic batch TensorFlow's converter keeps a dilated convolution as SPACE_TO_BATCH_ND -> CONV_2D ->
+    BATCH_TO_SPACE_ND (Keras Conv1D/Conv2D with ``dilation_rate``, DeepLab's atrous convolutions), which the
+    NPU cannot run (a batch of blocks); with batch 1 it writes the dilated CONV_2D.
+    """
+    try:
+        keras_model = tf.keras.models.load_model(str(path), compile=False)
+        inputs = tf.nest.map_structure(lambda tensor: tf.keras.Input(
+            batch_shape=(1, *tensor.shape[1:]), dtype=tensor.dtype, name=tensor.name), keras_model.input)
+        fixed = tf.keras.models.clone_model(keras_model, input_tensors=inputs)
+        fixed.set_weights(keras_model.get_weights())
+        for layer in _sublayers(fixed):  # as the first conversion left them (unrolled or not)
+            if isinstance(layer, tf.keras.layers.RNN):
+                layer.unroll = True
+        return _convert(tf, tf.lite.TFLiteConverter.from_keras_model(fixed))
+    except Exception as error:  # subclassed models cannot be cloned; TF raises many types
+        logger.debug("%s: no batch-1 conversion (%s)", path.name, _first_line(error))
+        return None
 
 
 def _convert(tf: Any, converter: Any) -> bytes:
