@@ -306,13 +306,17 @@ def test_a_keras_bidirectional_lstm_compiles_and_follows_keras(tmp_path):
 
 def test_keras_dilated_convolutions_compile_as_dilated_convs(tmp_path):
     """With a dynamic batch TF writes a dilated conv as SPACE_TO_BATCH_ND -> CONV_2D -> BATCH_TO_SPACE_ND (no
-    converter: UNSUPPORTED_OPS at parse); converted again with batch 1 it is one dilated CONV_2D, same input name."""
+    converter: UNSUPPORTED_OPS at parse) and leaves the height after an UpSampling2D open (the Cropping2D slice
+    then failed the parse as INVALID_MODEL); converted again with batch 1 it is one dilated CONV_2D with static
+    shapes, same input name. Its SAME 2x2 MaxPooling2D also checks the asymmetric MaxPool pads at run time."""
     tf = pytest.importorskip("tensorflow", reason="the tf extra (tensorflow-cpu) is not installed")
     layers = tf.keras.layers
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input((32, 8))
     hidden = layers.Conv1D(8, 3, padding="causal", dilation_rate=2, activation="relu")(inputs)
     hidden = layers.Conv2D(4, 3, padding="same", dilation_rate=2)(layers.Reshape((32, 8, 1))(hidden))
+    hidden = layers.MaxPooling2D(2, 1, padding="same")(hidden)  # pads [0, 0, 1, 1]
+    hidden = layers.Cropping2D(1)(layers.UpSampling2D(2)(hidden))  # sliced where TF left the height open
     keras_model = tf.keras.Model(inputs, hidden)
     path = tmp_path / "dilated.keras"
     keras_model.save(path)
@@ -329,3 +333,22 @@ def test_keras_dilated_convolutions_compile_as_dilated_convs(tmp_path):
     model.launch(Accelerator("aries-rb"))
     feeds = sample()
     assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99
+
+
+# -- MaxPool with asymmetric pads ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 1, 1], [1, 0, 1, 0]])
+def test_a_max_pool_with_asymmetric_pads_follows_onnxruntime(tmp_path, pads):
+    """TF's SAME padding of an even window pads only the end ([0, 0, 1, 1]); onnx.reference's MaxPool, the
+    runtime's golden kernel, read ONNX pads per axis: a 15x15 map came out 14x16 (a reshape after it failed at
+    run time; as an output it had the wrong shape)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], pads=pads),
+             helper.make_node("Reshape", ["m", "shape"], ["y"])]
+    size = (14 + pads[0] + pads[2]) * (14 + pads[1] + pads[3])  # 2x2 window, stride 1
+    source = _save(tmp_path, "maxpool", nodes, [("x", [1, 3, 15, 15])], [("y", [1, 4, size])],
+                   [_weight("w", 4, 3, 3, 3), numpy_helper.from_array(np.array([1, 4, size], np.int64), "shape")], 13)
+    (output,), (reference,) = _compile_and_run(source, {"x": [1, 3, 15, 15]}, tmp_path)
+    assert output.shape == reference.shape
+    assert _cosine(output, reference) > 0.99

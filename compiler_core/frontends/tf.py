@@ -6,9 +6,10 @@ frontend turns that into ONNX. Only builtin TFLite ops are allowed (no Select TF
 quantization is applied: the compiler quantizes later. TensorFlow is an optional extra.
 
 Two retries on Keras files: a conversion that fails on TensorList ops (the loop of LSTM/GRU/SimpleRNN) is
-done again with the recurrent layers unrolled; a flatbuffer with ops the TFLite frontend cannot convert
-(a dilated convolution kept as SPACE_TO_BATCH_ND/BATCH_TO_SPACE_ND for the dynamic batch) is made again
-from a copy of the model whose inputs have batch 1 (same names), which TensorFlow writes as plain ops.
+done again with the recurrent layers unrolled; a flatbuffer that depends on the dynamic batch (ops the
+TFLite frontend cannot convert, such as a dilated convolution kept as SPACE_TO_BATCH_ND/BATCH_TO_SPACE_ND,
+or inner tensor sizes left open) is made again from a copy of the model whose inputs have batch 1 (same
+names), which TensorFlow writes with static shapes and plain ops.
 """
 
 from __future__ import annotations
@@ -58,14 +59,31 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
         except Exception:  # not unrollable (no static sequence length): the first error says what is wrong
             raise _conversion_error(path, error) from error
     logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
-    try:
-        return load_tflite_bytes(flatbuffer, path, output_names)
-    except UnsupportedOpsError as error:
-        batch_one = None if path.is_dir() else _batch_one_flatbuffer(tf, path)
-        if batch_one is None:
-            raise
-        logger.info("%s: converted again with batch 1 (%s)", path.name, error.message)
-        return load_tflite_bytes(batch_one, path, output_names)
+    if not path.is_dir() and (reason := _batch_dependent(flatbuffer, path)):
+        batch_one = _batch_one_flatbuffer(tf, path)
+        if batch_one is not None:
+            logger.info("%s: converted again with batch 1 (%s)", path.name, reason)
+            flatbuffer = batch_one
+    return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+def _batch_dependent(flatbuffer: bytes, path: Path) -> str | None:
+    """Why the flatbuffer of a dynamic-batch conversion will not import as the model is, or None.
+
+    TensorFlow keeps what depends on the batch at run time: a dilated convolution as SPACE_TO_BATCH_ND ->
+    CONV_2D -> BATCH_TO_SPACE_ND (no converter here), and inner tensors whose sizes it cannot write (a
+    Cropping2D after an UpSampling2D slices a tensor stored as height 1).
+    """
+    from compiler_core.frontends.tflite.converters import CONVERTERS
+    from compiler_core.frontends.tflite.reader import decode_tflite
+
+    graph = decode_tflite(flatbuffer, path)
+    missing = sorted({op.display_name for op in graph.operators if op.key not in CONVERTERS})
+    if missing:
+        return f"no converter for {', '.join(missing)}"
+    if any(dim != 0 for tensor in graph.tensors for dim in tensor.dynamic_dims):
+        return "tensor sizes left open beyond the batch"
+    return None
 
 
 def _batch_one_flatbuffer(tf: Any, path: Path) -> bytes | None:
