@@ -1,8 +1,10 @@
 """Layers and exports an unseen-model probe found broken (s12): each goes through the user's path.
 
-Old-opset resizes keep their coordinates through the opset upgrade; a MatMul with a batched constant weight
-compiles (or is refused by ``check``, never an internal error); a model that would leave the NPU nothing to
-run is refused with the unsupported ops named.
+Old-opset resizes keep their coordinates; a MatMul with a batched constant weight, a Gemm with transA or
+activation operands, a circular pad, LogSoftmax and int32 ids cast for a lookup run on the NPU; inputs
+returned as outputs keep their names and constant outputs are refused with a remedy; a model that leaves
+the NPU nothing is refused with its ops named; asymmetric MaxPool pads follow ONNX; Keras recurrent layers,
+dilated convolutions and an UpSampling2D + Cropping2D compile and follow Keras.
 """
 
 from __future__ import annotations
