@@ -43,6 +43,7 @@ from compiler_core.session import MbltSession
 from compiler_core.targets import (
     DeviceProfile,
     apply_offload,
+    body_computes,
     check_support,
     get_device,
     plan_cpu_offload,
@@ -209,6 +210,13 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                   f"where cpu_offload cannot move them: {error.message}",
                                   hint="Only a leading (head) or trailing (tail) group can run on the CPU.",
                                   ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
+    if not body_computes(graph, plan):
+        error = report.unsupported_error()
+        raise UnsupportedOpsError(f"Nothing is left for the NPU of {device.name}: with cpu_offload every computing node "
+                                  f"would run on the CPU. {error.message}",
+                                  hint="Rewrite the unsupported ops as the reasons say, or run the model on the CPU "
+                                       "(onnxruntime); an MXQ needs at least one layer on the NPU.",
+                                  ops=error.fields.get("ops"), nodes=plan.cpu_head[:10] + plan.cpu_tail[:10])
     logger.info("CPU offload: %d head and %d tail node(s)", len(plan.cpu_head), len(plan.cpu_tail))
     return partition(graph, plan), apply_offload(report, plan).counts()
 

@@ -4,6 +4,12 @@ TensorFlow's own TFLite converter lowers the model to TFLite builtin ops (foldin
 resolving Keras layers and control flow that tf2onnx would have to pattern-match), and the TFLite
 frontend turns that into ONNX. Only builtin TFLite ops are allowed (no Select TF ops), and no
 quantization is applied: the compiler quantizes later. TensorFlow is an optional extra.
+
+Two retries on Keras files: a conversion that fails on TensorList ops (the loop of LSTM/GRU/SimpleRNN) is
+done again with the recurrent layers unrolled; a flatbuffer that depends on the dynamic batch (ops the
+TFLite frontend cannot convert, such as a dilated convolution kept as SPACE_TO_BATCH_ND/BATCH_TO_SPACE_ND,
+or inner tensor sizes left open) is made again from a copy of the model whose inputs have batch 1 (same
+names), which TensorFlow writes with static shapes and plain ops.
 """
 
 from __future__ import annotations
@@ -43,19 +49,95 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
 
     path = _as_path(model)
     tf = import_tensorflow()
-    converter = _converter(tf, path)
+    try:
+        flatbuffer = _convert(tf, _converter(tf, path))
+    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
+        if "TensorList" not in str(error) or path.is_dir():
+            raise _conversion_error(path, error) from error
+        try:  # Keras LSTM/GRU/SimpleRNN loop over TensorLists, which TFLite builtins lack; unrolled they convert
+            flatbuffer = _convert(tf, _unrolled_converter(tf, path))
+        except Exception:  # not unrollable (no static sequence length): the first error says what is wrong
+            raise _conversion_error(path, error) from error
+    logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
+    if not path.is_dir() and (reason := _batch_dependent(flatbuffer, path)):
+        batch_one = _batch_one_flatbuffer(tf, path)
+        if batch_one is not None:
+            logger.info("%s: converted again with batch 1 (%s)", path.name, reason)
+            flatbuffer = batch_one
+    return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+def _batch_dependent(flatbuffer: bytes, path: Path) -> str | None:
+    """Why the flatbuffer of a dynamic-batch conversion will not import as the model is, or None.
+
+    TensorFlow keeps what depends on the batch at run time: a dilated convolution as SPACE_TO_BATCH_ND ->
+    CONV_2D -> BATCH_TO_SPACE_ND (no converter here), and inner tensors whose sizes it cannot write (a
+    Cropping2D after an UpSampling2D slices a tensor stored as height 1).
+    """
+    from compiler_core.frontends.tflite.converters import CONVERTERS
+    from compiler_core.frontends.tflite.reader import decode_tflite
+
+    graph = decode_tflite(flatbuffer, path)
+    missing = sorted({op.display_name for op in graph.operators if op.key not in CONVERTERS})
+    if missing:
+        return f"no converter for {', '.join(missing)}"
+    if any(dim != 0 for tensor in graph.tensors for dim in tensor.dynamic_dims):
+        return "tensor sizes left open beyond the batch"
+    return None
+
+
+def _batch_one_flatbuffer(tf: Any, path: Path) -> bytes | None:
+    """The Keras model converted with its inputs' batch fixed to 1 (same input names), or None where that fails.
+
+    With a dynamic batch TensorFlow's converter keeps a dilated convolution as SPACE_TO_BATCH_ND -> CONV_2D ->
+    BATCH_TO_SPACE_ND (Keras Conv1D/Conv2D with ``dilation_rate``, DeepLab's atrous convolutions), which the
+    NPU cannot run (a batch of blocks); with batch 1 it writes the dilated CONV_2D.
+    """
+    try:
+        keras_model = tf.keras.models.load_model(str(path), compile=False)
+        inputs = tf.nest.map_structure(lambda tensor: tf.keras.Input(
+            batch_shape=(1, *tensor.shape[1:]), dtype=tensor.dtype, name=tensor.name), keras_model.input)
+        fixed = tf.keras.models.clone_model(keras_model, input_tensors=inputs)
+        fixed.set_weights(keras_model.get_weights())
+        for layer in _sublayers(fixed):  # as the first conversion left them (unrolled or not)
+            if isinstance(layer, tf.keras.layers.RNN):
+                layer.unroll = True
+        return _convert(tf, tf.lite.TFLiteConverter.from_keras_model(fixed))
+    except Exception as error:  # subclassed models cannot be cloned; TF raises many types
+        logger.debug("%s: no batch-1 conversion (%s)", path.name, _first_line(error))
+        return None
+
+
+def _convert(tf: Any, converter: Any) -> bytes:
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):  # Keras prints the exported signature ("Endpoint 'serve' ...")
-            flatbuffer = converter.convert()
-    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
-        raise _conversion_error(path, error) from error
+            return converter.convert()
     finally:
         if printed.getvalue().strip():
             logger.debug("TensorFlow's converter printed:\n%s", printed.getvalue().rstrip())
-    logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
-    return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+def _unrolled_converter(tf: Any, path: Path) -> Any:
+    """The converter of the Keras model with its recurrent layers unrolled (``unroll=True``: the same outputs, the
+    time loop written out step by step), for a static sequence length."""
+    keras_model = _guarded(path, lambda: tf.keras.models.load_model(str(path), compile=False))
+    recurrent = [layer for layer in _sublayers(keras_model) if isinstance(layer, tf.keras.layers.RNN)]
+    for layer in recurrent:
+        layer.unroll = True
+    logger.info("%s: unrolled %d recurrent layer(s) for the TFLite converter", path.name, len(recurrent))
+    return tf.lite.TFLiteConverter.from_keras_model(keras_model)
+
+
+def _sublayers(layer: Any):
+    """``layer`` and every layer inside it (models, wrappers such as Bidirectional and TimeDistributed)."""
+    yield layer
+    children = list(getattr(layer, "layers", None) or [])
+    children += [getattr(layer, name) for name in ("forward_layer", "backward_layer", "layer") if hasattr(layer, name)]
+    for child in children:
+        if child is not layer and hasattr(child, "weights"):
+            yield from _sublayers(child)
 
 
 def import_tensorflow() -> Any:

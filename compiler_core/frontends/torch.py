@@ -11,7 +11,8 @@ parameter; Python scalars (``int``, ``float``, ``bool``) are passed through as c
 
 Outputs: a tensor is exported as ``output``; a tuple or list as its tensors in order (``output_0``,
 ...; ``None`` and nested containers flattened); a mapping such as a transformers ``ModelOutput`` as
-its ``logits``, else its ``last_hidden_state``, else all its tensor entries, each named after its key.
+its ``logits``, else its ``last_hidden_state`` (a warning names the tensor entries left out), else all its
+tensor entries, each named after its key; a mapping of the user's own (a ``dict``) as all its tensor entries.
 
 Every node's ``mblt.source_name`` metadata is set to the path of the module that produced it
 (``features.3.conv.0``), read from the exporter's name scopes.
@@ -424,13 +425,29 @@ def _output_tensors(outputs: Any) -> tuple[list[str], tuple]:
     if isinstance(outputs, torch.Tensor):
         return ["output"], (outputs,)
     if isinstance(outputs, Mapping):
-        primary = next((key for key in _HF_PRIMARY_OUTPUTS if isinstance(outputs.get(key), torch.Tensor)), None)
-        keys = [primary] if primary else [k for k, v in outputs.items() if isinstance(v, torch.Tensor)]
+        tensors = [key for key, value in outputs.items() if isinstance(value, torch.Tensor)]
+        primary = next((key for key in _HF_PRIMARY_OUTPUTS if key in tensors), None) if _is_model_output(outputs) else None
+        keys = [primary] if primary else tensors
         return [str(key) for key in keys], tuple(outputs[key] for key in keys)
     flat = tuple(_flatten_tensors(outputs))
     if len(flat) == 1:
         return ["output"], flat
     return [f"output_{index}" for index in range(len(flat))], flat
+
+
+def _is_model_output(outputs: Any) -> bool:
+    """A transformers ``ModelOutput`` (exported as its primary entry), not a mapping of the user's own."""
+    return type(outputs).__module__.split(".")[0] == "transformers"
+
+
+def _dropped_outputs(outputs: Any) -> list[str]:
+    """The tensor entries of a ``ModelOutput`` that :func:`_output_tensors` leaves out."""
+    import torch
+
+    if not isinstance(outputs, Mapping):
+        return []
+    kept = set(_output_tensors(outputs)[0])
+    return [str(key) for key, value in outputs.items() if isinstance(value, torch.Tensor) and str(key) not in kept]
 
 
 def _flatten_tensors(value: Any):
@@ -475,11 +492,15 @@ def export_module(module: Any, feed_dict: Mapping[str, Any], *, dynamic_axes: Ma
     tensors, constants = validated_feed(module, feed_dict)
     try:
         with torch.no_grad():
-            output_names, _ = _output_tensors(module(**tensors, **constants))
+            outputs = module(**tensors, **constants)
+        output_names, _ = _output_tensors(outputs)
     except Exception as error:  # whatever the user's forward raises
         raise ModelLoadError(f"{type(module).__name__}.forward failed on the example inputs: "
                              f"{exporter_reason(error)}",
                              hint="Check the shapes and dtypes in feed_dict.") from error
+    if dropped := _dropped_outputs(outputs):
+        logger.warning("%s returns a %s: exporting its %s only, not %s; wrap the model to return the outputs you need.",
+                       type(module).__name__, type(outputs).__name__, output_names[0], ", ".join(dropped))
     wrapper = _make_wrapper(module, list(tensors), constants)
     args, name = tuple(tensors.values()), type(module).__name__
     previous = _use_eager_attention(module)
@@ -546,12 +567,33 @@ def _export_with_fallback(wrapper, args, input_names, output_names, dynamic_axes
     try:
         model = _export_dynamo(wrapper, args, input_names, output_names, dynamic_axes)
         logger.info("%s: exported with the dynamo exporter (opset %d)", name, DYNAMO_OPSET)
-        return model
+        return _keep_input_names(model, input_names)
     except Exception as error:  # the exporter raises many unrelated types
         reason = exporter_reason(error)
     logger.warning("The dynamo exporter failed on %s (%s); retrying with the legacy TorchScript exporter.",
                    name, reason)
-    return _export_legacy_or_raise(wrapper, args, input_names, output_names, dynamic_axes, reason, name)
+    model = _export_legacy_or_raise(wrapper, args, input_names, output_names, dynamic_axes, reason, name)
+    return _keep_input_names(model, input_names)
+
+
+def _keep_input_names(model: ir.Model, input_names: list[str] | None) -> ir.Model:
+    """Give back the inputs ``forward`` returns as they are their parameter names.
+
+    An input that is also an output is one value, and the exporter names it after the output
+    (``output_1``): the user would have to feed ``output_1``. The output becomes an ``Identity`` of the input.
+    """
+    graph = model.graph
+    for value, name in zip(list(graph.inputs), input_names or []):
+        if value.name == name:
+            continue
+        copy = ir.node("Identity", [value], name=f"{name}_returned")
+        copy.outputs[0].name, value.name = value.name, name
+        copy.outputs[0].shape, copy.outputs[0].type = value.shape, value.type
+        graph.insert_before(graph[0], copy) if len(graph) else graph.append(copy)
+        for index, output in enumerate(graph.outputs):
+            if output is value:
+                graph.outputs[index] = copy.outputs[0]
+    return model
 
 
 def _export_legacy_or_raise(module, args, input_names, output_names, dynamic_axes, dynamo_reason, name):

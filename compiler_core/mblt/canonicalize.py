@@ -608,6 +608,7 @@ def _lift_constants(model: ir.Model, *, infer: bool = True) -> InvalidModelError
 
 
 def _optimize(model: ir.Model) -> None:
+    _returned_inputs_copied(model)
     with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
         optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
                  should_fold=_should_fold)
@@ -738,6 +739,7 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None, 
             raised instead of an internal error when the canonical graph fails the checker.
         keep_checked: Keep the checker's protobuf in ``model.meta[CHECKED_PROTO]``.
     """
+    _check_constant_outputs(model)
     _check_mblt_ops(model)
     if source_inference is not None and _has_dynamic_shapes(model):
         raise source_inference  # the model's inconsistency left tensors without shapes
@@ -971,6 +973,42 @@ def _strip_foreign_metadata(model: ir.Model) -> None:
     for node in model.graph:
         for key in [k for k in node.metadata_props if not k.startswith("mblt.")]:
             del node.metadata_props[key]
+
+
+def _check_constant_outputs(model: ir.Model) -> None:
+    """Refuse outputs that depend on no input (a weight or a ``Constant`` returned): the NPU computes nothing for
+    them, and an MXQ's outputs are what it computes."""
+    graph = model.graph
+    constant = [value.name for value in graph.outputs if not value.is_graph_input() and (
+        value.const_value is not None or value.producer() is None or value.producer().op_type == "Constant")]
+    if constant:
+        kept = [value.name for value in graph.outputs if value.name not in constant]
+        raise UnsupportedOpsError(
+            f"Output(s) {', '.join(repr(name) for name in constant)} of the model are constants: they depend on no "
+            "input, so the NPU has nothing to compute for them.",
+            hint=(f"Leave them out with output_names={kept} (--output-names {','.join(kept)}) and take the constants "
+                  "from the source model." if kept else "The model computes nothing from its inputs."),
+            outputs=constant)
+
+
+def _returned_inputs_copied(model: ir.Model) -> None:
+    """Give each graph input that is also a graph output an ``Identity`` copy as the output, named ``<input>_out``.
+
+    The library's OutputFix pass renames the input instead (``x_orig``), and the user could no longer feed ``x``.
+    """
+    graph = model.graph
+    taken = {value.name for node in graph for value in node.outputs} | {value.name for value in graph.inputs}
+    for index, value in enumerate(list(graph.outputs)):
+        if not value.is_graph_input():
+            continue
+        name = f"{value.name}_out"
+        while name in taken:
+            name += "_"
+        copy = ir.node("Identity", [value], name=name)
+        copy.outputs[0].name, copy.outputs[0].shape, copy.outputs[0].type = name, value.shape, value.type
+        graph.append(copy)
+        taken.add(name)
+        graph.outputs[index] = copy.outputs[0]
 
 
 def _check_mblt_ops(model: ir.Model) -> None:

@@ -83,6 +83,7 @@ def convert_source_proto_weights_apart(
     output name -> (the ``Constant``'s tensor in the result, its bytes), for the caller to write where it wants them
     (an initializer lifted from the ``Constant``: one copy of the weights fewer)."""
     user_inputs = len(proto.graph.input)
+    source_version = _default_opset(proto)
     aside = _initializers_to_inputs(proto)
     weights = _take_constant_weights(proto)
     result, inferred = _native_conversion(proto, target_version)
@@ -96,6 +97,7 @@ def convert_source_proto_weights_apart(
         result, inferred = _strict_inference(onnx.version_converter.convert_version(proto, target_version))
         pending = {}
     _inputs_to_initializers(result, user_inputs, aside)
+    keep_asymmetric_resizes(result, source_version)
     return result, inferred, aside, pending
 
 
@@ -179,13 +181,41 @@ def _adopt(model: ir.Model, converted: ir.Model) -> None:
 
 def _convert_proto(proto: onnx.ModelProto, target_version: int) -> onnx.ModelProto:
     """``onnx.version_converter.convert_version`` with the large ``Constant`` weights set aside during the call."""
+    source_version = _default_opset(proto)
     weights = _take_constant_weights(proto)
     converted = onnx.version_converter.convert_version(proto, target_version)
     if weights and not _put_constant_weights(converted, weights):
         logger.debug("A Constant node changed in the opset conversion; converting again with its weights")
         _put_constant_weights(proto, weights)
         converted = onnx.version_converter.convert_version(proto, target_version)
+    keep_asymmetric_resizes(converted, source_version)
     return converted
+
+
+def _default_opset(proto: onnx.ModelProto) -> int | None:
+    return next((entry.version for entry in proto.opset_import if entry.domain in ("", "ai.onnx")), None)
+
+
+def keep_asymmetric_resizes(converted: onnx.ModelProto, source_version: int | None) -> int:
+    """Give the Resize nodes converted from opset 9/10 (``Upsample``, ``Resize``-10) their old coordinates.
+
+    Before opset 11 Resize and Upsample map output pixel ``x`` to input ``x / scale`` (``asymmetric``; onnxruntime
+    runs them so, and ``floor`` picks the nearest pixel of an upsampling); the C API's adapters write a Resize-11
+    without ``coordinate_transformation_mode``, whose default is ``half_pixel``: a bilinear opset-9 upsampling
+    shifted by a quarter pixel. Returns how many nodes were given the old mode.
+    """
+    if source_version is None or source_version >= 11:
+        return 0
+    fixed = 0
+    for node in converted.graph.node:
+        names = {attribute.name for attribute in node.attribute}
+        if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or "coordinate_transformation_mode" in names:
+            continue
+        node.attribute.append(onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        if "nearest_mode" not in names:
+            node.attribute.append(onnx.helper.make_attribute("nearest_mode", "floor"))
+        fixed += 1
+    return fixed
 
 
 def _large_constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:

@@ -917,6 +917,184 @@ class LayerNormAdd(_LayerNormAffine):
     operator = "Add"
 
 
+_MAX_WEIGHT_BATCH = 64
+"""Most batch entries a constant MatMul weight is split into (one dense layer each)."""
+
+
+class MatMulBatchedWeight(RewriteRuleClassBase):
+    """``MatMul(x, w)`` with a constant ``w`` that has batch axes -> dense layers the NPU runs.
+
+    ``torch.matmul(x, w)`` with a ``[1, K, N]`` parameter broadcasts the unit batch axes: when ``x`` has
+    at least ``w``'s rank, dropping them changes no output shape, and the product is one dense layer.
+    A per-head weight ``[H, K, N]`` (``x`` is ``[.., H, M, K]``) becomes H dense layers over the slices
+    of ``x`` along axis -3, concatenated back.
+    """
+
+    def pattern(self, op, x, w):
+        return op.MatMul(x, w, _outputs=["y"])
+
+    def check(self, context, x, w, y) -> MatchResult:
+        result = MatchResult()
+        if w.const_value is None or w.shape is None or x.shape is None:
+            return result.fail("the weight is not a constant of known shape")
+        shape, x_shape = list(w.shape), list(x.shape)
+        if len(shape) < 3 or len(x_shape) < len(shape):
+            return result.fail("the weight has no batch axes, or x broadcasts against it")
+        batch = [d for d in shape[:-2] if d != 1]
+        if not batch:
+            return result
+        if len(batch) > 1 or shape[-3] != batch[0] or x_shape[-3] != batch[0] or batch[0] > _MAX_WEIGHT_BATCH:
+            return result.fail("the weight's batch axes are not one per-slice axis -3 that x shares")
+        return result
+
+    def rewrite(self, op, x, w, y):
+        node = y.producer()
+        weight = w.const_value.numpy()
+        matrices = weight.reshape(-1, *weight.shape[-2:])
+        if len(matrices) == 1:
+            return op.MatMul(x, op.initializer(ir.Tensor(matrices[0]), name=f"{node.name}_w2d"))
+        slices = op.Split(x, axis=-3, num_outputs=len(matrices), _outputs=len(matrices))
+        products = [op.MatMul(part, op.initializer(ir.Tensor(np.ascontiguousarray(matrix)), name=f"{node.name}_w{h}"))
+                    for h, (part, matrix) in enumerate(zip(slices, matrices))]
+        return op.Concat(*products, axis=-3)
+
+
+class GemmToMatMul(RewriteRuleClassBase):
+    """A Gemm the dense-layer kernel cannot take (``transA=1``, a non-constant ``B`` or ``C``) -> ``MatMul`` (+ ``Add``).
+
+    ``alpha * A' @ B' + beta * C`` with ``A'``/``B'`` transposed as the attributes say: the MatMul is a dense layer
+    when ``B`` is a constant and a product of two activations otherwise, both of which the NPU runs.
+    """
+
+    def pattern(self, op, a, b):
+        return op.Gemm(a, b, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, a, b, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        trans_a = node.attributes.get("transA")
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if (trans_a is None or trans_a.value == 0) and b.const_value is not None and (c is None or c.const_value is not None):
+            return result.fail("a plain Gemm with constant weights and bias is a dense layer as it is")
+        if c is not None and (c.shape is None or y.shape is None or len(c.shape) > len(y.shape)):
+            return result.fail("the shape of C is unknown")
+        return result
+
+    def rewrite(self, op, a, b, y):
+        node = y.producer()
+        attribute = lambda name, default: node.attributes[name].value if name in node.attributes else default  # noqa: E731
+        left = op.Transpose(a, perm=[1, 0]) if attribute("transA", 0) else a
+        right = op.Transpose(b, perm=[1, 0]) if attribute("transB", 0) else b
+        product = op.MatMul(left, right)
+        alpha, beta = float(attribute("alpha", 1.0)), float(attribute("beta", 1.0))
+        if alpha != 1.0:
+            product = op.Mul(product, op.Constant(value=ir.tensor(np.array(alpha, np.float32))))
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is None:
+            return product
+        if beta != 1.0:
+            c = op.Mul(c, op.Constant(value=ir.tensor(np.array(beta, np.float32))))
+        return op.Add(product, c)
+
+
+class WrapPadToConcat(RewriteRuleClassBase):
+    """``Pad(x, pads, mode="wrap")`` (``padding_mode="circular"``) -> per padded axis, ``Concat`` of the input's
+    last ``begin`` entries, the input and its first ``end`` entries (exact; Slice and Concat run on the NPU)."""
+
+    def pattern(self, op, x, pads):
+        return op.Pad(x, pads, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, pads, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        mode = node.attributes.get("mode")
+        if mode is None or mode.value != "wrap":
+            return result.fail(f"{node.name}: not a wrap Pad.")
+        if x.shape is None or not all(isinstance(d, int) for d in x.shape):
+            return result.fail(f"{node.name}: the input shape is not static.")
+        if pads.const_value is None or pads.const_value.size != 2 * len(x.shape):
+            return result.fail(f"{node.name}: the pads are not a constant for every axis.")
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return result.fail(f"{node.name}: explicit axes.")
+        amounts = pads.const_value.numpy().reshape(2, -1)
+        if np.any(amounts < 0) or np.any(amounts > np.asarray(list(x.shape))):
+            return result.fail(f"{node.name}: a pad is negative or wider than its axis.")
+        return result
+
+    def rewrite(self, op, x, pads, y):
+        node = y.producer()
+        begins, ends = pads.const_value.numpy().reshape(2, -1)
+        value = x
+
+        def constant(values, name):
+            return op.initializer(ir.tensor(np.asarray(values, np.int64)), name=f"{node.name}_{name}")
+
+        for axis, (begin, end) in enumerate(zip(begins.tolist(), ends.tolist())):
+            if not begin and not end:
+                continue
+            parts = []
+            if begin:
+                parts.append(op.Slice(value, constant([-begin], f"start{axis}"),
+                                      constant([np.iinfo(np.int64).max], f"stop{axis}"), constant([axis], f"axis{axis}")))
+            parts.append(value)
+            if end:
+                parts.append(op.Slice(value, constant([0], f"zero{axis}"), constant([end], f"end{axis}"),
+                                      constant([axis], f"axis_end{axis}")))
+            value = op.Concat(*parts, axis=axis)
+        return value if value is not x else op.Identity(x)
+
+
+class LogSoftmaxToExpLog(RewriteRuleClassBase):
+    """``LogSoftmax(x)`` -> ``d - Log(ReduceSum(Exp(d)))`` with ``d = x - ReduceMax(x)`` over the same axis.
+
+    The stable form of the definition; every op has an NPU kernel (Exp and Log look-up tables, vector reductions).
+    ``Log(Softmax(x))`` would not do: int8 probabilities round small ones to 0.
+    """
+
+    def pattern(self, op, x):
+        return op.LogSoftmax(x, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        if x.shape is None:
+            return result.fail("the input rank is unknown")
+        return result
+
+    def rewrite(self, op, x, y):
+        node = y.producer()
+        axis = node.attributes["axis"].value if "axis" in node.attributes else -1
+        axes = op.initializer(ir.tensor(np.array([axis], np.int64)), name=f"{node.name}_axes")
+        shifted = op.Sub(x, op.ReduceMax(x, axes, keepdims=1))
+        return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
+
+
+class GatherCastIds(RewriteRuleClassBase):
+    """``Gather(table, Cast(ids, to=int64))`` -> ``Gather(table, ids)`` when ``ids`` is an int32 model input.
+
+    TF/TFLite exports and byte models (Magika) feed int32 token ids and cast them to int64 for the lookup;
+    Gather takes int32 indices as they are, and the lookup of a model input runs on the NPU (the Cast to an
+    integer type does not).
+    """
+
+    def pattern(self, op, table, ids):
+        return op.Gather(table, op.Cast(ids, _allow_other_attributes=True), _allow_other_attributes=True,
+                         _outputs=["y"])
+
+    def check(self, context, table, ids, y) -> MatchResult:
+        result = MatchResult()
+        cast = y.producer().inputs[1].producer()
+        target = cast.attributes.get("to")
+        if not ids.is_graph_input() or ids.dtype != ir.DataType.INT32:
+            return result.fail("the cast values are not an int32 model input (Gather takes int32 or int64 indices)")
+        if target is None or ir.DataType(target.value) != ir.DataType.INT64:
+            return result.fail("the Cast is not to int64")
+        return result
+
+    def rewrite(self, op, table, ids, y):
+        node = y.producer()
+        return op.Gather(table, ids, **dict(node.attributes.items()))
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
@@ -924,5 +1102,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
+                           LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(), WrapPadToConcat.rule(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""

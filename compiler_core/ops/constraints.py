@@ -392,11 +392,19 @@ def only_first_output_used(node: ir.Node) -> str | None:
 
 
 def matrix_operands(node: ir.Node) -> str | None:
-    """MatMul: both operands have rank 2 or more (1-D vector products are not lowered)."""
+    """MatMul: both operands have rank 2 or more (1-D vector products are not lowered); a constant second
+    operand is a dense layer's ``[K, N]`` weight (canonicalization drops unit batch axes and splits a per-slice
+    one)."""
     for value in node.inputs[:2]:
         shape = dims(value)
         if shape is not None and len(shape) < 2:
             return f"MatMul operand '{value.name}' is 1-D; reshape it to a matrix ([1, K] or [K, 1])"
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = dims(weight)
+    if is_constant(weight) and shape is not None and len(shape) > 2:
+        return (f"constant MatMul weight '{weight.name}' (shape {_fmt(shape)}) keeps batch axes: only [K, N], "
+                "unit batch axes, or one per-slice axis -3 (at most 64) that the first operand shares are lowered; "
+                "write one MatMul per weight slice")
     return None
 
 

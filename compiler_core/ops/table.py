@@ -141,7 +141,8 @@ OPS: dict[str, OpDef] = _table(
     OpDef("Pow", "lut", VEC, "lut", "lut", checks=(c.scalar_constant_operands,), mfu_when=c.exponent_needs_lut,
           mfu_use="a power look-up table (exponent not 1, 2 or 3)"),
     OpDef("Softmax", "softmax", MFU, "softmax", mfu_use="its exp table and int16 normalisation routine"),
-    _no_kernel("LogSoftmax", "softmax", "no integer kernel"),
+    _no_kernel("LogSoftmax", "softmax", "canonicalization writes LogSoftmax as x - max - log(sum(exp)); one whose "
+               "input rank is unknown has no integer kernel"),
     _no_kernel("Hardmax", "softmax", "a one-hot float output has no integer kernel"),
     # -- element-wise arithmetic --------------------------------------------------------------
     OpDef("Add", "elementwise", VEC, "add"),

@@ -23,6 +23,8 @@ from compiler_core.runtime.fastpath import FastExecutor, batch_size
 logger = logging.getLogger(__name__)
 
 _CODE_DTYPES = {np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.uint8)}
+_CHANNELS_LAST_BACKENDS = ("tflite", "tf")
+"""Frontends whose models are NHWC at their inputs and outputs (the MBLT keeps the model's own layout there)."""
 
 
 @dataclass
@@ -57,8 +59,12 @@ class CompiledArtifact:
         """The 4-D graph inputs and outputs that are NHWC in the model itself (TFLite, Keras): inputs the program
         reads only through a Transpose to NCHW, outputs it writes with a Transpose from NCHW.
 
-        They already are in the NPU's layout, so NHWC arrays pass them unchanged.
+        They already are in the NPU's layout, so NHWC arrays pass them unchanged. A model parsed from TFLite or
+        TensorFlow/Keras is NHWC at every 4-D input and output, whatever op writes it (a Cropping2D's Slice).
         """
+        if self._channels_last is None and (self.meta.get("provenance") or {}).get("backend") in _CHANNELS_LAST_BACKENDS:
+            self._channels_last = frozenset(spec.name for spec in (*self.input_specs, *self.output_specs)
+                                            if len(spec.shape) == 4)
         if self._channels_last is None:
             readers: dict[str, list] = {}
             writers = {}

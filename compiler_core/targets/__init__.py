@@ -10,7 +10,7 @@ from compiler_core.targets.devices import (
     list_devices,
     validate_inference_scheme,
 )
-from compiler_core.targets.offload import OffloadPlan, apply_offload, plan_cpu_offload
+from compiler_core.targets.offload import OffloadPlan, apply_offload, body_computes, plan_cpu_offload
 from compiler_core.targets.support import (
     NodeSupport,
     SupportReport,
@@ -29,6 +29,7 @@ __all__ = [
     "SupportReport",
     "SupportStatus",
     "apply_offload",
+    "body_computes",
     "check_support",
     "devices_for_chip",
     "format_report_table",

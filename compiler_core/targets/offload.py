@@ -29,6 +29,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from compiler_core.ops import SHAPE, op_for
 from compiler_core.targets.support import SupportReport, SupportStatus, node_names
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,20 @@ def plan_cpu_offload(model: ir.Model, report: SupportReport) -> OffloadPlan:
         len(plan.inner_unsupported),
     )
     return plan
+
+
+def body_computes(model: ir.Model, plan: OffloadPlan) -> bool:
+    """True if a node of the NPU body does work on an NPU unit (not only shape metadata such as a Reshape).
+
+    A model whose every computing node is offloaded (a 3-D convolution, a transposed-A Gemm on its own)
+    leaves the NPU nothing to run; the compile says so instead of writing an empty program.
+    """
+    body = set(plan.npu_body)
+    for name, node in zip(node_names(model.graph), model.graph):
+        definition = op_for(node) if name in body else None
+        if definition is not None and definition.unit not in (None, SHAPE):
+            return True
+    return False
 
 
 def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:

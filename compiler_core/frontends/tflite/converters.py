@@ -626,6 +626,16 @@ def _broadcast_to(b: GraphBuilder, op: Operator) -> None:
     _elementwise(b, op, "Expand", [b.input(op, 0), shape])
 
 
+@converts("FILL")
+def _fill(b: GraphBuilder, op: Operator) -> None:
+    # Keras recurrent layers start from tf.zeros([batch, units]): a FILL whose dims come from SHAPE of the input,
+    # constant once the input shape is pinned.
+    if _fold(b, op, lambda dims, value: np.full([int(d) for d in np.reshape(dims, -1)], np.reshape(value, ()))):
+        return
+    dims = b.require_constant(op, 0, "dims").astype(np.int64).reshape(-1)
+    _elementwise(b, op, "Expand", [b.input(op, 1), b.int64_initializer(f"{_source(b, op)}/shape", dims)])
+
+
 @converts("REVERSE_V2")
 def _reverse_v2(b: GraphBuilder, op: Operator) -> None:
     rank = len(b.shape(op.inputs[0]))

@@ -128,6 +128,50 @@ class _GlobalMaxPool(OpRun):
 _GlobalMaxPool.__name__ = "GlobalMaxPool"  # ReferenceEvaluator matches new_ops by class name
 
 
+class _MaxPool(OpRun):
+    """``onnx.reference``'s MaxPool (onnx 1.23) reads ``pads`` as (begin, end) per axis instead of ONNX's all
+    begins then all ends: ``pads=[0, 0, 1, 1]`` (TF's SAME for an even window) came out 14x16 for 15x15. The
+    maximum over each (dilated) window, pads as ONNX says (auto_pad SAME as the spec: ``ceil(size / stride)``)."""
+
+    op_domain = ""
+
+    def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,  # noqa: PLR0913
+             storage_order=None, strides=None):
+        kernel = list(kernel_shape)
+        rank = len(kernel)
+        strides, dilations = list(strides or [1] * rank), list(dilations or [1] * rank)
+        spatial = list(x.shape[2:])
+        extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            totals = [max((-(-n // s) - 1) * s + e - n, 0) for n, s, e in zip(spatial, strides, extents)]
+            small = [t // 2 for t in totals]
+            begins = small if auto_pad == "SAME_UPPER" else [t - h for t, h in zip(totals, small)]
+            pads = begins + [t - b for t, b in zip(totals, begins)]
+        pads = list(pads or [0] * 2 * rank) if auto_pad in (None, "NOTSET") or auto_pad.startswith("SAME") else \
+            [0] * 2 * rank
+        begins, ends = pads[:rank], pads[rank:]
+        rounding = np.ceil if ceil_mode else np.floor
+        outs = []
+        for n, b, e, s, extent in zip(spatial, begins, ends, strides, extents):
+            out = int(rounding((n + b + e - extent) / s)) + 1
+            if ceil_mode and (out - 1) * s >= n + b:  # the last window must start inside the input or its begin pad
+                out -= 1
+            outs.append(out)
+        lowest = np.iinfo(x.dtype).min if np.issubdtype(x.dtype, np.integer) else -np.inf
+        tail = [max(e, (o - 1) * s + extent - n - b) for n, b, e, o, s, extent in
+                zip(spatial, begins, ends, outs, strides, extents)]
+        padded = np.pad(x, [(0, 0), (0, 0), *zip(begins, tail)], constant_values=lowest)
+        result = None
+        for offsets in np.ndindex(*kernel):
+            window = padded[(slice(None), slice(None), *(slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, n, s in
+                                                         zip(offsets, dilations, outs, strides)))]
+            result = window if result is None else np.maximum(result, window)
+        return (result.astype(x.dtype),)
+
+
+_MaxPool.__name__ = "MaxPool"
+
+
 @lru_cache(maxsize=512)
 def _evaluator(op_type: str, names: tuple[str, ...], outputs: int, attributes: tuple) -> ReferenceEvaluator:
     output_names = [f"output{i}" for i in range(outputs)]
@@ -136,7 +180,7 @@ def _evaluator(op_type: str, names: tuple[str, ...], outputs: int, attributes: t
     graph = onnx.helper.make_graph([node], "op", [onnx.helper.make_tensor_value_info(n, 0, None) for n in names if n],
                                    [onnx.helper.make_tensor_value_info(n, 0, None) for n in output_names])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    return ReferenceEvaluator(model, new_ops=[_GlobalMaxPool])
+    return ReferenceEvaluator(model, new_ops=[_GlobalMaxPool, _MaxPool])
 
 
 def lower_concat(group: Group, ctx: LoweringContext) -> IntOp:
