@@ -297,13 +297,19 @@ def test_a_keras_bidirectional_lstm_compiles_and_follows_keras(tmp_path):
     graph = load_mblt(mblt_compile(path, tmp_path / "m.mblt")).graph
     assert check_support(load_mblt(tmp_path / "m.mblt"), "aries-rb").all_supported
     name = graph.inputs[0].name
-    sample = lambda: {name: RNG.standard_normal((1, 8, 16)).astype(np.float32)}  # noqa: E731
+    assert _keras_mxq_cosine(path, keras_model, name, (1, 8, 16), tmp_path) > 0.99
+
+
+def _keras_mxq_cosine(path, keras_model, name: str, shape: tuple[int, ...], tmp_path) -> float:
+    """Compile the saved Keras model on 8 random samples of ``shape`` (input ``name``) and the cosine of the MXQ's
+    first output to Keras's on another one."""
+    sample = lambda: {name: RNG.standard_normal(shape).astype(np.float32)}  # noqa: E731
     mxq_compile(str(path), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
                 calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])))
     model = Model(str(tmp_path / "model.mxq"))
     model.launch(Accelerator("aries-rb"))
     feeds = sample()
-    assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99
+    return _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy())
 
 
 def test_keras_dilated_convolutions_compile_as_dilated_convs(tmp_path):
@@ -328,13 +334,7 @@ def test_keras_dilated_convolutions_compile_as_dilated_convs(tmp_path):
     name = graph.inputs[0].name  # the name TF's own conversion of the file gives (the calibration data's key)
     first = tf.lite.TFLiteConverter.from_keras_model(tf.keras.models.load_model(path, compile=False)).convert()
     assert name == tf.lite.Interpreter(model_content=first).get_input_details()[0]["name"]
-    sample = lambda: {name: RNG.standard_normal((1, 32, 8)).astype(np.float32)}  # noqa: E731
-    mxq_compile(str(path), target_device="aries-rb", save_path=tmp_path / "model.mxq", analysis_holdout=0,
-                calib_data_path=str(write_manifest(tmp_path / "calib", [sample() for _ in range(8)])))
-    model = Model(str(tmp_path / "model.mxq"))
-    model.launch(Accelerator("aries-rb"))
-    feeds = sample()
-    assert _cosine(model.infer(feeds)[0], keras_model(feeds[name], training=False).numpy()) > 0.99
+    assert _keras_mxq_cosine(path, keras_model, name, (1, 32, 8), tmp_path) > 0.99
 
 
 # -- MaxPool with asymmetric pads ---------------------------------------------------------------

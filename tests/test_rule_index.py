@@ -226,6 +226,19 @@ def test_a_reshape_to_a_constant_shape_is_not_materialized_again():
     assert tried == ["Reshape"]  # only the second
 
 
+def _assert_tried_only_where_applied(rule, model, applied: list[bool]) -> None:
+    """The indexed copy of ``rule`` rewrites the nodes the full rule rewrites (``applied``, in graph order), and runs
+    the full try (the pattern match and check) on those nodes only."""
+    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    tried = []
+    library_try = rule.try_rewrite
+    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
+    (indexed,) = indexed_rules([rule])
+    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+    assert ours == full == applied
+    assert tried == [node for node, hit in zip(model.graph, applied) if hit]
+
+
 def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
     """SplitWideConvKernel on a 1x3 kernel, a 1x33 kernel and a 1x33 kernel whose weights are a graph input: the
     indexed rule tries exactly the node the full rule rewrites (the wide constant one)."""
@@ -241,16 +254,7 @@ def test_the_wide_kernel_condition_rejects_only_convs_the_full_try_rejects():
                                            helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2, 1, 33])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 40])], [narrow, wide])
     proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
-    model = ir.serde.deserialize_model(proto)
-    rule = SplitWideConvKernel.rule()
-    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
-    tried = []
-    library_try = rule.try_rewrite
-    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
-    (indexed,) = indexed_rules([rule])
-    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
-    assert ours == full == [False, True, False]
-    assert tried == [model.graph.node(1)]  # the pattern match and check ran on the wide Conv only
+    _assert_tried_only_where_applied(SplitWideConvKernel.rule(), ir.serde.deserialize_model(proto), [False, True, False])
 
 
 def test_the_long_stride_condition_rejects_only_convs_the_full_try_rejects():
@@ -267,16 +271,7 @@ def test_the_long_stride_condition_rejects_only_convs_the_full_try_rejects():
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 128])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])], [short, framed])
     proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
-    model = ir.serde.deserialize_model(proto)
-    rule = FramedStridedConv.rule()
-    full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
-    tried = []
-    library_try = rule.try_rewrite
-    rule.try_rewrite = lambda *args, **kwargs: tried.append(args[2]) or library_try(*args, **kwargs)
-    (indexed,) = indexed_rules([rule])
-    ours = [indexed.try_rewrite(model, model.graph, node) is not None for node in model.graph]
-    assert ours == full == [False, True, False]
-    assert tried == [model.graph.node(1)]  # the pattern match and check ran on the long-stride Conv only
+    _assert_tried_only_where_applied(FramedStridedConv.rule(), ir.serde.deserialize_model(proto), [False, True, False])
 
 
 def test_name_fix_names_as_the_library_pass_does(monkeypatch):
