@@ -6,7 +6,16 @@ import logging
 import time
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 from compiler_core.progress import ProgressEvent
 from qbstudio.widgets.fit import fit_width
@@ -68,7 +77,10 @@ class RunPanel(QWidget):
         blocked.addWidget(self.offload_button)
         layout.addLayout(blocked)
         layout.addWidget(self.progress)
-        layout.addWidget(self.summary, 1)
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)  # long advice scrolls, never
+        scroll.setWidget(self.summary)  # pushes the window past a laptop screen
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the rows wrap instead
+        layout.addWidget(scroll, 1)
 
     @property
     def running(self) -> bool:

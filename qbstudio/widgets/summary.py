@@ -6,7 +6,7 @@ import html
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -132,6 +133,9 @@ class CompileSummary(QWidget):
         self.metrics = QFormLayout()
         self.metrics_box = metrics_box = QGroupBox(METRICS_TITLE)
         metrics_box.setLayout(self.metrics)
+        policy = metrics_box.sizePolicy()  # narrower than its title in a narrow panel: the rows wrap
+        policy.setHorizontalPolicy(QSizePolicy.Policy.Ignored)
+        metrics_box.setSizePolicy(policy)
         self.layers = QTableWidget(0, len(LAYER_COLUMNS), objectName="worstLayers")
         self.layers.setHorizontalHeaderLabels(LAYER_COLUMNS)
         self.layers.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -181,6 +185,19 @@ class CompileSummary(QWidget):
         for label, text in metric_rows(run):
             self.metrics.addRow(label, fit_width(QLabel(text)))
         self._fill_layers(run)
+        QTimer.singleShot(0, self, self._fit_metrics_height)  # once the new rows are laid out (not after a close)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit_metrics_height()
+
+    def _fit_metrics_height(self) -> None:
+        """Give the metrics box the height its wrapped rows need at its width: the layout sized it from the rows'
+        unwrapped hints, which cut a three-line "Try" advice to two lines in a narrow panel."""
+        box = self.metrics_box
+        needed = self.metrics.heightForWidth(box.contentsRect().width())
+        if needed > 0:
+            box.setMinimumHeight(needed + box.height() - box.contentsRect().height())
 
     def show_note(self, text: str) -> None:
         """Show ``text`` (rich text) in place of a run: a model whose compile is not a run (a decoder LLM)."""

@@ -23,7 +23,7 @@ pytest.importorskip("PySide6.QtWebEngineWidgets")
 from PySide6.QtCore import QPoint, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QWheelEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication, QLabel, QPushButton  # noqa: E402
+from PySide6.QtWidgets import QApplication, QFormLayout, QLabel, QPushButton  # noqa: E402
 from test_parse import detector_with_nms  # noqa: E402  (the Conv -> boxes, scores -> NMS model)
 
 from qbstudio import dialogs  # noqa: E402
@@ -1162,6 +1162,27 @@ def test_reset_to_defaults_undoes_the_presets_applied_in_the_compile_tab(qtbot, 
     settings = window.project.settings
     assert settings.int16_layers == [] and settings.preset is None and settings.preprocessing == pipeline
     assert options.preset_combo.currentData() is None and options.config_label.text() == "Defaults"
+
+
+def test_the_run_summary_shows_long_advice_whole_in_a_narrow_panel(qtbot):
+    """Found under Xvfb: in the 370-pixel run panel the "Try" advice for a ViT was cut after two lines (the metrics box
+    took the rows' unwrapped heights); every row now gets the height its wrapped text needs, and the summary scrolls
+    instead of growing the window."""
+    from qbstudio.widgets.run_panel import RunPanel
+
+    panel = RunPanel()
+    qtbot.addWidget(panel)
+    panel.resize(370, 480)
+    panel.show()
+    suited = {"name": "vision_transformer", "why": "attention layers (Softmax, MatMul, LayerNormalization) over an "
+                                                   "image input"}
+    panel.summary.show_run(RunRecord(run_id=1, created="", device="aries-rb", core_modes=["single"], mxq_path="m.mxq",
+                                     size_bytes=1, config={}, metrics={"verdict": "warn", "mean_output_cosine": 0.99},
+                                     samples={"calibration": 12, "holdout": 3}, suited_preset=suited))
+    labels = [panel.summary.metrics.itemAt(row, QFormLayout.ItemRole.FieldRole).widget()
+              for row in range(panel.summary.metrics.rowCount())]
+    qtbot.waitUntil(lambda: all(label.height() >= label.heightForWidth(label.width()) for label in labels))
+    assert any("vision_transformer" in label.text() for label in labels) and panel.height() == 480
 
 
 def test_save_as_proposes_the_model_s_name_for_an_untitled_project(qtbot, make_window, answers, tmp_path):
