@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -1303,9 +1304,11 @@ class MainWindow(QMainWindow):
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             model = Path((data.get("model") or {}).get("path") or "no model").name
+            when = datetime.fromtimestamp(Path(path).stat().st_mtime).strftime(" %Y-%m-%d %H:%M")
         except (OSError, ValueError):
-            model = "unreadable"
-        return f"{data.get('name', 'Untitled') if model != 'unreadable' else 'Untitled'} — {model} (autosaved)"
+            model, when = "unreadable", ""
+        # the time tells two untitled projects of one model apart (found under Xvfb: two identical lines)
+        return f"{data.get('name', 'Untitled') if model != 'unreadable' else 'Untitled'} — {model} (autosaved{when})"
 
     def _remember(self, purpose: str, path: str | Path) -> None:
         self.preferences.remember_dir(purpose, path)
