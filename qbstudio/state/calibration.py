@@ -186,6 +186,8 @@ class SampleStats:
         minimum: Per-channel minimum.
         maximum: Per-channel maximum.
         mean: Per-channel mean.
+        input_name: The model input the sample feeds.
+        per_channel: Whether the values are per image channel (False: one range for the whole tensor).
     """
 
     index: int
@@ -193,6 +195,8 @@ class SampleStats:
     minimum: tuple[float, ...]
     maximum: tuple[float, ...]
     mean: tuple[float, ...]
+    input_name: str = ""
+    per_channel: bool = True
 
     @property
     def constant(self) -> bool:
@@ -200,14 +204,17 @@ class SampleStats:
         return min(self.minimum) == max(self.maximum)
 
     def describe(self) -> str:
-        """``c0 [min, max] mean ...`` on one line."""
+        """``c0 [min, max] mean ...`` on one line (``[min, max] mean`` for a tensor without image channels)."""
+        if len(self.minimum) == 1 and not self.per_channel:
+            return f"[{self.minimum[0]:.3g}, {self.maximum[0]:.3g}] μ {self.mean[0]:.3g}"
         return "  ".join(f"c{c}: [{lo:.3g}, {hi:.3g}] μ {mu:.3g}"
                          for c, (lo, hi, mu) in enumerate(zip(self.minimum, self.maximum, self.mean)))
 
 
 def channel_axis(spec: InputSpec) -> int | None:
-    """Axis of the channels of a sample for ``spec`` (None for inputs that are not images)."""
-    return {"NCHW": 1, "NHWC": 3}.get(spec.layout) if len(spec.shape) == 4 else None
+    """Axis of the channels of a sample for ``spec`` (None for inputs that are not images: a [1, 128, 19, 1] state
+    tensor is not 128 colour planes)."""
+    return {"NCHW": 1, "NHWC": 3}.get(spec.layout) if spec.is_image else None
 
 
 def sample_stats(index: int, source: str, array: np.ndarray, spec: InputSpec) -> SampleStats:
@@ -216,7 +223,7 @@ def sample_stats(index: int, source: str, array: np.ndarray, spec: InputSpec) ->
     axis = channel_axis(spec)
     planes = [values] if axis is None else [np.take(values, c, axis=axis) for c in range(values.shape[axis])]
     return SampleStats(index, source, tuple(float(p.min()) for p in planes), tuple(float(p.max()) for p in planes),
-                       tuple(float(p.mean()) for p in planes))
+                       tuple(float(p.mean()) for p in planes), spec.name, axis is not None)
 
 
 def display_image(array: np.ndarray, spec: InputSpec) -> np.ndarray | None:

@@ -80,6 +80,7 @@ class Preview:
         images: Display images of the first input (None for non-image inputs).
         spec: The first input.
         source: The data path previewed (None for random data).
+        others: Per previewed sample, the statistics of the other inputs (in the model's order).
     """
 
     total: int
@@ -89,6 +90,7 @@ class Preview:
     images: list[np.ndarray | None] = field(default_factory=list)
     spec: InputSpec | None = None
     source: str | None = None
+    others: list[list[SampleStats]] = field(default_factory=list)
 
 
 def load_preview(source: CalibrationSource, specs: list[InputSpec], preprocessing: dict[str, Any],
@@ -102,9 +104,12 @@ def load_preview(source: CalibrationSource, specs: list[InputSpec], preprocessin
     preview = Preview(len(dataset), dataset.kind, list(dataset.notes), spec=spec, source=source.path)
     for index in sorted(set(np.linspace(0, len(dataset) - 1, min(count, len(dataset))).astype(int).tolist())):
         reporter.check()
-        array = dataset.sample(index)[spec.name]
-        preview.stats.append(sample_stats(index, Path(dataset.sources[index]).name, array, spec))
-        preview.images.append(display_image(array, spec))
+        arrays = dataset.sample(index)
+        names = {source.spec.name: Path(source.describe()).name for source in dataset.samples[index].sources}
+        preview.stats.append(sample_stats(index, names[spec.name], arrays[spec.name], spec))
+        preview.images.append(display_image(arrays[spec.name], spec))
+        preview.others.append([sample_stats(index, names[other.name], arrays[other.name], other)
+                               for other in specs[1:]])
     return preview
 
 
@@ -582,10 +587,12 @@ class CalibrationPanel(QWidget):
     def _fill_grid(self, preview: Preview) -> None:
         self._clear_grid()
         columns = 3 if any(image is not None for image in preview.images) else 1  # text captions need the width
-        for position, (stats, image) in enumerate(zip(preview.stats, preview.images)):
-            self.grid.addWidget(self._tile(stats, image, preview.spec), position // columns, position % columns)
+        others = preview.others or [[] for _ in preview.stats]
+        for position, (stats, image, more) in enumerate(zip(preview.stats, preview.images, others)):
+            self.grid.addWidget(self._tile(stats, image, preview.spec, more), position // columns, position % columns)
 
-    def _tile(self, stats: SampleStats, image: np.ndarray | None, spec: InputSpec) -> QWidget:
+    def _tile(self, stats: SampleStats, image: np.ndarray | None, spec: InputSpec,
+              others: list[SampleStats]) -> QWidget:
         tile = QWidget()
         layout = QVBoxLayout(tile)
         if image is not None:
@@ -593,8 +600,14 @@ class CalibrationPanel(QWidget):
             picture.setPixmap(to_pixmap(image).scaled(THUMBNAIL_PX, THUMBNAIL_PX, Qt.AspectRatioMode.KeepAspectRatio,
                                                       Qt.TransformationMode.FastTransformation))
             layout.addWidget(picture)
-        caption = QLabel(f"<b>#{stats.index}</b> {stats.source}<br>{spec.name} {list(spec.shape)}<br>"
-                         + stats.describe().replace("  ", "<br>"))
+        lines = [f"<b>#{stats.index}</b> {stats.source}", f"{spec.name} {list(spec.shape)}",
+                 stats.describe().replace("  ", "<br>")]
+        by_name = {other.name: other for other in self.specs}
+        for item in others:  # a multi-input sample: each input with its own file
+            other = by_name.get(item.input_name)
+            shape = list(other.shape) if other is not None else []
+            lines.append(f"{item.input_name} {shape} {item.source}<br>{item.describe()}")
+        caption = QLabel("<br>".join(lines))
         caption.setWordWrap(True)
         caption.setMaximumWidth(260)
         layout.addWidget(caption)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel  # noqa: E402
 
 from qbstudio import dialogs  # noqa: E402
 from qbstudio.main_window import MainWindow  # noqa: E402
@@ -333,3 +333,40 @@ def test_dynamic_input_asks_for_a_shape_and_drop_opens_it(qtbot, make_window, er
     monkeypatch.setattr(dialogs, "ask_input_shapes", lambda parent, shapes, **_: None)
     assert not window.import_model(dynamic)  # cancelled dialog: nothing happens
     assert errors.calls == []
+
+
+def test_preview_of_a_manifest_names_each_input_s_own_file(qtbot, tmp_path):
+    """A multi-input sample is labelled file by file (it was the last file's name above the first input's values),
+    and a 4-D state tensor of 128 channels is one range, not 128 colour planes (found with FunASR's FSMN-VAD)."""
+    import numpy as np
+
+    from compiler_core.calibration import InputSpec
+    from qbstudio.state.project import CalibrationSource
+    from qbstudio.state.settings import CompileSettings
+    from qbstudio.widgets.calibration_panel import CalibrationPanel, load_preview
+    from qbstudio.workers import JobRunner
+
+    specs = [InputSpec("speech", (1, 10, 40), np.dtype("float32"), "NCW"),
+             InputSpec("cache", (1, 128, 19, 2), np.dtype("float32"), "NCHW")]
+    rows = []
+    for index in range(3):
+        np.save(tmp_path / f"s{index}_speech.npy", np.full((1, 10, 40), index, np.float32))
+        np.save(tmp_path / f"s{index}_cache.npy", np.arange(128 * 38, dtype=np.float32).reshape(1, 128, 19, 2))
+        rows.append([f"s{index}_speech.npy", f"s{index}_cache.npy"])
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"info": {"input names": ["speech", "cache"]}, "calib paths": rows}))
+    source = CalibrationSource(path=str(manifest))
+    preview = load_preview(source, specs, {})
+    assert [item.source for item in preview.stats] == ["s0_speech.npy", "s1_speech.npy", "s2_speech.npy"]
+    assert [[item.source for item in more] for more in preview.others] == [[f"s{i}_cache.npy"] for i in range(3)]
+    cache = preview.others[0][0]
+    assert cache.input_name == "cache" and len(cache.minimum) == 1 and cache.describe() == "[0, 4.86e+03] μ 2.43e+03"
+    assert preview.images[0] is None
+
+    panel = CalibrationPanel(JobRunner())
+    qtbot.addWidget(panel)
+    panel.set_context(source, CompileSettings(), tmp_path, specs)
+    panel._show_preview(preview)
+    captions = [panel.grid.itemAt(i).widget().findChildren(QLabel)[-1].text() for i in range(panel.grid.count())]
+    assert "s1_speech.npy" in captions[1] and "cache [1, 128, 19, 2] s1_cache.npy" in captions[1]
+    assert not panel.pipeline_box.isVisibleTo(panel)  # neither input takes images
