@@ -314,7 +314,8 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     model.launch(Accelerator(model.artifact.device))
     labels = Path(args.labels).read_text().splitlines() if args.labels else None
     results, written = [], []
-    for name, feeds in load_run_inputs(model.artifact, args.input):
+    for sample, feeds in load_run_inputs(model.artifact, args.input):
+        name = sample.describe()
         started = time.perf_counter()
         outputs = model.infer(feeds)
         elapsed = time.perf_counter() - started

@@ -1358,14 +1358,14 @@ class MainWindow(QMainWindow):
         the results open in a window."""
         if not self._idle("run inputs"):
             return None
+        from qbstudio.widgets.try_inputs import TryResultsDialog, compare_job, try_inputs_filter
+
         if paths is None:
             paths, _ = QFileDialog.getOpenFileNames(self, "Inputs to run through the MXQ",
                                                     str(Path(self.project.calibration.path or "").parent),
-                                                    "Images or arrays (*.png *.jpg *.jpeg *.bmp *.npy);;All files (*)")
+                                                    try_inputs_filter(len(self.calibration.specs)))
             if not paths:
                 return None
-        from qbstudio.widgets.try_inputs import TryResultsDialog, compare_job
-
         worker = Worker("try", compare_job, run.mxq_path, str(self.project.mblt_path), list(paths))
         label = f"Run #{run.run_id} ({run.config_summary or run.device})"
 

@@ -144,6 +144,11 @@ class Sample:
         """The file(s) of the sample, joined by ``", "``."""
         return ", ".join(source.describe() for source in self.sources)
 
+    def label(self) -> str:
+        """A short name for tables: the first file's name, and how many more files a multi-input sample has."""
+        first = Path(self.sources[0].describe()).name if self.sources else ""
+        return first if len(self.sources) < 2 else f"{first} + {len(self.sources) - 1} more"
+
     def tokens(self) -> list[str]:
         """Fingerprint tokens of every source."""
         return [source.token() for source in self.sources]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from compiler_core.calibration import InputSpec, open_calibration_data
+from compiler_core.calibration.sources import Sample
 from compiler_core.config import CompileConfig
 from compiler_core.mblt.io import layout_hint
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
@@ -21,14 +22,15 @@ def input_specs_of(artifact: CompiledArtifact) -> list[InputSpec]:
             for spec in artifact.input_specs]
 
 
-def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
-    """``(source name, feeds)`` per sample, preprocessed exactly as the MXQ's calibration data was."""
+def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterator[tuple[Sample, dict[str, np.ndarray]]]:
+    """``(sample, feeds)`` per sample (its files: ``sample.describe()``), preprocessed exactly as the MXQ's calibration
+    data was."""
     config = CompileConfig.model_validate(artifact.meta.get("config") or {})
     preprocessing = config.preprocessing if config.preprocessing.apply else None
     dataset = open_calibration_data(list(paths), input_specs_of(artifact), preprocessing=preprocessing,
                                     image_channels=config.image_channels, for_calibration=False)
     for index in range(len(dataset)):
-        yield dataset.sources[index], dataset.sample(index)
+        yield dataset.samples[index], dataset.sample(index)
 
 
 def top_k(value: np.ndarray, k: int, labels: Sequence[str] | None = None) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
         reporter: Progress and cancellation.
 
     Returns:
-        Per input ``{"input", "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
+        Per input ``{"input" (its files), "label" (a short name), "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
         "mxq_top_k"}]}`` (the top-k lists only for class scores).
     """
     import onnxruntime as ort
@@ -84,7 +86,7 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
                                     "max_abs_error": float(np.max(np.abs(fp32 - ours))) if fp32.size else 0.0,
                                     "fp32_top_k": top_k(fp32, k).get("top_k", []),
                                     "mxq_top_k": top_k(ours, k).get("top_k", [])})
-                results.append({"input": source, "outputs": outputs})
+                results.append({"input": source.describe(), "label": source.label(), "outputs": outputs})
                 reporter.advance()
     finally:
         model.dispose()

@@ -11,6 +11,16 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QTextBrows
 from compiler_core.progress import as_reporter
 
 
+def try_inputs_filter(input_count: int) -> str:
+    """The file dialog filter of "Try on inputs…": one file per sample feeds one input; a model with several inputs
+    needs a manifest (or a list of them), as its calibration data does."""
+    single = "Images or arrays (*.png *.jpg *.jpeg *.bmp *.npy)"
+    lists = "Calibration lists or manifests (*.txt *.json)"
+    if input_count > 1:
+        return f"Manifests, one entry per sample (*.json);;{lists};;All files (*)"
+    return f"{single};;{lists};;All files (*)"
+
+
 def compare_job(mxq_path: str, mblt_path: str, paths: list[str], *, callback=None, cancel_token=None
                 ) -> list[dict[str, Any]]:
     """``compiler_core.runtime.inputs.compare_with_fp32`` as a worker job."""
@@ -35,7 +45,7 @@ def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str
                 colour = "#2e7d32" if same else "#c62828"
                 top = (f"<span style='color:{colour}'>{_classes(output['mxq_top_k'], labels or [])}</span><br>"
                        f"<small>FP32: {_classes(output['fp32_top_k'], labels or [])}</small>")
-            rows.append(f"<tr><td>{html.escape(Path(entry['input']).name)}</td><td>{html.escape(output['name'])}</td>"
+            rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td><td>{html.escape(output['name'])}</td>"
                         f"<td>{output['shape']}</td><td>{output['cosine']:.5f}</td><td>{output['sqnr_db']:.1f}</td>"
                         f"<td>{output['max_abs_error']:.4g}</td><td>{top}</td></tr>")
     head = "".join(f"<th>{name}</th>" for name in ("input", "output", "shape", "cosine", "SQNR (dB)", "max |error|",
