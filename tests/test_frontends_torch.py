@@ -190,6 +190,21 @@ def test_torchscript_makes_int64_inputs_for_indices(tmp_path):
         expected = module(torch.from_numpy(ids), torch.from_numpy(bias)).numpy()
     assert relative_error(actual, expected) < MAX_RELATIVE_ERROR
     assert {"head", "embedding"} <= set(source_names(model))
+    assert [value.name for value in model.graph.outputs] == ["output"]  # not the script's value number ("21")
+
+
+class TwoHeads(torch.nn.Module):
+    def forward(self, x):
+        return x.relu(), x.sigmoid()
+
+
+def test_torchscript_outputs_get_names_a_user_can_read(tmp_path):
+    path = tmp_path / "two.pt"
+    torch.jit.save(torch.jit.trace(TwoHeads(), torch.zeros(1, 4)), path)
+    model = load_torchscript(path, input_shape_dict={"x": [1, 4]})
+    assert [value.name for value in model.graph.outputs] == ["output_0", "output_1"]
+    (relu, sigmoid) = canonical_session(model).run(None, {"x": np.array([[-1.0, 0.0, 1.0, 2.0]], np.float32)})
+    assert relu.tolist() == [[0.0, 0.0, 1.0, 2.0]] and sigmoid[0, 1] == 0.5
 
 
 def test_torchscript_unknown_and_missing_inputs_list_the_signature(tmp_path):

@@ -68,8 +68,21 @@ def load_torchscript(
                              f"{exporter_reason(error)}", hint=_failure_hint(script, submodule),
                              submodules=None if submodule else _children(script) or None) from error
     _bind_constants(onnx_model, constants)
+    _name_outputs(onnx_model)
     record_module_paths(onnx_model, root=submodule or "")
     return onnx_model
+
+
+def _name_outputs(model: ir.Model) -> None:
+    """Call outputs the exporter named by the script's value numbers (``206``) ``output`` / ``output_<i>``: those
+    names reach the user in the workbench, the analysis and ``qbcompiler run``."""
+    outputs = model.graph.outputs
+    taken = {value.name for value in model.graph.inputs} | set(model.graph.initializers)
+    taken |= {value.name for node in model.graph for value in node.outputs}
+    for index, value in enumerate(outputs):
+        name = "output" if len(outputs) == 1 else f"output_{index}"
+        if value.name and value.name.isdigit() and name not in taken:
+            value.name = name
 
 
 def load_script_module(model: Any):
