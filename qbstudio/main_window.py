@@ -517,12 +517,14 @@ class MainWindow(QMainWindow):
         except QBCompilerError as error:
             dialogs.show_error(self, "Cannot open project", error)
             return False
-        if self._is_autosave(project.path):
+        recovered = self._is_autosave(project.path)
+        if recovered:
             project.path = None  # a recovered untitled project: it stays untitled, autosaved where it was
         self._set_project(project)
         if not project.template:
             self.preferences.add_recent_project(path)
-            self._remember("project", path)
+            if not recovered:  # the app's autosave folder is no place to propose for the user's projects
+                self._remember("project", path)
         self._restore_model()
         self.project_loaded.emit()
         return True
@@ -1214,8 +1216,16 @@ class MainWindow(QMainWindow):
             return f"{Path(project.model.path).stem}{PROJECT_SUFFIX}"
         return f"{project.name}{PROJECT_SUFFIX}"
 
+    def save_as_folder(self) -> Path:
+        """Where Save As starts: the last folder a project was opened from or saved to, else the model's folder."""
+        model = self.project.model
+        remembered = self.preferences.last_dir("project")
+        if remembered and Path(remembered).resolve() != self.dirs.autosave_dir.resolve():  # (older versions kept it)
+            return Path(remembered)
+        return Path(model.path).parent if model is not None and Path(model.path).parent.is_dir() else Path.home()
+
     def _on_save_as(self) -> bool:
-        start = str(Path(self.preferences.last_dir("project") or Path.home()) / self.suggested_project_name())
+        start = str(self.save_as_folder() / self.suggested_project_name())
         path, _ = QFileDialog.getSaveFileName(self, "Save project", start, PROJECT_FILTER)
         return bool(path) and self.save_project_as(path)
 

@@ -1192,8 +1192,23 @@ def test_save_as_proposes_the_model_s_name_for_an_untitled_project(qtbot, make_w
     assert window.suggested_project_name() == "Untitled.qbproj"  # nothing to name it after
     wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb_classifier.onnx")))
     assert window.suggested_project_name() == "rgb_classifier.qbproj"
+    assert window.save_as_folder() == tmp_path  # the model's folder, nothing remembered yet
     assert window.save_project_as(tmp_path / "mine.qbproj")
     assert window.suggested_project_name() == "mine.qbproj"  # a saved project keeps its own name
+
+
+def test_save_as_never_proposes_the_autosave_folder(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: after reopening an untitled project from Recent, Save Project opened the app's hidden
+    autosave folder (opening the autosave had remembered its folder as the user's project folder)."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "rgb_classifier.onnx")))
+    autosave = window.autosave()
+    assert autosave is not None and window._is_autosave(autosave)
+    assert window.new_project()
+    assert window.open_project(autosave) and window.project.path is None
+    assert window.save_as_folder() == tmp_path
+    window.preferences.remember_dir("project", window.dirs.autosave_dir)  # as an older version left it
+    assert window.save_as_folder() == tmp_path
 
 
 def test_a_preview_asked_for_as_the_last_one_ends_still_runs(qtbot, make_window, answers, monkeypatch):
