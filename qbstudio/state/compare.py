@@ -7,9 +7,12 @@ without a display.
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import logging
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +52,40 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
+
+
+def _enum_fields(model: type, prefix: str = "") -> dict[str, type[enum.Enum]]:
+    """``{"calibration.method": CalibrationMethod, ...}``: the config keys whose values are enum numbers."""
+    from pydantic import BaseModel
+
+    found: dict[str, type[enum.Enum]] = {}
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{field.alias or name}"
+        for kind in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(kind, type) and issubclass(kind, enum.Enum):
+                found[key] = kind
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found.update(_enum_fields(kind, f"{key}."))
+    return found
+
+
+@functools.cache
+def _config_enums() -> dict[str, type[enum.Enum]]:
+    from compiler_core.config import CompileConfig
+
+    return _enum_fields(CompileConfig)
+
+
+def setting_text(key: str, value: Any) -> Any:
+    """A resolved config value as the user reads it: enum numbers with their names (``calibration.method`` 1 ->
+    ``1 WChAMulti``, as the run's settings line says it); other values unchanged."""
+    kind = _config_enums().get(key)
+    if kind is None or isinstance(value, bool) or not isinstance(value, int):
+        return value
+    try:
+        return f"{value} {kind(value).name}"
+    except ValueError:
+        return value
 
 
 def resolved_config(run: RunRecord) -> dict[str, Any]:

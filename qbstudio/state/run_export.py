@@ -18,7 +18,7 @@ from compiler_core.sweep.pareto import pareto_front
 from compiler_core.sweep.report import RUNS_FORMAT, layers_csv, write_runs_report
 from compiler_core.sweep.reproduce import Reproduction, reproduction_of
 from compiler_core.sweep.run import ESTIMATE_NOTE
-from qbstudio.state.compare import resolved_config, settings_diff
+from qbstudio.state.compare import resolved_config, setting_text, settings_diff
 from qbstudio.state.runs import RunRecord
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def report_data(runs: Sequence[RunRecord], baseline: int = 0, *, model: str = ""
     """The ``qbstudio-runs`` data :func:`compiler_core.sweep.report.write_runs_report` renders."""
     diff = settings_diff(runs) if len(runs) > 1 else []
     front = set(pareto_front([run.accuracy() for run in runs], [run.latency_ms() for run in runs]))
-    records = [_record(run, {key: values[index] for key, values in diff}, index in front)
+    records = [_record(run, {key: setting_text(key, values[index]) for key, values in diff}, index in front)
                for index, run in enumerate(runs)]
     base = runs[baseline] if runs else None
     return {"format": RUNS_FORMAT, "model": model, "baseline": base.label if base else "",

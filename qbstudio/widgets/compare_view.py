@@ -35,6 +35,7 @@ from qbstudio.state.compare import (
     flatten,
     metric_rows,
     resolved_config,
+    setting_text,
     settings_diff,
 )
 from qbstudio.state.runs import RunHistory, RunRecord
@@ -168,8 +169,9 @@ class SideBySide(QWidget):
     def _settings_row(self, row: int, key: str, values: list[Any]) -> None:
         differs = key in self.diff_keys
         for column, value in enumerate(values):
-            item = QTableWidgetItem(_cell_text(value))
-            item.setToolTip(f"{key} = {_cell_text(value)}")
+            text = _cell_text(setting_text(key, value))
+            item = QTableWidgetItem(text)
+            item.setToolTip(f"{key} = {text}")
             if differs:
                 item.setBackground(QBrush(QColor(DIFF_BACKGROUND)))
             self.table.setItem(row, column, item)
