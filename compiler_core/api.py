@@ -314,6 +314,8 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     reporter = as_reporter(callback, cancel_token)
     frontend_options = {key: kwargs.pop(key) for key in FRONTEND_OPTIONS if key in kwargs}
     backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
+    _compile_config(target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
+                    **{key: value for key, value in kwargs.items() if key != "config_save_path"})
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
                             constant_inputs=constant_inputs, output_names=output_names, callback=reporter,
@@ -371,16 +373,33 @@ def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None,
                           **config_args: Any):
     """Quantize and compile an MBLT for ``target_device`` into an MXQ."""
     from compiler_core.compile import compile_mblt
-    from compiler_core.config import resolve_config
 
     reporter = as_reporter(callback, cancel_token)
     config_args.setdefault("model_path", [str(mblt)])
+    config = _compile_config(target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
+                             compile_config=compile_config, config_preset=config_preset, **config_args)
+    return compile_mblt(Path(mblt), Path(save_path), config, reporter=reporter, calib_data_path=calib_data_path,
+                        config_save_path=Path(config_save_path) if config_save_path else None)
+
+
+def _compile_config(*, target_device: str | None, calib_data_path: Any, save_path: str | Path, compile_config: Any = None,
+                    config_preset: str | None = None, **config_args: Any):
+    """The resolved compile config, with a target device that exists.
+
+    :func:`mxq_compile_from_source` calls it before the parse too, so a missing or unknown device, an unknown preset
+    or a bad config file is said at once, not after a parse that may take minutes.
+    """
+    from compiler_core.config import resolve_config
+    from compiler_core.targets import get_device
+
     paths = [calib_data_path] if isinstance(calib_data_path, (str, Path)) else calib_data_path
     config = resolve_config(compile_config=compile_config, config_preset=config_preset, target_device=target_device,
                             save_path=[str(save_path)], calib_data_path=[str(p) for p in paths] if paths else None,
                             **config_args)
-    return compile_mblt(Path(mblt), Path(save_path), config, reporter=reporter, calib_data_path=calib_data_path,
-                        config_save_path=Path(config_save_path) if config_save_path else None)
+    if not config.target_device:
+        raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
+    get_device(config.target_device)
+    return config
 
 
 def mxq_compile_with_callback(model: Any, callback: ProgressCallback, **kwargs: Any):

@@ -633,3 +633,18 @@ def test_try_on_inputs_of_a_two_input_model_labels_each_manifest_entry(tmp_path)
     assert [entry["label"] for entry in results] == [f"{index}_x.npy + 1 more" for index in range(8)]
     assert results[0]["input"] == f"{tmp_path / '0_x.npy'}, {tmp_path / '0_y.npy'}"
     assert all(entry["outputs"][0]["cosine"] > 0.99 for entry in results)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [({}, "No target device given"),
+                                               ({"target_device": "aries-rx"}, "Did you mean 'aries-rb'"),
+                                               ({"target_device": "aries-rb", "config_preset": "nope"}, "nope")])
+def test_a_bad_device_or_preset_is_said_before_the_parse(tmp_path, monkeypatch, kwargs, words):
+    """Found with CREPE (a TorchScript file): `qbcompiler compile` without --target-device parsed for 10 s, then said
+    the device was missing; a large model would parse for minutes first."""
+    import compiler_core.api as api
+
+    parses = []
+    monkeypatch.setattr(api, "mblt_compile", lambda *args, **kw: parses.append(args))
+    with pytest.raises((ArgumentError, QBCompilerError), match=words):
+        mxq_compile(str(tmp_path / "any.onnx"), calib_data_path=str(tmp_path), save_path=tmp_path / "m.mxq", **kwargs)
+    assert parses == [] and list(tmp_path.iterdir()) == []
