@@ -9,6 +9,7 @@ accuracy and the one whose int16 promotion restores it.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -287,3 +288,18 @@ def test_mixed_precision_skips_units_past_the_latency_budget_and_tries_later_one
     assert skipped, "after the prefixes, single units are tried"
     assert all(not point["within_limits"] for point in skipped)  # every int16 layer costs latency here
     assert not mixed["target_met"] and mixed["points"][mixed["chosen"]]["units"] == 0
+
+
+def test_mixed_precision_says_a_near_zero_held_out_output_once(outlier, tmp_path, caplog):
+    """Found with CREPE: each point the search measured logged the same "(near) zero" warning again (dozens)."""
+    mblt, calib = outlier
+    for index in range(0, 24, 3):  # silent inputs: the output is exactly zero, its cosine meaningless
+        np.save(calib / f"{index:02d}.npy", np.zeros((1, 3, 8, 8), np.float32))
+    with caplog.at_level(logging.WARNING, logger="compiler_core.analysis.compare"):
+        result = mxq_compile(mblt, target_device="aries-rb", calib_data_path=calib, save_path=tmp_path / "amp.mxq",
+                             analysis_holdout=6,
+                             mixed_precision_config={"apply": True, "target": {"kind": "sqnrDb", "value": 20.0},
+                                                     "maxInt16Fraction": 0.7, "channelScales": False})
+    assert len(result.mixed_precision["points"]) > 1
+    said = [record.getMessage() for record in caplog.records if "(near) zero" in record.getMessage()]
+    assert said and len(said) == len(set(said)) == len(result.quantize.analysis["warnings"])

@@ -41,11 +41,12 @@ import onnxruntime as ort  # noqa: E402  (after the project imports: heavy, and 
 
 def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
             num_samples: int, per_layer: bool = True, reporter: Reporter | None = None,
-            sample_names: Sequence[str] | None = None) -> dict[str, Any]:
+            sample_names: Sequence[str] | None = None, log_warnings: bool = True) -> dict[str, Any]:
     """Compare outputs (and, optionally, every quantized tensor) of FP32 and quantized runs.
 
     ``mblt_path`` is the MBLT file or the model in memory (a compile session's graph, left unchanged).
-    ``sample_names`` (e.g. the held-out files) name the samples in warnings.
+    ``sample_names`` (e.g. the held-out files) name the samples in warnings. ``log_warnings=False`` only returns
+    them (the mixed-precision search measures the same samples at every point it tries).
 
     Returns:
         ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", "position",
@@ -74,6 +75,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
                     reporter.advance()
     report = _report(model, outputs, layers, classifier, count)
     report["warnings"] = _near_zero_warnings(report["outputs"], sample_names)
+    for message in report["warnings"] if log_warnings else ():
+        logger.warning(message)
     return report
 
 
@@ -90,7 +93,6 @@ def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | 
             sample = sample_names[index] if sample_names and index < len(sample_names) else f"#{index}"
             message = (f"output '{name}': the FP32 output of held-out sample {sample} is (near) zero, so its "
                        "cosine is meaningless and is left out of the cosine mean/min (SQNR still counts it)")
-            logger.warning(message)
             warnings.append(message)
     return warnings
 

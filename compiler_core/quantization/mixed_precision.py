@@ -195,7 +195,7 @@ class _Evaluator:
         float_graph, model = quantize_from_statistics(self.graph, self.stats, config, mblt_sha256=self.sha256,
                                                       reporter=quiet, samples=self.calibration)
         report = analyze(float_graph, model, self.holdout, num_samples=len(self.holdout), per_layer=False,
-                         reporter=quiet)
+                         reporter=quiet, log_warnings=False)  # the compile's own analysis says them once
         return float_graph, model, report, estimate(model, self.device, self.mode).latency_ms
 
 
