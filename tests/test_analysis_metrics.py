@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 
@@ -67,16 +65,15 @@ def test_every_sample_near_zero_gives_no_cosine():
     assert row["cosine_mean"] is None and row["near_zero_samples"] == [0, 1]
 
 
-def test_a_loud_and_a_60db_quieter_sample_without_a_known_step(caplog):
+def test_a_loud_and_a_60db_quieter_sample_without_a_known_step():
     comparison = TensorComparison()
     comparison.add(np.ones(100, np.float32), np.ones(100))
     comparison.add(np.full(100, 1e-4, np.float32), np.full(100, -1e-4))
     row = comparison.to_dict()
     assert row["near_zero_samples"] == [1] and row["cosine_mean"] == pytest.approx(1.0)
-    with caplog.at_level(logging.WARNING, logger="compiler_core.analysis.compare"):
-        warnings = _near_zero_warnings({"mask": row}, ["photos/a.jpg", "photos/empty_street.jpg"])
+    warnings = _near_zero_warnings({"mask": row}, ["photos/a.jpg", "photos/empty_street.jpg"])
     assert len(warnings) == 1 and "photos/empty_street.jpg" in warnings[0] and "'mask'" in warnings[0]
-    assert "empty_street.jpg" in caplog.text
+    # analyze() logs them (once per compile: tests/test_sensitivity_amp.py)
 
 
 def test_a_normal_set_of_samples_has_no_near_zero_entry():
