@@ -315,16 +315,18 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     labels = Path(args.labels).read_text().splitlines() if args.labels else None
     results, written = [], []
     for sample, feeds in load_run_inputs(model.artifact, args.input):
-        name = sample.describe()
         started = time.perf_counter()
         outputs = model.infer(feeds)
         elapsed = time.perf_counter() - started
-        entry = {"input": _display_path(name), "seconds": round(elapsed, 4), "outputs": []}
+        files = [_display_path(source.describe()) for source in sample.sources]
+        # a manifest entry (one file per model input) is shown by its short name; "files" lists them all
+        entry = {"input": files[0] if len(files) == 1 else sample.label(), "files": files,
+                 "seconds": round(elapsed, 4), "outputs": []}
         for spec, value in zip(model.artifact.output_specs, outputs):
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
                                      **top_k(value, args.top_k, labels)})
             if args.output_dir:
-                target = Path(args.output_dir) / f"{Path(name).stem}.{spec.name}.npy"
+                target = Path(args.output_dir) / f"{Path(sample.sources[0].describe()).stem}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 np.save(target, value)
                 written.append(str(target))

@@ -98,7 +98,8 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     config = mixed.config if mixed is not None else config
     result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
                            body_path=parts.body if parts is not None else None,
-                           head=parts.head if parts is not None else None)
+                           head=parts.head if parts is not None else None,
+                           tail=parts.tail if parts is not None else None)
     with reporter.stage("schedule", total=len(core_modes), message="tiling, memory plan and schedule per core mode"):
         npu = lower(result.model, device, core_modes)
         npu_document, npu_consts = npu_to_document(npu)

@@ -499,6 +499,11 @@ def test_cpu_offload_runs_the_softmax_tail_on_the_cpu(softmax_model, tmp_path):
         cosines.append(_cosine(probabilities, fp32.run(None, {"image": image})[0]))
     print(f"\nCPU-tail softmax vs FP32: min cosine {min(cosines):.5f} over {len(cosines)} test images")
     assert min(cosines) > 0.999
+    # the compile's analysis measures the model's output through the tail, as the runtime runs it (it measured the
+    # body's inner logits tensor under its internal name; found with FunASR's FSMN-VAD on regulus-ra)
+    outputs = result.quantize.analysis["outputs"]
+    assert list(outputs) == ["probabilities"] and outputs["probabilities"]["cosine_mean"] > 0.999
+    assert outputs["probabilities"]["top1_agreement"] is not None  # class scores after the softmax
 
 
 def test_without_cpu_offload_the_softmax_is_an_unsupported_ops_error(softmax_model, tmp_path):
@@ -608,7 +613,7 @@ def test_inputs_run_through_the_mxq_beside_fp32(sample_cli, sample_mblt):
         assert [item["index"] for item in logits["fp32_top_k"]] == list(np.argsort(-reference.ravel())[:3])
 
 
-def test_try_on_inputs_of_a_two_input_model_labels_each_manifest_entry(tmp_path):
+def test_try_on_inputs_of_a_two_input_model_labels_each_manifest_entry(tmp_path, capsys):
     """A manifest entry feeds every input; "Try on inputs" names it by its first file and the count of the others
     (it showed the last file's name alone, found with FunASR's FSMN-VAD in the workbench)."""
     from compiler_core.runtime.inputs import compare_with_fp32
@@ -633,6 +638,11 @@ def test_try_on_inputs_of_a_two_input_model_labels_each_manifest_entry(tmp_path)
     assert [entry["label"] for entry in results] == [f"{index}_x.npy + 1 more" for index in range(8)]
     assert results[0]["input"] == f"{tmp_path / '0_x.npy'}, {tmp_path / '0_y.npy'}"
     assert all(entry["outputs"][0]["cosine"] > 0.99 for entry in results)
+    # `qbcompiler run` the same way (each line repeated all of the entry's paths; the saved files took the last one's)
+    code, out, _ = _cli(capsys, "run", "--mxq", tmp_path / "two.mxq", "--input", manifest, "--output-dir",
+                        tmp_path / "out")
+    assert code == 0 and "0_x.npy + 1 more: out [1, 4, 8]" in out.splitlines()
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [f"{index}_x.out.npy" for index in range(8)]
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [({}, "No target device given"),

@@ -41,12 +41,17 @@ import onnxruntime as ort  # noqa: E402  (after the project imports: heavy, and 
 
 def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: Iterable[Mapping[str, np.ndarray]], *,
             num_samples: int, per_layer: bool = True, reporter: Reporter | None = None,
-            sample_names: Sequence[str] | None = None, log_warnings: bool = True) -> dict[str, Any]:
+            sample_names: Sequence[str] | None = None, log_warnings: bool = True, tail: bytes | None = None,
+            model_outputs: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare outputs (and, optionally, every quantized tensor) of FP32 and quantized runs.
 
     ``mblt_path`` is the MBLT file or the model in memory (a compile session's graph, left unchanged).
     ``sample_names`` (e.g. the held-out files) name the samples in warnings. ``log_warnings=False`` only returns
     them (the mixed-precision search measures the same samples at every point it tries).
+
+    With CPU offload, ``tail`` is the ONNX CPU tail and ``model_outputs`` the whole model's outputs: the outputs
+    compared are then the model's (the tail run on the FP32 body outputs and on the dequantized quantized ones, as
+    the runtime runs it), not the body's inner tensors the tail reads.
 
     Returns:
         ``{"samples", "outputs": {name: metrics}, "layers": [{"layer", "op", "precision", "position",
@@ -59,10 +64,16 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     # the user sees the analysis start at once; then one event per compared sample.
     with reporter.stage("analyze", total=num_samples, message="preparing the FP32 reference and the simulator"):
         session, names = _reference_session(mblt_path, model, per_layer)
-        outputs = {spec.name: TensorComparison() for spec in model.outputs if spec.name in model.tensors}
+        cpu_tail = _CpuTail(tail, model, model_outputs) if tail is not None else None
+        body_outputs = [spec for spec in model.outputs if cpu_tail is None or spec.name in cpu_tail.model_outputs]
+        outputs = {spec.name: TensorComparison() for spec in body_outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
-        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), len(model.outputs))
-                      for spec in model.outputs}
+        count_outputs = len(body_outputs) + (len(cpu_tail.outputs) if cpu_tail else 0)
+        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs)
+                      for spec in body_outputs}
+        if cpu_tail is not None:
+            outputs.update({name: TensorComparison() for name in cpu_tail.outputs})
+            classifier.update(cpu_tail.classifier(count_outputs))
         fast = executor_for(model)
         batch = _batch_size(model, set(layers)) if fast.batchable else 1
         reporter.advance(0, "comparing FP32 and quantized outputs")
@@ -70,7 +81,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
             for chunk in _chunks(samples, batch):
                 quantized = _quantized_chunk(fast, model, chunk, set(layers))
                 for index, sample in enumerate(chunk):
-                    _compare_sample(session, names, model, sample, quantized, index, outputs, layers, classifier)
+                    _compare_sample(session, names, model, sample, quantized, index, outputs, layers, classifier,
+                                    cpu_tail)
                     count += 1
                     reporter.advance()
     report = _report(model, outputs, layers, classifier, count)
@@ -128,12 +140,46 @@ def _reference_session(mblt: str | Path | ir.Model, model: QuantizedModel, per_l
     return session, names if per_layer else [v.name for v in graph.graph.outputs]
 
 
+class _CpuTail:
+    """The CPU tail of an offloaded model, run after the FP32 body and after the quantized one."""
+
+    def __init__(self, tail: bytes, model: QuantizedModel, model_outputs: Sequence[str] | None) -> None:
+        import onnx
+
+        self.session = ort.InferenceSession(tail, providers=["CPUExecutionProvider"])
+        self.inputs = [item.name for item in self.session.get_inputs()]
+        self.outputs = [item.name for item in self.session.get_outputs()]
+        body = {spec.name for spec in model.outputs}
+        self.model_outputs = set(model_outputs) if model_outputs is not None else body - set(self.inputs)
+        proto = onnx.load_model_from_string(tail)
+        self._producers = {name: (node.op_type, node.input[0] if node.input else None)
+                           for node in proto.graph.node for name in node.output}
+        self._shapes = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+                        for value in proto.graph.output}
+
+    def classifier(self, count: int) -> dict[str, bool]:
+        return {name: is_classifier_output(self._shapes.get(name, []), head_op_type(name, self._producers), count)
+                for name in self.outputs}
+
+    def run(self, values: Mapping[str, np.ndarray], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {name: values[name] if name in values else np.asarray(sample[name]) for name in self.inputs}
+        return dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
+
+
 def _compare_sample(session, names, model: QuantizedModel, sample, quantized: dict, index: int, outputs, layers,
-                    classifier) -> None:
+                    classifier, cpu_tail: _CpuTail | None = None) -> None:
     feeds = {spec.name: np.asarray(sample[spec.name]) for spec in model.inputs}
     session_inputs = {item.name for item in session.get_inputs()}
     reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
+    if cpu_tail is not None:
+        ours = {name: model.params(name).dequantize(_sample_rows(model, quantized, name, index)).astype(np.float32)
+                .reshape(np.shape(reference[name])) for name in cpu_tail.inputs if name in reference}
+        tail_reference, tail_ours = cpu_tail.run(reference, sample), cpu_tail.run(ours, sample)
+        for name in cpu_tail.outputs:
+            outputs[name].add(tail_reference[name], tail_ours[name], classifier[name])
     for name, comparison in outputs.items():
+        if cpu_tail is not None and name in cpu_tail.outputs:
+            continue
         _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), classifier[name])
     for name, comparison in layers.items():
         if name in quantized and name in reference:

@@ -56,13 +56,15 @@ class QuantizeResult:
 def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                   calib_data_path: str | Sequence[str] | None = None, reporter: Reporter,
                   cache: StatisticsCache | None = None, analysis: bool = True,
-                  body_path: str | Path | ir.Model | None = None, head: bytes | None = None) -> QuantizeResult:
+                  body_path: str | Path | ir.Model | None = None, head: bytes | None = None,
+                  tail: bytes | None = None) -> QuantizeResult:
     """Quantize an MBLT with ``config`` (already resolved) on the given calibration data.
 
     ``mblt_path`` is the file or a compile session that holds it in memory (then nothing is read
     or hashed again). With CPU offload, ``body_path`` is the NPU part to quantize (a file or the
     model in memory; statistics still come from the whole MBLT, whose tensors it shares) and
-    ``head`` the ONNX CPU head that turns samples into the body's inputs for the analysis.
+    ``head`` the ONNX CPU head that turns samples into the body's inputs for the analysis, ``tail`` the ONNX CPU tail
+    that turns the body's outputs into the model's (the analysis compares the model's outputs).
     """
     timings: dict[str, float] = {}
     session = mblt_path if isinstance(mblt_path, MbltSession) else MbltSession.open(mblt_path)
@@ -82,7 +84,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
         started = time.perf_counter()
         samples = holdout if head is None else _through_head(head, holdout)
         report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter,
-                         sample_names=holdout.sources)
+                         sample_names=holdout.sources, tail=tail,
+                         model_outputs=[value.name for value in graph.graph.outputs])
         timings["analysis"] = time.perf_counter() - started
     samples = {"calibration": len(calibration), "holdout": len(holdout), "random": calibration.kind == "random"}
     return QuantizeResult(model, report, hit, timings, samples)
