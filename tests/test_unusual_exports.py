@@ -70,3 +70,40 @@ def test_unused_and_empty_inputs_do_not_stop_a_compile(tmp_path):
     (output,) = _compile_and_run(source, [sample() for _ in range(8)], feeds, tmp_path)
     (reference,) = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert _cosine(output, reference) > 0.99
+
+
+def test_a_float16_export_with_its_casts_out_of_order_folds_its_resize_sizes(tmp_path):
+    """onnxconverter-common's float16 conversion appends its Casts after every other node (the graph is out of
+    order; onnxruntime runs it, ONNX's checker refuses it). ISNet (imgly background removal) sizes each upsampling from
+    Shape/Slice/Concat of the tensor it joins: its 37 Shape nodes stayed unfolded because ONNX's inference, reading the
+    nodes in order, gave no shape after the first misplaced Cast (the optimizer's rounds then resolved a few levels)."""
+    levels = 6  # more than the optimizer's rounds
+    weights = [numpy_helper.from_array((RNG.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float16), "w0"),
+               numpy_helper.from_array((RNG.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float16), "w1"),
+               numpy_helper.from_array(np.array([2], np.int64), "two"),
+               numpy_helper.from_array(np.array([4], np.int64), "four"),
+               numpy_helper.from_array(np.array([1, 4], np.int64), "batch_channels")]
+    nodes = [helper.make_node("Conv", ["x16", "w0"], ["level0"], pads=[1, 1, 1, 1])]
+    casts = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16)]
+    for level in range(levels):
+        here, below, up = f"level{level}", f"low{level}", f"up{level}"
+        nodes += [helper.make_node("MaxPool", [here], [f"pooled{level}"], kernel_shape=[2, 2], strides=[2, 2]),
+                  helper.make_node("Conv", [f"pooled{level}", "w1"], [below], pads=[1, 1, 1, 1]),
+                  helper.make_node("Shape", [here], [f"shape{level}"]),
+                  helper.make_node("Slice", [f"shape{level}", "two", "four"], [f"hw{level}"]),
+                  helper.make_node("Concat", ["batch_channels", f"hw{level}"], [f"sizes{level}"], axis=0),
+                  helper.make_node("Resize", [f"{below}_32", "", "", f"sizes{level}"], [f"{up}_32"], mode="linear"),
+                  helper.make_node("Add", [f"{up}_16", here], [f"level{level + 1}"])]
+        casts += [helper.make_node("Cast", [below], [f"{below}_32"], to=TensorProto.FLOAT),
+                  helper.make_node("Cast", [f"{up}_32"], [f"{up}_16"], to=TensorProto.FLOAT16)]
+    casts.append(helper.make_node("Cast", [f"level{levels}"], ["y"], to=TensorProto.FLOAT))
+    graph = helper.make_graph(nodes + casts, "unsorted_half",  # the converter's Casts, appended last
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
+    source = tmp_path / "unsorted_half.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), source)
+    samples = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    feeds = {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    (output,) = _compile_and_run(source, samples, feeds, tmp_path)
+    (reference,) = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert output.shape == (1, 4, 8, 8) and _cosine(output, reference) > 0.99

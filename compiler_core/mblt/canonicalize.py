@@ -592,6 +592,11 @@ def _lift_constants(model: ir.Model, *, infer: bool = True) -> InvalidModelError
         remove the offending node); :func:`_verify` uses it to blame the model instead of the compiler.
     """
     LiftConstants(lift_all_constants=True, size_limit=0)(model)
+    if infer:
+        # ONNX's inference reads the nodes in order: a graph out of order (onnxconverter-common's float16
+        # conversion appends its Casts at the end) gave no shape from the first misplaced Cast on (ISNet: 37 Shape
+        # nodes left unfolded). The source's own value infos had hidden that; the steps before clear them.
+        model.graph.sort()
     failure = _strict_inference(model) if infer else None
     _check_reshapes(model)
     if failure is None:
