@@ -21,6 +21,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QMessageBox,
     QPushButton,
     QSpinBox,
@@ -243,6 +245,78 @@ def submodule_box(parent: QWidget | None, error: BaseException,
         box.setDetailedText(details)
     buttons = {box.addButton(name, QMessageBox.ButtonRole.AcceptRole): name for name in children}
     return box, buttons
+
+
+class ModelOutputsDialog(QDialog):
+    """Which of the model's outputs to keep: the graph is cut to them (what only the others need goes).
+
+    Args:
+        outputs: ``(name, shape)`` of the graph's outputs now.
+        cut: Whether the graph is already cut (then "Keep every output of the source model" undoes it).
+        parent: Parent widget.
+    """
+
+    ALL_OUTPUTS = object()
+    """:meth:`chosen` when the user asks for every output of the source model back."""
+
+    def __init__(self, outputs: list[tuple[str, list[int]]], cut: bool, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Model outputs")
+        self._restore = False
+        layout = QVBoxLayout(self)
+        intro = QLabel("Keep the outputs you use. The model is parsed again up to them: layers that only the other "
+                       "outputs need are removed, and accuracy is measured on the kept ones (the command line does the "
+                       "same with <code>--output-names</code>).")
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
+        self.list = QListWidget()
+        for name, shape in outputs:
+            item = QListWidgetItem(f"{name}  {shape}")
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked)
+            self.list.addItem(item)
+        self.list.itemChanged.connect(self._update)
+        layout.addWidget(self.list)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        if cut:
+            restore = buttons.addButton("Keep every output of the source model", QDialogButtonBox.ButtonRole.ResetRole)
+            restore.clicked.connect(self._on_restore)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.note = QLabel()
+        layout.addWidget(self.note)
+        layout.addWidget(buttons)
+        self._update()
+
+    def _items(self) -> list[QListWidgetItem]:
+        return [self.list.item(row) for row in range(self.list.count())]
+
+    def _update(self) -> None:
+        kept = sum(item.checkState() == Qt.CheckState.Checked for item in self._items())
+        self.ok_button.setEnabled(0 < kept < self.list.count())
+        self.note.setText("Keep at least one output." if kept == 0 else
+                          "Untick the outputs you do not use." if kept == self.list.count() else
+                          f"{kept} of {self.list.count()} output(s) kept.")
+
+    def _on_restore(self) -> None:
+        self._restore = True
+        self.accept()
+
+    def chosen(self) -> list[str] | object:
+        """The ticked output names, or :attr:`ALL_OUTPUTS`."""
+        if self._restore:
+            return self.ALL_OUTPUTS
+        return [item.data(Qt.ItemDataRole.UserRole) for item in self._items()
+                if item.checkState() == Qt.CheckState.Checked]
+
+
+def ask_model_outputs(parent: QWidget | None, outputs: list[tuple[str, list[int]]], cut: bool
+                      ) -> list[str] | object | None:
+    """:class:`ModelOutputsDialog`: the outputs to keep, :attr:`ModelOutputsDialog.ALL_OUTPUTS`, or None (cancelled)."""
+    dialog = ModelOutputsDialog(outputs, cut, parent)
+    return dialog.chosen() if dialog.exec() == QDialog.DialogCode.Accepted else None
 
 
 def ask_save_changes(parent: QWidget | None, project_name: str, why: str) -> str | None:

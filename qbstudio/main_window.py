@@ -335,6 +335,8 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_import_folder = self._action("Import Model &Folder…", self._on_import_folder, None,
                                               "Import a TensorFlow SavedModel or HuggingFace model folder")
+        self.act_outputs = self._action("Choose Model &Outputs…", self.choose_outputs, None,
+                                        "Keep only the outputs you use: the model is parsed again up to them")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
         self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
@@ -353,7 +355,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         bar = self.menuBar()
         file_menu = bar.addMenu("&File")
-        file_menu.addActions([self.act_new, self.act_open, self.act_import, self.act_import_folder])
+        file_menu.addActions([self.act_new, self.act_open, self.act_import, self.act_import_folder, self.act_outputs])
         self.recent_projects_menu = file_menu.addMenu("Recent &Projects")
         self.recent_models_menu = file_menu.addMenu("Recent &Models")
         file_menu.addSeparator()
@@ -614,6 +616,26 @@ class MainWindow(QMainWindow):
         self._start_parse(ModelRef(str(path), backend, sha, shapes))
         self.preferences.add_recent_model(path)
         self._remember("model", path)
+        return True
+
+    def choose_outputs(self, names: list[str] | None = None) -> bool:
+        """Parse the model again up to the outputs the user keeps (asked for when ``names`` is None; ``[]`` gives back
+        every output of the source model). The inputs, calibration data and settings stay."""
+        model = self.project.model
+        if model is None or self.loaded is None or self.is_llm:
+            dialogs.show_info(self, "Model outputs", "Import a model first (a decoder LLM's outputs are fixed).")
+            return False
+        if not self._idle("choose the model's outputs"):
+            return False
+        if names is None:
+            outputs = [(value.name, [int(dim) if isinstance(dim, int) else str(dim) for dim in value.shape or []])
+                       for value in self.loaded.model.graph.outputs]
+            answer = dialogs.ask_model_outputs(self, outputs, bool(model.output_names))
+            if answer is None:
+                return False
+            names = [] if answer is dialogs.ModelOutputsDialog.ALL_OUTPUTS else list(answer)
+        self._previous_specs = self._specs()
+        self._start_parse(replace(model, output_names=list(names)))
         return True
 
     def _make_room_for(self, path: Path) -> bool:
@@ -1278,6 +1300,17 @@ class MainWindow(QMainWindow):
             return f"{project.name} — {Path(project.model.path).name}"
         return project.name
 
+    def _outputs_text(self, shown: int = 4) -> str:
+        """The graph's outputs for the model label: the first ``shown`` with their shapes, then how many more (and
+        where to choose them)."""
+        if self.loaded is None or self.is_llm:
+            return ""
+        outputs = list(self.loaded.model.graph.outputs)
+        text = "".join(f"<br>output {html.escape(value.name)}: {list(value.shape or [])}" for value in outputs[:shown])
+        if len(outputs) > shown:
+            text += f"<br>… and {len(outputs) - shown} more output(s) (File › Choose Model Outputs…)"
+        return text
+
     def _update_model_label(self) -> None:
         model = self.project.model
         if model is None:
@@ -1290,6 +1323,7 @@ class MainWindow(QMainWindow):
         shapes = "".join(f"<br>{name}: {dims}" for name, dims in model.input_shapes.items())
         cut = f"<br>cut at: {html.escape(', '.join(model.output_names))}" if model.output_names else ""
         inputs = "".join(f"<br>input {spec.name}: {list(spec.shape)} {spec.dtype.name}" for spec in self._specs())
+        inputs += self._outputs_text()
         notes = "".join(f"<li>{html.escape(note)}</li>" for note in self.fit_notes)
         notes = f"<div style='color:#b26a00'><b>Settings re-derived for this model:</b><ul>{notes}</ul></div>" if notes else ""
         if self.source_missing and self.project.has_mblt:

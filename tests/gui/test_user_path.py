@@ -1256,3 +1256,48 @@ def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answe
     window.try_dialog.show_labels(SAMPLE_DIR / "labels.txt")  # Class names…: the labels file the CLI takes
     assert "Trouser" in window.try_dialog.browser.toPlainText()
     window.try_dialog.close()
+
+
+def side_outputs_model(path: Path) -> Path:
+    """A segmenter that also returns two side outputs (as ISNet returns 11 besides its mask)."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (4, 3, 3, 3)).astype(np.float32), "w0"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (1, 4, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (1, 4, 1, 1)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["image", "w0"], ["features"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["features"], ["r"]),
+             helper.make_node("Conv", ["r", "w1"], ["m"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["m"], ["mask"]),
+             helper.make_node("Conv", ["r", "w2"], ["side"]),
+             helper.make_node("Sigmoid", ["side"], ["side_mask"])]
+    graph = helper.make_graph(nodes, "side_outputs",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+                               for name in ("mask", "side_mask", "features")], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_choose_model_outputs_cuts_the_graph_and_gives_them_back(qtbot, make_window, answers, tmp_path,
+                                                                  monkeypatch):
+    """Found under Xvfb with ISNet (12 outputs, of which users want the mask): nothing in the workbench named the
+    outputs or let a user keep some (only the command line's --output-names)."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(side_outputs_model(tmp_path / "segmenter.onnx")))
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["mask", "side_mask", "features"]
+    assert "output side_mask: [1, 1, 16, 16]" in window.model_label.text()
+    dialog = dialogs.ModelOutputsDialog([("mask", [1]), ("side_mask", [1]), ("features", [1])], cut=False)
+    qtbot.addWidget(dialog)
+    assert not dialog.ok_button.isEnabled()  # everything kept: nothing to cut
+    dialog.list.item(1).setCheckState(Qt.CheckState.Unchecked)
+    dialog.list.item(2).setCheckState(Qt.CheckState.Unchecked)
+    assert dialog.ok_button.isEnabled() and dialog.chosen() == ["mask"]
+    monkeypatch.setattr(dialogs, "ask_model_outputs", lambda parent, outputs, cut: ["mask"])
+    wait_model(qtbot, window, window.choose_outputs)
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["mask"]
+    assert window.project.model.output_names == ["mask"] and "cut at: mask" in window.model_label.text()
+    assert {node.op_type for node in window.loaded.model.graph} == {"Conv", "Relu", "Sigmoid"}
+    assert len([node for node in window.loaded.model.graph if node.op_type == "Conv"]) == 2  # the side Conv went
+    wait_model(qtbot, window, lambda: window.choose_outputs([]))  # "Keep every output of the source model"
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["mask", "side_mask", "features"]
+    assert answers.errors == []
