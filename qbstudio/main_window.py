@@ -335,7 +335,7 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_import_folder = self._action("Import Model &Folder…", self._on_import_folder, None,
                                               "Import a TensorFlow SavedModel or HuggingFace model folder")
-        self.act_outputs = self._action("Choose Model &Outputs…", self.choose_outputs, None,
+        self.act_outputs = self._action("Choose Model &Outputs…", lambda: self.choose_outputs(), None,
                                         "Keep only the outputs you use: the model is parsed again up to them")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)

@@ -1293,7 +1293,7 @@ def test_choose_model_outputs_cuts_the_graph_and_gives_them_back(qtbot, make_win
     dialog.list.item(2).setCheckState(Qt.CheckState.Unchecked)
     assert dialog.ok_button.isEnabled() and dialog.chosen() == ["mask"]
     monkeypatch.setattr(dialogs, "ask_model_outputs", lambda parent, outputs, cut: ["mask"])
-    wait_model(qtbot, window, window.choose_outputs)
+    wait_model(qtbot, window, window.act_outputs.trigger)  # the menu's way (its signal passes `checked`)
     assert [value.name for value in window.loaded.model.graph.outputs] == ["mask"]
     assert window.project.model.output_names == ["mask"] and "cut at: mask" in window.model_label.text()
     assert {node.op_type for node in window.loaded.model.graph} == {"Conv", "Relu", "Sigmoid"}
