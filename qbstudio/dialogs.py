@@ -262,6 +262,7 @@ class ModelOutputsDialog(QDialog):
     def __init__(self, outputs: list[tuple[str, list[int]]], cut: bool, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Model outputs")
+        self.setMinimumWidth(480)  # the explanation in three lines, not six
         self._restore = False
         layout = QVBoxLayout(self)
         intro = QLabel("Keep the outputs you use. The model is parsed again up to them: layers that only the other "
