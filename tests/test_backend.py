@@ -271,8 +271,8 @@ def test_corpus_models_tile_programs_match_golden_codes(name, tmp_path):
 
 
 def _channel_local():
-    """Global pooling, a reflection Pad, nearest Resize by scales and a ConvTranspose (stride 2, PP-OCR det's head),
-    each with tensors larger than a small core SRAM."""
+    """Global pooling, a reflection Pad, nearest Resize by scales, a ConvTranspose (stride 2, PP-OCR det's head),
+    MaxPool and AveragePool, each with tensors larger than a small core SRAM."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(7)
@@ -286,7 +286,11 @@ def _channel_local():
              helper.make_node("Pad", ["m", "pads"], ["pm"], mode="reflect"),
              helper.make_node("Resize", ["pm", "", "scales"], ["r"], mode="nearest"),
              helper.make_node("ConvTranspose", ["x", "wt"], ["t"], strides=[2, 2]),
-             helper.make_node("Add", ["r", "t"], ["y"])]
+             helper.make_node("Add", ["r", "t"], ["s"]),
+             # windowed pooling at full size (ISNet's first MaxPool did not fit a core: 10 MiB in one tile)
+             helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+             helper.make_node("AveragePool", ["s"], ["a"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0]),
+             helper.make_node("Add", ["p", "a"], ["y"])]
     graph = helper.make_graph(nodes, "channel_local", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
@@ -299,7 +303,8 @@ def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_
     small = dataclasses.replace(ARIES, sram_bytes_per_core=64 * 1024)  # 16 x 64 x 64 is 64 KiB, 256 KiB resized
     lowered = lower(model, small, MODES)
     kinds = {layer.main(model).op_type: tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)}
-    for op_type in ("GlobalAveragePool", "Pad", "Resize"):  # channel ranges, each reading its channels of the input
+    for op_type in ("GlobalAveragePool", "Pad", "Resize", "MaxPool", "AveragePool"):  # channel ranges, each
+        # reading its channels of the input
         assert len({(t.c0, t.c1) for t in kinds[op_type].tiles}) > 1, op_type
     assert kinds["ConvTranspose"].rows and len(kinds["ConvTranspose"].tiles) > 1  # bands of the zero-inserted input
     program = decode(lowered)
