@@ -279,7 +279,8 @@ def _channel_local():
     init = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w"),
             numpy_helper.from_array(rng.standard_normal((3, 16, 6, 6)).astype(np.float32), "wt"),
             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
-            numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+            numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+            numpy_helper.from_array(np.array([1, 16, 96, 96], np.int64), "sizes")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("GlobalAveragePool", ["c"], ["g"]),
              helper.make_node("Mul", ["c", "g"], ["m"]),
@@ -290,7 +291,9 @@ def _channel_local():
              # windowed pooling at full size (ISNet's first MaxPool did not fit a core: 10 MiB in one tile)
              helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
              helper.make_node("AveragePool", ["s"], ["a"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0]),
-             helper.make_node("Add", ["p", "a"], ["y"])]
+             helper.make_node("Add", ["p", "a"], ["pa"]),
+             # a linear Resize to constant sizes (ISNet's upsamplings, after their Shape/Slice/Concat fold)
+             helper.make_node("Resize", ["pa", "", "", "sizes"], ["y"], mode="linear")]
     graph = helper.make_graph(nodes, "channel_local", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
@@ -303,8 +306,11 @@ def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_
     small = dataclasses.replace(ARIES, sram_bytes_per_core=64 * 1024)  # 16 x 64 x 64 is 64 KiB, 256 KiB resized
     lowered = lower(model, small, MODES)
     kinds = {layer.main(model).op_type: tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)}
-    for op_type in ("GlobalAveragePool", "Pad", "Resize", "MaxPool", "AveragePool"):  # channel ranges, each
-        # reading its channels of the input
+    resizes = [tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)
+               if layer.main(model).op_type == "Resize"]
+    assert len(resizes) == 2 and all(len({(t.c0, t.c1) for t in tiling.tiles}) > 1 for tiling in resizes)
+    for op_type in ("GlobalAveragePool", "Pad", "MaxPool", "AveragePool"):  # channel ranges, each reading its
+        # channels of the input
         assert len({(t.c0, t.c1) for t in kinds[op_type].tiles}) > 1, op_type
     assert kinds["ConvTranspose"].rows and len(kinds["ConvTranspose"].tiles) > 1  # bands of the zero-inserted input
     program = decode(lowered)

@@ -116,11 +116,13 @@ def channel_local(op: IntOp) -> bool:
     """Every output channel depends only on the same input channel, with nothing per channel in the operation.
 
     Reductions over H and/or W that keep the reduced axes (global pooling), windowed pooling (MaxPool, AveragePool:
-    its multipliers are per output position, not per channel), and Resize by constant scales and Pad by constant
-    pads that leave N and C alone.
+    its multipliers are per output position, not per channel), linear Resize over H and W, and nearest Resize by
+    constant scales and Pad by constant pads that leave N and C alone.
     """
     if op.kind == "average_pool" or op.kind == "move" and op.op_type == "MaxPool":
         return True
+    if op.kind == "interpolate":  # linear/cubic Resize: one matrix per resized axis, none per channel
+        return not {int(axis) % 4 for axis in op.attrs.get("axes", [])} & {0, 1}
     if op.kind in ("reduce_sum", "reduce_l2"):
         axes = op.attrs.get("axes") or []
         return bool(op.attrs.get("keepdims")) and bool(axes) and set(axes) <= {2, 3}
