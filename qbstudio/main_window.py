@@ -465,6 +465,8 @@ class MainWindow(QMainWindow):
     def _show_welcome_if_empty(self) -> None:
         """The welcome page while no model is open or loading; the tabs otherwise."""
         empty = self.project.model is None and self._pending_model is None and not self.runner.is_busy("model")
+        if empty:  # the autosave times of the Recent list moved on since it was filled (found under Xvfb)
+            self._fill_recent_menus()
         self.central.setCurrentWidget(self.welcome if empty else self.tabs)
 
     def _on_model_changed(self) -> None:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -1301,3 +1302,17 @@ def test_choose_model_outputs_cuts_the_graph_and_gives_them_back(qtbot, make_win
     wait_model(qtbot, window, lambda: window.choose_outputs([]))  # "Keep every output of the source model"
     assert [value.name for value in window.loaded.model.graph.outputs] == ["mask", "side_mask", "features"]
     assert answers.errors == []
+
+
+def test_recent_autosave_times_are_read_again_when_the_welcome_page_shows(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb: after Ctrl+N the welcome page listed an untitled project as "autosaved 17:34" while its
+    autosave was from 18:06 (the list was filled when the project was first autosaved)."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    autosave = window.autosave()
+    answers.save_answer = dialogs.DISCARD
+    assert window.new_project()
+    os.utime(autosave, (978_307_200, 978_307_200))  # written again since: here at another time, 2001-01-01
+    assert window.new_project()  # the welcome page shows again (an empty project: nothing to autosave)
+    expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
+    assert f"(autosaved {expected})" in window.welcome.recent.item(0).text()
