@@ -1,0 +1,76 @@
+"""HuggingFace ``transformers`` families a probe (``bench/probe_hf.py``, s13) found broken, through the user's path.
+
+Each test builds a tiny random-weight config, saves it with ``save_pretrained`` and compiles the folder with
+``mxq_compile`` as a user would; the MXQ (bit-exact simulator) is compared with the ``transformers`` module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from corpus import write_manifest
+
+from compiler_core.api import mxq_compile
+from compiler_core.runtime import Accelerator, Model
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SEQUENCE = 16
+
+
+def _folder(tmp_path: Path, model_class: str, config_class: str, **config) -> Path:
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config)).eval()
+    folder = tmp_path / model_class
+    model.save_pretrained(folder)
+    return folder
+
+
+def _tokens(rng: np.random.Generator, used: int, vocabulary: int, pad: int) -> dict[str, np.ndarray]:
+    ids = np.full((1, SEQUENCE), pad, np.int64)
+    ids[0, :used] = rng.integers(5, vocabulary, used)
+    mask = (np.arange(SEQUENCE) < used).astype(np.int64)[None]
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _compile(folder: Path, tmp_path: Path, samples: list[dict], shapes: dict, **options) -> Model:
+    mxq_compile(folder, target_device="aries-rb", calib_data_path=write_manifest(tmp_path / "calib", samples),
+                save_path=tmp_path / "model.mxq", input_shape_dict=shapes, analysis_holdout=0, **options)
+    model = Model(tmp_path / "model.mxq", input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    return model
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_a_padding_mask_computed_from_the_attention_mask_input_masks_the_softmax(tmp_path):
+    """BERT's additive mask is computed at run time from ``attention_mask``: the padded tokens get no attention.
+
+    Before, only a constant -inf-like mask made the Softmax count saturated entries as -inf; a computed one
+    was read as the smallest score, and over the narrow scores of a small model the padded tokens kept
+    almost the weight of real ones: the padded tail's ids changed the real tokens' outputs. Masked entries
+count as -inf, so the real tokens' outputs are bit-identical whatever the padded tail holds.
+    """
+    vocabulary = 500
+    folder = _folder(tmp_path, "BertModel", "BertConfig", vocab_size=vocabulary, hidden_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    rng = np.random.default_rng(0)
+    calib = [_tokens(rng, int(rng.integers(SEQUENCE // 2, SEQUENCE + 1)), vocabulary, 0) for _ in range(16)]
+    shapes = {"input_ids": [1, SEQUENCE], "attention_mask": [1, SEQUENCE]}
+    model = _compile(folder, tmp_path, calib, shapes)
+    used = 9
+    sample = _tokens(np.random.default_rng(1), used, vocabulary, 0)
+    other_tail = {**sample, "input_ids": sample["input_ids"].copy()}
+    other_tail["input_ids"][0, used:] = np.random.default_rng(2).integers(5, vocabulary, SEQUENCE - used)
+    first, second = (np.asarray(model.infer(feed)[0]).reshape(1, SEQUENCE, -1)[0, :used] for feed in (sample, other_tail))
+    reference = transformers.BertModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = reference(**{k: torch.from_numpy(v) for k, v in sample.items()}).last_hidden_state.numpy()[0, :used]
+    assert _cosine(first, expected) >= 0.99
+    np.testing.assert_array_equal(first, second, err_msg="the padded tokens' ids reach the real tokens")
