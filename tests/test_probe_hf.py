@@ -74,3 +74,53 @@ count as -inf, so the real tokens' outputs are bit-identical whatever the padded
         expected = reference(**{k: torch.from_numpy(v) for k, v in sample.items()}).last_hidden_state.numpy()[0, :used]
     assert _cosine(first, expected) >= 0.99
     np.testing.assert_array_equal(first, second, err_msg="the padded tokens' ids reach the real tokens")
+
+
+def test_a_model_that_cannot_switch_back_to_sdpa_still_parses(tmp_path):
+    """DETR reports SDPA attention, but its ResNet backbone refuses to be set back to SDPA after the eager export.
+
+    Before, that refusal escaped the ``finally`` of the export as an INTERNAL_ERROR; now the module keeps eager
+    attention and the parsed graph computes DETR's logits.
+    """
+    import onnxruntime as ort
+
+    from compiler_core.api import mblt_compile
+
+    backbone = {"model_type": "resnet", "depths": [1, 1], "hidden_sizes": [8, 16], "embedding_size": 8,
+                "out_features": ["stage2"]}
+    folder = _folder(tmp_path, "DetrForObjectDetection", "DetrConfig", use_timm_backbone=False,
+                     use_pretrained_backbone=False, backbone=None, backbone_config=backbone, d_model=16,
+                     encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                     encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4, num_labels=3)
+    mblt = mblt_compile(folder, tmp_path / "detr.mblt", input_shape_dict={"pixel_values": [1, 3, 32, 32]})
+    pixels = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    (logits,) = ort.InferenceSession(str(mblt), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": pixels})
+    reference = transformers.DetrForObjectDetection.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.from_numpy(pixels)).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_a_decoder_sequence_classifier_runs_its_cpu_head_and_tail(tmp_path):
+    """Qwen2ForSequenceClassification picks the logits of the last real token: an index the CPU head computes
+    from the ids and only the CPU tail reads (a GatherND on the NPU body's scores).
+
+    Before, the head was exported with no outputs (it fed no NPU input) and the tail without that input: the MXQ
+    compiled, but loading its CPU head failed in onnxruntime (an INTERNAL_ERROR when run).
+    """
+    vocabulary = 300
+    folder = _folder(tmp_path, "Qwen2ForSequenceClassification", "Qwen2Config", vocab_size=vocabulary,
+                     hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                     intermediate_size=64, max_position_embeddings=64, num_labels=3, pad_token_id=0)
+    rng = np.random.default_rng(0)
+    calib = [_tokens(rng, int(rng.integers(SEQUENCE // 2, SEQUENCE + 1)), vocabulary, 0) for _ in range(16)]
+    shapes = {"input_ids": [1, SEQUENCE], "attention_mask": [1, SEQUENCE]}
+    model = _compile(folder, tmp_path, calib, shapes, cpu_offload=True)
+    reference = transformers.Qwen2ForSequenceClassification.from_pretrained(folder).eval()
+    held_out = [_tokens(np.random.default_rng(seed), used, vocabulary, 0) for seed, used in ((1, 9), (2, 16), (3, 12))]
+    got = np.concatenate([np.asarray(model.infer(sample)[0]).reshape(1, -1) for sample in held_out])
+    with torch.no_grad():
+        expected = np.concatenate([reference(**{k: torch.from_numpy(v) for k, v in sample.items()}).logits.numpy()
+                                   for sample in held_out])
+    assert got.shape == expected.shape == (3, 3)
+    assert _cosine(got, expected) >= 0.99
