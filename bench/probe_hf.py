@@ -194,7 +194,7 @@ def families() -> dict[str, tuple[str, str, dict, dict, str]]:
     }
 
 
-RESCALED = ("mobilenet_v2", "mobilenet_v1", "mobilevit", "efficientnet")
+RESCALED = ("mobilenet_v2", "mobilenet_v1", "mobilevit", "efficientnet", "levit")
 """Convolutional families whose activations vanish with HF's init: He (Kaiming) conv weights, BatchNorm scales 1."""
 
 
@@ -218,7 +218,7 @@ def build_folder(name: str, root: Path = FOLDERS) -> Path:
             for module in model.modules():  # HF's N(0, 0.02) init makes these outputs vanish (1e-25 ... 0)
                 if isinstance(module, torch.nn.Conv2d):
                     torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-                elif isinstance(module, torch.nn.BatchNorm2d):
+                elif isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
                     torch.nn.init.ones_(module.weight)
         for key, parameter in model.named_parameters():
             if key.rsplit(".", 1)[-1] in LEARNED_TOKENS:
