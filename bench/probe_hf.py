@@ -132,7 +132,8 @@ def families() -> dict[str, tuple[str, str, dict, dict, str]]:
         "mobilenet_v1": ("MobileNetV1ForImageClassification", "MobileNetV1Config", dict(
             depth_multiplier=0.25, image_size=IMAGE, num_labels=10), _pixels(), "image"),
         "bit": ("BitForImageClassification", "BitConfig", dict(
-            embedding_size=32, hidden_sizes=[32, 64, 96, 128], depths=[1, 1, 1, 1], num_labels=10), _pixels(), "image"),
+            embedding_size=32, hidden_sizes=[32, 64, 96, 128], depths=[1, 1, 1, 1], num_groups=8, num_labels=10),
+            _pixels(), "image"),
         "dpt": ("DPTForDepthEstimation", "DPTConfig", {**_VIT, "num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3],
                                                         "neck_hidden_sizes": [16, 32, 48, 64], "fusion_hidden_size": 32},
                 _pixels(), "image"),
@@ -417,6 +418,10 @@ def main() -> int:
         return 0
     names = args.families.split(",") if args.families else list(families())
     rows = []
+    import transformers
+
+    print(f"transformers {transformers.__version__}; {N_CALIB} calibration / {N_HELD_OUT} held-out samples; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     print(f"{'family':13s} {'check':11s} {'nodes':>5s} {'flag':>4s} {'npu':>4s} {'cpu':>4s} {'s':>6s}  outcome")
     for name in names:
         started = time.perf_counter()
@@ -446,6 +451,7 @@ def main() -> int:
         args.json.write_text(json.dumps(rows, indent=1))
     internal = [r["name"] for r in rows if r.get("error", {}).get("code") in ("INTERNAL_ERROR", "CRASH", "TIMEOUT")]
     low = [r["name"] for r in rows if r.get("mxq_vs_torch", {}).get("cosine_min", 1.0) < 0.99]
+    print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     print(f"\n{len(rows)} families: {sum('error' not in r for r in rows)} compile; internal errors/crashes/timeouts "
           f"{internal}; MXQ cosine < 0.99 {low}")
     return 1 if internal else 0
