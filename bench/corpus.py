@@ -224,6 +224,10 @@ def document(stored: dict, names: list[str]) -> str:
                       "", *notes, ""])
 
 
+KEPT_SECTION = "## HuggingFace families (bench/probe_hf.py)"
+"""The section of docs/models.md that ``--write`` keeps: written by hand from ``bench/probe_hf.py``'s table."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the corpus (or print the markdown table) and write ``build/corpus/results.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"models": {}}
         text = document(stored, [entry.name for entry in entries if entry.name in rows])
         if args.write:
-            args.write.write_text(text)
+            old = args.write.read_text() if args.write.is_file() else ""
+            kept = old[old.index(KEPT_SECTION):] if KEPT_SECTION in old else ""  # bench/probe_hf.py's table
+            args.write.write_text(text.rstrip("\n") + "\n\n" + kept if kept else text)
             print(f"written: {args.write}")
         if args.status:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

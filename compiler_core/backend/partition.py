@@ -40,11 +40,18 @@ def partition(model: ir.Model, plan: OffloadPlan) -> Partition:
                             if name and name not in produced_in_body and name not in initializers})
     tail_reads = {name for node in proto.graph.node if node.name in tail_nodes for name in node.input}
     body_outputs = _ordered({name for name in produced_in_body if name in tail_reads or name in graph_outputs})
+    produced_in_head = {name for node in proto.graph.node if node.name in head_nodes for name in node.output}
+    head_outputs = _ordered({name for name in produced_in_head
+                             if name in body_inputs or name in tail_reads or name in graph_outputs})
     extractor = onnx.utils.Extractor(proto)
     head = _extract(extractor, [n for n in graph_inputs if _reaches(proto, n, head_nodes)],
-                    [n for n in body_inputs if n not in graph_inputs]) if head_nodes else None
-    tail = _extract(extractor, _ordered(set(body_outputs) | {n for n in tail_reads if n in graph_inputs}),
-                    [n for n in graph_outputs if n not in body_outputs]) if tail_nodes else None
+                    head_outputs) if head_nodes else None
+    # The tail reads the body's outputs, graph inputs, and what the head computed for it alone (a sequence
+    # classifier's last-token index from the ids, which never passes through the NPU).
+    tail = _extract(extractor, _ordered(set(body_outputs) | {n for n in tail_reads
+                                                             if n in graph_inputs or n in produced_in_head}),
+                    [n for n in graph_outputs if n not in body_outputs and n not in produced_in_head]
+                    ) if tail_nodes else None
     body = ir.serde.deserialize_model(extractor.extract_model(body_inputs, body_outputs))
     body.metadata_props.update(model.metadata_props)
     return Partition(head, body, tail, body_inputs, body_outputs)

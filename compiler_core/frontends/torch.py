@@ -508,7 +508,20 @@ def export_module(module: Any, feed_dict: Mapping[str, Any], *, dynamic_axes: Ma
         return _export_with_fallback(wrapper, args, list(tensors), output_names, dynamic_axes, name=name)
     finally:
         if previous is not None:
-            module.set_attn_implementation(previous)  # the caller's module keeps its own setting
+            _restore_attention(module, previous)
+
+
+def _restore_attention(module: Any, previous: str) -> None:
+    """Give the caller's module back the attention it had; a model that cannot switch back keeps eager attention.
+
+    A composite model (DETR with a ResNet backbone) reports ``sdpa`` but refuses to be set to it again, because
+    a submodule has no SDPA path: the export has succeeded by then, so this is no reason to fail it.
+    """
+    try:
+        module.set_attn_implementation(previous)
+    except Exception as error:  # transformers raises ValueError/ImportError for an unsupported implementation
+        logger.info("%s keeps eager attention (switching back to %s failed: %s)", type(module).__name__, previous,
+                    exporter_reason(error, max_lines=1))
 
 
 def _use_eager_attention(module: Any) -> str | None:

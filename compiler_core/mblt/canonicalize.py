@@ -648,7 +648,9 @@ def _legalize(model: ir.Model) -> None:
     for _ in range(_MAX_REWRITE_ROUNDS):
         count, clean = apply_rules(rules, model)
         if not count:
-            break
+            if not _fold_remaining_constants(model):
+                break
+            continue  # the rules see what the optimizer left to fold (DETR's constant first decoder queries)
         if not clean:  # else the rule set's own removal found nothing: this one would not either
             RemoveUnusedNodes()(model)
         with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
@@ -667,9 +669,11 @@ def _legalize_rules(make_rule_set: Callable[[list], RewriteRuleSet]) -> RewriteR
     return make_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
 
 
-def _fold_remaining_constants(model: ir.Model) -> None:
+def _fold_remaining_constants(model: ir.Model) -> int:
     """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
-    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one."""
+    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one.
+    Returns how many nodes were folded."""
+    folded_nodes = 0
     for node in list(model.graph):
         inputs = [v for v in node.inputs if v is not None]
         if not inputs or any(v.const_value is None for v in inputs) or node.domain not in ("", "ai.onnx"):
@@ -691,6 +695,8 @@ def _fold_remaining_constants(model: ir.Model) -> None:
             if output.is_graph_output():
                 model.graph.outputs[model.graph.outputs.index(output)] = replacement
         model.graph.remove(node, safe=False)
+        folded_nodes += 1
+    return folded_nodes
 
 
 def _evaluate_constant_node(folded: onnx.ModelProto) -> list[np.ndarray]:

@@ -959,6 +959,35 @@ class MatMulBatchedWeight(RewriteRuleClassBase):
         return op.Concat(*products, axis=-3)
 
 
+class MatMulConstantFirst(RewriteRuleClassBase):
+    """``MatMul(c, x)`` with a constant first operand -> ``Transpose(MatMul(Transpose(x), c'))``, a dense layer.
+
+    ``c @ x = (x' @ c')'`` (``'`` swaps the last two axes). DETR's first decoder layer attends from its learned
+    queries (zero targets plus constant position embeddings: a constant after folding) to the encoder's memory:
+    the dense-layer kernel takes constant weights as the second operand only. A batched ``c'`` is then split by
+    :class:`MatMulBatchedWeight`.
+    """
+
+    def pattern(self, op, c, x):
+        return op.MatMul(c, x, _outputs=["y"])
+
+    def check(self, context, c, x, y) -> MatchResult:
+        result = MatchResult()
+        if c.const_value is None or x.const_value is not None:
+            return result.fail("the first operand is not a constant, or both are")
+        if c.shape is None or x.shape is None or len(c.shape) < 2 or len(x.shape) < 2:
+            return result.fail("an operand is a vector or of unknown rank")
+        return result
+
+    def rewrite(self, op, c, x, y):
+        node = y.producer()
+        swap = lambda rank: [*range(rank - 2), rank - 1, rank - 2]  # noqa: E731
+        weight = np.ascontiguousarray(np.swapaxes(c.const_value.numpy(), -1, -2))
+        product = op.MatMul(op.Transpose(x, perm=swap(len(x.shape))),
+                            op.initializer(ir.Tensor(weight), name=f"{node.name}_ct"))
+        return op.Transpose(product, perm=swap(max(len(x.shape), len(c.shape))))
+
+
 class GemmToMatMul(RewriteRuleClassBase):
     """A Gemm the dense-layer kernel cannot take (``transA=1``, a non-constant ``B`` or ``C``) -> ``MatMul`` (+ ``Add``).
 
@@ -1102,6 +1131,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
-                           LrnToConv.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(), WrapPadToConcat.rule(),
+                           LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
+                           WrapPadToConcat.rule(),
                            LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""

@@ -129,6 +129,8 @@ def decide(view: GraphView, groups: list[Group], ranges: Mapping[str, tuple[floa
     for group in groups:
         _link_group(group, context, sets, fixed, options)
         _link_masked(group, context, sets, ranges, masked)
+    for name in masked:
+        records[name].extra["masked"] = True  # the Softmax reading it counts its smallest code as -inf
     head = output_head(view, groups, options.model_outputs) if options.output_headroom != 1.0 else set()
     for name, record in records.items():
         if name in ranges and name not in masked:
@@ -355,7 +357,7 @@ def _link_masked(group: Group, context: LoweringContext, sets: _UnionFind, range
 
     ``x + mask`` (mask of 0 / -3.4e38, constant or computed) and ``Where(c, x, -3.4e38)``
     (masked_fill): the output joins the data operand's set and its own range, which reaches
-    -3.4e38, is ignored.
+    -3.4e38, is ignored; its record's ``extra["masked"]`` is set (the Softmax's ``masked_code``).
     """
     main = group.main
     if group.fused or group.output.name not in context.tensors:

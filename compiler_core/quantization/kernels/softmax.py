@@ -7,9 +7,10 @@ power of two (up to :data:`MAX_SHIFT`) by which the calibrated maximum probabili
 and stay at most 1, so a 1,000-class output whose probabilities stay near 0.001 keeps its
 resolution instead of rounding to 0 with a fixed ``1/qmax`` step.
 
-A masked input (``Where(mask, x, -3.4e38)`` or ``x + mask`` with a -inf-like constant) keeps the data's
-scale and saturates the masked entries to the smallest code ``masked_code``; those entries count as
-``-inf`` (``e = 0``), not as the smallest data value. A row with every entry masked gives all zeros.
+A masked input (``Where(mask, x, -3.4e38)`` or ``x + mask`` with a -inf-like mask, constant or computed at
+run time from an ``attention_mask`` input) keeps the data's scale and saturates the masked entries to the
+smallest code ``masked_code``; those entries count as ``-inf`` (``e = 0``), not as the smallest data value.
+A row with every entry masked gives all zeros.
 """
 
 from __future__ import annotations
@@ -66,7 +67,14 @@ def lower_softmax(group: Group, ctx: LoweringContext) -> IntOp:
 
 
 def _is_masked(value, ctx: LoweringContext) -> bool:
-    """``value`` comes from a Where or Add/Sub whose other operand is a -inf-like constant (an attention mask)."""
+    """``value`` comes from a Where or Add/Sub whose other operand is -inf-like (an attention mask).
+
+    A constant mask is seen here; one computed at run time (from an ``attention_mask`` input) by its
+    calibrated range, which the decisions mark on the masked tensor's record.
+    """
+    record = ctx.tensors.get(value.name)
+    if record is not None and record.extra.get("masked"):
+        return True
     producer = value.producer()
     if producer is None or producer.op_type not in ("Where", "Add", "Sub"):
         return False
