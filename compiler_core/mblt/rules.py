@@ -646,7 +646,7 @@ class TransposeDownConcat(RewriteRuleClassBase):
     """``Concat(Transpose(a, p), Transpose(b, p), ..., axis=k)`` -> ``Transpose(Concat(a, b, ..., axis=p[k]), p)``."""
 
     def pattern(self, op, inputs):
-        return op.Concat(inputs, _allow_other_attributes=True, _outputs=["y"])
+        return op.Concat(inputs, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
 
     def check(self, context, inputs, y) -> MatchResult:
         result = MatchResult()
