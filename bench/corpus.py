@@ -224,6 +224,16 @@ def document(stored: dict, names: list[str]) -> str:
                       "", *notes, ""])
 
 
+HAND_WRITTEN = "<!-- hand-written sections below: bench/corpus.py --write keeps them -->"
+"""Marker in the written document: what follows it (the Keras probe's section) is kept when it is written again."""
+
+
+def _hand_written(path: Path) -> str:
+    text = path.read_text() if path.is_file() else ""
+    start = text.find(HAND_WRITTEN)
+    return "" if start < 0 else "\n" + text[start:]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the corpus (or print the markdown table) and write ``build/corpus/results.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"models": {}}
         text = document(stored, [entry.name for entry in entries if entry.name in rows])
         if args.write:
-            args.write.write_text(text)
+            args.write.write_text(text + _hand_written(args.write))
             print(f"written: {args.write}")
         if args.status:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
