@@ -224,8 +224,14 @@ def document(stored: dict, names: list[str]) -> str:
                       "", *notes, ""])
 
 
-KEPT_SECTION = "## HuggingFace families (bench/probe_hf.py)"
-"""The section of docs/models.md that ``--write`` keeps: written by hand from ``bench/probe_hf.py``'s table."""
+HAND_WRITTEN = "<!-- hand-written sections below: bench/corpus.py --write keeps them -->"
+"""Marker in the written document: what follows it (the Keras probe's section) is kept when it is written again."""
+
+
+def _hand_written(path: Path) -> str:
+    text = path.read_text() if path.is_file() else ""
+    start = text.find(HAND_WRITTEN)
+    return "" if start < 0 else "\n" + text[start:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,9 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         stored = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"models": {}}
         text = document(stored, [entry.name for entry in entries if entry.name in rows])
         if args.write:
-            old = args.write.read_text() if args.write.is_file() else ""
-            kept = old[old.index(KEPT_SECTION):] if KEPT_SECTION in old else ""  # bench/probe_hf.py's table
-            args.write.write_text(text.rstrip("\n") + "\n\n" + kept if kept else text)
+            args.write.write_text(text + _hand_written(args.write))
             print(f"written: {args.write}")
         if args.status:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -453,8 +453,8 @@ class LrnToConv(RewriteRuleClassBase):
         return op.Mul(x, power)
 
 
-def _sole_consumer(value: ir.Value, node: ir.Node) -> bool:
-    """True if moving the Transpose that produces ``value`` past ``node`` leaves it unused.
+def _sole_consumer(value: ir.Value, node: ir.Node, *also: ir.Node) -> bool:
+    """True if moving the Transpose that produces ``value`` past ``node`` (and ``also``) leaves it unused.
 
     That is: ``value`` is not a graph output, and its other consumers are Transposes that undo it (they
     cancel with it, so they read its input instead).
@@ -463,7 +463,7 @@ def _sole_consumer(value: ir.Value, node: ir.Node) -> bool:
         return False
     perm = _perm(value)
     for user, _ in value.uses():
-        if user is node:
+        if user is node or user in also:
             continue
         if user.op_type != "Transpose" or "perm" not in user.attributes or perm is None:
             return False
@@ -569,6 +569,45 @@ class _TransposeDownSecond(_TransposeDown):
         return getattr(op, self.operator)(c, op.Transpose(x, _allow_other_attributes=True), _outputs=["y"])
 
 
+class _TransposeDownGated(RewriteRuleClassBase):
+    """``Mul(t, Sigmoid(t))`` with ``t = Transpose(x)`` -> ``Transpose(Mul(x, Sigmoid(x)))``: a gated activation.
+
+    TFLite writes Keras's swish (EfficientNet, every SE block) as ``x * sigmoid(x)`` on NHWC, so the one
+    Transpose feeds two ops and neither :class:`_TransposeDown` rule may move it (each would leave it for the
+    other): EfficientNetB0 kept 130 Transposes. Moved past both at once, it meets the next one and cancels.
+    """
+
+    gate = ""
+    gate_first = False
+    """Operand order of the ``Mul`` (the rule set lists both)."""
+
+    def pattern(self, op, x):
+        moved = op.Transpose(x, _allow_other_attributes=True, _outputs=["moved"])
+        gated = getattr(op, self.gate)(moved, _allow_other_attributes=True)
+        return op.Mul(gated, moved, _outputs=["y"]) if self.gate_first else op.Mul(moved, gated, _outputs=["y"])
+
+    def check(self, context, x, moved, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        gate = node.inputs[0 if self.gate_first else 1].producer()
+        if gate.outputs[0].is_graph_output() or len(gate.outputs[0].uses()) != 1:
+            return result.fail(f"{node.name}: its gate is read elsewhere too.")
+        if _perm(moved) is None or not _sole_consumer(moved, node, gate):
+            return result.fail(f"{node.name}: the Transpose has other consumers.")
+        return result
+
+    def rewrite(self, op, x, moved, y):
+        node = y.producer()
+        gate = node.inputs[0 if self.gate_first else 1].producer()
+        gated = getattr(op, self.gate)(x, **dict(gate.attributes.items()))
+        product = op.Mul(gated, x) if self.gate_first else op.Mul(x, gated)
+        return op.Transpose(product, perm=_perm(moved))
+
+
+_TRANSPOSE_GATES = ("Sigmoid", "HardSigmoid", "Tanh")
+"""Gates of ``x * gate(x)`` activations TFLite writes out (swish, hard-swish, the tanh-gated ones)."""
+
+
 class _TransposeDownReduce(RewriteRuleClassBase):
     """``Reduce(Transpose(x, p), axes)`` -> ``Reduce(x, p[axes])``, transposed after only if the kept axes move.
 
@@ -646,7 +685,7 @@ class TransposeDownConcat(RewriteRuleClassBase):
     """``Concat(Transpose(a, p), Transpose(b, p), ..., axis=k)`` -> ``Transpose(Concat(a, b, ..., axis=p[k]), p)``."""
 
     def pattern(self, op, inputs):
-        return op.Concat(inputs, _allow_other_attributes=True, _outputs=["y"])
+        return op.Concat(inputs, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
 
     def check(self, context, inputs, y) -> MatchResult:
         result = MatchResult()
@@ -676,6 +715,9 @@ def _transpose_down_rules() -> list:
     rules += [rule(_TransposeDownReduce, operator)
               for operator in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceL2")]
     rules += [TransposeDownPad.rule(remove_nodes=False), TransposeDownConcat.rule(remove_nodes=False)]
+    rules += [type(f"TransposeDownGated{gate}{'First' if first else ''}", (_TransposeDownGated,),
+                   {"gate": gate, "gate_first": first}).rule(remove_nodes=False)
+              for gate in _TRANSPOSE_GATES for first in (False, True)]
     for operator in _TRANSPOSE_BINARY_OPS:
         rules += [rule(_TransposeDownBoth, operator, "Both"), rule(_TransposeDownSecond, operator, "Second")]
     return rules
