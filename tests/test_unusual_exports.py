@@ -17,9 +17,6 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler_core.api import mxq_compile
 from compiler_core.runtime import Accelerator, Model
 
-RNG = np.random.default_rng(0)
-
-
 def _compile_and_run(source: Path, calibration: list[dict], feeds: dict, tmp_path: Path) -> list[np.ndarray]:
     mxq_compile(str(source), target_device="aries-rb", save_path=tmp_path / "model.mxq",
                 calib_data_path=str(write_manifest(tmp_path / "calib", calibration)), analysis_holdout=0)
@@ -35,8 +32,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_a_float16_classifier_compiles_and_takes_float16_arrays(tmp_path):
     """A ``model.half()``-style export: float16 input, weights and compute; the MXQ follows it."""
-    weights = [numpy_helper.from_array((RNG.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float16), "w"),
-               numpy_helper.from_array((RNG.standard_normal((8 * 4 * 4, 10)) * 0.1).astype(np.float16), "fc")]
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float16), "w"),
+               numpy_helper.from_array((rng.standard_normal((8 * 4 * 4, 10)) * 0.1).astype(np.float16), "fc")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Flatten", ["r"], ["f"]),
@@ -45,8 +43,8 @@ def test_a_float16_classifier_compiles_and_takes_float16_arrays(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 10])], weights)
     source = tmp_path / "half.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
-    samples = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float16)} for _ in range(8)]
-    feeds = {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float16)}
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float16)} for _ in range(8)]
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float16)}
     (output,) = _compile_and_run(source, samples, feeds, tmp_path)
     (reference,) = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert output.dtype == np.float32 and output.shape == (1, 10)
@@ -55,21 +53,22 @@ def test_a_float16_classifier_compiles_and_takes_float16_arrays(tmp_path):
 
 def test_unused_and_empty_inputs_do_not_stop_a_compile(tmp_path):
     """An input nothing reads (an exporter leftover) and one with no elements still compile; ``y`` is right."""
+    rng = np.random.default_rng(11)  # its own: the module's generator depends on which tests ran before (xdist)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
               helper.make_tensor_value_info("unused", TensorProto.FLOAT, [1, 4]),
               helper.make_tensor_value_info("empty", TensorProto.FLOAT, [0])]
-    weights = [numpy_helper.from_array(RNG.standard_normal((4, 4)).astype(np.float32), "w")]
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")]
     graph = helper.make_graph(nodes, "leftovers", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
                               weights)
     source = tmp_path / "leftovers.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
-    sample = lambda: {"x": RNG.standard_normal((1, 4)).astype(np.float32),  # noqa: E731
-                      "unused": RNG.standard_normal((1, 4)).astype(np.float32), "empty": np.zeros(0, np.float32)}
+    sample = lambda: {"x": rng.standard_normal((1, 4)).astype(np.float32),  # noqa: E731
+                      "unused": rng.standard_normal((1, 4)).astype(np.float32), "empty": np.zeros(0, np.float32)}
     feeds = sample()
     (output,) = _compile_and_run(source, [sample() for _ in range(8)], feeds, tmp_path)
     (reference,) = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
-    assert _cosine(output, reference) > 0.99
+    assert np.abs(reference).max() > 0 and _cosine(output, reference) > 0.99
 
 
 def test_a_float16_export_with_its_casts_out_of_order_folds_its_resize_sizes(tmp_path):
@@ -78,8 +77,9 @@ def test_a_float16_export_with_its_casts_out_of_order_folds_its_resize_sizes(tmp
     Shape/Slice/Concat of the tensor it joins: its 37 Shape nodes stayed unfolded because ONNX's inference, reading the
     nodes in order, gave no shape after the first misplaced Cast (the optimizer's rounds then resolved a few levels)."""
     levels = 6  # more than the optimizer's rounds
-    weights = [numpy_helper.from_array((RNG.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float16), "w0"),
-               numpy_helper.from_array((RNG.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float16), "w1"),
+    rng = np.random.default_rng(12)
+    weights = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float16), "w0"),
+               numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float16), "w1"),
                numpy_helper.from_array(np.array([2], np.int64), "two"),
                numpy_helper.from_array(np.array([4], np.int64), "four"),
                numpy_helper.from_array(np.array([1, 4], np.int64), "batch_channels")]
@@ -102,8 +102,8 @@ def test_a_float16_export_with_its_casts_out_of_order_folds_its_resize_sizes(tmp
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
     source = tmp_path / "unsorted_half.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), source)
-    samples = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
-    feeds = {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
     (output,) = _compile_and_run(source, samples, feeds, tmp_path)
     (reference,) = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert output.shape == (1, 4, 8, 8) and _cosine(output, reference) > 0.99
