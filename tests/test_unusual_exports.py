@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler_core.api import mxq_compile
 from compiler_core.runtime import Accelerator, Model
 
+
 def _compile_and_run(source: Path, calibration: list[dict], feeds: dict, tmp_path: Path) -> list[np.ndarray]:
     mxq_compile(str(source), target_device="aries-rb", save_path=tmp_path / "model.mxq",
                 calib_data_path=str(write_manifest(tmp_path / "calib", calibration)), analysis_holdout=0)
