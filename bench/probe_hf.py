@@ -52,6 +52,16 @@ def _pixels(size: int = IMAGE) -> dict:
     return {"pixel_values": [1, 3, size, size]}
 
 
+_WAVEFORM = {"input_values": [1, 8000]}
+"""Half a second of 16 kHz audio."""
+
+
+def _speech_encoder(**extra) -> dict:
+    """The tiny wav2vec2-style config the speech encoders share (feature extractor of seven 32-channel convs)."""
+    return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32,) * 7,
+                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4) | extra
+
+
 def families() -> dict[str, tuple[str, str, dict, dict, str]]:
     """name -> (model class, config class, config kwargs, input shapes, input kind)."""
     return {
@@ -147,22 +157,12 @@ def families() -> dict[str, tuple[str, str, dict, dict, str]]:
             d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
             encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10, num_labels=5), _pixels(), "image"),
         # audio
-        "wav2vec2": ("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config", dict(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_labels=4),
-            {"input_values": [1, 8000]}, "audio"),
-        "hubert": ("HubertModel", "HubertConfig", dict(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
-            {"input_values": [1, 8000]}, "audio"),
-        "wavlm": ("WavLMModel", "WavLMConfig", dict(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_buckets=32),
-            {"input_values": [1, 8000]}, "audio"),
-        "data2vec_audio": ("Data2VecAudioModel", "Data2VecAudioConfig", dict(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-            conv_dim=(32,) * 7, num_conv_pos_embeddings=5, num_conv_pos_embedding_groups=4), {"input_values": [1, 8000]},
-            "audio"),
+        "wav2vec2": ("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config", _speech_encoder(num_labels=4),
+                     _WAVEFORM, "audio"),
+        "hubert": ("HubertModel", "HubertConfig", _speech_encoder(), _WAVEFORM, "audio"),
+        "wavlm": ("WavLMModel", "WavLMConfig", _speech_encoder(num_buckets=32), _WAVEFORM, "audio"),
+        "data2vec_audio": ("Data2VecAudioModel", "Data2VecAudioConfig", _speech_encoder(num_conv_pos_embeddings=5),
+                           _WAVEFORM, "audio"),
         "whisper_enc": ("WhisperForAudioClassification", "WhisperConfig", dict(
             vocab_size=VOCAB, num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4,
             decoder_layers=1, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
