@@ -308,7 +308,7 @@ def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_
     kinds = {layer.main(model).op_type: tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)}
     resizes = [tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)
                if layer.main(model).op_type == "Resize"]
-    assert len(resizes) == 2 and all(len({(t.c0, t.c1) for t in tiling.tiles}) > 1 for tiling in resizes)
+    assert len(resizes) == 2 and all(len(tiling.tiles) > 1 for tiling in resizes)  # channel ranges or row bands
     for op_type in ("GlobalAveragePool", "Pad", "MaxPool", "AveragePool"):  # channel ranges, each reading its
         # channels of the input
         assert len({(t.c0, t.c1) for t in kinds[op_type].tiles}) > 1, op_type
@@ -488,3 +488,35 @@ def test_a_layer_needing_the_whole_sram_keeps_the_others_resident(tmp_path):
     entry = document["modes"]["single"]["resident"][name]
     document["modes"]["single"]["resident"] = {name: {**entry, "live": [0, len(lowered.layers) - 1]}}
     assert "SRAM-resident region" in npu_problem(document, consts, len(model.ops))
+
+
+def _upsampling():
+    """A 4-channel 32x32 map resized bilinearly to 96x80 (ISNet's full-size upsamplings, scaled down)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    init = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 4, 96, 80], np.int64), "sizes")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode="linear")]
+    graph = helper.make_graph(nodes, "upsampling", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_linear_resize_whose_one_channel_exceeds_sram_tiles_by_bands_of_rows(tmp_path):
+    """Found with ISNet at a16w8: one int16 channel of a 1024x1024 upsampling, double-buffered, needs 5 MiB of a
+    core's 4 MiB; a band of output rows reads only the input rows its H matrix weights."""
+    onnx.save(_upsampling(), str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=12 * 1024)  # one channel: 1 KiB in + 7.5 KiB out, x2
+    lowered = lower(model, small, MODES)
+    [resize] = [tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)
+                if layer.main(model).op_type == "Resize"]
+    assert resize.rows and len({(t.r0, t.r1) for t in resize.tiles}) > 1
+    program = decode(lowered)
+    codes, golden = _codes(model, 4, 1.0)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode

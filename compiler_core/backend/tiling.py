@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from compiler_core.backend.fusion import POINTWISE_KINDS, Layer
 from compiler_core.backend.layout import NHWC, TensorLayout, channel_local, native_nhwc, slice_keeps_axis
 from compiler_core.backend.matmul import matmul_geometry
@@ -78,6 +80,9 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
         source = layouts[layer.inputs[0]]
         return (op.attrs.get("layout") == "dense" and rank >= 3 and out.shape[0] == 1
                 and source.shape[:-1] == out.shape[:-1] and source.layout == out.layout)
+    if op.kind == "interpolate":  # a band of output rows reads the input rows its H matrix weights (input_rows)
+        return (rank == 4 and axis == 2 and out.shape[0] == 1 and len(layer.ops) == 1 and native_nhwc(op)
+                and len(layer.inputs) == 1 and layouts[layer.inputs[0]].layout == out.layout)
     row_local = (op.kind in POINTWISE_KINDS or op.kind == "concat" or slice_keeps_axis(op, rank, axis)
                  or reduces_after(op, rank, axis))
     if rank < 3 or out.shape[0] != 1 or not row_local or out.layout == NHWC and not native_nhwc(op):
@@ -154,6 +159,9 @@ def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> 
         start = r0 * stride - top
         end = (r1 - 1) * stride - top + (kernel - 1) * dilation + 1
         return max(start, 0), min(end, in_height), max(-start, 0), max(end - in_height, 0)
+    if op.kind == "interpolate" and "weight2" in op.consts:  # the input rows the band's rows of W_H weight
+        used = np.flatnonzero(np.any(op.consts["weight2"][r0:r1] != 0, axis=0))
+        return int(used[0]), int(used[-1]) + 1, 0, 0
     if in_height == out_height:
         return r0, r1, 0, 0
     return 0, in_height, 0, 0

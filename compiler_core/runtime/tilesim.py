@@ -137,7 +137,7 @@ class TileSimulator:
             self._write_outputs(layer, main, values, state, memory, base)
             return
         out_layout = self.program.layouts[layer.outputs[0]]
-        inputs, pads = [], None
+        inputs, pads, band = [], None, None
         sliced = channel_sliced(self.model, layer, self.program.layouts)
         for slot, name in enumerate(layer.inputs):
             offset, size, logical = state["inputs"][slot]
@@ -145,7 +145,7 @@ class TileSimulator:
             raw = memory[offset:offset + size]
             if tiling["rows"]:
                 start, end, top, bottom = input_rows(main, r0, r1, layout.rows, out_layout.rows)
-                pads = (top, bottom)
+                pads, band = (top, bottom), (start, end)
                 inputs.append(_decode(raw, layout, layout.tile_shape(end - start),
                                       nhwc=layout.layout == NHWC))
             elif sliced and not logical:  # the tile's channels of every pixel
@@ -156,6 +156,8 @@ class TileSimulator:
         op = self._tile_op(main, state, memory, pads, c0, c1, out_layout, tiling["rows"])
         if tiling["rows"] and main.kind in POINTWISE_KINDS:
             op = _row_consts(main, out_layout, r0, r1)
+        if tiling["rows"] and main.kind == "interpolate" and "weight2" in main.consts:
+            op = _band_interpolation(main, r0, r1, *band)
         values = self._run(layer, _channel_tables(op, c0, c1, inputs), inputs, state, memory, (c0, c1))
         self._write_outputs(layer, main, values, state, memory, base)
 
@@ -237,6 +239,14 @@ def _channel_tables(op: IntOp, c0: int, c1: int, inputs: list) -> IntOp:
     sliced = copy.copy(op)
     sliced.consts = {**op.consts, "table": table[c0:c1]}
     return sliced
+
+
+def _band_interpolation(op: IntOp, r0: int, r1: int, start: int, end: int) -> IntOp:
+    """A linear Resize on a band: output rows ``[r0, r1)`` of its H matrix, over the input rows ``[start, end)``
+    the band reads (every weight outside them is zero, so the sums and their one rounding are the whole op's)."""
+    band = copy.copy(op)
+    band.consts = {**op.consts, "weight2": op.consts["weight2"][r0:r1, start:end]}
+    return band
 
 
 def _row_consts(op: IntOp, out_layout: TensorLayout, r0: int, r1: int) -> IntOp:
