@@ -19,8 +19,8 @@ import onnx_ir as ir
 from compiler_core import __version__
 from compiler_core.backend.fit import check_fit
 from compiler_core.backend.partition import Partition, partition
+from compiler_core.backend.program import check_tiles_fit, lower
 from compiler_core.backend.program import from_document as npu_from_document
-from compiler_core.backend.program import lower
 from compiler_core.backend.program import to_document as npu_to_document
 from compiler_core.config import CompileConfig
 from compiler_core.errors import (
@@ -99,7 +99,8 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
                            body_path=parts.body if parts is not None else None,
                            head=parts.head if parts is not None else None,
-                           tail=parts.tail if parts is not None else None)
+                           tail=parts.tail if parts is not None else None,
+                           before_analysis=lambda model: check_tiles_fit(model, device))
     with reporter.stage("schedule", total=len(core_modes), message="tiling, memory plan and schedule per core mode"):
         npu = lower(result.model, device, core_modes)
         npu_document, npu_consts = npu_to_document(npu)

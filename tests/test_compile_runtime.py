@@ -658,3 +658,31 @@ def test_a_bad_device_or_preset_is_said_before_the_parse(tmp_path, monkeypatch, 
     with pytest.raises((ArgumentError, QBCompilerError), match=words):
         mxq_compile(str(tmp_path / "any.onnx"), calib_data_path=str(tmp_path), save_path=tmp_path / "m.mxq", **kwargs)
     assert parses == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_layer_too_large_for_a_core_is_refused_before_the_analysis(tmp_path, monkeypatch):
+    """Found with ISNet: a MaxPool whose one tile needed 10 MiB failed only when the program was lowered, after
+    calibration (141 s) and the analysis (about 250 s); the tiles are now checked right after quantization."""
+    import dataclasses
+
+    import compiler_core.compile as compile_module
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2]),
+             helper.make_node("Conv", ["t", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "transposed", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                   [1, 8, 32, 32])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 32, 32])],
+                              [onnx.numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32), "w")])
+    source = tmp_path / "transposed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    small = dataclasses.replace(compile_module.get_device("aries-rb"), sram_bytes_per_core=6 * 1024)
+    monkeypatch.setattr(compile_module, "get_device", lambda name: small)  # the Transpose needs 8 KiB in, 8 out
+    stages = []
+    with pytest.raises(QBCompilerError) as caught:
+        mxq_compile(str(source), "aries-rb", save_path=tmp_path / "m.mxq", use_random_calib=True,
+                    callback=lambda event: stages.append(event.stage))
+    assert caught.value.code == "DOES_NOT_FIT" and "Transpose" in caught.value.message
+    assert "quantize" in stages and "analyze" not in stages
+    assert not (tmp_path / "m.mxq").exists()

@@ -20,6 +20,7 @@ from compiler_core.backend.fusion import Layer, fuse
 from compiler_core.backend.layout import TensorLayout, assign_layouts, transposes
 from compiler_core.backend.memplan import Buffer, arena_size, plan_memory
 from compiler_core.backend.schedule import FIELDS, ModeProgram, schedule_mode
+from compiler_core.backend.tiling import tile_layer
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.targets import CORE_MODES, DeviceProfile
 
@@ -53,6 +54,19 @@ def lower(model: QuantizedModel, device: DeviceProfile, modes: Sequence[str]) ->
     layers = fuse(model)
     layouts = assign_layouts(model, layers)
     return schedule(model, device, modes, layers, layouts, plan_memory(model, layers, layouts))
+
+
+def check_tiles_fit(model: QuantizedModel, device: DeviceProfile) -> None:
+    """Tile every layer for one core of ``device``, as :func:`lower` will: a layer whose smallest tile exceeds the
+    core SRAM is found in seconds, right after quantization, not after the analysis (ISNet: 4 minutes later).
+
+    Raises:
+        DoesNotFitError: a layer's smallest tile exceeds the core SRAM.
+    """
+    layers = fuse(model)
+    layouts = assign_layouts(model, layers)
+    for layer in layers:
+        tile_layer(model, layer, layouts, device.sram_bytes_per_core, 1)
 
 
 def schedule(model: QuantizedModel, device: DeviceProfile, modes: Sequence[str], layers: list[Layer],

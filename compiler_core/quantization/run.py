@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                   calib_data_path: str | Sequence[str] | None = None, reporter: Reporter,
                   cache: StatisticsCache | None = None, analysis: bool = True,
                   body_path: str | Path | ir.Model | None = None, head: bytes | None = None,
-                  tail: bytes | None = None) -> QuantizeResult:
+                  tail: bytes | None = None,
+                  before_analysis: Callable[[QuantizedModel], None] | None = None) -> QuantizeResult:
     """Quantize an MBLT with ``config`` (already resolved) on the given calibration data.
 
     ``mblt_path`` is the file or a compile session that holds it in memory (then nothing is read
@@ -65,6 +66,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     model in memory; statistics still come from the whole MBLT, whose tensors it shares) and
     ``head`` the ONNX CPU head that turns samples into the body's inputs for the analysis, ``tail`` the ONNX CPU tail
     that turns the body's outputs into the model's (the analysis compares the model's outputs).
+    ``before_analysis`` is called with the quantized model before the analysis runs (the compile's fit check: a
+    failure there should not wait for the analysis).
     """
     timings: dict[str, float] = {}
     session = mblt_path if isinstance(mblt_path, MbltSession) else MbltSession.open(mblt_path)
@@ -79,6 +82,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
                                                 model_outputs=model_outputs,
                                                 samples=calibration if head is None else _through_head(head, calibration))
     timings["quantize"] = time.perf_counter() - started
+    if before_analysis is not None:
+        before_analysis(model)
     report = {}
     if analysis and len(holdout):
         started = time.perf_counter()
