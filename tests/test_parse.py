@@ -441,6 +441,38 @@ def test_conv_with_a_stride_beyond_the_npu_reads_frames_as_channels(tmp_path, ch
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("shape", "kernel", "strides", "pads"), [
+    ((1, 1, 1, 1100), (1, 256), (1, 256), (0, 0, 0, 0)),  # basic-pitch's CQT (tf2onnx): stride == kernel, too wide
+    ((1, 1, 1, 1100), (1, 256), (1, 128), (0, 0, 0, 0)),  # its half-hop filters
+    ((1, 2, 300, 1), (40, 1), (16, 1), (5, 0, 3, 0)),  # a one-column input, padded
+])
+def test_one_row_2d_conv_with_a_long_stride_reads_frames_as_channels(tmp_path, shape, kernel, strides, pads):
+    """A 2-D Conv over a one-row input is a 1-D one: before, a kernel 1x256 at stride 256 stayed on the CPU
+    (``kernel 1x256 exceeds the NPU limit``), as the split into 32-tap convolutions cannot take the stride."""
+    from compiler_core.targets import check_support
+
+    rng = np.random.default_rng(0)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=list(strides),
+                            kernel_shape=list(kernel))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((6, shape[1], *kernel)).astype(np.float32),
+                                                       "w"),
+                               numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+                   tmp_path / "strided2d.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    model = load_mblt(mblt)
+    [conv] = [node for node in model.graph if node.op_type == "Conv"]
+    assert set(conv.attributes["strides"].as_ints()) == {1}
+    assert check_support(model, "aries-rb").counts()["unsupported"] == 0
+    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+    (expected,) = ort.InferenceSession(str(source)).run(None, feed)
+    (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
     """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),

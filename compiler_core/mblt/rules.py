@@ -343,13 +343,15 @@ class SplitWideConvKernel(_ConvRule):
 
 
 class FramedStridedConv(_ConvRule):
-    """A 1-D Conv whose stride is beyond the NPU's (and not its kernel) -> frames of ``stride`` samples as channels.
+    """A Conv whose stride is beyond the NPU's (and not its kernel) -> frames of ``stride`` samples as channels.
 
     ``y[t] = sum_m W[m] x[t*S + m]``: cut the (padded) input into frames of ``S`` samples, ``x'[c*S + j, f] =
     x[c, f*S + j]`` (Reshape, Transpose, Reshape), and the kernel into ``ceil(K / S)`` frames of its taps
     (zero-padded to whole frames), ``W'[o, c*S + j, k] = W[o, c, k*S + j]``; then ``y = Conv(x', W')`` with stride 1
     and ``ceil(K / S)`` taps. Exact in float. Silero VAD's STFT (kernel 256, stride 128, one channel) is the case:
-    it ran on the CPU before.
+    it ran on the CPU before. A 2-D Conv over a one-row (or one-column) input with a 1-tap kernel on that axis is
+    the same 1-D convolution: basic-pitch's constant-Q transform (tf2onnx, ``[1, 1, 1, samples]``, kernel 1x256,
+    stride 256 or 128). A stride equal to the kernel is the NPU's own only while the kernel fits its window.
     """
 
     def check(self, context, x, w, y) -> MatchResult:
@@ -359,32 +361,47 @@ class FramedStridedConv(_ConvRule):
         node = y.producer()
         if not _constant_weights(node):
             return result.fail(f"{node.name}: weights or bias are not constants.")
-        if len(w.const_value.shape) != 3 or x.shape is None or len(x.shape) != 3 \
+        rank = len(w.const_value.shape)
+        if rank not in (3, 4) or x.shape is None or len(x.shape) != rank \
                 or not all(isinstance(dim, int) for dim in x.shape):
-            return result.fail(f"{node.name}: not a 1-D convolution of a static input.")
+            return result.fail(f"{node.name}: not a 1-D (or one-row 2-D) convolution of a static input.")
         attributes = node.attributes
-        kernel, stride = w.const_value.shape[2], (list(attributes["strides"].as_ints()) if "strides" in attributes
-                                                   else [1])[0]
-        if stride <= MAX_STRIDE or stride == kernel:
-            return result.fail(f"{node.name}: the NPU takes stride {stride} with kernel {kernel}.")
+        kernels = list(w.const_value.shape[2:])
+        strides = list(attributes.get_ints("strides", [1] * (rank - 2)))
+        pads = list(attributes.get_ints("pads", [0] * 2 * (rank - 2)))
+        long = [j for j, (kernel, stride) in enumerate(zip(kernels, strides))
+                if stride > MAX_STRIDE and not (stride == kernel <= MAX_KERNEL)]
+        if len(long) != 1:
+            return result.fail(f"{node.name}: the NPU takes strides {strides} with kernel {kernels}.")
+        axis = long[0]
+        for other in set(range(rank - 2)) - {axis}:  # a one-row input, read by one tap, unpadded
+            if x.shape[2 + other] != 1 or kernels[other] != 1 or pads[other] or pads[other + rank - 2]:
+                return result.fail(f"{node.name}: the strided axis is not the only one with more than one sample.")
+        kernel, stride = kernels[axis], strides[axis]
         if -(-kernel // stride) > MAX_KERNEL:
             return result.fail(f"{node.name}: {-(-kernel // stride)} frames of taps exceed the NPU window.")
-        if attributes.get_int("group", 1) != 1 or list(attributes.get_ints("dilations", [1])) != [1]:
+        if attributes.get_int("group", 1) != 1 or set(attributes.get_ints("dilations", [1])) != {1}:
             return result.fail(f"{node.name}: grouped or dilated.")
         if attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
             return result.fail(f"{node.name}: auto_pad (explicit pads only).")
-        if x.shape[2] + sum(attributes.get_ints("pads", [0, 0])) < kernel:
+        if x.shape[2 + axis] + pads[axis] + pads[axis + rank - 2] < kernel:
             return result.fail(f"{node.name}: the input is shorter than the kernel.")
         return result
 
     def rewrite(self, op, x, w, y):
+        from compiler_core.ops.constraints import MAX_KERNEL, MAX_STRIDE
+
         node = y.producer()
         attributes = node.attributes
         weight = w.const_value.numpy()
-        out_channels, in_channels, kernel = weight.shape
-        stride = list(attributes["strides"].as_ints())[0]
-        begin, end = list(attributes.get_ints("pads", [0, 0]))
-        batch, _, length = x.shape
+        out_channels, in_channels, *kernels = weight.shape
+        spatial = len(kernels)
+        strides = list(attributes.get_ints("strides", [1] * spatial))
+        axis = next(j for j, (k, s) in enumerate(zip(kernels, strides)) if s > MAX_STRIDE and not (s == k <= MAX_KERNEL))
+        kernel, stride = kernels[axis], strides[axis]
+        all_pads = list(attributes.get_ints("pads", [0] * 2 * spatial))
+        begin, end = all_pads[axis], all_pads[axis + spatial]
+        batch, length = x.shape[0], x.shape[2 + axis]
         padded = length + begin + end
         outputs = (padded - kernel) // stride + 1
         taps = -(-kernel // stride)  # the kernel in whole frames
@@ -392,25 +409,31 @@ class FramedStridedConv(_ConvRule):
         end += frames * stride - padded  # cut (or zero-pad) the input to whole frames
         if end < 0:
             x = op.Slice(x, *(op.initializer(ir.tensor(np.array([v], np.int64)), name=f"{node.name}_frames_{k}")
-                              for k, v in (("start", 0), ("stop", length + end), ("axis", 2))))
+                              for k, v in (("start", 0), ("stop", length + end), ("axis", 2 + axis))))
             end = 0
         if begin or end:
-            x = op.Pad(x, op.initializer(ir.tensor(np.array([0, 0, begin, 0, 0, end], np.int64)),
-                                         name=f"{node.name}_frames_pads"))
+            padding = [0] * 2 * (spatial + 2)
+            padding[2 + axis], padding[2 + axis + spatial + 2] = begin, end
+            x = op.Pad(x, op.initializer(ir.tensor(np.array(padding, np.int64)), name=f"{node.name}_frames_pads"))
 
         def shape(name: str, dims: list[int]) -> ir.Value:
             return op.initializer(ir.tensor(np.array(dims, np.int64)), name=f"{node.name}_frames_{name}")
 
+        def unit_axes(dims: list[int], size: int) -> list[int]:  # ``size`` on the strided axis, 1 on the other
+            return dims + [size if j == axis else 1 for j in range(spatial)]
+
+        # the one-sample axis adds nothing to the layout: [B, C, 1, L] and [B, C, L] hold the samples in one order
         cut = op.Reshape(x, shape("cut", [batch, in_channels, frames, stride]))
-        framed = op.Reshape(op.Transpose(cut, perm=[0, 1, 3, 2]), shape("shape", [batch, in_channels * stride, frames]))
+        framed = op.Reshape(op.Transpose(cut, perm=[0, 1, 3, 2]),
+                            shape("shape", unit_axes([batch, in_channels * stride], frames)))
         whole = np.zeros((out_channels, in_channels, taps * stride), weight.dtype)
-        whole[:, :, :kernel] = weight
+        whole[:, :, :kernel] = weight.reshape(out_channels, in_channels, kernel)
         folded = whole.reshape(out_channels, in_channels, taps, stride).transpose(0, 1, 3, 2)
         inputs = [framed, op.initializer(ir.tensor(np.ascontiguousarray(folded.reshape(
-            out_channels, in_channels * stride, taps))), name=f"{node.name}_frames_w")]
+            unit_axes([out_channels, in_channels * stride], taps)))), name=f"{node.name}_frames_w")]
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             inputs.append(node.inputs[2])
-        return op.Conv(*inputs, kernel_shape=[taps], strides=[1], pads=[0, 0])
+        return op.Conv(*inputs, kernel_shape=unit_axes([], taps), strides=[1] * spatial, pads=[0] * 2 * spatial)
 
 
 class LrnToConv(RewriteRuleClassBase):
