@@ -473,6 +473,37 @@ def test_one_row_2d_conv_with_a_long_stride_reads_frames_as_channels(tmp_path, s
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("bounds", ["top_db", "both_runtime", "runtime_low_constant_high"])
+def test_clip_with_a_bound_computed_at_run_time_becomes_max_and_min(tmp_path, bounds):
+    """openWakeWord's log-mel ``Clip(x, ReduceMax(x) - 80)`` was refused by check (``Clip input 'min' must be a
+    constant``); as Max/Min it is supported and exact, a low bound above the high one included."""
+    from compiler_core.targets import check_support
+
+    nodes = [helper.make_node("ReduceMax", ["x"], ["peak"], keepdims=0),
+             helper.make_node("Sub", ["peak", "db"], ["low"])]
+    if bounds == "top_db":
+        nodes.append(helper.make_node("Clip", ["x", "low"], ["y"]))
+    elif bounds == "both_runtime":  # the high bound sits below the low one for some inputs
+        nodes += [helper.make_node("ReduceMin", ["x"], ["floor"], keepdims=0),
+                  helper.make_node("Add", ["floor", "db"], ["high"]),
+                  helper.make_node("Clip", ["x", "low", "high"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Clip", ["x", "low", "cap"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 50])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(2.0, np.float32), "db"),
+                               numpy_helper.from_array(np.array(1.5, np.float32), "cap")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+                   tmp_path / "clip.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    model = load_mblt(mblt)
+    assert check_support(model, "aries-rb").counts()["unsupported"] == 0
+    for seed in range(3):
+        feed = {"x": np.random.default_rng(seed).standard_normal((1, 4, 50)).astype(np.float32) * (seed + 1)}
+        np.testing.assert_array_equal(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                                      ort.InferenceSession(str(source)).run(None, feed)[0])
+
+
 def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
     """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),

@@ -1162,6 +1162,35 @@ class LogSoftmaxToExpLog(RewriteRuleClassBase):
         return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
 
 
+class ClipRuntimeBounds(RewriteRuleClassBase):
+    """A Clip whose bound is computed at run time -> ``Min(Max(x, low), high)``.
+
+    The NPU's Clip takes its bounds at compile time; an element-wise Max/Min takes them as a tensor. openWakeWord's
+    log-mel front end clamps to ``max(x) - 80 dB`` (``Clip(x, ReduceMax(x) - 80)``, librosa's ``top_db``). Exact,
+    low bound above the high one included: both give ``high`` then. A constant bound rides along (the library's
+    rule folds a Max or Min by a constant back into a Clip).
+    """
+
+    def pattern(self, op, x):
+        return op.Clip(x, _allow_other_inputs=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        bounds = [value for value in y.producer().inputs[1:3] if value is not None and value.name]
+        if not any(value.const_value is None for value in bounds):
+            return result.fail("the Clip's bounds are constants (or absent).")
+        return result
+
+    def rewrite(self, op, x, y):
+        inputs = list(y.producer().inputs) + [None, None]
+        low, high = inputs[1], inputs[2]
+        if low is not None and low.name:
+            x = op.Max(x, low)
+        if high is not None and high.name:
+            x = op.Min(x, high)
+        return x
+
+
 class GatherCastIds(RewriteRuleClassBase):
     """``Gather(table, Cast(ids, to=int64))`` -> ``Gather(table, ids)`` when ``ids`` is an int32 model input.
 
@@ -1198,5 +1227,6 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), *_fake_quant_rules(), *_transpose_down_rules()]
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
