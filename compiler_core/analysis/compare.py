@@ -188,7 +188,11 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
 
 def _sample_rows(model: QuantizedModel, quantized: dict, name: str, index: int) -> np.ndarray:
     """Sample ``index``'s block of a chunk's codes: a tensor whose one-sample shape leads with d > 1 (ViT's
-    heads folded into the first axis) comes back from a sample-by-sample run as d rows per sample."""
+    heads folded into the first axis) comes back from a sample-by-sample run as d rows per sample. A scalar
+    (a ReduceMax with ``keepdims=0``: openWakeWord's ``max(x) - 80 dB``) has no rows: a model with one is never
+    batched, so its one sample's value is the whole."""
+    if np.ndim(quantized[name]) == 0:
+        return quantized[name]
     shape = model.shapes.get(name)
     rows = int(shape[0]) if shape and int(shape[0]) > 0 else 1
     return quantized[name][index * rows:(index + 1) * rows]
