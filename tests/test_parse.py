@@ -504,6 +504,27 @@ def test_clip_with_a_bound_computed_at_run_time_becomes_max_and_min(tmp_path, bo
                                       ort.InferenceSession(str(source)).run(None, feed)[0])
 
 
+def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
+    """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
+    so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["power"]), helper.make_node("Add", ["power", "floor"], ["floored"]),
+             helper.make_node("Log", ["floored"], ["log"]), helper.make_node("Add", ["zero", "log"], ["shifted"]),
+             helper.make_node("Mul", ["shifted", "nearly_one"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(1e-10, np.float32), "floor"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                               numpy_helper.from_array(np.array(1.000001, np.float32), "nearly_one")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "floor.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    ops = [node.op_type for node in load_mblt(mblt).graph]
+    assert ops.count("Add") == 1 and ops.count("Mul") == 2  # the floor and x * 1.000001 stay; 0 + log goes
+    feed = {"x": np.concatenate([np.zeros(8), np.geomspace(1e-9, 1.0, 56)]).astype(np.float32)[None]}
+    np.testing.assert_allclose(ort.InferenceSession(str(mblt)).run(None, feed)[0],
+                               ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-6)
+
+
 def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
     """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),

@@ -56,7 +56,7 @@ from compiler_core.mblt.rule_index import (
     merge_equal_weights,
     optimize,
 )
-from compiler_core.mblt.rules import MBLT_REWRITE_RULES
+from compiler_core.mblt.rules import EXACT_NO_OP_RULES, MBLT_REWRITE_RULES
 from compiler_core.progress import Reporter, as_reporter
 
 logger = logging.getLogger(__name__)
@@ -623,7 +623,7 @@ def _optimize(model: ir.Model) -> None:
 # Fusions onnxscript provides, applied after ours: Conv -> Mul/Add by scalars (PP-OCR writes Mul(c, conv)),
 # HardSwish written out (x * clip(x + 3, 0, 6) / 6, or x * HardSigmoid(x)), LayerNorm written out
 # (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add), Max/Min by constants -> Clip, successive clamps, and the
-# arithmetic no-ops (x * 1, x + 0, x - 0, x / 1).
+# arithmetic no-ops (x * 1, x + 0, x - 0, x / 1; ours, which match these constants exactly).
 _LIBRARY_RULES = [
     *RewriteRuleSet([common_rules.conv_affine_fusion_rule], commute=True).rules,
     *common_rules.fuse_hardswish_rules().rules,
@@ -631,7 +631,7 @@ _LIBRARY_RULES = [
     common_rules.min_max_rule, common_rules.max_min_rule, common_rules.min_min_rule, common_rules.max_max_rule,
     common_rules.successive_clip_rule, common_rules.successive_relu_rule, common_rules.successive_clip_relu_rule,
     common_rules.successive_relu_clip_rule,
-    common_rules.mul_by_1_rule, common_rules.add_0_rule, common_rules.sub_0_rule, common_rules.div_by_1_rule,
+    *EXACT_NO_OP_RULES,
 ]
 _MAX_REWRITE_ROUNDS = 8
 

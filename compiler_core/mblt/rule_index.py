@@ -38,7 +38,7 @@ from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
 from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 from onnxscript.rewriter._rewrite_rule import RewriteRule
-from onnxscript.rewriter.rules.common import _fuse_batchnorm
+from onnxscript.rewriter.rules.common import _fuse_batchnorm, _no_op
 
 logger = logging.getLogger(__name__)
 
@@ -452,8 +452,13 @@ _DEFAULT_RULES: RewriteRuleSet | None = None
 def _default_rules() -> RewriteRuleSet:
     global _DEFAULT_RULES
     if _DEFAULT_RULES is None:
+        from compiler_core.mblt.rules import EXACT_NO_OP_RULES
+
         quick = _quick_library_rules()
-        _DEFAULT_RULES = indexed_rule_set([quick.get(rule.name, rule) for rule in rewriter._DEFAULT_REWRITE_RULES])
+        # the library's x * 1, x + 0, x - 0, x / 1 match within 1e-8 (x + 1e-10 is not x): ours match exactly
+        approximate = {id(rule) for rule in _no_op.rules.rules if root_op_type(rule) in ("Mul", "Add", "Sub", "Div")}
+        library = [quick.get(rule.name, rule) for rule in rewriter._DEFAULT_REWRITE_RULES if id(rule) not in approximate]
+        _DEFAULT_RULES = indexed_rule_set([*EXACT_NO_OP_RULES, *library])
     return _DEFAULT_RULES
 
 

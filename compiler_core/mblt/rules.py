@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import MatchResult, RewriteRuleClassBase, RewriteRuleSet
+from onnxscript.rewriter import MatchResult, RewriteRule, RewriteRuleClassBase, RewriteRuleSet
+from onnxscript.rewriter.pattern import Constant
 
 
 class BatchNormToAffine(RewriteRuleClassBase):
@@ -1230,3 +1231,24 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
+
+
+def _exactly(value: float) -> Constant:
+    """A pattern constant that matches ``value`` only: the library's ``x + 0`` matches within 1e-8, so it removed
+    basic-pitch's ``Log(power + 1e-10)`` floor (the log's minimum went from -100 dB to -124 dB)."""
+    return Constant(value, rel_tol=0.0, abs_tol=0.0)
+
+
+def _identity(op, x, **_):
+    return op.Identity(x)
+
+
+EXACT_NO_OP_RULES = [
+    *RewriteRuleSet([RewriteRule(lambda op, x: op.Mul(x, _exactly(1)), _identity, name="ExactMulBy1"),
+                     RewriteRule(lambda op, x: op.Add(x, _exactly(0)), _identity, name="ExactAdd0")],
+                    commute=True).rules,
+    RewriteRule(lambda op, x: op.Sub(x, _exactly(0)), _identity, name="ExactSub0"),
+    RewriteRule(lambda op, x: op.Div(x, _exactly(1)), _identity, name="ExactDivBy1"),
+]
+"""The arithmetic no-ops (``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``, ``x / 1``) with exactly these
+constants: they stand in for the library's, in our rule set and in the optimizer's default rules."""
