@@ -644,15 +644,15 @@ def _compile_text(payload: dict[str, Any]) -> str:
         if suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
                          "compiler choose int16 layers (--mixed-precision cosine=0.99)")
-        elif payload.get("config_preset") == "a16w8":  # int16 activations already: the weights next
-            lines.append("  hint: with int16 activations everywhere, int16 weights may help (--config-preset a16w16), "
-                         "or more calibration data")
         elif payload.get("config_preset") == "a16w16":  # everything is int16: the rest is a layer's range
             worst = (payload.get("analysis") or {}).get("worst_layers") or []
             where = f" ({worst[0]} is the worst in the analysis)" if worst else ""
             lines.append(f"  hint: activations and weights are int16 already{where}: a layer whose values span more "
                          "than int16 resolves (a Log of a power spectrum, say) is better run on the CPU (end the NPU "
                          "graph before it with --output-names), or calibrate on more data")
+        elif payload.get("config_preset") == "a16w8" or _all_int16(payload["program"]):  # the weights next
+            lines.append("  hint: with int16 activations everywhere, int16 weights may help (--config-preset a16w16), "
+                         "or more calibration data")
         else:
             lines.append("  hint: to gain accuracy, let the compiler choose int16 layers (--mixed-precision "
                          "cosine=0.99), or use --config-preset a16w8 for recurrent, regression and image-to-image "
@@ -662,6 +662,11 @@ def _compile_text(payload: dict[str, Any]) -> str:
     if payload["config_file"]:
         lines.append(f"  resolved config: {payload['config_file']}")
     return "\n".join(lines)
+
+
+def _all_int16(program: dict[str, Any]) -> bool:
+    """Whether every tensor of the program is int16 already (the ``ocr`` preset's activations, say)."""
+    return bool(program.get("tensors")) and program["int16_tensors"] >= program["tensors"]
 
 
 def _metric_lines(outputs: dict[str, dict]) -> list[str]:

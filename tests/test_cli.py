@@ -207,6 +207,9 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
     text = _compile_text({**payload, "config_preset": "a16w16", "analysis": {"worst_layers": ["Log_0", "Max_0"]}})
     assert "--config-preset" not in text  # all int16 already (openWakeWord's log-mel was told to try a16w16 again)
     assert ("Log_0" in text and "--output-names" in text) is hinted
+    all_int16 = {**payload["program"], "tensors": 9, "int16_tensors": 9}
+    text = _compile_text({**payload, "config_preset": "ocr", "program": all_int16})
+    assert "a16w8" not in text and ("a16w16" in text) is hinted  # ocr is int16 activations (PP-OCRv5 was told a16w8)
 
 
 def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_to_try(tmp_path, capsys):
