@@ -525,6 +525,38 @@ def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
                                ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("at_the_end", [True, False])
+def test_an_if_that_only_computes_the_outputs_is_refused_with_the_cut_that_compiles(tmp_path, at_the_end):
+    """openWakeWord's wake-word heads end in an ``If`` (score >= 0.5: run a verifier net, else return the score):
+    the refusal says which tensor to end the graph at; an ``If`` inside the graph gets no such hint."""
+    then_branch = helper.make_graph([helper.make_node("Mul", ["score", "two"], ["verified"])], "then", [],
+                                    [helper.make_tensor_value_info("verified", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["score"], ["passed"])], "else", [],
+                                    [helper.make_tensor_value_info("passed", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["logit"]), helper.make_node("Sigmoid", ["logit"], ["score"]),
+             helper.make_node("ReduceMax", ["score"], ["top"], keepdims=0),
+             helper.make_node("GreaterOrEqual", ["top", "half"], ["fire"]),
+             helper.make_node("If", ["fire"], ["gated"], then_branch=then_branch, else_branch=else_branch)]
+    output = "gated"
+    if not at_the_end:
+        nodes.append(helper.make_node("Relu", ["gated"], ["y"]))
+        output = "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((8, 1), np.float32), "w"),
+                               numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                               numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+                   tmp_path / "gated.onnx")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(source, tmp_path / "out.mblt")
+    assert "If" in caught.value.message
+    assert ("--output-names score " in caught.value.hint) is at_the_end
+    if at_the_end:
+        mblt = mblt_compile(source, tmp_path / "cut.mblt", output_names=["score"])
+        assert [value.name for value in load_mblt(mblt).graph.outputs] == ["score"]
+
+
 def test_rank_6_window_partition_is_written_with_fewer_axes(tmp_path):
     """Swin's window partition (reshape to rank 6, permute, reshape) keeps its values with at most 5 axes."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]),

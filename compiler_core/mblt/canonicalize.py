@@ -111,7 +111,7 @@ def canonicalize(
     inferred = [False]  # the shapes were inferred with the opset conversion (the protobuf path)
     steps = [
         ("record source names", lambda m: _record_source_names(m)),
-        ("cut at outputs", lambda m: cut_at_outputs(m, output_names or ())),
+        ("cut at outputs", lambda m: (cut_at_outputs(m, output_names or ()), _note_tail_cut(m))),
         ("refuse data-dependent ops", refuse_data_dependent_ops),
         ("check operators", _check_known_ops),
         ("initializer inputs to constants", _initializer_inputs_to_constants),
@@ -1024,11 +1024,61 @@ def _returned_inputs_copied(model: ir.Model) -> None:
 
 def _check_mblt_ops(model: ir.Model) -> None:
     offending: dict[str, list[str]] = {}
-    for node in all_nodes(model.graph):
-        if not opset.is_mblt_op(node.domain, node.op_type):
-            offending.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY) or node.name)
+    nodes = [node for node in all_nodes(model.graph) if not opset.is_mblt_op(node.domain, node.op_type)]
+    for node in nodes:
+        offending.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY) or node.name)
     if offending:
-        raise unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)")
+        error = unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)")
+        cut = model.meta.get(_TAIL_CUT_KEY) if len(_tail_nodes(model.graph)) == len(nodes) else None
+        if cut:
+            error.hint = (f"The unsupported nodes only compute the model's outputs: compile the graph before them "
+                          f"with --output-names {','.join(cut)} (output_names=[...]) and run the rest on the CPU. "
+                          + error.hint)
+        raise error
+
+
+_TAIL_CUT_KEY = "mblt.tail_cut"
+"""``model.meta`` (in memory): :func:`_cut_before_tail` on the source's names, for the hint of an unfoldable tail."""
+
+
+def _note_tail_cut(model: ir.Model) -> None:
+    """Keep the source's names of the tensors before an unsupported tail (the canonical graph renames them)."""
+    names = _cut_before_tail(model.graph, _tail_nodes(model.graph))
+    if names:
+        model.meta[_TAIL_CUT_KEY] = names
+
+
+def _tail_nodes(graph: ir.Graph) -> list[ir.Node]:
+    """Nodes outside the MBLT op set (a ``Constant`` aside) that write graph outputs only, which nothing reads."""
+    outputs = set(graph.outputs)
+    return [node for node in graph if node.op_type != "Constant" and not opset.is_mblt_op(node.domain, node.op_type)
+            and all(output in outputs and not output.uses() for output in node.outputs)]
+
+
+def _cut_before_tail(graph: ir.Graph, tail: list[ir.Node]) -> list[str]:
+    """The tensors to end the graph at to leave out the ``tail`` nodes (openWakeWord's ``If`` that runs a verifier
+    when the score passes 0.5): the float values they read, their subgraphs' outer reads included (not a
+    condition, a graph input or a constant)."""
+    read: list[ir.Value] = []
+    for node in tail:
+        control = {"If": 1, "Loop": 2}.get(node.op_type, 0)  # a condition (and a trip count) is no result
+        read.extend(value for value in node.inputs[control:] if value is not None)
+        for attribute in node.attributes.values():
+            subgraphs = ([attribute.value] if attribute.type == ir.AttributeType.GRAPH
+                         else list(attribute.value) if attribute.type == ir.AttributeType.GRAPHS else [])
+            for subgraph in subgraphs:
+                inner = {value for sub in all_nodes(subgraph) for value in sub.outputs} | set(subgraph.inputs)
+                read.extend(value for sub in all_nodes(subgraph) for value in sub.inputs
+                            if value is not None and value not in inner and value.name not in subgraph.initializers)
+    names = []
+    for value in read:
+        producer = value.producer()
+        if value.is_graph_input() or value.const_value is not None or value.dtype == ir.DataType.BOOL \
+                or (producer is not None and producer.op_type == "Constant"):
+            continue
+        if value.name not in names:
+            names.append(value.name)
+    return names
 
 
 _SAME_SHAPE_OPS = frozenset({"GroupNormalization", "MeanVarianceNormalization", "InstanceNormalization",
