@@ -49,6 +49,8 @@ from realmodels import (
     package_dir,
 )
 
+from compiler_core.analysis import metrics
+
 logger = logging.getLogger(__name__)
 
 DEVICE = "aries-rb"
@@ -1013,8 +1015,9 @@ def _verdict(mblt: Path) -> dict:
     return {"verdict": verdict, "counts": report.counts(), "nodes": len(report.entries), "flagged": reasons[:6]}
 
 
-POOLED_BELOW = 8
-"""Outputs with fewer elements per sample (a score, a pitch) are compared over all held-out samples at once."""
+POOLED_BELOW = metrics.POOLED_BELOW
+"""Outputs with fewer elements per sample (a score, a pitch) are compared over all held-out samples at once, as
+the compile's analysis compares them."""
 
 
 def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
