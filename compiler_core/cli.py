@@ -639,7 +639,8 @@ def _compile_text(payload: dict[str, Any]) -> str:
     if samples.get("random"):
         lines.append("  note: calibrated and measured on random data (--use-random-calib): the accuracy figures say "
                      "nothing about real inputs; pass --calib-data-path with real samples")
-    elif not mixed and any(metrics.get("verdict") in ("warn", "flag") for metrics in payload["outputs"].values()):
+    elif not mixed and any(metrics.get("verdict") in ("warn", "flag") and not metrics.get("quiet_probability")
+                           for metrics in payload["outputs"].values()):
         suited = payload.get("suited_preset") or {}
         if suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
@@ -678,7 +679,9 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
                   else "n/a (FP32 output near zero on every held-out sample)")
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
-        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]")
+        quiet_note = " (a probability that stays near 0 on the held-out samples)" if metrics.get("quiet_probability") else ""
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]"
+                     f"{quiet_note}")
     return lines
 
 

@@ -122,3 +122,21 @@ def test_a_one_element_output_is_compared_over_all_samples():
         wide.add(reference, reference + 0.01 * rng.standard_normal(64))
     result = wide.to_dict()
     assert "cosine_pooled" not in result and result["cosine_mean"] > 0.999
+
+
+def test_a_probability_that_never_fires_on_the_held_out_samples_is_named():
+    """openWakeWord's score stays near 0.0004 on speech without the wake word: SQNR 0.4 dB [flag] measured noise
+    around zero, and the user was sent to mixed precision; now the analysis says so and marks the output."""
+    from compiler_core.analysis.compare import _quiet_probability_warnings
+
+    def row(peak: float, verdict: str = "flag") -> dict:
+        return {"reference_peak": peak, "verdict": verdict, "max_abs_error": 3.9e-4}
+
+    outputs = {"score": row(4.1e-4), "fired": row(0.93), "logits": row(4.1e-4), "fine": row(1e-3, "ok")}
+    heads = {"score": "Sigmoid", "fired": "Sigmoid", "logits": "Gemm", "fine": "Softmax"}
+    warnings = _quiet_probability_warnings(outputs, heads)
+    assert len(warnings) == 1 and "'score'" in warnings[0] and "never fires" in warnings[0]
+    assert [name for name, metrics in outputs.items() if metrics.get("quiet_probability")] == ["score"]
+    comparison = TensorComparison(peak=0.0)
+    comparison.add(np.array([[-0.002, 0.0004]]), np.array([[0.0, 0.0]]))
+    assert comparison.to_dict()["reference_peak"] == 0.002

@@ -210,6 +210,9 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
     all_int16 = {**payload["program"], "tensors": 9, "int16_tensors": 9}
     text = _compile_text({**payload, "config_preset": "ocr", "program": all_int16})
     assert "a16w8" not in text and ("a16w16" in text) is hinted  # ocr is int16 activations (PP-OCRv5 was told a16w8)
+    quiet = {"y": {**payload["outputs"]["y"], "quiet_probability": True}}
+    text = _compile_text({**payload, "outputs": quiet})
+    assert "hint" not in text and "stays near 0" in text  # a score that never fired: no precision hint
 
 
 def test_a_compile_on_random_data_says_its_figures_mean_nothing_instead_of_what_to_try(tmp_path, capsys):

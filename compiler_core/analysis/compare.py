@@ -66,7 +66,7 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
         session, names = _reference_session(mblt_path, model, per_layer)
         cpu_tail = _CpuTail(tail, model, model_outputs) if tail is not None else None
         body_outputs = [spec for spec in model.outputs if cpu_tail is None or spec.name in cpu_tail.model_outputs]
-        outputs = {spec.name: TensorComparison() for spec in body_outputs if spec.name in model.tensors}
+        outputs = {spec.name: TensorComparison(peak=0.0) for spec in body_outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
         count_outputs = len(body_outputs) + (len(cpu_tail.outputs) if cpu_tail else 0)
         classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs)
@@ -86,7 +86,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
                     count += 1
                     reporter.advance()
     report = _report(model, outputs, layers, classifier, count)
-    report["warnings"] = _near_zero_warnings(report["outputs"], sample_names)
+    report["warnings"] = _near_zero_warnings(report["outputs"], sample_names) + _quiet_probability_warnings(
+        report["outputs"], {spec.name: _head_op(model, spec.name) for spec in body_outputs})
     for message in report["warnings"] if log_warnings else ():
         logger.warning(message)
     return report
@@ -96,6 +97,26 @@ def _head_op(model: QuantizedModel, tensor: str) -> str:
     """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none)."""
     return head_op_type(tensor, {name: (op.op_type, op.inputs[0] if op.inputs else None)
                                  for op in model.ops for name in op.outputs})
+
+
+QUIET_PROBABILITY = 0.05
+"""A Sigmoid/Softmax output below this on every held-out sample never fired there (a wake word in plain speech)."""
+
+
+def _quiet_probability_warnings(outputs: dict[str, dict], heads: Mapping[str, str]) -> list[str]:
+    """Probabilities that stay near 0 on every held-out sample: their SQNR and cosine measure noise around zero
+    (the rows get ``quiet_probability``)."""
+    warnings = []
+    for name, row in outputs.items():
+        peak = row.get("reference_peak")
+        if heads.get(name) in ("Sigmoid", "Softmax") and peak is not None and peak < QUIET_PROBABILITY \
+                and row.get("verdict") != "ok":
+            row["quiet_probability"] = True  # the CLI's accuracy hint leaves it out
+            warnings.append(f"output '{name}': a probability that stays at or below {peak:.2g} on every held-out "
+                            f"sample (the model never fires on them), so its SQNR and cosine measure the error around "
+                            f"zero (largest error {row['max_abs_error']:.2g}); hold out samples where it fires to "
+                            "judge the accuracy")
+    return warnings
 
 
 def _near_zero_warnings(outputs: dict[str, dict], sample_names: Sequence[str] | None) -> list[str]:

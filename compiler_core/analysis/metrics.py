@@ -46,6 +46,8 @@ class TensorComparison:
     cross: float = 0.0
     test_squared: float = 0.0
     elements: int = 0
+    peak: float | None = None
+    """The largest ``|reference|`` seen, when tracked (``TensorComparison(peak=0.0)``: the model's outputs)."""
 
     def add(self, reference: np.ndarray, quantized: np.ndarray, classifier: bool = False) -> None:
         """Accumulate one sample."""
@@ -71,6 +73,8 @@ class TensorComparison:
         self.cross += cross
         self.test_squared += test_squared
         self.elements = reference.size
+        if self.peak is not None and reference.size:
+            self.peak = max(self.peak, float(np.abs(reference).max()))
         self.max_abs_error = max(self.max_abs_error, max_error)
         self.cosines.append(_cosine_from_sums(signal, test_squared, cross, reference, test, offset))
         self.energies.append(signal / max(reference.size, 1))
@@ -121,6 +125,8 @@ class TensorComparison:
                   "max_abs_error": self.max_abs_error, "samples": self.samples, "verdict": verdict(sqnr)}
         if 0 < self.elements < POOLED_BELOW:
             result["cosine_pooled"] = True
+        if self.peak is not None:
+            result["reference_peak"] = self.peak
         if quiet:
             result["near_zero_samples"] = sorted(quiet)
         if classifier and self.samples:
