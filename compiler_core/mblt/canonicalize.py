@@ -517,7 +517,9 @@ def _pinned_shape(value: ir.Value, requested: Sequence[int] | None) -> ir.Shape:
         raise DynamicShapeError(
             f"Input '{value.name}' has dynamic dimensions that cannot be pinned automatically: "
             f"{', '.join(dynamic)}.",
-            hint=f"Give its full shape with input_shape_dict / --input-shape {value.name}=1,3,224,224.",
+            hint=f"Give its full shape with input_shape_dict / --input-shape "
+                 f"{value.name}={','.join(str(dim) if _is_static(dim) else f'<{dim}>' for dim in dims)}, each <...> "
+                 "replaced by the size to compile for.",
             input=value.name)
     return ir.Shape(dims)
 
