@@ -107,23 +107,6 @@ def test_mixed_precision_progress_shows_its_metric_for_people():
     assert format_metric("cosine", None) == "cosine -"
 
 
-def test_a_one_element_output_is_compared_over_all_samples():
-    """A wake-word score ([1, 1]) read ``cosine 1.0000`` beside ``SQNR 0.4 dB``: one element's cosine is its sign.
-    Pooled over the samples the cosine sees the errors; a wide output keeps the per-sample cosine."""
-    score = TensorComparison()
-    for reference, quantized in ((0.002, 0.004), (0.0005, 0.0), (0.001, 0.003), (0.003, 0.0)):
-        score.add(np.array([[reference]]), np.array([[quantized]]))
-    pooled = score.to_dict()
-    assert pooled["cosine_pooled"] and pooled["cosine_mean"] == pooled["cosine_min"] < 0.7
-    wide = TensorComparison()
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        reference = rng.standard_normal(64)
-        wide.add(reference, reference + 0.01 * rng.standard_normal(64))
-    result = wide.to_dict()
-    assert "cosine_pooled" not in result and result["cosine_mean"] > 0.999
-
-
 def test_a_probability_that_never_fires_on_the_held_out_samples_is_named():
     """openWakeWord's score stays near 0.0004 on speech without the wake word: SQNR 0.4 dB [flag] measured noise
     around zero, and the user was sent to mixed precision; now the analysis says so and marks the output."""

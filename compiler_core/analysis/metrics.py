@@ -1,9 +1,8 @@
 """Accuracy metrics of a quantized model against its FP32 reference, accumulated over samples.
 
 Everything returns plain, JSON-serialisable dicts. SQNR is ``10 log10(sum(ref^2) / sum((ref - q)^2))``
-over all elements of all samples; cosine is computed per sample and averaged (for a tensor of fewer than
-:data:`POOLED_BELOW` elements, over all samples as one vector); top-k agreement compares the reference's top-1
-class with the quantized top-1 / top-5 (classifier outputs only).
+over all elements of all samples; cosine is computed per sample and averaged; top-k agreement
+compares the reference's top-1 class with the quantized top-1 / top-5 (classifier outputs only).
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ FLAG_SQNR_DB = 10.0
 
 BLOCK = 1 << 15  # elements per step of the fused sums: three float64 blocks stay in the L2 cache
 NEAR_ZERO_ENERGY = 1e-6  # a sample 60 dB quieter than the loudest one has no meaningful direction
-POOLED_BELOW = 8
-"""A tensor with fewer elements per sample (a score, a pitch) has its cosine taken over all samples at once: the
-cosine of one element is only its sign (a wake-word score read ``cosine 1.0000`` beside ``SQNR 0.4 dB``)."""
 
 
 @dataclass
@@ -43,9 +39,6 @@ class TensorComparison:
     samples: int = 0
     energies: list[float] = field(default_factory=list)
     rms_floor: float = 0.0
-    cross: float = 0.0
-    test_squared: float = 0.0
-    elements: int = 0
     peak: float | None = None
     """The largest ``|reference|`` seen, when tracked (``TensorComparison(peak=0.0)``: the model's outputs)."""
 
@@ -70,9 +63,6 @@ class TensorComparison:
         signal, noise, cross, test_squared, max_error = fused_sums(reference, test, offset, scale)
         self.signal += signal
         self.noise += noise
-        self.cross += cross
-        self.test_squared += test_squared
-        self.elements = reference.size
         if self.peak is not None and reference.size:
             self.peak = max(self.peak, float(np.abs(reference).max()))
         self.max_abs_error = max(self.max_abs_error, max_error)
@@ -113,18 +103,11 @@ class TensorComparison:
         ``cosine_mean`` is ``None`` when every sample is near zero).
         """
         sqnr = sqnr_db(self.signal, self.noise)
-        if 0 < self.elements < POOLED_BELOW:  # one vector over the samples (never a near-zero sample on its own)
-            norm = float(np.sqrt(self.signal) * np.sqrt(self.test_squared))
-            pooled = self.cross / norm if norm else float(self.signal == self.test_squared == 0)
-            quiet, kept = set(), [pooled]
-        else:
-            quiet = set(self.near_zero_samples()) if len(self.energies) == len(self.cosines) else set()
-            kept = [value for index, value in enumerate(self.cosines) if index not in quiet]
+        quiet = set(self.near_zero_samples()) if len(self.energies) == len(self.cosines) else set()
+        kept = [value for index, value in enumerate(self.cosines) if index not in quiet]
         result = {"sqnr_db": _finite(sqnr), "cosine_mean": float(np.mean(kept)) if kept else None,
                   "cosine_min": float(np.min(kept)) if kept else None,
                   "max_abs_error": self.max_abs_error, "samples": self.samples, "verdict": verdict(sqnr)}
-        if 0 < self.elements < POOLED_BELOW:
-            result["cosine_pooled"] = True
         if self.peak is not None:
             result["reference_peak"] = self.peak
         if quiet:
