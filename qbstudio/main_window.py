@@ -769,6 +769,9 @@ class MainWindow(QMainWindow):
         cut_at, needed = fields.get("cut_at"), fields.get("inputs_needed")
         if cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
             return replace(pending, output_names=list(cut_at))
+        keep = fields.get("keep_outputs")
+        if keep and not pending.output_names and dialogs.ask_cut_graph(self, error, keep, keep=True):
+            return replace(pending, output_names=list(keep))
         if fields.get("needs_allow_pickle") and not pending.allow_pickle and dialogs.ask_yes_no(
                 self, "Load a pickled module?",
                 f"{error.message}\n\nLoad it only if you trust where the file comes from. (A model saved with "

@@ -241,6 +241,39 @@ def test_unknown_ops_listed_together(tmp_path):
     _assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("opset_version", [13, 21])  # 13: the checks on the source protobuf; 21: on onnx-ir
+@pytest.mark.parametrize("op", ["com.example::FancyOp", "Det"])  # no ONNX definition / not in the MBLT op set
+def test_unsupported_op_on_one_branch_offers_the_outputs_that_avoid_it(tmp_path, op, opset_version):
+    """A model whose unsupported op feeds only some outputs: the error names the others (as ``keep_outputs`` and in
+    its hint), and parsing with only those works."""
+    domain, _, op_type = op.rpartition("::")
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"], name="trunk"),
+             helper.make_node(op_type, ["trunk"], ["odd"], domain=domain, name="odd_op"),
+             helper.make_node("ReduceSum", ["odd"], ["refined"], keepdims=1, name="after_odd"),
+             helper.make_node("Neg", ["trunk"], ["plain"], name="plain_head"),
+             helper.make_node("Sigmoid", ["trunk"], ["flag"], name="flag_head")]
+    square = [1, 4, 4]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, square)],
+                              [helper.make_tensor_value_info("plain", TensorProto.FLOAT, square),
+                               helper.make_tensor_value_info("refined", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("flag", TensorProto.FLOAT, square)])
+    opsets = [helper.make_opsetid("", opset_version)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    src = _save(helper.make_model(graph, opset_imports=opsets), tmp_path / "branches.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert info.value.fields["keep_outputs"] == ["plain", "flag"]
+    assert "2 of the model's 3 outputs do not need them" in info.value.hint
+    assert "--output-names plain,flag" in info.value.hint
+    model, _ = parse_model(src, output_names=["plain", "flag"])
+    assert [value.name for value in model.graph.outputs] == ["plain", "flag"]
+    graph.output.pop(0)
+    graph.output.pop(1)  # only the output that needs the op: nothing to offer
+    src = _save(helper.make_model(graph, opset_imports=opsets), tmp_path / "only.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert "keep_outputs" not in info.value.fields and "do not need them" not in info.value.hint
+
+
 @pytest.mark.parametrize("order", ["sorted", "reversed"])
 def test_nodes_out_of_order_parse_and_a_loop_is_refused(tmp_path, order):
     """Nodes listed out of topological order are a valid graph; two nodes feeding each other are not."""

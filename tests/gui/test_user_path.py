@@ -856,6 +856,37 @@ def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, 
     assert [value.name for value in window.loaded.model.graph.outputs] == ["boxes", "scores"]
 
 
+def test_a_model_with_a_custom_op_on_one_branch_is_imported_with_the_outputs_that_avoid_it(
+        qtbot, make_window, answers, monkeypatch, tmp_path):
+    """Like MediaPipe's attention face mesh (custom refinement ops beside a plain mesh output): the import offers the
+    outputs the unsupported op does not feed, in plain text (the box once showed its HTML tags), and keeps them."""
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"]),
+             helper.make_node("Refine", ["trunk"], ["refined"], domain="com.vendor"),
+             helper.make_node("Neg", ["trunk"], ["mesh"]), helper.make_node("Sigmoid", ["trunk"], ["flag"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8])
+                               for name in ("mesh", "refined", "flag")])
+    source = tmp_path / "mesh.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                      helper.make_opsetid("com.vendor", 1)]), source)
+    shown = []
+
+    def accept(parent, error, names, *, keep=False):
+        box, button = dialogs.cut_graph_box(parent, error, names, keep=keep)
+        shown.append((names, keep, box.informativeText(), button.text()))
+        return True
+
+    monkeypatch.setattr(dialogs, "ask_cut_graph", accept)
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(source))
+    names, keep, text, button = shown[0]
+    assert names == ["mesh", "flag"] and keep and button == "Import with only these outputs"
+    assert "mesh, flag are computed without these operators" in text and "<" not in text
+    assert window.project.model.output_names == ["mesh", "flag"]
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["mesh", "flag"]
+    assert not answers.errors
+
+
 # ---------------------------------------------------------------- the window fits a laptop screen
 
 
