@@ -301,20 +301,22 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     import numpy as np
 
     from compiler_core.runtime import Accelerator, Model, ModelConfig
-    from compiler_core.runtime.inputs import load_run_inputs, top_k
+    from compiler_core.runtime.inputs import class_scores, load_run_inputs, readable_inputs, top_k
 
     if args.prompt is not None:
         return _run_prompt(args, out)
     if not args.input:
         raise ArgumentError("No input given.", hint="Pass --input FILE (or --prompt TEXT with an .llm.json model).")
+    paths, failed = readable_inputs(args.input)  # the others run; the unreadable ones are reported at the end
     config = ModelConfig()
     if args.core_mode and args.core_mode != "auto":
         getattr(config, f"set_{args.core_mode}_core_mode")()
     model = Model(args.mxq, config, input_layout="NCHW")
     model.launch(Accelerator(model.artifact.device))
     labels = Path(args.labels).read_text().splitlines() if args.labels else None
+    classes = class_scores(model.artifact)  # top-k only for class scores (not landmarks, boxes, embeddings)
     results, written = [], []
-    for sample, feeds in load_run_inputs(model.artifact, args.input):
+    for sample, feeds in load_run_inputs(model.artifact, paths):
         started = time.perf_counter()
         outputs = model.infer(feeds)
         elapsed = time.perf_counter() - started
@@ -324,7 +326,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                  "seconds": round(elapsed, 4), "outputs": []}
         for spec, value in zip(model.artifact.output_specs, outputs):
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
-                                     **top_k(value, args.top_k, labels)})
+                                     **(top_k(value, args.top_k, labels) if classes.get(spec.name) else {})})
             if args.output_dir:
                 target = Path(args.output_dir) / f"{Path(sample.sources[0].describe()).stem}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -332,9 +334,18 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                 written.append(str(target))
         results.append(entry)
     payload = {"command": "run", "device": model.artifact.device, "core_mode": model.core_mode,
-               "estimate": model.estimate(), "results": results, "written": written}
+               "estimate": model.estimate(), "results": results, "written": written,
+               "failed": [{"input": _display_path(name), "error": reason} for name, reason in failed.items()]}
     model.dispose()
     out.result(payload, _run_text(payload))
+    if failed:
+        from compiler_core.errors import CalibrationError
+
+        listed = "; ".join(f"{entry['input']}: {entry['error']}" for entry in payload["failed"][:5])
+        raise CalibrationError(f"{len(failed)} of the {len(args.input)} input file(s) cannot be read and were not run "
+                               f"(the others were): {listed}{'; ...' if len(failed) > 5 else ''}.",
+                               hint="Re-save or remove them; JPEG, PNG and BMP images and .npy arrays can be read.",
+                               files=list(failed))
     return payload
 
 

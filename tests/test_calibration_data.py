@@ -370,6 +370,23 @@ def test_fake_and_truncated_images_are_named_with_pillows_reason(tmp_path, photo
                              "cut.jpg: image file is truncated", file="cut.jpg")
 
 
+def test_a_16_bit_gray_png_reads_as_its_8_bit_picture(tmp_path, photos):
+    """Pillow's own conversion of a 16-bit gray PNG to 8 bits clips at 255: such a photo was calibrated (and tried)
+    as an almost white picture."""
+    from PIL import Image
+
+    from compiler_core.calibration.preprocess import default_pipeline, preprocess_image
+
+    gray = np.asarray(Image.open(photos / "a_coffee.png").convert("L"))
+    Image.fromarray(gray).save(tmp_path / "eight.png")
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    pipeline = default_pipeline()
+    eight, sixteen = (preprocess_image(tmp_path / name, pipeline, 1) for name in ("eight.png", "sixteen.png"))
+    np.testing.assert_array_equal(sixteen, eight)
+    assert 0.2 < float(eight.mean()) < 0.8
+
+
 def test_damaged_png_is_named(tmp_path, photos):
     data = bytearray((photos / "a_coffee.png").read_bytes())
     data[5000] ^= 0xFF

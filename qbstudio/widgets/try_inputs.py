@@ -38,6 +38,9 @@ def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str
     """One table row per input and output: shape, cosine, SQNR, largest error, and the top classes of class scores."""
     rows = []
     for entry in results:
+        if entry.get("error"):  # a file that could not be read: the others ran
+            rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td>"
+                        f"<td colspan='6' style='color:#c62828'>{html.escape(entry['error'])}</td></tr>")
         for output in entry["outputs"]:
             top = ""
             if output["fp32_top_k"]:
