@@ -675,6 +675,7 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
         topk = (f", top-1 {metrics['top1_agreement']:.1%}, top-5 {metrics['top5_agreement']:.1%}"
                 if "top1_agreement" in metrics else "")
         cosine = (f"{metrics['cosine_mean']:.4f}" if metrics.get("cosine_mean") is not None
+                  else "n/a (one value per sample)" if metrics.get("single_value")
                   else "n/a (FP32 output near zero on every held-out sample)")
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""

@@ -103,7 +103,7 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
 
     Returns:
         Per input ``{"input" (its files), "label" (a short name), "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
-        "mxq_top_k"}]}`` (the top-k lists only for class scores); a file that cannot be read (:func:`unreadable_inputs`)
+        "mxq_top_k"}]}`` (the top-k lists only for class scores; ``cosine`` None for a one-element output); a file that cannot be read (:func:`unreadable_inputs`)
         is ``{"input", "label", "error" (why), "outputs": []}``, after the others.
 
     Raises:
@@ -133,7 +133,7 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
                     fp32 = np.asarray(reference.get(spec.name), np.float64)
                     ours = np.asarray(value, np.float64).reshape(fp32.shape)
                     noise = float(np.sum((fp32 - ours) ** 2))
-                    outputs.append({"name": spec.name, "shape": list(fp32.shape), "cosine": cosine(fp32.ravel(), ours.ravel()),
+                    outputs.append({"name": spec.name, "shape": list(fp32.shape), "cosine": cosine(fp32.ravel(), ours.ravel()) if fp32.size > 1 else None,
                                     "sqnr_db": sqnr_db(float(np.sum(fp32 ** 2)), noise),
                                     "max_abs_error": float(np.max(np.abs(fp32 - ours))) if fp32.size else 0.0,
                                     "fp32_top_k": top_k(fp32, k).get("top_k", []) if classes.get(spec.name) else [],
