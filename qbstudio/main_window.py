@@ -1217,9 +1217,18 @@ class MainWindow(QMainWindow):
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
+        self._show_moved_runs()
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
         return True
+
+    def _show_moved_runs(self) -> None:
+        """Show the runs again after Save As moved their files with the work folder (the run panel kept the old
+        MXQ path, in the untitled project's folder that is pruned later)."""
+        self.compare.set_history(self.session.runs)
+        shown = self.run_panel.summary.run
+        if not self.run_panel.running and shown is not None and not self.is_llm:
+            self.run_panel.summary.show_run(shown)
 
     def _forget_autosave(self, autosave: Path) -> None:
         """Delete a just-saved untitled project's autosave and its Recent entry (its old work folder is pruned at

@@ -543,6 +543,8 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     assert [action.text() for action in window.recent_projects_menu.actions()] == [str(saved)]
     mxq = Path(window.project.runs.latest.mxq_path)
     assert mxq.is_file() and work_dir not in mxq.parents
+    assert str(mxq) in window.run_panel.summary.header.text()  # it showed the old folder's path until reopened
+    assert str(work_dir) not in window.run_panel.summary.header.text()
     assert window.dirs.prune_untitled() == []  # too recent: another window may still show it
     old = time.time() - 7200
     for item in [work_dir, *work_dir.rglob("*")]:
