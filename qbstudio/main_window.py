@@ -389,6 +389,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(QLabel(" Device "))
         self.device_combo = QComboBox(objectName="toolbarDevice")  # filled by build_workbench
         self.device_combo.setToolTip("Target device: nodes are coloured by support on it")
+        # filled after the first show: sized then, it cut "regulus-ra" to "regulus-r"
+        self.device_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.device_combo.textActivated.connect(self.set_device)
         toolbar.addWidget(self.device_combo)
         toolbar.addSeparator()
