@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import logging
 import traceback
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -54,6 +55,14 @@ def error_parts(error: BaseException) -> tuple[str, str, str]:
     if not code:
         details.append("".join(traceback.format_exception(type(error), error, error.__traceback__)))
     return message, hint, "\n".join(details)
+
+
+def documents_folder(widget: QWidget | None) -> Path:
+    """Where a save dialog of ``widget`` starts: its main window's
+    :meth:`~qbstudio.main_window.MainWindow.documents_folder`, else the home folder (a widget on its own)."""
+    window = widget.window() if widget is not None else None
+    folder = getattr(window, "documents_folder", None)
+    return folder() if callable(folder) else Path.home()
 
 
 def _plain_text_box(icon: QMessageBox.Icon, title: str, message: str, buttons: QMessageBox.StandardButton,

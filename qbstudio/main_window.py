@@ -1262,6 +1262,13 @@ class MainWindow(QMainWindow):
             return Path(remembered)
         return Path(model.path).parent if model is not None and Path(model.path).parent.is_dir() else Path.home()
 
+    def documents_folder(self) -> Path:
+        """Where exports (reports, CSVs, configs, calibration sets) start: the saved project's folder, else where
+        Save As starts; never the project's work folder or the app's autosave folder, which the app manages."""
+        if self.project.writable and self.project.path is not None:
+            return Path(self.project.path).parent
+        return self.save_as_folder()
+
     def _on_save_as(self) -> bool:
         start = str(self.save_as_folder() / self.suggested_project_name())
         path, _ = QFileDialog.getSaveFileName(self, "Save project", start, PROJECT_FILTER)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -552,6 +553,41 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     assert window.dirs.prune_untitled() == [work_dir] and not work_dir.exists()
     wait_model(qtbot, window, lambda: window.open_path(saved))
     assert Path(window.project.runs.latest.mxq_path).is_file()
+
+
+def test_exports_start_in_the_project_folder_not_in_the_app_s_work_folders(qtbot, make_window, answers, monkeypatch,
+                                                                            tmp_path):
+    """Export report… offered the project's hidden runs folder (face mesh.qbstudio/runs), Save Compile Config… and
+    Save sensitivity report the process's working folder: an untitled project's exports start in its model's folder,
+    a saved one's beside the project file."""
+    from PySide6.QtWidgets import QFileDialog
+
+    starts = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda _parent, _title, start, *a, **k: starts.append(start)
+                        or ("", ""))
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda _parent, _title, start, *a, **k:
+                        starts.append(start) or "")
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(SAMPLE_DIR / "model.onnx", models / "net.onnx")
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(models / "net.onnx"))
+    fake_run(window)
+    window.compare.set_picks([1])
+
+    def export_all() -> list[Path]:
+        starts.clear()
+        window.compare.export_report()
+        window.compare.export_csv()
+        window.options.ask_save_config()
+        window.calibration._on_make_calib()
+        return [Path(start).parent if Path(start).suffix else Path(start) for start in starts]
+
+    assert export_all() == [models] * 4
+    saved = tmp_path / "projects" / "mine.qbproj"
+    saved.parent.mkdir()
+    assert window.save_project_as(saved)
+    assert export_all() == [saved.parent] * 4
 
 
 # ---------------------------------------------------------------- 7. log dock
