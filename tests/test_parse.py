@@ -223,6 +223,32 @@ def test_missing_external_data(tmp_path):
     _assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize(("content", "says"), [
+    ("torchscript", "Its content is a TorchScript archive: give it the .pt suffix, or pass --backend torchscript."),
+    ("tflite", "Its content is a TFLite model: give it the .tflite suffix, or pass --backend tflite."),
+    ("keras", "Its content is a Keras model: give it the .keras or .h5 suffix, or pass --backend tf.")])
+def test_a_model_saved_under_the_wrong_suffix_is_named_by_its_content(tmp_path, content, says):
+    """A TorchScript file renamed .onnx was "cannot be read as ONNX: Wire format was corrupt"."""
+    import zipfile
+
+    path = tmp_path / "model.onnx"
+    if content == "tflite":
+        path.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(64))
+    else:
+        names = ["model/code/__torch__.py", "model/constants.pkl"] if content == "torchscript" else \
+            ["config.json", "metadata.json", "model.weights.h5"]
+        with zipfile.ZipFile(path, "w") as archive:
+            for name in names:
+                archive.writestr(name, "x")
+    with pytest.raises(ModelLoadError) as caught:
+        mblt_compile(path, tmp_path / "out.mblt")
+    assert caught.value.hint.endswith(says)
+    _conv_bn = _save(_conv_bn_model(batch=1), tmp_path / "real.tflite")  # the other way round
+    with pytest.raises(ModelLoadError, match="not a TFLite model") as caught:
+        mblt_compile(_conv_bn, tmp_path / "out.mblt")
+    assert "--backend" in caught.value.hint and "Its content" not in caught.value.hint  # ONNX has no magic bytes
+
+
 def test_unknown_ops_listed_together(tmp_path):
     nodes = [helper.make_node("FancyOp", ["x"], ["a"], domain="com.example", name="f1"),
              helper.make_node("FancyOp", ["a"], ["b"], domain="com.example", name="f2"),
