@@ -296,8 +296,9 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
             row_count = min(row_count, math.ceil((r1 - r0) / PIPELINE_TILES)) if rows else row_count
             break
         if chunks >= channels or not splittable:
-            need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0,
-                               c0 + 1 if splittable else c1)
+            c_end = c0 + 1 if splittable else c1
+            need = (_row_tile_need(model, layer, layouts, r0, r1, c0, c_end, 1) if rows
+                    else working_set(model, layer, layouts, False, r0, r1, c0, c_end))
             raise does_not_fit(layer.main(model).name, need, sram)
         chunks = min(chunks * 2, channels)
     width = math.ceil(channels / chunks)
@@ -311,6 +312,11 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
 
 
 def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
+    """Bytes of the largest ``count``-row tile's working set (:func:`_row_tile_need`)."""
+    return _row_tile_need(model, layer, layouts, r0, r1, c0, c1, count)["total"]
+
+
+def _row_tile_need(model, layer, layouts, r0, r1, c0, c1, count: int) -> dict[str, int]:
     """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
 
     A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
@@ -322,7 +328,8 @@ def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
     if geometry is not None:
         widest = r0 + (geometry.m - 1 - r0) % geometry.m  # first start on a matrix's last row
         starts.add(min(widest, max(r1 - count, r0)))
-    return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
+    return max((working_set(model, layer, layouts, True, start, start + count, c0, c1) for start in starts),
+               key=lambda need: need["total"])
 
 
 def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:
