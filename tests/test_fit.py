@@ -134,7 +134,7 @@ def _tiling(model, sram: int) -> list[tuple]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_cls", "silero_ifless", "minilm_l6"])
+@pytest.mark.parametrize("name", ["mobilenet_v2", "ppocr_cls", "silero_ifless", "ppocr_det"])
 @pytest.mark.parametrize("preset", [None, "a16w8"])
 def test_the_stand_in_program_tiles_like_the_calibrated_one(name, preset, tmp_path):
     """The check's verdict is the compile's: the same layers, element types and tiles as the program quantized on
