@@ -152,3 +152,30 @@ def test_the_stand_in_program_tiles_like_the_calibrated_one(name, preset, tmp_pa
     stand_in = stand_in_program(load_mblt(mblt), config)
     for sram in (ARIES.sram_bytes_per_core, 64 * 1024):
         assert _tiling(stand_in, sram) == _tiling(calibrated, sram), sram
+
+
+def test_with_cpu_offload_a_too_large_tail_layer_runs_on_the_cpu(tmp_path, monkeypatch):
+    """The workbench offers CPU offload for a flagged head/tail layer (compile readiness reads the flagged report):
+    the compile must then move it to the CPU, not refuse it; one inside the body stays DOES_NOT_FIT."""
+    import dataclasses
+
+    import compiler_core.compile as compile_module
+    from compiler_core.api import mxq_compile
+
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=6 * 1024)  # a 8x32x32 Transpose needs 8 KiB in, 8 out
+    monkeypatch.setattr(compile_module, "get_device", lambda name: small)
+    tail = helper.make_node("Transpose", ["c"], ["y"], perm=[0, 1, 3, 2], name="TailTranspose")
+    source = _conv_then(tmp_path / "tail.onnx", [1, 8, 32, 32], 8, tail, [1, 8, 32, 32])
+    result = mxq_compile(str(source), "aries-rb", save_path=tmp_path / "m.mxq", use_random_calib=True,
+                         cpu_offload=True)
+    assert result.cpu_offload["tail"] and not result.cpu_offload["head"] and result.support["cpu_offloaded"] == 1
+    with pytest.raises(DoesNotFitError, match="TailTranspose"):
+        mxq_compile(str(source), "aries-rb", save_path=tmp_path / "n.mxq", use_random_calib=True)
+    assert not (tmp_path / "n.mxq").exists()
+    inner = onnx.load(str(source))
+    inner.graph.node[1].output[0] = "t"
+    inner.graph.node.append(helper.make_node("Conv", ["t", "w"], ["y"], name="LastConv"))
+    onnx.save(inner, str(tmp_path / "inner.onnx"))
+    with pytest.raises(DoesNotFitError, match="TailTranspose"):
+        mxq_compile(str(tmp_path / "inner.onnx"), "aries-rb", save_path=tmp_path / "i.mxq", use_random_calib=True,
+                    cpu_offload=True)
