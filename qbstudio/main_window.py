@@ -848,20 +848,22 @@ class MainWindow(QMainWindow):
     def check_fit(self) -> None:
         """Tile every layer of the graph shown, in the background, as the compile will (int16 layers from the compile
         settings): the layers whose smallest tile exceeds a core's SRAM turn ``unsupported``, the refusal as reason
-        (:func:`~compiler_core.backend.fit.flag_fit_failures`). Only when every node is supported (the stand-in
-        quantization needs a kernel for each) and not for decoder LLMs (compiled by their own path)."""
-        if self.loaded is None or self.is_llm or self._support_report is None or not self._support_report.all_supported:
+        (:func:`~compiler_core.backend.fit.flag_fit_failures`). With unsupported nodes at the start or end, the layers
+        CPU offload would leave to the NPU (:func:`~compiler_core.backend.fit.npu_fit_failures`). Not for decoder LLMs
+        (compiled by their own path)."""
+        if self.loaded is None or self.is_llm or self._support_report is None:
             return
         if self.runner.is_busy(FIT_SLOT):
             self._fit_again = True
             self.runner.cancel(FIT_SLOT)
             return
-        from compiler_core.backend.fit import fit_failures
+        from compiler_core.backend.fit import npu_fit_failures
         from compiler_core.targets import get_device
 
         settings = self.project.settings
         key = self._fit_checked = self._fit_key()
-        worker = Worker("fit", fit_failures, self.shown_model, get_device(settings.device), settings.config)
+        worker = Worker("fit", npu_fit_failures, self.shown_model, self._support_report, get_device(settings.device),
+                        settings.config)
         worker.succeeded.connect(lambda failures: self._on_fit(key, failures))
         worker.failed.connect(lambda error: logger.warning("The fit check failed: %s", error))
         self.runner.start(FIT_SLOT, worker)

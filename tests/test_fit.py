@@ -179,3 +179,25 @@ def test_with_cpu_offload_a_too_large_tail_layer_runs_on_the_cpu(tmp_path, monke
     with pytest.raises(DoesNotFitError, match="TailTranspose"):
         mxq_compile(str(tmp_path / "inner.onnx"), "aries-rb", save_path=tmp_path / "i.mxq", use_random_calib=True,
                     cpu_offload=True)
+
+
+def test_with_an_offloadable_tail_the_npu_body_is_checked(tmp_path):
+    """On regulus-ra (no MFU) a trailing Softmax goes to the CPU; the Transpose before it stays on the NPU and is
+    checked (the workbench flags it), the Softmax is not tiled."""
+    from compiler_core.backend.fit import npu_fit_failures
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="SmallConv"),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2], name="BigTranspose"),
+             helper.make_node("Softmax", ["t"], ["y"], axis=1, name="TailSoftmax")]
+    graph = helper.make_graph(nodes, "tail", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 512, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 512, 512])],
+                              [numpy_helper.from_array(np.full((16, 16, 1, 1), 0.1, np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "tail.onnx"))
+    model, _ = parse_model(str(tmp_path / "tail.onnx"))
+    report = check_support(model, "regulus-ra")
+    assert [entry.source_name for entry in report.blocking()] == ["TailSoftmax"]
+    failures = npu_fit_failures(model, report, get_device("regulus-ra"))
+    assert [error.fields["layer"] for error in failures] == [
+        name for name, entry in report.entries.items() if entry.source_name == "BigTranspose"]
+    assert npu_fit_failures(model, check_support(model, "aries-rb"), ARIES)[0].fields["layer"] == failures[0].fields["layer"]

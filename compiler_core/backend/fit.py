@@ -83,6 +83,23 @@ def fit_failures(graph: ir.Model, device: DeviceProfile, config: CompileConfig |
     return failures
 
 
+def npu_fit_failures(graph: ir.Model, report: SupportReport, device: DeviceProfile,
+                     config: CompileConfig | None = None, *, callback: ProgressCallback | None = None,
+                     cancel_token: CancelToken | None = None) -> list[DoesNotFitError]:
+    """:func:`fit_failures` of what the NPU would run: the whole graph when every node is supported, else the body
+    CPU offload would leave (its nodes keep their names); empty when no such body exists (an unsupported node inside
+    the graph: nothing of it compiles as it is)."""
+    from compiler_core.backend.partition import partition
+    from compiler_core.targets import body_computes, plan_cpu_offload
+
+    if report.all_supported:
+        return fit_failures(graph, device, config, callback=callback, cancel_token=cancel_token)
+    plan = plan_cpu_offload(graph, report)
+    if not plan.npu_ready or not body_computes(graph, plan):
+        return []
+    return fit_failures(partition(graph, plan).body, device, config, callback=callback, cancel_token=cancel_token)
+
+
 def stand_in_program(graph: ir.Model, config: CompileConfig, *, reporter: Reporter | None = None) -> QuantizedModel:
     """``graph`` quantized by the compile's quantizer with :data:`STAND_IN_RANGE` for every tensor (no statistics)."""
     return quantize_graph(graph, lambda names, bits: dict.fromkeys(names, STAND_IN_RANGE), config,
