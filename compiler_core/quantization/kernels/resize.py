@@ -24,8 +24,8 @@ from compiler_core.quantization.lowering import LoweringContext, attr_ints, attr
 from compiler_core.quantization.program import IntOp
 
 WEIGHT_FRACTION_BITS = 15
-AXIS_MATRIX_MEMO_ENTRIES = 32
-"""Interpolation matrices remembered per process (float64; 1024 x 512 is 4 MiB)."""
+AXIS_MATRIX_MEMO_ENTRIES = 16
+"""Interpolation matrices remembered per process (float64: 1024 x 512 is 4 MiB; ISNet has 11 distinct ones)."""
 _EXACT_LIMIT = float(1 << 53)  # float64 contractions of integers stay exact below this
 _AXIS_ATTRIBUTES = ("mode", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside", "antialias")
 _NOT_IDENTITY_AT_SCALE_ONE = {"tf_half_pixel_for_nn", "tf_crop_and_resize"}
