@@ -102,8 +102,10 @@ def npu_fit_failures(graph: ir.Model, report: SupportReport, device: DeviceProfi
 
 def stand_in_program(graph: ir.Model, config: CompileConfig, *, reporter: Reporter | None = None) -> QuantizedModel:
     """``graph`` quantized by the compile's quantizer with :data:`STAND_IN_RANGE` for every tensor (no statistics)."""
-    if int(config.calibration.output) != 0:  # not implemented, changes no size: the compile's quantizer says so once
-        config = config.model_copy(update={"calibration": config.calibration.model_copy(update={"output": type(config.calibration.output)(0)})})
+    calibration = config.calibration
+    if int(calibration.output) != 0:  # not implemented, changes no size: the compile's quantizer says so, once
+        calibration = calibration.model_copy(update={"output": type(calibration.output)(0)})
+        config = config.model_copy(update={"calibration": calibration})
     return quantize_graph(graph, lambda names, bits: dict.fromkeys(names, STAND_IN_RANGE), config,
                           reporter=reporter, weight_clip_search=False)
 
