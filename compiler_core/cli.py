@@ -206,7 +206,7 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     if args.model and (args.max_len is not None or str(args.model).lower().endswith(".gguf")):
         return _check_llm(args, out)
     if args.mblt:
-        report = _support_report(args.mblt, args.target_device)
+        report = _support_report(args.mblt, args.target_device, _resolve_config(args))
     else:
         report = _support_report_for_model(args, out)
     payload = {"command": "check", **report.to_dict()}
@@ -711,28 +711,38 @@ def _resolve_config(args: argparse.Namespace):
                           input_shape_dict=_shape_pairs(args.input_shape) or None)
 
 
-def _support_report(mblt_path: str | Path, device: str):
-    from compiler_core.backend.fit import check_fit
+def _support_report(mblt_path: str | Path, device: str, config=None):
     from compiler_core.mblt.io import load_mblt
-    from compiler_core.targets import check_support, get_device
+    from compiler_core.targets import get_device
 
-    profile = get_device(device)  # validate the string before reading the model
-    graph = load_mblt(mblt_path)
-    check_fit(graph, profile)
-    return check_support(graph, device)
+    get_device(device)  # validate the string before reading the model
+    return _checked(load_mblt(mblt_path), device, config)
 
 
 def _support_report_for_model(args: argparse.Namespace, out: Output):
     from compiler_core.api import parse_model
-    from compiler_core.backend.fit import check_fit
-    from compiler_core.targets import check_support, get_device
+    from compiler_core.targets import get_device
 
-    profile = get_device(args.target_device)
+    get_device(args.target_device)
+    config = _resolve_config(args)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
                            constant_inputs=_bind_pairs(args.bind_input), output_names=_names(args.output_names),
                            callback=out.progress, **_frontend_options(args))
-    check_fit(graph, profile)
-    return check_support(graph, args.target_device)
+    return _checked(graph, args.target_device, config)
+
+
+def _checked(graph, device: str, config):
+    """The support report of ``graph``; when every node is supported, the fit check too (DOES_NOT_FIT names the first
+    layer whose smallest tile exceeds a core's SRAM, with ``config``'s int16 layers)."""
+    from compiler_core.backend.fit import check_fit
+    from compiler_core.targets import check_support, get_device
+
+    report = check_support(graph, device)
+    if report.all_supported:
+        check_fit(graph, get_device(device), config)
+    else:
+        logger.info("Fit not checked: %d node(s) have no NPU kernel on %s.", len(report.flagged()), device)
+    return report
 
 
 def _mblt_summary(path: str | Path) -> dict[str, Any]:
@@ -836,6 +846,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--all", action="store_true", help="list every node, not only flagged ones")
     check.add_argument("--max-len", type=int, help="decoder LLM (.gguf or folder): KV-cache positions for the memory check")
+    check.add_argument("--compile-config", metavar="FILE",
+                       help="JSON/YAML CompileConfig: the fit check tiles its int16 layers (bit.layerOverrides)")
+    check.add_argument("--config-preset", help="preset name (e.g. a16w8): the fit check tiles its int16 layers")
     _add_model_options(check)
     check.set_defaults(handler=cmd_check)
 

@@ -112,6 +112,8 @@ COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
 TRY_SLOT = "try"
 """Runner slot of "Try on inputs…"."""
+FIT_SLOT = "fit"
+"""Runner slot of the background fit check of the graph shown (every layer tiled; seconds on a large model)."""
 PRELOAD_MODULES = ("numpy", "onnx", "onnx_ir", "onnxscript", "compiler_core.calibration",
                    "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
                    "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
@@ -161,6 +163,9 @@ class MainWindow(QMainWindow):
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
+        self._support_report = None  # the graph shown's support report before the fit check flagged anything
+        self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
+        self._fit_again = False  # the settings or the graph changed while a fit check ran
         self.source_missing = False  # the project's source model is not where it was imported from
         self._dirty = False
         self.setWindowTitle("qb Studio")
@@ -826,18 +831,64 @@ class MainWindow(QMainWindow):
         self.mark_dirty()
 
     def check_support(self) -> None:
-        """Check every node against the device; colour the graph and fill the Layer support panel."""
+        """Check every node against the device; colour the graph and fill the Layer support panel. The fit check
+        follows in the background (:meth:`check_fit`)."""
         if self.loaded is None:
             return
         from compiler_core.targets import check_support
 
-        self.session.set_report(check_support(self.shown_model, self.project.settings.device))
+        self._support_report = check_support(self.shown_model, self.project.settings.device)
+        self.session.set_report(self._support_report)
+        self._show_report()
+        self.check_fit()
+
+    def _show_report(self) -> None:
         statuses, reasons = statuses_from_report(self.report)
         self.graph.set_support(statuses, reasons)
         self.support.set_report(self.report.to_dict())
         if self.details.node:
             self.show_node(self.details.node)
         self._update_can_compile()
+
+    def check_fit(self) -> None:
+        """Tile every layer of the graph shown, in the background, as the compile will (int16 layers from the compile
+        settings): the layers whose smallest tile exceeds a core's SRAM turn ``unsupported``, the refusal as reason
+        (:func:`~compiler_core.backend.fit.flag_fit_failures`). With unsupported nodes at the start or end, the layers
+        CPU offload would leave to the NPU (:func:`~compiler_core.backend.fit.npu_fit_failures`). Not for decoder LLMs
+        (compiled by their own path)."""
+        if self.loaded is None or self.is_llm or self._support_report is None:
+            return
+        if self.runner.is_busy(FIT_SLOT):
+            self._fit_again = True
+            self.runner.cancel(FIT_SLOT)
+            return
+        from compiler_core.backend.fit import npu_fit_failures
+        from compiler_core.targets import get_device
+
+        settings = self.project.settings
+        key = self._fit_checked = self._fit_key()
+        worker = Worker("fit", npu_fit_failures, self.shown_model, self._support_report, get_device(settings.device),
+                        settings.config)
+        worker.succeeded.connect(lambda failures: self._on_fit(key, failures))
+        worker.failed.connect(lambda error: logger.warning("The fit check failed: %s", error))
+        self.runner.start(FIT_SLOT, worker)
+
+    def _fit_key(self) -> tuple:
+        """What the fit check's verdict depends on: the graph shown, the device, the settings that choose widths."""
+        config = self.project.settings.config
+        return (id(self.shown_model), self.project.settings.device, config.bit.model_dump_json(),
+                config.calibration.method, config.uint8_input.model_dump_json())
+
+    def _on_fit(self, key: tuple, failures: list) -> None:
+        if key != self._fit_key() or self._support_report is None:
+            return  # the graph, device or widths changed meanwhile: a newer check runs
+        from compiler_core.backend.fit import flag_fit_failures
+
+        if failures:
+            logger.warning("%d layer(s) do not fit a core's SRAM on %s: %s", len(failures), self._support_report.device,
+                           failures[0].message)
+        self.session.set_report(flag_fit_failures(self._support_report, failures))
+        self._show_report()
 
     def _on_graph_selection(self, name: str) -> None:
         self.support.select_node(name)
@@ -1123,6 +1174,9 @@ class MainWindow(QMainWindow):
     def _on_busy_changed(self, slot: str, busy: bool) -> None:
         self.act_cancel.setEnabled(self.running_job() is not None)
         self._update_can_compile()
+        if slot == FIT_SLOT and not busy and self._fit_again:
+            self._fit_again = False
+            self.check_fit()
         outcome = None if busy else self._outcomes.pop(slot, None)
         if slot == "compile" and outcome:  # announced once the job slot is free for the next one
             self.compile_finished.emit(outcome)
@@ -1301,6 +1355,8 @@ class MainWindow(QMainWindow):
     def _on_settings_changed(self) -> None:
         self.calibration.refresh()
         self.mark_dirty()
+        if self.loaded is not None and self._fit_key() != self._fit_checked:
+            self.check_fit()  # an int16 preset or override may make a layer too large
 
     def _on_calibration_changed(self) -> None:
         self.options.refresh()
