@@ -199,7 +199,7 @@ def _parse_llm(args: argparse.Namespace, out: Output, output: str, device: str |
 
 
 def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
-    from compiler_core.targets import format_report_table
+    from compiler_core.targets import format_report_table, get_device
 
     if bool(args.model) == bool(args.mblt):
         raise ArgumentError("Give exactly one of --model or --mblt.", hint="Example: qbcompiler check --mblt m.mblt --target-device aries-rb.")
@@ -209,8 +209,11 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         report = _support_report(args.mblt, args.target_device, _resolve_config(args))
     else:
         report = _support_report_for_model(args, out)
-    payload = {"command": "check", **report.to_dict()}
-    text = payload if args.json else format_report_table(report, only_flagged=not args.all)
+    fits = report.all_supported  # _checked ran the fit check then (a layer that does not fit raised)
+    payload = {"command": "check", **report.to_dict(), "fit_checked": fits}
+    text = payload if args.json else format_report_table(report, only_flagged=not args.all) + (
+        f"\nfit: every layer tiles within a core's {get_device(args.target_device).sram_bytes_per_core // 1024:,} KiB"
+        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)")
     out.result(payload, json.dumps(text, indent=2) if args.json else text)
     return payload
 
