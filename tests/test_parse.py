@@ -223,6 +223,25 @@ def test_missing_external_data(tmp_path):
     _assert_nothing_written(tmp_path)
 
 
+def test_an_unsupported_op_inside_a_branch_taints_only_the_outputs_of_its_if(tmp_path):
+    branch = helper.make_graph([helper.make_node("Refine", ["trunk"], ["r"], domain="com.example")], "then", [],
+                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Identity", ["trunk"], ["r2"])], "else", [],
+                              [helper.make_tensor_value_info("r2", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"]),
+             helper.make_node("If", ["flag"], ["refined"], then_branch=branch, else_branch=other),
+             helper.make_node("Neg", ["trunk"], ["plain"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("refined", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("plain", TensorProto.FLOAT, [1, 4])])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                        helper.make_opsetid("com.example", 1)]), tmp_path / "if.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert info.value.fields["keep_outputs"] == ["plain"] and "keep only it with --output-names plain" in info.value.hint
+
+
 @pytest.mark.parametrize(("content", "says"), [
     ("torchscript", "Its content is a TorchScript archive: give it the .pt suffix, or pass --backend torchscript."),
     ("tflite", "Its content is a TFLite model: give it the .tflite suffix, or pass --backend tflite."),

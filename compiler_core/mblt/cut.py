@@ -17,6 +17,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from compiler_core.errors import ArgumentError, UnsupportedOpsError
 from compiler_core.mblt.opset import DATA_DEPENDENT_OPS
+from compiler_core.mblt.rule_index import holds_graph
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,7 @@ def outputs_clear_of(graph: ir.Graph, offending: Collection[ir.Node]) -> list[st
     tainted: set[ir.Node] = set()
     captured: dict[ir.Node, list[ir.Value]] = {}  # a node holding subgraphs also reads what they read from outside
     for node in graph:
-        inner = [n for attribute in node.attributes.values() if attribute.type in _GRAPH_ATTRIBUTES
-                 for subgraph in _subgraphs_of(attribute) for n in ir.traversal.RecursiveGraphIterator(subgraph)]
+        inner = [n for subgraph in _subgraphs_of(node) for n in ir.traversal.RecursiveGraphIterator(subgraph)]
         if node in offending or any(n in offending for n in inner):
             tainted.add(node)
         if inner:
@@ -160,11 +160,12 @@ def _clear(outputs: list[Hashable], reads: Callable[[Hashable], tuple[bool, list
     return [verdict[output] for output in outputs]
 
 
-def _subgraphs_of(attribute: ir.Attr) -> list[ir.Graph]:
-    return [attribute.value] if attribute.type == ir.AttributeType.GRAPH else list(attribute.value)
-
-
-_GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+def _subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    if not holds_graph(node):
+        return []
+    return [graph for attribute in node.attributes.values()
+            for graph in ([attribute.as_graph()] if attribute.type == ir.AttributeType.GRAPH
+                          else attribute.as_graphs() if attribute.type == ir.AttributeType.GRAPHS else [])]
 
 
 def keep_outputs_hint(keep: Sequence[str], total: int) -> str:
