@@ -199,18 +199,21 @@ def _parse_llm(args: argparse.Namespace, out: Output, output: str, device: str |
 
 
 def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
-    from compiler_core.targets import format_report_table
+    from compiler_core.targets import format_report_table, get_device
 
     if bool(args.model) == bool(args.mblt):
         raise ArgumentError("Give exactly one of --model or --mblt.", hint="Example: qbcompiler check --mblt m.mblt --target-device aries-rb.")
     if args.model and (args.max_len is not None or str(args.model).lower().endswith(".gguf")):
         return _check_llm(args, out)
     if args.mblt:
-        report = _support_report(args.mblt, args.target_device)
+        report = _support_report(args.mblt, args.target_device, _resolve_config(args))
     else:
         report = _support_report_for_model(args, out)
-    payload = {"command": "check", **report.to_dict()}
-    text = payload if args.json else format_report_table(report, only_flagged=not args.all)
+    fits = report.all_supported  # _checked ran the fit check then (a layer that does not fit raised)
+    payload = {"command": "check", **report.to_dict(), "fit_checked": fits}
+    text = payload if args.json else format_report_table(report, only_flagged=not args.all) + (
+        f"\nfit: every layer tiles within a core's {get_device(args.target_device).sram_bytes_per_core // 1024:,} KiB"
+        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)")
     out.result(payload, json.dumps(text, indent=2) if args.json else text)
     return payload
 
@@ -301,20 +304,22 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     import numpy as np
 
     from compiler_core.runtime import Accelerator, Model, ModelConfig
-    from compiler_core.runtime.inputs import load_run_inputs, top_k
+    from compiler_core.runtime.inputs import class_scores, load_run_inputs, readable_inputs, top_k
 
     if args.prompt is not None:
         return _run_prompt(args, out)
     if not args.input:
         raise ArgumentError("No input given.", hint="Pass --input FILE (or --prompt TEXT with an .llm.json model).")
+    paths, failed = readable_inputs(args.input)  # the others run; the unreadable ones are reported at the end
     config = ModelConfig()
     if args.core_mode and args.core_mode != "auto":
         getattr(config, f"set_{args.core_mode}_core_mode")()
     model = Model(args.mxq, config, input_layout="NCHW")
     model.launch(Accelerator(model.artifact.device))
     labels = Path(args.labels).read_text().splitlines() if args.labels else None
+    classes = class_scores(model.artifact)  # top-k only for class scores (not landmarks, boxes, embeddings)
     results, written = [], []
-    for sample, feeds in load_run_inputs(model.artifact, args.input):
+    for sample, feeds in load_run_inputs(model.artifact, paths):
         started = time.perf_counter()
         outputs = model.infer(feeds)
         elapsed = time.perf_counter() - started
@@ -324,7 +329,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                  "seconds": round(elapsed, 4), "outputs": []}
         for spec, value in zip(model.artifact.output_specs, outputs):
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
-                                     **top_k(value, args.top_k, labels)})
+                                     **(top_k(value, args.top_k, labels) if classes.get(spec.name) else {})})
             if args.output_dir:
                 target = Path(args.output_dir) / f"{Path(sample.sources[0].describe()).stem}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -332,9 +337,18 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
                 written.append(str(target))
         results.append(entry)
     payload = {"command": "run", "device": model.artifact.device, "core_mode": model.core_mode,
-               "estimate": model.estimate(), "results": results, "written": written}
+               "estimate": model.estimate(), "results": results, "written": written,
+               "failed": [{"input": _display_path(name), "error": reason} for name, reason in failed.items()]}
     model.dispose()
     out.result(payload, _run_text(payload))
+    if failed:
+        from compiler_core.errors import CalibrationError
+
+        listed = "; ".join(f"{entry['input']}: {entry['error']}" for entry in payload["failed"][:5])
+        raise CalibrationError(f"{len(failed)} of the {len(args.input)} input file(s) cannot be read and were not run "
+                               f"(the others were): {listed}{'; ...' if len(failed) > 5 else ''}.",
+                               hint="Re-save or remove them; JPEG, PNG and BMP images and .npy arrays can be read.",
+                               files=list(failed))
     return payload
 
 
@@ -676,6 +690,7 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
         topk = (f", top-1 {metrics['top1_agreement']:.1%}, top-5 {metrics['top5_agreement']:.1%}"
                 if "top1_agreement" in metrics else "")
         cosine = (f"{metrics['cosine_mean']:.4f}" if metrics.get("cosine_mean") is not None
+                  else "n/a (one value per sample)" if metrics.get("single_value")
                   else "n/a (FP32 output near zero on every held-out sample)")
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
@@ -713,28 +728,38 @@ def _resolve_config(args: argparse.Namespace):
                           input_shape_dict=_shape_pairs(args.input_shape) or None)
 
 
-def _support_report(mblt_path: str | Path, device: str):
-    from compiler_core.backend.fit import check_fit
+def _support_report(mblt_path: str | Path, device: str, config=None):
     from compiler_core.mblt.io import load_mblt
-    from compiler_core.targets import check_support, get_device
+    from compiler_core.targets import get_device
 
-    profile = get_device(device)  # validate the string before reading the model
-    graph = load_mblt(mblt_path)
-    check_fit(graph, profile)
-    return check_support(graph, device)
+    get_device(device)  # validate the string before reading the model
+    return _checked(load_mblt(mblt_path), device, config)
 
 
 def _support_report_for_model(args: argparse.Namespace, out: Output):
     from compiler_core.api import parse_model
-    from compiler_core.backend.fit import check_fit
-    from compiler_core.targets import check_support, get_device
+    from compiler_core.targets import get_device
 
-    profile = get_device(args.target_device)
+    get_device(args.target_device)
+    config = _resolve_config(args)
     graph, _ = parse_model(args.model, backend=args.backend, input_shape_dict=_shape_pairs(args.input_shape),
                            constant_inputs=_bind_pairs(args.bind_input), output_names=_names(args.output_names),
                            callback=out.progress, **_frontend_options(args))
-    check_fit(graph, profile)
-    return check_support(graph, args.target_device)
+    return _checked(graph, args.target_device, config)
+
+
+def _checked(graph, device: str, config):
+    """The support report of ``graph``; when every node is supported, the fit check too (DOES_NOT_FIT names the first
+    layer whose smallest tile exceeds a core's SRAM, with ``config``'s int16 layers)."""
+    from compiler_core.backend.fit import check_fit
+    from compiler_core.targets import check_support, get_device
+
+    report = check_support(graph, device)
+    if report.all_supported:
+        check_fit(graph, get_device(device), config)
+    else:
+        logger.info("Fit not checked: %d node(s) have no NPU kernel on %s.", len(report.flagged()), device)
+    return report
 
 
 def _mblt_summary(path: str | Path) -> dict[str, Any]:
@@ -838,6 +863,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--all", action="store_true", help="list every node, not only flagged ones")
     check.add_argument("--max-len", type=int, help="decoder LLM (.gguf or folder): KV-cache positions for the memory check")
+    check.add_argument("--compile-config", metavar="FILE",
+                       help="JSON/YAML CompileConfig: the fit check tiles its int16 layers (bit.layerOverrides)")
+    check.add_argument("--config-preset", help="preset name (e.g. a16w8): the fit check tiles its int16 layers")
     _add_model_options(check)
     check.set_defaults(handler=cmd_check)
 

@@ -17,7 +17,7 @@ from typing import Any
 import onnx_ir as ir
 
 from compiler_core import __version__
-from compiler_core.backend.fit import check_fit
+from compiler_core.backend.fit import check_fit, fit_error, fit_failures, flag_fit_failures
 from compiler_core.backend.partition import Partition, partition
 from compiler_core.backend.program import check_tiles_fit, lower
 from compiler_core.backend.program import from_document as npu_from_document
@@ -197,15 +197,25 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 
 
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
+    """Support and fit (every layer tiled on a stand-in quantization, before calibration); with ``cpu_offload``,
+    the split that moves unsupported (or too large) head and tail nodes to the CPU."""
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
-        check_fit(graph, device)
+        fit_checked = report.all_supported  # the stand-in quantization needs a kernel for every node
+        if fit_checked:
+            failures = fit_failures(graph, device, config, cancel_token=reporter.cancel_token)
+            if failures and not config.cpu_offload:
+                raise fit_error(failures)
+            report = flag_fit_failures(report, failures)  # at the head or tail, the CPU runs them
         reporter.advance()
     if report.all_supported:
         return None, report.counts()
     if not config.cpu_offload:
         raise report.unsupported_error()
     plan = plan_cpu_offload(graph, report)
+    too_large = [error for error in failures if error.fields["layer"] in plan.inner_unsupported] if fit_checked else []
+    if too_large:
+        raise fit_error(too_large)
     if plan.inner_unsupported:
         error = report.unsupported_error()
         raise UnsupportedOpsError(f"{len(plan.inner_unsupported)} unsupported node(s) sit inside the NPU body, "
@@ -220,7 +230,10 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                        "(onnxruntime); an MXQ needs at least one layer on the NPU.",
                                   ops=error.fields.get("ops"), nodes=plan.cpu_head[:10] + plan.cpu_tail[:10])
     logger.info("CPU offload: %d head and %d tail node(s)", len(plan.cpu_head), len(plan.cpu_tail))
-    return partition(graph, plan), apply_offload(report, plan).counts()
+    parts = partition(graph, plan)
+    if not fit_checked:
+        check_fit(parts.body, device, config, cancel_token=reporter.cancel_token)  # what the NPU will run
+    return parts, apply_offload(report, plan).counts()
 
 
 def _meta(session: MbltSession, device: DeviceProfile, core_modes: list[str], config: CompileConfig,

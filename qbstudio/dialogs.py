@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import logging
 import traceback
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -54,6 +55,14 @@ def error_parts(error: BaseException) -> tuple[str, str, str]:
     if not code:
         details.append("".join(traceback.format_exception(type(error), error, error.__traceback__)))
     return message, hint, "\n".join(details)
+
+
+def documents_folder(widget: QWidget | None) -> Path:
+    """Where a save dialog of ``widget`` starts: its main window's
+    :meth:`~qbstudio.main_window.MainWindow.documents_folder`, else the home folder (a widget on its own)."""
+    window = widget.window() if widget is not None else None
+    folder = getattr(window, "documents_folder", None)
+    return folder() if callable(folder) else Path.home()
 
 
 def _plain_text_box(icon: QMessageBox.Icon, title: str, message: str, buttons: QMessageBox.StandardButton,
@@ -110,24 +119,33 @@ def ask_import_choice(parent: QWidget | None, new_model: str, current_model: str
     return {id(new): IMPORT_NEW, id(replace): IMPORT_REPLACE}.get(id(box.clickedButton()))
 
 
-def ask_cut_graph(parent: QWidget | None, error: BaseException, cut_at: list[str]) -> bool:
-    """The model ends in post-processing a static graph cannot hold: import it up to ``cut_at`` instead?"""
-    box, cut = cut_graph_box(parent, error, cut_at)
+def ask_cut_graph(parent: QWidget | None, error: BaseException, cut_at: list[str], *, keep: bool = False) -> bool:
+    """The model ends in post-processing a static graph cannot hold: import it up to ``cut_at`` instead? With
+    ``keep``: ``cut_at`` are model outputs the unconvertible operators do not feed: import with only those?"""
+    box, cut = cut_graph_box(parent, error, cut_at, keep=keep)
     box.exec()
     return box.clickedButton() is cut
 
 
-def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str]) -> tuple[QMessageBox, object]:
+def cut_graph_box(parent: QWidget | None, error: BaseException, cut_at: list[str], *,
+                  keep: bool = False) -> tuple[QMessageBox, object]:
     """The question of :func:`ask_cut_graph` and its accept button (not shown yet)."""
     message, _, details = error_parts(error)
-    names = ", ".join(f"<b>{html.escape(name)}</b>" for name in cut_at)
+    names = ", ".join(cut_at)  # plain text: the box shows its informative text in the main text's format
+    option = f"--output-names {','.join(cut_at)}"
     box = _plain_text_box(QMessageBox.Icon.Question, "Import model", message, QMessageBox.StandardButton.Cancel, parent)
-    box.setInformativeText(f"Import the model up to {names} instead? Those tensors become its outputs; run the "
-                           "post-processing on them after the MXQ (the command line does the same with "
-                           f"<code>--output-names {html.escape(','.join(cut_at))}</code>).")
+    if keep:
+        box.setInformativeText(f"The model's outputs {names} are computed without these operators. Import the model "
+                               f"with only {'this output' if len(cut_at) == 1 else 'these outputs'}? The others "
+                               f"are left out (the command line does the same with {option}; File › Choose Model "
+                               "Outputs… changes the choice later).")
+    else:
+        box.setInformativeText(f"Import the model up to {names} instead? Those tensors become its outputs; run the "
+                               f"post-processing on them after the MXQ (the command line does the same with {option}).")
     if details:
         box.setDetailedText(details)
-    cut = box.addButton("Import up to these tensors", QMessageBox.ButtonRole.AcceptRole)
+    cut = box.addButton("Import with only these outputs" if keep else "Import up to these tensors",
+                        QMessageBox.ButtonRole.AcceptRole)
     box.setDefaultButton(cut)
     return box, cut
 

@@ -112,6 +112,8 @@ COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
 TRY_SLOT = "try"
 """Runner slot of "Try on inputs…"."""
+FIT_SLOT = "fit"
+"""Runner slot of the background fit check of the graph shown (every layer tiled; seconds on a large model)."""
 PRELOAD_MODULES = ("numpy", "onnx", "onnx_ir", "onnxscript", "compiler_core.calibration",
                    "qbstudio.widgets.calibration_panel", "qbstudio.widgets.options_panel",
                    "qbstudio.widgets.compare_view", "qbstudio.state.model_info", "compiler_core.targets",
@@ -161,6 +163,9 @@ class MainWindow(QMainWindow):
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
+        self._support_report = None  # the graph shown's support report before the fit check flagged anything
+        self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
+        self._fit_again = False  # the settings or the graph changed while a fit check ran
         self.source_missing = False  # the project's source model is not where it was imported from
         self._dirty = False
         self.setWindowTitle("qb Studio")
@@ -389,6 +394,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(QLabel(" Device "))
         self.device_combo = QComboBox(objectName="toolbarDevice")  # filled by build_workbench
         self.device_combo.setToolTip("Target device: nodes are coloured by support on it")
+        # filled after the first show: sized then, it cut "regulus-ra" to "regulus-r"
+        self.device_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.device_combo.textActivated.connect(self.set_device)
         toolbar.addWidget(self.device_combo)
         toolbar.addSeparator()
@@ -769,6 +776,9 @@ class MainWindow(QMainWindow):
         cut_at, needed = fields.get("cut_at"), fields.get("inputs_needed")
         if cut_at and not pending.output_names and dialogs.ask_cut_graph(self, error, cut_at):
             return replace(pending, output_names=list(cut_at))
+        keep = fields.get("keep_outputs")
+        if keep and not pending.output_names and dialogs.ask_cut_graph(self, error, keep, keep=True):
+            return replace(pending, output_names=list(keep))
         if fields.get("needs_allow_pickle") and not pending.allow_pickle and dialogs.ask_yes_no(
                 self, "Load a pickled module?",
                 f"{error.message}\n\nLoad it only if you trust where the file comes from. (A model saved with "
@@ -821,18 +831,64 @@ class MainWindow(QMainWindow):
         self.mark_dirty()
 
     def check_support(self) -> None:
-        """Check every node against the device; colour the graph and fill the Layer support panel."""
+        """Check every node against the device; colour the graph and fill the Layer support panel. The fit check
+        follows in the background (:meth:`check_fit`)."""
         if self.loaded is None:
             return
         from compiler_core.targets import check_support
 
-        self.session.set_report(check_support(self.shown_model, self.project.settings.device))
+        self._support_report = check_support(self.shown_model, self.project.settings.device)
+        self.session.set_report(self._support_report)
+        self._show_report()
+        self.check_fit()
+
+    def _show_report(self) -> None:
         statuses, reasons = statuses_from_report(self.report)
         self.graph.set_support(statuses, reasons)
         self.support.set_report(self.report.to_dict())
         if self.details.node:
             self.show_node(self.details.node)
         self._update_can_compile()
+
+    def check_fit(self) -> None:
+        """Tile every layer of the graph shown, in the background, as the compile will (int16 layers from the compile
+        settings): the layers whose smallest tile exceeds a core's SRAM turn ``unsupported``, the refusal as reason
+        (:func:`~compiler_core.backend.fit.flag_fit_failures`). With unsupported nodes at the start or end, the layers
+        CPU offload would leave to the NPU (:func:`~compiler_core.backend.fit.npu_fit_failures`). Not for decoder LLMs
+        (compiled by their own path)."""
+        if self.loaded is None or self.is_llm or self._support_report is None:
+            return
+        if self.runner.is_busy(FIT_SLOT):
+            self._fit_again = True
+            self.runner.cancel(FIT_SLOT)
+            return
+        from compiler_core.backend.fit import npu_fit_failures
+        from compiler_core.targets import get_device
+
+        settings = self.project.settings
+        key = self._fit_checked = self._fit_key()
+        worker = Worker("fit", npu_fit_failures, self.shown_model, self._support_report, get_device(settings.device),
+                        settings.config)
+        worker.succeeded.connect(lambda failures: self._on_fit(key, failures))
+        worker.failed.connect(lambda error: logger.warning("The fit check failed: %s", error))
+        self.runner.start(FIT_SLOT, worker)
+
+    def _fit_key(self) -> tuple:
+        """What the fit check's verdict depends on: the graph shown, the device, the settings that choose widths."""
+        config = self.project.settings.config
+        return (id(self.shown_model), self.project.settings.device, config.bit.model_dump_json(),
+                config.calibration.method, config.uint8_input.model_dump_json())
+
+    def _on_fit(self, key: tuple, failures: list) -> None:
+        if key != self._fit_key() or self._support_report is None:
+            return  # the graph, device or widths changed meanwhile: a newer check runs
+        from compiler_core.backend.fit import flag_fit_failures
+
+        if failures:
+            logger.warning("%d layer(s) do not fit a core's SRAM on %s: %s", len(failures), self._support_report.device,
+                           failures[0].message)
+        self.session.set_report(flag_fit_failures(self._support_report, failures))
+        self._show_report()
 
     def _on_graph_selection(self, name: str) -> None:
         self.support.select_node(name)
@@ -1118,6 +1174,9 @@ class MainWindow(QMainWindow):
     def _on_busy_changed(self, slot: str, busy: bool) -> None:
         self.act_cancel.setEnabled(self.running_job() is not None)
         self._update_can_compile()
+        if slot == FIT_SLOT and not busy and self._fit_again:
+            self._fit_again = False
+            self.check_fit()
         outcome = None if busy else self._outcomes.pop(slot, None)
         if slot == "compile" and outcome:  # announced once the job slot is free for the next one
             self.compile_finished.emit(outcome)
@@ -1214,9 +1273,18 @@ class MainWindow(QMainWindow):
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
+        self._show_moved_runs()
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
         return True
+
+    def _show_moved_runs(self) -> None:
+        """Show the runs again after Save As moved their files with the work folder (the run panel kept the old
+        MXQ path, in the untitled project's folder that is pruned later)."""
+        self.compare.set_history(self.session.runs)
+        shown = self.run_panel.summary.run
+        if not self.run_panel.running and shown is not None and not self.is_llm:
+            self.run_panel.summary.show_run(shown)
 
     def _forget_autosave(self, autosave: Path) -> None:
         """Delete a just-saved untitled project's autosave and its Recent entry (its old work folder is pruned at
@@ -1247,6 +1315,13 @@ class MainWindow(QMainWindow):
         if remembered and Path(remembered).resolve() != self.dirs.autosave_dir.resolve():  # (older versions kept it)
             return Path(remembered)
         return Path(model.path).parent if model is not None and Path(model.path).parent.is_dir() else Path.home()
+
+    def documents_folder(self) -> Path:
+        """Where exports (reports, CSVs, configs, calibration sets) start: the saved project's folder, else where
+        Save As starts; never the project's work folder or the app's autosave folder, which the app manages."""
+        if self.project.writable and self.project.path is not None:
+            return Path(self.project.path).parent
+        return self.save_as_folder()
 
     def _on_save_as(self) -> bool:
         start = str(self.save_as_folder() / self.suggested_project_name())
@@ -1280,6 +1355,8 @@ class MainWindow(QMainWindow):
     def _on_settings_changed(self) -> None:
         self.calibration.refresh()
         self.mark_dirty()
+        if self.loaded is not None and self._fit_key() != self._fit_checked:
+            self.check_fit()  # an int16 preset or override may make a layer too large
 
     def _on_calibration_changed(self) -> None:
         self.options.refresh()

@@ -65,6 +65,23 @@ def test_every_sample_near_zero_gives_no_cosine():
     assert row["cosine_mean"] is None and row["near_zero_samples"] == [0, 1]
 
 
+def test_a_one_value_output_has_no_cosine_but_its_sqnr_counts():
+    """A face mesh's face-flag logit ([1, 1, 1, 1]): its per-sample "cosine" was 1.0 whatever the error (the sign of
+    one number) and lifted the compile's mean output cosine."""
+    from compiler_core.analysis.compare import _summary
+    from compiler_core.cli import _metric_lines
+
+    comparison = TensorComparison()
+    for reference, quantized in ((1.5, 0.6), (-3.0, -2.9), (0.8, 1.7)):
+        comparison.add(np.full((1, 1, 1, 1), reference, np.float32), np.full((1, 1, 1, 1), quantized))
+    row = comparison.to_dict()
+    assert row["cosine_mean"] is None and row["single_value"] and row["samples"] == 3
+    assert row["sqnr_db"] == pytest.approx(sqnr_db(1.5 ** 2 + 9 + 0.64, 0.81 + 0.01 + 0.81))
+    mesh = {"sqnr_db": 36.0, "cosine_mean": 0.9999, "verdict": "ok"}
+    assert _summary({"mesh": mesh, "flag": row}, [])["mean_output_cosine"] == pytest.approx(0.9999)
+    assert "cosine n/a (one value per sample)" in _metric_lines({"flag": row})[0]
+
+
 def test_a_loud_and_a_60db_quieter_sample_without_a_known_step():
     comparison = TensorComparison()
     comparison.add(np.ones(100, np.float32), np.ones(100))

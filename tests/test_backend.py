@@ -320,6 +320,36 @@ def test_channel_local_layers_split_channels_when_their_tensors_exceed_sram(tmp_
         assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
 
 
+@pytest.mark.parametrize("mode_attributes", [{}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}])
+def test_nearest_resize_to_constant_sizes_splits_channels_and_stays_exact(tmp_path, mode_attributes):
+    """Sizes that keep N and C are lowered as sizes of axes [2, 3], so the Resize is channel-local like one by scales
+    (it was one tile of every channel: 16 x 150 x 150 int8 output alone is 352 KiB)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], mode="nearest", **mode_attributes)]
+    init = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 16, 150, 150], np.int64), "sizes")]  # not a whole scale
+    graph = helper.make_graph(nodes, "sizes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    model = quantize(mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt"), use_random_calib=True,
+                     analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=96 * 1024)
+    lowered = lower(model, small, MODES)
+    resize = next(tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)
+                  if layer.main(model).op_type == "Resize")
+    assert len({(tile.c0, tile.c1) for tile in resize.tiles}) > 1  # channel ranges
+    program = decode(lowered)
+    codes, golden = _codes(model, 3, 1.0)
+    assert golden["y"].shape == (1, 16, 150, 150)
+    for mode in MODES:
+        outputs = run_tiles(model, program, small, mode, codes)
+        assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
 @pytest.mark.parametrize("name", ["mtcnn_pnet", "silero_vad"])
 def test_tile_exact_bench_on_corpus_models(name):
     """The fast subset of ``make tile-exact``: compiled with every core mode (CPU offload, presets) and bit-exact."""

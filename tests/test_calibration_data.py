@@ -264,9 +264,11 @@ def test_several_paths_are_concatenated(tmp_path, arrays):
     np.testing.assert_array_equal(only_sample(dataset, 1), arrays[2].astype(np.float32))
 
 
-def test_max_samples_keeps_the_first_ones():
-    dataset = open_calibration_data(CALIB, [FASHION], max_samples=5)
-    assert [Path(s).name[:3] for s in dataset.sources] == ["000", "001", "002", "003", "004"]
+def test_max_samples_keeps_samples_spread_over_the_whole_folder():
+    """The first N of a folder sorted by name (cat_001 ... dog_120) or by class subfolder are one part of it."""
+    dataset = open_calibration_data(CALIB, [FASHION], max_samples=5)  # 48 files
+    assert [Path(s).name[:3] for s in dataset.sources] == ["000", "009", "019", "028", "038"]
+    assert len(open_calibration_data(CALIB, [FASHION], max_samples=48)) == 48
 
 
 # ---------------------------------------------------------------- random data
@@ -342,12 +344,32 @@ def test_empty_folder(tmp_path):
     assert_calibration_error(excinfo, "is empty")
 
 
-def test_folder_with_only_subfolders(tmp_path):
+def test_folder_with_only_empty_subfolders(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "val").mkdir()
     with pytest.raises(CalibrationError) as excinfo:
         open_calibration_data(tmp_path, [FASHION])
-    assert_calibration_error(excinfo, "only subfolders (train, val)", "not scanned")
+    assert_calibration_error(excinfo, "only subfolders (train, val), with no files in them")
+
+
+def test_class_subfolders_are_read_and_max_samples_takes_every_class(tmp_path):
+    """ImageNet's and torchvision ImageFolder's layout (calib/<class>/*.png) was refused ("subfolders are not
+    scanned"); pointing at one class folder instead calibrates on one class."""
+    classes = ["ankle_boot", "bag", "coat", "dress"]
+    for name in classes:
+        (tmp_path / name / "deeper").mkdir(parents=True)
+        for copy in range(6):
+            shutil.copy(CALIB / "000_tshirt.png", tmp_path / name / f"{copy:03d}.png")
+        shutil.copy(CALIB / "001_trouser.png", tmp_path / name / "deeper" / "x.png")
+    (tmp_path / ".cache").mkdir()
+    shutil.copy(CALIB / "000_tshirt.png", tmp_path / ".cache" / "hidden.png")
+    dataset = open_calibration_data(tmp_path, [FASHION])
+    assert len(dataset) == 28 and Path(dataset.sources[0]).relative_to(tmp_path).as_posix() == "ankle_boot/000.png"
+    picked = open_calibration_data(tmp_path, [FASHION], max_samples=4)
+    assert [Path(source).relative_to(tmp_path).parts[0] for source in picked.sources] == classes
+    (tmp_path / "notes.txt").write_text("a file of its own: the subfolders are not read")
+    with pytest.raises(CalibrationError, match="no usable files"):
+        open_calibration_data(tmp_path, [FASHION])
 
 
 def test_folder_without_usable_files_lists_what_it_found(tmp_path):
@@ -368,6 +390,23 @@ def test_fake_and_truncated_images_are_named_with_pillows_reason(tmp_path, photo
         open_calibration_data(tmp_path, [FASHION])
     assert_calibration_error(excinfo, "2 calibration file(s) cannot be read as images", "notes.jpg: cannot identify",
                              "cut.jpg: image file is truncated", file="cut.jpg")
+
+
+def test_a_16_bit_gray_png_reads_as_its_8_bit_picture(tmp_path, photos):
+    """Pillow's own conversion of a 16-bit gray PNG to 8 bits clips at 255: such a photo was calibrated (and tried)
+    as an almost white picture."""
+    from PIL import Image
+
+    from compiler_core.calibration.preprocess import default_pipeline, preprocess_image
+
+    gray = np.asarray(Image.open(photos / "a_coffee.png").convert("L"))
+    Image.fromarray(gray).save(tmp_path / "eight.png")
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    pipeline = default_pipeline()
+    eight, sixteen = (preprocess_image(tmp_path / name, pipeline, 1) for name in ("eight.png", "sixteen.png"))
+    np.testing.assert_array_equal(sixteen, eight)
+    assert 0.2 < float(eight.mean()) < 0.8
 
 
 def test_damaged_png_is_named(tmp_path, photos):

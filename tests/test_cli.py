@@ -45,9 +45,10 @@ def test_check_table_and_json(capsys, tmp_path):
     assert _cli(capsys, "parse", "--model", str(SAMPLE), "-o", str(tmp_path / "s.mblt"))[0] == 0
     code, out, _ = _cli(capsys, "check", "--mblt", str(tmp_path / "s.mblt"), "--target-device", "aries-rb", "--all")
     assert code == 0 and "Conv_0" in out and "13 supported" in out
+    assert out.rstrip().endswith("fit: every layer tiles within a core's 4,096 KiB")  # it said nothing of the fit
     code, out, _ = _cli(capsys, "check", "--model", str(SAMPLE), "--target-device", "regulus-rb", "--json")
     report = json.loads(out)
-    assert report["device"] == "regulus-rb" and len(report["nodes"]) == 13
+    assert report["device"] == "regulus-rb" and len(report["nodes"]) == 13 and report["fit_checked"]
 
 
 def test_presets_and_dump_config(capsys, tmp_path):

@@ -22,12 +22,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from compiler_core.api import mblt_compile, mxq_compile
 from compiler_core.cli import run
 from compiler_core.config import CompileConfig
-from compiler_core.errors import ArgumentError, CancelledError, QBCompilerError, UnsupportedOpsError
+from compiler_core.errors import (
+    ArgumentError,
+    CalibrationError,
+    CancelledError,
+    QBCompilerError,
+    UnsupportedOpsError,
+)
 from compiler_core.fileio import sha256_file
 from compiler_core.mxq import read_mxq
 from compiler_core.progress import CancelToken, ProgressEvent
@@ -613,6 +619,63 @@ def test_inputs_run_through_the_mxq_beside_fp32(sample_cli, sample_mblt):
         assert [item["index"] for item in logits["fp32_top_k"]] == list(np.argsort(-reference.ravel())[:3])
 
 
+def test_one_unreadable_input_among_many_costs_only_its_own_result(sample_cli, sample_mblt, tmp_path, capsys):
+    """Found trying a face mesh on eight photos in the workbench: one truncated JPEG and one text file named .png
+    refused the whole run, in calibration words ("only real JPEG, PNG and BMP images may be in the folder"). The
+    readable inputs run; each unreadable one is a row with Pillow's reason (and `qbcompiler run` exits 1 after the
+    others' results)."""
+    from compiler_core.runtime.inputs import compare_with_fp32
+    from qbstudio.widgets.try_inputs import results_html
+
+    good = [str(path) for path in sorted((SAMPLE_DIR / "test").glob("*.png"))[:2]]
+    (tmp_path / "notes.png").write_text("not an image")
+    data = Path(good[0]).read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    inputs = [good[0], str(tmp_path / "notes.png"), good[1], str(tmp_path / "cut.png")]
+    results = compare_with_fp32(sample_cli["mxq"], sample_mblt, inputs, k=3)
+    assert [entry["label"] for entry in results] == [Path(good[0]).name, Path(good[1]).name, "notes.png", "cut.png"]
+    assert all(entry["outputs"][0]["cosine"] > 0.99 for entry in results[:2])
+    assert "cannot identify image file" in results[2]["error"] and results[2]["outputs"] == []
+    assert results[3]["error"].startswith("cannot be read: ")
+    assert "cannot identify image file" in results_html(results, "run 1")
+    code, out, err = _cli(capsys, "run", "--mxq", sample_cli["mxq"], *[arg for path in inputs for arg in ("--input", path)])
+    assert code == 1 and sum(line.startswith(Path(path).name) or Path(path).name in line
+                             for line in out.splitlines() for path in good) == 2
+    assert "2 of the 4 input file(s) cannot be read and were not run (the others were): " in err
+    with pytest.raises(CalibrationError, match="None of the 2 input file"):
+        compare_with_fp32(sample_cli["mxq"], sample_mblt, inputs[1::2])
+
+
+def test_landmarks_beside_a_score_get_no_top_k_but_class_scores_do(tmp_path, capsys):
+    """`qbcompiler run` and "Try on inputs" ranked any [1, N] output as classes (a face mesh's 1,404 coordinates got
+    "top-k: 457 (147.4), 445 (147.4)"); they follow the analysis's rule now: a linear [1, N] output beside others is a
+    regression, a Softmax output is class scores."""
+    from compiler_core.runtime.inputs import compare_with_fp32
+
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+               for name, shape in (("w_mesh", (8, 30)), ("w_flag", (8, 1)), ("w_cls", (8, 12)))]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_mesh"], ["mesh"]), helper.make_node("MatMul", ["x", "w_flag"], ["f"]),
+         helper.make_node("Sigmoid", ["f"], ["flag"]), helper.make_node("MatMul", ["x", "w_cls"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["classes"])], "heads",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in ("mesh", "flag", "classes")],
+        weights)
+    source = tmp_path / "heads.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    for index in range(8):
+        np.save(tmp_path / f"s{index}.npy", rng.normal(size=(1, 8)).astype(np.float32))
+    mblt = mblt_compile(str(source), tmp_path / "heads.mblt")
+    mxq_compile(str(mblt), "aries-rb", str(tmp_path), tmp_path / "heads.mxq")
+    code, out, _ = _cli(capsys, "run", "--mxq", tmp_path / "heads.mxq", "--input", tmp_path / "s0.npy")
+    lines = {line.split("s0.npy: ")[1].split()[0]: line for line in out.splitlines() if "s0.npy: " in line}
+    assert code == 0 and "top-k" not in lines["mesh"] and "top-k" in lines["classes"]
+    [entry] = compare_with_fp32(tmp_path / "heads.mxq", mblt, [str(tmp_path / "s1.npy")])
+    tops = {output["name"]: output["mxq_top_k"] for output in entry["outputs"]}
+    assert tops["mesh"] == [] and tops["flag"] == [] and len(tops["classes"]) == 5
+
+
 def test_try_on_inputs_of_a_two_input_model_labels_each_manifest_entry(tmp_path, capsys):
     """A manifest entry feeds every input; "Try on inputs" names it by its first file and the count of the others
     (it showed the last file's name alone, found with FunASR's FSMN-VAD in the workbench)."""
@@ -660,9 +723,10 @@ def test_a_bad_device_or_preset_is_said_before_the_parse(tmp_path, monkeypatch, 
     assert parses == [] and list(tmp_path.iterdir()) == []
 
 
-def test_a_layer_too_large_for_a_core_is_refused_before_the_analysis(tmp_path, monkeypatch):
+def test_a_layer_too_large_for_a_core_is_refused_before_the_calibration(tmp_path, monkeypatch):
     """Found with ISNet: a MaxPool whose one tile needed 10 MiB failed only when the program was lowered, after
-    calibration (141 s) and the analysis (about 250 s); the tiles are now checked right after quantization."""
+    calibration (141 s) and the analysis (about 250 s); every layer is now tiled in the support check, on a stand-in
+    quantization of the parsed graph (compiler_core/backend/fit.py)."""
     import dataclasses
 
     import compiler_core.compile as compile_module
@@ -684,7 +748,7 @@ def test_a_layer_too_large_for_a_core_is_refused_before_the_analysis(tmp_path, m
         mxq_compile(str(source), "aries-rb", save_path=tmp_path / "m.mxq", use_random_calib=True,
                     callback=lambda event: stages.append(event.stage))
     assert caught.value.code == "DOES_NOT_FIT" and "Transpose" in caught.value.message
-    assert "quantize" in stages and "analyze" not in stages
+    assert "check" in stages and not {"calibrate", "quantize", "analyze"} & set(stages)
     assert not (tmp_path / "m.mxq").exists()
 
 

@@ -321,6 +321,23 @@ def test_unknown_ops_are_listed_together_with_counts(tmp_path: Path) -> None:
     assert ops["ROUND"]["count"] == 1
 
 
+def test_custom_op_on_one_branch_offers_the_outputs_that_avoid_it(tmp_path: Path) -> None:
+    """MediaPipe's attention face mesh refines eyes and lips through custom ops; its mesh and face flag convert without
+    them: the error offers those outputs, and importing with only them works."""
+    tensors = [{"name": f"t{i}", "shape": [1, 4, 4, 2]} for i in range(5)]
+    operators = [{"op": "RELU", "inputs": [0], "outputs": [1]},
+                 {"op": "CUSTOM:TransformTensorBilinear", "inputs": [1], "outputs": [2]},
+                 {"op": "RELU", "inputs": [2], "outputs": [3]},
+                 {"op": "LOGISTIC", "inputs": [1], "outputs": [4]}]
+    path = tmp_path / "branches.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[1, 3, 4]))
+    with pytest.raises(UnsupportedOpsError) as caught:
+        load_tflite(path)
+    assert caught.value.fields["keep_outputs"] == ["t1", "t4"] and "cut_at" not in caught.value.fields
+    assert "2 of the model's 3 outputs do not need them" in caught.value.hint
+    assert [value.name for value in load_tflite(path, output_names=["t1", "t4"]).graph.outputs] == ["t1", "t4"]
+
+
 def _random(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.5, shape).astype(np.float32)
 

@@ -223,6 +223,51 @@ def test_missing_external_data(tmp_path):
     _assert_nothing_written(tmp_path)
 
 
+def test_an_unsupported_op_inside_a_branch_taints_only_the_outputs_of_its_if(tmp_path):
+    branch = helper.make_graph([helper.make_node("Refine", ["trunk"], ["r"], domain="com.example")], "then", [],
+                               [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Identity", ["trunk"], ["r2"])], "else", [],
+                              [helper.make_tensor_value_info("r2", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"]),
+             helper.make_node("If", ["flag"], ["refined"], then_branch=branch, else_branch=other),
+             helper.make_node("Neg", ["trunk"], ["plain"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("refined", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("plain", TensorProto.FLOAT, [1, 4])])
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                        helper.make_opsetid("com.example", 1)]), tmp_path / "if.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert info.value.fields["keep_outputs"] == ["plain"] and "keep only it with --output-names plain" in info.value.hint
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("torchscript", "Its content is a TorchScript archive: give it the .pt suffix, or pass --backend torchscript."),
+    ("tflite", "Its content is a TFLite model: give it the .tflite suffix, or pass --backend tflite."),
+    ("keras", "Its content is a Keras model: give it the .keras or .h5 suffix, or pass --backend tf.")])
+def test_a_model_saved_under_the_wrong_suffix_is_named_by_its_content(tmp_path, content, says):
+    """A TorchScript file renamed .onnx was "cannot be read as ONNX: Wire format was corrupt"."""
+    import zipfile
+
+    path = tmp_path / "model.onnx"
+    if content == "tflite":
+        path.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(64))
+    else:
+        names = ["model/code/__torch__.py", "model/constants.pkl"] if content == "torchscript" else \
+            ["config.json", "metadata.json", "model.weights.h5"]
+        with zipfile.ZipFile(path, "w") as archive:
+            for name in names:
+                archive.writestr(name, "x")
+    with pytest.raises(ModelLoadError) as caught:
+        mblt_compile(path, tmp_path / "out.mblt")
+    assert caught.value.hint.endswith(says)
+    _conv_bn = _save(_conv_bn_model(batch=1), tmp_path / "real.tflite")  # the other way round
+    with pytest.raises(ModelLoadError, match="not a TFLite model") as caught:
+        mblt_compile(_conv_bn, tmp_path / "out.mblt")
+    assert "--backend" in caught.value.hint and "Its content" not in caught.value.hint  # ONNX has no magic bytes
+
+
 def test_unknown_ops_listed_together(tmp_path):
     nodes = [helper.make_node("FancyOp", ["x"], ["a"], domain="com.example", name="f1"),
              helper.make_node("FancyOp", ["a"], ["b"], domain="com.example", name="f2"),
@@ -239,6 +284,39 @@ def test_unknown_ops_listed_together(tmp_path):
     assert ops["Frobnicate"]["nodes"] == ["frob"]
     assert "FancyOp x2" in str(info.value) and "Frobnicate x1" in str(info.value)
     _assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("opset_version", [13, 21])  # 13: the checks on the source protobuf; 21: on onnx-ir
+@pytest.mark.parametrize("op", ["com.example::FancyOp", "Det"])  # no ONNX definition / not in the MBLT op set
+def test_unsupported_op_on_one_branch_offers_the_outputs_that_avoid_it(tmp_path, op, opset_version):
+    """A model whose unsupported op feeds only some outputs: the error names the others (as ``keep_outputs`` and in
+    its hint), and parsing with only those works."""
+    domain, _, op_type = op.rpartition("::")
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"], name="trunk"),
+             helper.make_node(op_type, ["trunk"], ["odd"], domain=domain, name="odd_op"),
+             helper.make_node("ReduceSum", ["odd"], ["refined"], keepdims=1, name="after_odd"),
+             helper.make_node("Neg", ["trunk"], ["plain"], name="plain_head"),
+             helper.make_node("Sigmoid", ["trunk"], ["flag"], name="flag_head")]
+    square = [1, 4, 4]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, square)],
+                              [helper.make_tensor_value_info("plain", TensorProto.FLOAT, square),
+                               helper.make_tensor_value_info("refined", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("flag", TensorProto.FLOAT, square)])
+    opsets = [helper.make_opsetid("", opset_version)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    src = _save(helper.make_model(graph, opset_imports=opsets), tmp_path / "branches.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert info.value.fields["keep_outputs"] == ["plain", "flag"]
+    assert "2 of the model's 3 outputs do not need them" in info.value.hint
+    assert "--output-names plain,flag" in info.value.hint
+    model, _ = parse_model(src, output_names=["plain", "flag"])
+    assert [value.name for value in model.graph.outputs] == ["plain", "flag"]
+    graph.output.pop(0)
+    graph.output.pop(1)  # only the output that needs the op: nothing to offer
+    src = _save(helper.make_model(graph, opset_imports=opsets), tmp_path / "only.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        mblt_compile(src, tmp_path / "out.mblt")
+    assert "keep_outputs" not in info.value.fields and "do not need them" not in info.value.hint
 
 
 @pytest.mark.parametrize("order", ["sorted", "reversed"])

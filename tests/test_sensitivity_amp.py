@@ -113,6 +113,24 @@ def test_sensitivity_ranks_the_outlier_layer_first_and_int16_recovers_it(outlier
     assert [row["layer"] for row in again.layers][:1] == [conv1]
 
 
+def test_sensitivity_of_a_model_with_a_one_value_output(tmp_path):
+    """A face mesh's face-flag logit ([1, 1, 1, 1]) has no cosine (only its sign); `qbcompiler analyze` stopped with
+    INTERNAL_ERROR "'<' not supported between 'NoneType' and 'float'"."""
+    model = _outlier_model(1.0)
+    graph = model.graph
+    graph.node.append(helper.make_node("ReduceMax", ["y"], ["flag"], keepdims=1, name="flag_head"))
+    graph.output.append(helper.make_tensor_value_info("flag", TensorProto.FLOAT, [1, 1, 1, 1]))
+    source = tmp_path / "flagged.onnx"
+    onnx.save(model, str(source))
+    mblt = mblt_compile(source, tmp_path / "flagged.mblt", backend="onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(12):
+        np.save(calib / f"{index:02d}.npy", RNG.standard_normal((1, 3, 8, 8)).astype(np.float32))
+    report = sensitivity(mblt, calib, target_device="aries-rb", samples=2)
+    assert report.baseline["cosine"] is not None and report.baseline["sqnr_db"] is not None and report.layers
+
+
 def test_sensitivity_stops_when_cancelled(outlier):
     mblt, calib = outlier
     token = CancelToken()

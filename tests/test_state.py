@@ -413,6 +413,12 @@ def test_fit_to_model_keeps_a_folder_of_raw_images_for_another_image_model(tmp_p
         source = CalibrationSource(path=str(path))
         notes = fit_to_model(CompileSettings(), source, specs, previous)
         assert source.path is None and any(note.startswith("Calibration data cleared") for note in notes)
+    classes = tmp_path / "classes"  # photos in class subfolders, as the calibration reader reads them
+    (classes / "cat").mkdir(parents=True)
+    (classes / "cat" / "a.jpg").write_bytes(b"")
+    source = CalibrationSource(path=str(classes))
+    fit_to_model(CompileSettings(), source, nhwc, rgb)
+    assert source.path == str(classes)
 
 
 def test_an_imported_transformers_folder_brings_its_image_processor_as_the_pipeline(tmp_path):

@@ -93,6 +93,18 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     return report
 
 
+def class_score_outputs(model: QuantizedModel, output_specs: Sequence, tail: bytes | None = None) -> dict[str, bool]:
+    """Which of a compiled model's outputs hold class scores (:func:`is_classifier_output`, the one rule), for
+    ``qbcompiler run`` and "Try on inputs" as for the analysis: ``output_specs`` are the whole model's outputs
+    (``name``, ``shape``), written by the NPU body ``model`` or by the CPU ``tail``."""
+    count = len(output_specs)
+    flags = {spec.name: is_classifier_output(list(spec.shape), _head_op(model, spec.name), count)
+             for spec in output_specs if spec.name in model.tensors}
+    if tail is not None:
+        flags.update(_CpuTail(tail, model, [spec.name for spec in output_specs]).classifier(count))
+    return flags
+
+
 def _head_op(model: QuantizedModel, tensor: str) -> str:
     """ONNX op type of the operation writing ``tensor``, looking through shape-only ops ("" if none)."""
     return head_op_type(tensor, {name: (op.op_type, op.inputs[0] if op.inputs else None)

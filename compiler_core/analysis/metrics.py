@@ -66,7 +66,9 @@ class TensorComparison:
         if self.peak is not None and reference.size:
             self.peak = max(self.peak, float(np.abs(reference).max()))
         self.max_abs_error = max(self.max_abs_error, max_error)
-        self.cosines.append(_cosine_from_sums(signal, test_squared, cross, reference, test, offset))
+        # one value per sample has no direction: its "cosine" is only the sign, 1.0 whatever the error
+        self.cosines.append(_cosine_from_sums(signal, test_squared, cross, reference, test, offset)
+                            if reference.size > 1 else math.nan)
         self.energies.append(signal / max(reference.size, 1))
         self.samples += 1
         if classifier:  # per position for a sequence of class scores: the share of positions that agree
@@ -100,11 +102,12 @@ class TensorComparison:
 
         SQNR sums signal and noise over all samples, so a near-zero sample barely weighs in; the cosine
         mean and min leave near-zero samples out (``near_zero_samples`` lists their indices, and
-        ``cosine_mean`` is ``None`` when every sample is near zero).
+        ``cosine_mean`` is ``None`` when every sample is near zero, and for a one-element tensor: a scalar's cosine
+        is only its sign).
         """
         sqnr = sqnr_db(self.signal, self.noise)
         quiet = set(self.near_zero_samples()) if len(self.energies) == len(self.cosines) else set()
-        kept = [value for index, value in enumerate(self.cosines) if index not in quiet]
+        kept = [value for index, value in enumerate(self.cosines) if index not in quiet and not math.isnan(value)]
         result = {"sqnr_db": _finite(sqnr), "cosine_mean": float(np.mean(kept)) if kept else None,
                   "cosine_min": float(np.min(kept)) if kept else None,
                   "max_abs_error": self.max_abs_error, "samples": self.samples, "verdict": verdict(sqnr)}
@@ -112,6 +115,8 @@ class TensorComparison:
             result["reference_peak"] = self.peak
         if quiet:
             result["near_zero_samples"] = sorted(quiet)
+        if self.cosines and all(math.isnan(value) for value in self.cosines):
+            result["single_value"] = True  # why there is no cosine
         if classifier and self.samples:
             result.update(top1_agreement=self.top1 / self.samples, top5_agreement=self.top5 / self.samples)
         return result

@@ -352,7 +352,7 @@ class ProxyRunner:
                 reporter.advance()
         rows = [c.to_dict() for c in comparisons if c.samples]
         return {"sqnr_db": min((r["sqnr_db"] for r in rows), default=None),
-                "cosine": min((r["cosine_mean"] for r in rows), default=None)}
+                "cosine": min((r["cosine_mean"] for r in rows if r["cosine_mean"] is not None), default=None)}
 
 
 def tensor_statistics(float_model: ir.Model, model: QuantizedModel, names: Sequence[str],

@@ -1,84 +1,133 @@
-"""Check-time fit test: does every convolution / dense layer's smallest tile fit the core SRAM?
+"""Check-time fit test: does every layer's smallest tile fit the core SRAM?
 
-Runs on the parsed graph, before calibration, with the same tiling code the backend uses
-(:func:`compiler_core.backend.tiling.tile_layer`) on a stand-in of each ``linear`` layer with 8-bit
-activations and weights (int16 overrides are decided later and need twice the bytes; the compile
-tiles every layer again and refuses any that does not fit). ``qbcompiler check`` and the compile's
-support stage call it, so a model that cannot fit is refused with the layer and the numbers before
-any calibration runs.
+Runs on the parsed graph, before calibration. The real quantizer
+(:func:`~compiler_core.quantization.pipeline.quantize_graph`) quantizes the graph with a stand-in range of
+[-1, 1] for every tensor, which gives the integer operations, NPU layers and element types the compile
+will tile: int8 by default, int16 where the config says so (presets such as ``a16w8``,
+``bit.layerOverrides``), int16/int4 weights by override. Only the sizes matter, never the values, so the
+weight-clip search is skipped. The backend's own passes then tile every layer for one core
+(:func:`~compiler_core.backend.program.tile_failures`: ``fuse``, ``assign_layouts``, ``tile_layer``), the
+same code ``check_tiles_fit`` runs after the real quantization. ``qbcompiler check``, the compile's support
+stage and the workbench's graph view call it, so a model that cannot fit is refused (or its layers flagged)
+with the layer, the bytes and the SRAM before any calibration runs.
+
+Not known before calibration: the int16 layers ``mixedPrecision`` chooses from the statistics (each needs
+up to twice the bytes); the compile tiles every layer again right after quantization and refuses any
+that does not fit.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
-import numpy as np
 import onnx_ir as ir
 
-from compiler_core.backend.fusion import MAC, Layer
-from compiler_core.backend.layout import NHWC, PLAIN, TensorLayout
-from compiler_core.backend.tiling import tile_layer
-from compiler_core.quantization.program import IntOp, QuantizedModel
-from compiler_core.targets import DeviceProfile
+from compiler_core.backend.program import tile_failures
+from compiler_core.backend.tiling import does_not_fit
+from compiler_core.config import CompileConfig
+from compiler_core.errors import DoesNotFitError
+from compiler_core.progress import CancelToken, ProgressCallback, Reporter
+from compiler_core.quantization.pipeline import quantize_graph
+from compiler_core.quantization.program import QuantizedModel
+from compiler_core.targets import DeviceProfile, NodeSupport, SupportReport, SupportStatus
 
 logger = logging.getLogger(__name__)
 
+STAND_IN_RANGE = (-1.0, 1.0)
+"""The range every tensor gets in the stand-in quantization (sizes do not depend on it)."""
 
-def check_fit(graph: ir.Model, device: DeviceProfile) -> int:
-    """Tile every Conv/Gemm/MatMul-with-constant node on one core of ``device``.
 
-    Returns:
-        The number of layers checked.
+def check_fit(graph: ir.Model, device: DeviceProfile, config: CompileConfig | None = None, *,
+              cancel_token: CancelToken | None = None) -> None:
+    """Refuse ``graph`` when a layer's smallest tile exceeds ``device.sram_bytes_per_core``.
+
+    Args:
+        graph: a canonical MBLT whose nodes all have integer kernels (check support first).
+        device: the target device.
+        config: the resolved CompileConfig (int16 layers); the defaults when None.
+        cancel_token: stops the stand-in quantization between its steps.
 
     Raises:
-        DoesNotFitError: a layer's smallest tile exceeds ``device.sram_bytes_per_core``.
+        DoesNotFitError: the first layer that does not fit, named with its source node; ``fields["layers"]``
+            lists every layer that does not fit.
     """
-    checked = 0
-    for node in graph.graph:
-        stand_in = _stand_in(node)
-        if stand_in is None:
-            continue
-        model, layer, layouts = stand_in
-        tile_layer(model, layer, layouts, device.sram_bytes_per_core, 1)
-        checked += 1
-    logger.debug("fit check: %d layers tile within %d bytes of SRAM", checked, device.sram_bytes_per_core)
-    return checked
+    failures = fit_failures(graph, device, config, cancel_token=cancel_token)
+    if failures:
+        raise fit_error(failures)
 
 
-def _stand_in(node: ir.Node) -> tuple[QuantizedModel, Layer, dict[str, TensorLayout]] | None:
-    from compiler_core.quantization.kernels.linear import _conv_attrs
-
-    if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2 or node.inputs[1] is None:
-        return None
-    weight_value, x, y = node.inputs[1], node.inputs[0], node.outputs[0]
-    if weight_value.const_value is None and not (weight_value.producer() is None and _is_initializer(weight_value)):
-        return None
-    shapes = [_static(value) for value in (weight_value, x, y)]
-    if any(shape is None for shape in shapes):
-        return None
-    weight_shape, x_shape, y_shape = shapes
-    if node.op_type == "Conv":
-        if len(weight_shape) != 4:
-            return None
-        attrs = {"layout": "conv", **_conv_attrs(node)}
-    else:
-        attrs = {"layout": "dense"}
-        weight_shape = list(reversed(weight_shape)) if node.op_type == "MatMul" else weight_shape
-    weight = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), tuple(weight_shape), (0,) * len(weight_shape))
-    source = node.metadata_props.get("mblt.source_name")
-    name = f"{node.name} (source node {source})" if source and source != node.name else (node.name or "layer")
-    op = IntOp(name, "linear", node.op_type, ["x"], ["y"], attrs=attrs, consts={"weight": weight})
-    model = QuantizedModel([op], {}, {}, [], [], {"x": x_shape, "y": y_shape})
-    layouts = {name: TensorLayout(name, tuple(shape), "int8", NHWC if len(shape) == 4 else PLAIN)
-               for name, shape in (("x", x_shape), ("y", y_shape))}
-    return model, Layer(0, [0], MAC, ["x"], ["y"]), layouts
+def fit_error(failures: list[DoesNotFitError]) -> DoesNotFitError:
+    """One error for ``failures`` (non-empty): the first layer's, naming how many more do not fit;
+    ``fields["layers"]`` lists them all."""
+    first = failures[0]
+    layers = [error.fields["layer"] for error in failures]
+    more = f" {len(failures) - 1} more layer(s) do not fit either: {', '.join(layers[1:6])}." if layers[1:] else ""
+    return DoesNotFitError(first.message + more, hint=first.hint, **{**first.fields, "layers": layers})
 
 
-def _static(value: ir.Value) -> list[int] | None:
-    if value.shape is None or not all(isinstance(dim, int) for dim in value.shape):
-        return None
-    return [int(dim) for dim in value.shape]
+def fit_failures(graph: ir.Model, device: DeviceProfile, config: CompileConfig | None = None, *,
+                 callback: ProgressCallback | None = None,
+                 cancel_token: CancelToken | None = None) -> list[DoesNotFitError]:
+    """The refusal of every layer of ``graph`` whose smallest tile exceeds the core SRAM (empty when all fit).
+
+    ``fields["layer"]`` of each is the MBLT node name of the layer's main operation (the support report's
+    node), and the message names its source node too. ``callback`` receives the stand-in quantization's
+    progress (the workbench runs this in a worker).
+    """
+    model = stand_in_program(graph, config or CompileConfig(), reporter=Reporter(callback, cancel_token))
+    sources = {node.name: node.metadata_props.get("mblt.source_name", "") for node in graph.graph}
+    failures = [_with_source(error, sources.get(error.fields["layer"], "")) for error in tile_failures(model, device)]
+    logger.debug("fit check on %s: %d operations, %d layer(s) too large for %d bytes of SRAM", device.name,
+                 len(model.ops), len(failures), device.sram_bytes_per_core)
+    return failures
 
 
-def _is_initializer(value: ir.Value) -> bool:
-    return value.is_initializer() if hasattr(value, "is_initializer") else False
+def npu_fit_failures(graph: ir.Model, report: SupportReport, device: DeviceProfile,
+                     config: CompileConfig | None = None, *, callback: ProgressCallback | None = None,
+                     cancel_token: CancelToken | None = None) -> list[DoesNotFitError]:
+    """:func:`fit_failures` of what the NPU would run: the whole graph when every node is supported, else the body
+    CPU offload would leave (its nodes keep their names); empty when no such body exists (an unsupported node inside
+    the graph: nothing of it compiles as it is)."""
+    from compiler_core.backend.partition import partition
+    from compiler_core.targets import body_computes, plan_cpu_offload
+
+    if report.all_supported:
+        return fit_failures(graph, device, config, callback=callback, cancel_token=cancel_token)
+    plan = plan_cpu_offload(graph, report)
+    if not plan.npu_ready or not body_computes(graph, plan):
+        return []
+    return fit_failures(partition(graph, plan).body, device, config, callback=callback, cancel_token=cancel_token)
+
+
+def stand_in_program(graph: ir.Model, config: CompileConfig, *, reporter: Reporter | None = None) -> QuantizedModel:
+    """``graph`` quantized by the compile's quantizer with :data:`STAND_IN_RANGE` for every tensor (no statistics)."""
+    calibration = config.calibration
+    if int(calibration.output) != 0:  # not implemented, changes no size: the compile's quantizer says so, once
+        calibration = calibration.model_copy(update={"output": type(calibration.output)(0)})
+        config = config.model_copy(update={"calibration": calibration})
+    return quantize_graph(graph, lambda names, bits: dict.fromkeys(names, STAND_IN_RANGE), config,
+                          reporter=reporter, weight_clip_search=False)
+
+
+def flag_fit_failures(report: SupportReport, failures: list[DoesNotFitError]) -> SupportReport:
+    """``report`` with each layer that does not fit marked ``unsupported``, the refusal as its reason.
+
+    The graph view colours and explains these nodes like any other blocking node, and the workbench's
+    compile readiness reads the same report.
+    """
+    entries = dict(report.entries)
+    for error in failures:
+        entry: NodeSupport | None = entries.get(error.fields["layer"])
+        if entry is not None:
+            entries[entry.node] = replace(entry, status=SupportStatus.UNSUPPORTED, reason=error.message)
+    return SupportReport(report.device, entries)
+
+
+def _with_source(error: DoesNotFitError, source: str) -> DoesNotFitError:
+    layer = error.fields["layer"]
+    if not source or source == layer:
+        return error
+    need = {"total": error.fields["needed_bytes"], "weights": error.fields["weights_bytes"],
+            "activations": error.fields["activation_bytes"], "luts": error.fields["lut_bytes"]}
+    return does_not_fit(layer, need, error.fields["sram_bytes"], f"{layer} (source node {source})")

@@ -117,7 +117,8 @@ def channel_local(op: IntOp) -> bool:
 
     Reductions over H and/or W that keep the reduced axes (global pooling), windowed pooling (MaxPool, AveragePool:
     its multipliers are per output position, not per channel), linear Resize over H and W, and nearest Resize by
-    constant scales and Pad by constant pads that leave N and C alone.
+    constant scales, nearest Resize to constant sizes of H and W only (``axes`` [2, 3]: the lowering writes sizes
+    that keep N and C so) and Pad by constant pads that leave N and C alone.
     """
     if op.kind == "average_pool" or op.kind == "move" and op.op_type == "MaxPool":
         return True
@@ -129,6 +130,9 @@ def channel_local(op: IntOp) -> bool:
     if op.kind == "move" and op.op_type == "Resize" and len(op.inputs) == 3 and "input2" in op.consts:
         scales = np.asarray(op.consts["input2"]).reshape(-1)
         return scales.size == 4 and bool(np.all(scales[:2] == 1))
+    if op.kind == "move" and op.op_type == "Resize" and len(op.inputs) == 4 and "input3" in op.consts:
+        axes = op.attrs.get("attributes", {}).get("axes") or []
+        return bool(axes) and {int(axis) % 4 for axis in axes} <= {2, 3}
     if op.kind == "move" and op.op_type == "Pad" and len(op.inputs) <= 3 and "input1" in op.consts:
         pads = np.asarray(op.consts["input1"]).reshape(-1)  # a scalar pad value: the same for every channel
         return pads.size == 8 and not pads[[0, 1, 4, 5]].any() and np.asarray(op.consts.get("input2", 0)).size <= 1

@@ -21,6 +21,7 @@ from compiler_core.backend.layout import TensorLayout, assign_layouts, transpose
 from compiler_core.backend.memplan import Buffer, arena_size, plan_memory
 from compiler_core.backend.schedule import FIELDS, ModeProgram, schedule_mode
 from compiler_core.backend.tiling import tile_layer
+from compiler_core.errors import DoesNotFitError
 from compiler_core.quantization.program import QuantizedModel
 from compiler_core.targets import CORE_MODES, DeviceProfile
 
@@ -63,10 +64,23 @@ def check_tiles_fit(model: QuantizedModel, device: DeviceProfile) -> None:
     Raises:
         DoesNotFitError: a layer's smallest tile exceeds the core SRAM.
     """
+    failures = tile_failures(model, device)
+    if failures:
+        raise failures[0]
+
+
+def tile_failures(model: QuantizedModel, device: DeviceProfile) -> list[DoesNotFitError]:
+    """Tile every layer for one core of ``device``, as :func:`lower` will, and return the refusal of each layer whose
+    smallest tile exceeds the core SRAM (in execution order; empty when every layer fits)."""
     layers = fuse(model)
     layouts = assign_layouts(model, layers)
+    failures = []
     for layer in layers:
-        tile_layer(model, layer, layouts, device.sram_bytes_per_core, 1)
+        try:
+            tile_layer(model, layer, layouts, device.sram_bytes_per_core, 1)
+        except DoesNotFitError as error:
+            failures.append(error)
+    return failures
 
 
 def schedule(model: QuantizedModel, device: DeviceProfile, modes: Sequence[str], layers: list[Layer],

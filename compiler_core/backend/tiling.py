@@ -267,6 +267,18 @@ def tile_layer(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLay
     return LayerTiling(rows, split, tiles, largest)
 
 
+def does_not_fit(layer: str, need: dict[str, int], sram: int, label: str = "") -> DoesNotFitError:
+    """The refusal of ``layer`` (an operation's MBLT name; ``label`` says it for the user, e.g. with its source
+    node) whose smallest tile's working set ``need`` exceeds ``sram`` bytes."""
+    return DoesNotFitError(
+        f"Layer {label or layer} does not fit the core SRAM: its smallest tile needs {need['total']:,} bytes "
+        f"(weights {need['weights']:,}, activations {need['activations']:,}, LUTs {need['luts']:,}) and a core has "
+        f"{sram:,}.",
+        hint="Reduce the input resolution or the layer's width, or use a device with more SRAM per core.",
+        layer=layer, needed_bytes=need["total"], weights_bytes=need["weights"], activation_bytes=need["activations"],
+        lut_bytes=need["luts"], sram_bytes=sram)
+
+
 def _even(count: int, parts: int) -> list[tuple[int, int]]:
     edges = [count * i // parts for i in range(parts + 1)]
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
@@ -284,15 +296,10 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
             row_count = min(row_count, math.ceil((r1 - r0) / PIPELINE_TILES)) if rows else row_count
             break
         if chunks >= channels or not splittable:
-            need = working_set(model, layer, layouts, rows, r0, r0 + 1 if rows else r1, c0,
-                               c0 + 1 if splittable else c1)
-            raise DoesNotFitError(
-                f"Layer {layer.main(model).name} does not fit the core SRAM: its smallest tile needs "
-                f"{need['total']:,} bytes (weights {need['weights']:,}, activations {need['activations']:,}, "
-                f"LUTs {need['luts']:,}) and a core has {sram:,}.",
-                hint="Reduce the input resolution or the layer's width, or use a device with more SRAM per core.",
-                layer=layer.main(model).name, needed_bytes=need["total"], weights_bytes=need["weights"],
-                activation_bytes=need["activations"], lut_bytes=need["luts"], sram_bytes=sram)
+            c_end = c0 + 1 if splittable else c1
+            need = (_row_tile_need(model, layer, layouts, r0, r1, c0, c_end, 1) if rows
+                    else working_set(model, layer, layouts, False, r0, r1, c0, c_end))
+            raise does_not_fit(layer.main(model).name, need, sram)
         chunks = min(chunks * 2, channels)
     width = math.ceil(channels / chunks)
     tiles = []
@@ -305,6 +312,11 @@ def _fit(model, layer, layouts, rows, band, group, sram, core, splittable: bool)
 
 
 def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
+    """Bytes of the largest ``count``-row tile's working set (:func:`_row_tile_need`)."""
+    return _row_tile_need(model, layer, layouts, r0, r1, c0, c1, count)["total"]
+
+
+def _row_tile_need(model, layer, layouts, r0, r1, c0, c1, count: int) -> dict[str, int]:
     """Working set of the largest ``count``-row tile of rows ``[r0, r1)``.
 
     A tile away from the tensor's edges reads the most input rows (its halo is not clipped on
@@ -316,7 +328,8 @@ def _row_tile_set(model, layer, layouts, r0, r1, c0, c1, count: int) -> int:
     if geometry is not None:
         widest = r0 + (geometry.m - 1 - r0) % geometry.m  # first start on a matrix's last row
         starts.add(min(widest, max(r1 - count, r0)))
-    return max(working_set(model, layer, layouts, True, start, start + count, c0, c1)["total"] for start in starts)
+    return max((working_set(model, layer, layouts, True, start, start + count, c0, c1) for start in starts),
+               key=lambda need: need["total"])
 
 
 def _max_rows(model, layer, layouts, rows, r0, r1, c0, c1, sram) -> int:

@@ -224,9 +224,22 @@ def image_channels_of_mode(mode: str) -> int:
 
 
 def decode_image(path: str | os.PathLike, channels: int) -> Image.Image:
-    """Read an image as ``L`` (``channels`` 1) or ``RGB`` (3), converting gray <-> colour as needed."""
+    """Read an image as ``L`` (``channels`` 1) or ``RGB`` (3), converting gray <-> colour as needed; a 16-bit gray
+    image is scaled to 8 bits first (its top byte)."""
     with Image.open(path) as image:
+        if image.mode in _WIDE_GRAY_MODES:
+            image = _top_byte(image)
         return image.convert("L" if channels == 1 else "RGB")
+
+
+_WIDE_GRAY_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
+"""Pillow's modes of 16-bit gray PNGs ("I" in older Pillow): its own ``convert("L")`` clips them at 255, so a 16-bit
+photo came out almost white."""
+
+
+def _top_byte(image: Image.Image) -> Image.Image:
+    array = np.asarray(image).astype(np.int64)
+    return Image.fromarray(np.clip(array >> 8, 0, 255).astype(np.uint8), "L")
 
 
 def run_pipeline(image: Image.Image, pipeline: Sequence[PreprocessOp]) -> np.ndarray:

@@ -109,7 +109,8 @@ def open_calibration_data(calib_data_path: PathLike | Sequence[PathLike] | None,
             input's size are only scaled by 1/255.
         image_channels: 0 uses the model's channel count; 1 or 3 must equal it.
         use_random_calib: With no path, make seeded random samples (smoke tests only).
-        max_samples: Use at most this many samples (the first ones); None or negative for all.
+        max_samples: Use at most this many samples, evenly spaced over them (:func:`spread`); None or negative
+            for all.
             For random data, the number of samples (default 32).
         seed: Seed of the random data.
         reporter: Progress and cancellation (:class:`~compiler_core.progress.Reporter` or callback).
@@ -162,8 +163,8 @@ def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptio
                   max_samples: int | None, reporter: Reporter, for_calibration: bool = True) -> CalibrationDataset:
     listings = [read_listing(path, inputs) for path in paths]
     rows = [row for listing in listings for row in listing.rows]
-    if max_samples is not None and max_samples > 0:
-        rows = rows[:max_samples]
+    if max_samples is not None and 0 < max_samples < len(rows):
+        rows = spread(rows, max_samples)
     with reporter.stage("check calibration data", total=len(rows) * len(inputs)):
         columns, settings = _build_columns(rows, inputs, options, reporter)
     samples = [Sample.of([column[i] for column in columns]) for i in range(len(rows))]
@@ -172,6 +173,12 @@ def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptio
         _warn_if_few(len(samples))
     notes = settings.pop("notes")
     return CalibrationDataset(inputs, samples, kind, settings, notes)
+
+
+def spread(items: list, count: int) -> list:
+    """``count`` of ``items`` evenly spaced over the whole list, in order, the first included: a folder sorted by
+    name (``cat_001`` ... ``dog_120``) or by class subfolder gives samples of every part, not only its first."""
+    return [items[index * len(items) // count] for index in range(count)]
 
 
 def _warn_if_few(count: int) -> None:
@@ -219,6 +226,13 @@ def _read_folder(path: Path, inputs: list[InputSpec]) -> Listing:
     files = [p for p in entries if p.is_file()]
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     arrays = [p for p in files if p.suffix.lower() == ".npy"]
+    if not images and not arrays and entries and not files:  # class subfolders (train/cat/*.jpg, ImageNet's)
+        files = _files_below(path)
+        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+        arrays = [p for p in files if p.suffix.lower() == ".npy"]
+        if images or arrays:
+            logger.info("Calibration folder '%s' holds only subfolders: read %d file(s) from %d of them", path,
+                        len(images or arrays), len({p.parent for p in images or arrays}))
     if images and arrays:
         raise files_error(f"Calibration folder '{path}' holds both images ({len(images)}) and .npy files "
                           f"({len(arrays)}).", images[:1] + arrays[:1],
@@ -230,14 +244,23 @@ def _read_folder(path: Path, inputs: list[InputSpec]) -> Listing:
     return Listing("images" if images else "npy", [Row((p,), path) for p in used])
 
 
+def _files_below(path: Path) -> list[Path]:
+    """Every file in the subfolders of ``path``, at any depth, sorted by path; hidden files and folders skipped."""
+    found = []
+    for folder, subfolders, names in os.walk(path):
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        if Path(folder) != path:
+            found.extend(Path(folder) / name for name in sorted(names) if not name.startswith("."))
+    return sorted(found)
+
+
 def _raise_no_usable_files(path: Path, entries: list[Path], files: list[Path]) -> None:
     if not entries:
         raise CalibrationError(f"Calibration folder '{path}' is empty.", hint=_FORMS_HINT, file=str(path))
     if not files:
         raise CalibrationError(
-            f"Calibration folder '{path}' holds only subfolders ({name_files(entries)}); subfolders are "
-            "not scanned.", hint="Point calib_data_path at the folder holding the files, or pass each "
-                                 "subfolder (calib_data_path accepts a list).", file=str(path))
+            f"Calibration folder '{path}' holds only subfolders ({name_files(entries)}), with no files in them.",
+            hint=_FORMS_HINT, file=str(path))
     counts = Counter(p.suffix.lower() or "extension-less" for p in files)
     found = ", ".join(f"{n} {suffix} file{'s' if n > 1 else ''}" for suffix, n in counts.most_common())
     raise CalibrationError(

@@ -60,6 +60,52 @@ FRONTENDS: dict[str, Loader] = {"onnx": _load_onnx, "tflite": _load_tflite, "tf"
 """Registry: backend name -> loader(model, **options) returning what ``canonicalize`` takes."""
 
 
+def content_backend(path: str | Path) -> str | None:
+    """The backend a file's first bytes name (TFLite's identifier, a torch zip archive or pickle, HDF5 for Keras), or
+    None: what a model saved under another suffix really is."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return None
+    if head[4:8] == b"TFL3":
+        return "tflite"
+    if head[:2] == b"PK":  # torch.save and torch.jit.save both write zip archives (so does Keras 3's .keras)
+        from compiler_core.frontends.torch import is_torchscript_archive
+
+        if is_torchscript_archive(path):
+            return "torchscript"
+        return "tf" if _is_keras_archive(path) else "torch"
+    if head[:1] == b"\x80":  # a pre-zip torch.save pickle
+        return "torch"
+    if head == b"\x89HDF\r\n\x1a\n":  # Keras 2's .h5
+        return "tf"
+    return None
+
+
+def _is_keras_archive(path: Path) -> bool:
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "config.json" in archive.namelist() and "metadata.json" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def misnamed_hint(path: str | Path, expected: str) -> str:
+    """" It is a TorchScript archive, not ONNX: ..." when the file's content names another backend than ``expected``,
+    else "" (a file given the wrong suffix)."""
+    backend = content_backend(path)
+    if backend is None or backend == expected:
+        return ""
+    suffix = {"tflite": ".tflite", "torchscript": ".pt", "torch": ".pt", "tf": ".keras or .h5"}[backend]
+    kind = {"tflite": "a TFLite model", "torchscript": "a TorchScript archive", "torch": "a PyTorch file (torch.save)",
+            "tf": "a Keras model"}[backend]
+    return f" Its content is {kind}: give it the {suffix} suffix, or pass --backend {backend}."
+
+
 def detect_backend(path: str | Path) -> str:
     """Guess the backend from a model path: suffix first, then folder contents and magic bytes.
 
@@ -74,17 +120,9 @@ def detect_backend(path: str | Path) -> str:
         for marker, backend in MODEL_FOLDER_MARKERS.items():
             if (path / marker).exists():
                 return backend
-    if path.is_file():
-        with path.open("rb") as handle:
-            head = handle.read(8)
-        if head[4:8] == b"TFL3":
-            return "tflite"
-        if head[:2] == b"PK":  # torch.save and torch.jit.save both write zip archives
-            from compiler_core.frontends.torch import is_torchscript_archive
-
-            return "torchscript" if is_torchscript_archive(path) else "torch"
-        if head[:1] == b"\x80":  # a pre-zip torch.save pickle
-            return "torch"
+    backend = content_backend(path)
+    if backend is not None:
+        return backend
     if suffix in LLM_SUFFIXES:
         raise ModelLoadError(f"'{path.name}' is a decoder LLM: it compiles to a prefill and a decode graph.",
                              hint=f"qbcompiler compile --model {path.name} --output {path.stem}.llm.json "

@@ -129,11 +129,15 @@ def _read_proto(path: Path, kind: str, hint: str) -> onnx.ModelProto:
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError, OSError, UnicodeDecodeError) as error:
+        from compiler_core.frontends import misnamed_hint
+
         raise ModelLoadError(f"'{path.name}' cannot be read as {kind} (truncated or not an {kind} file): {error}.",
-                             hint=hint, file=str(path)) from error
+                             hint=hint + misnamed_hint(path, "onnx"), file=str(path)) from error
     if not proto.HasField("graph") or not proto.opset_import or len(proto.graph.node) == 0:
+        from compiler_core.frontends import misnamed_hint
+
         raise ModelLoadError(f"'{path.name}' is not an {kind} model (no graph, opset or nodes found).",
-                             hint=hint, file=str(path))
+                             hint=hint + misnamed_hint(path, "onnx"), file=str(path))
     bad_text = _first_invalid_text(proto)
     if bad_text is not None:
         raise ModelLoadError(f"'{path.name}' is corrupt: the text field '{bad_text}' is not valid UTF-8.",

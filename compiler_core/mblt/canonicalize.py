@@ -39,7 +39,13 @@ from compiler_core.errors import (
 from compiler_core.frontends.onnx import CheckedModelProto
 from compiler_core.mblt import opset
 from compiler_core.mblt.conversion import convert_source_proto_weights_apart, convert_version
-from compiler_core.mblt.cut import cut_at_outputs, refuse_data_dependent_ops
+from compiler_core.mblt.cut import (
+    cut_at_outputs,
+    keep_outputs_hint,
+    outputs_clear_of,
+    outputs_clear_of_proto,
+    refuse_data_dependent_ops,
+)
 from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.io import check_model
 from compiler_core.mblt.naming import assign_canonical_names
@@ -250,13 +256,16 @@ def _check_known_ops_proto(proto: onnx.ModelProto, source_names: list[str]) -> N
     version = next(entry.version for entry in proto.opset_import if entry.domain == "")
     unknown: dict[str, list[str]] = {}
     known: dict[str, bool] = {}
-    for node, name in zip(proto.graph.node, source_names):
+    offending: list[int] = []
+    for index, (node, name) in enumerate(zip(proto.graph.node, source_names)):
         if node.op_type not in known:
             known[node.op_type] = _schema_exists(node.op_type, version, "")
         if not known[node.op_type]:
             unknown.setdefault(node.op_type, []).append(name)
+            offending.append(index)
     if unknown:
-        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)")
+        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)",
+                                    outputs_clear_of_proto(proto.graph, set(offending)), len(proto.graph.output))
 
 
 def _initializer_inputs_to_constants_proto(proto: onnx.ModelProto) -> None:
@@ -473,6 +482,7 @@ def _check_known_ops(model: ir.Model) -> None:
     """List every op no ONNX schema (nor a model-local function) defines, all in one error."""
     functions = {(f.domain, f.name) for f in model.functions.values()}
     unknown: dict[str, list[str]] = {}
+    offending: list[ir.Node] = []
     known: dict[tuple[str, str, int | None], bool] = {}  # one schema look-up per op type and version
     for node in all_nodes(model.graph):
         if (node.domain, node.op_type) in functions:
@@ -483,8 +493,10 @@ def _check_known_ops(model: ir.Model) -> None:
         if known[key]:
             continue
         unknown.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY, node.name))
+        offending.append(node)
     if unknown:
-        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)")
+        raise unsupported_ops_error(unknown, "no ONNX definition (custom or unknown operator)",
+                                    outputs_clear_of(model.graph, offending), len(model.graph.outputs))
 
 
 def _pin_inputs(model: ir.Model, input_shape_dict: Mapping[str, Sequence[int]]) -> None:
@@ -1030,7 +1042,8 @@ def _check_mblt_ops(model: ir.Model) -> None:
     for node in nodes:
         offending.setdefault(_qualified(node), []).append(node.metadata_props.get(SOURCE_NAME_KEY) or node.name)
     if offending:
-        error = unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)")
+        error = unsupported_ops_error(offending, "not in the MBLT operator set (could not be folded away)",
+                                      outputs_clear_of(model.graph, nodes), len(model.graph.outputs))
         cut = model.meta.get(_TAIL_CUT_KEY) if len(_tail_nodes(model.graph)) == len(nodes) else None
         if cut:
             error.hint = (f"The unsupported nodes only compute the model's outputs: compile the graph before them "
@@ -1117,8 +1130,10 @@ def _check_static_shapes(model: ir.Model) -> None:
             hint="Pin the model's input shapes with input_shape_dict; data-dependent shapes are not supported.")
 
 
-def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str) -> UnsupportedOpsError:
-    """One error listing every offending op type with its count and first node names."""
+def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str, keep_outputs: Sequence[str] = (),
+                          total_outputs: int = 0) -> UnsupportedOpsError:
+    """One error listing every offending op type with its count and first node names; ``keep_outputs``: the model's
+    outputs computed without them (of ``total_outputs``), offered as ``output_names`` when some but not all are."""
     counts = Counter({op: len(nodes) for op, nodes in offending.items()})
     ops = [{"op": op, "count": count, "nodes": offending[op][:3], "reason": reason}
            for op, count in counts.most_common()]
@@ -1128,8 +1143,10 @@ def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str) -> Un
         hint = ("This model was quantized in onnxruntime's QOperator format (QLinear* / QGemm nodes). Give the "
                 "float model, or a QDQ export (quantize_static(..., quant_format=QuantFormat.QDQ)): this compiler "
                 "calibrates and quantizes on its own.")
+    keep = keep_outputs_hint(keep_outputs, total_outputs)
     return UnsupportedOpsError(f"{sum(counts.values())} node(s) use operators the compiler cannot parse: "
-                               f"{listing} — {reason}.", hint=hint, ops=ops)
+                               f"{listing} — {reason}.", hint=hint + keep, ops=ops,
+                               **({"keep_outputs": list(keep_outputs)} if keep else {}))
 
 
 _QOPERATOR_OPS = {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",

@@ -10,13 +10,14 @@ graph inputs that only fed the cut-away part are removed too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from compiler_core.errors import ArgumentError, UnsupportedOpsError
 from compiler_core.mblt.opset import DATA_DEPENDENT_OPS
+from compiler_core.mblt.rule_index import holds_graph
 
 logger = logging.getLogger(__name__)
 
@@ -99,3 +100,77 @@ def _runtime_values(graph: ir.Graph) -> set[ir.Value]:
         if node.op_type not in _STATIC_RESULT_OPS and any(value in runtime for value in node.inputs):
             runtime.update(node.outputs)
     return runtime
+
+
+def outputs_clear_of(graph: ir.Graph, offending: Collection[ir.Node]) -> list[str]:
+    """Names of the graph's outputs that none of ``offending`` (nodes of the graph or of its subgraphs) computes,
+    directly or through other nodes: ``output_names`` keeping only those would leave the offending nodes out."""
+    offending = set(offending)
+    tainted: set[ir.Node] = set()
+    captured: dict[ir.Node, list[ir.Value]] = {}  # a node holding subgraphs also reads what they read from outside
+    for node in graph:
+        inner = [n for subgraph in _subgraphs_of(node) for n in ir.traversal.RecursiveGraphIterator(subgraph)]
+        if node in offending or any(n in offending for n in inner):
+            tainted.add(node)
+        if inner:
+            captured[node] = [value for n in inner for value in n.inputs
+                              if value is not None and value.producer() is not None and value.producer().graph is graph]
+
+    def reads(value: ir.Value) -> tuple[bool, list[ir.Value]]:
+        node = value.producer()
+        if node is None or node.graph is not graph:
+            return False, []
+        return node in tainted, [v for v in (*node.inputs, *captured.get(node, ())) if v is not None]
+
+    return [value.name for value, clear in zip(graph.outputs, _clear(list(graph.outputs), reads)) if clear]
+
+
+def outputs_clear_of_proto(graph, offending: Collection[int]) -> list[str]:
+    """:func:`outputs_clear_of` on an ``onnx.GraphProto`` without subgraphs; ``offending``: node indices."""
+    producers = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+
+    def reads(name: str) -> tuple[bool, list[str]]:
+        index = producers.get(name)
+        if index is None:
+            return False, []
+        return index in offending, [value for value in graph.node[index].input if value]
+
+    names = [info.name for info in graph.output]
+    return [name for name, clear in zip(names, _clear(names, reads)) if clear]
+
+
+def _clear(outputs: list[Hashable], reads: Callable[[Hashable], tuple[bool, list[Hashable]]]) -> list[bool]:
+    """For each output, whether no value it is computed from is made by an offending node (an iterative depth-first
+    walk: graphs of thousands of nodes; a value on a cycle, which only an invalid graph has, counts as not clear)."""
+    verdict: dict[Hashable, bool] = {}
+    for output in outputs:
+        stack, open_keys = [(output, False)], set()
+        while stack:
+            key, expanded = stack.pop()
+            if key in verdict or (not expanded and key in open_keys):
+                continue
+            bad, inputs = reads(key)
+            if expanded or bad:
+                open_keys.discard(key)
+                verdict[key] = not bad and all(verdict.get(value, False) for value in inputs)
+                continue
+            open_keys.add(key)
+            stack.append((key, True))
+            stack.extend((value, False) for value in inputs if value not in verdict and value not in open_keys)
+    return [verdict[output] for output in outputs]
+
+
+def _subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    if not holds_graph(node):
+        return []
+    return [graph for attribute in node.attributes.values()
+            for graph in ([attribute.as_graph()] if attribute.type == ir.AttributeType.GRAPH
+                          else attribute.as_graphs() if attribute.type == ir.AttributeType.GRAPHS else [])]
+
+
+def keep_outputs_hint(keep: Sequence[str], total: int) -> str:
+    """The sentence offering to keep the outputs that avoid the offending ops ("" when none or all do)."""
+    if not keep or len(keep) >= total:
+        return ""
+    return (f" {len(keep)} of the model's {total} outputs do not need them: keep only "
+            f"{'it' if len(keep) == 1 else 'those'} with --output-names {','.join(keep)} (Python: output_names=[...]).")

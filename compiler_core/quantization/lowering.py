@@ -31,6 +31,8 @@ class LoweringContext:
         weight_bits: per MBLT node name, the weight width (8, 4 or 16).
         hessians: per Conv node name, ``[groups, K, K]`` Hessians of its FP32 input columns: its weights are
             rounded by GPTQ (``bit.weightRounding: gptq``).
+        weight_clip_search: search each weight channel's MSE-best clip (False: clip at ``max |w|``; the fit
+            check's stand-in program, whose values do not matter).
     """
 
     view: GraphView
@@ -39,6 +41,7 @@ class LoweringContext:
     bias_correction: bool = False
     weight_bits: dict[str, int] = field(default_factory=dict)
     hessians: dict[str, np.ndarray] = field(default_factory=dict)
+    weight_clip_search: bool = True
 
     def params(self, value: ir.Value) -> QuantParams:
         """Frozen parameters of a quantized run-time tensor."""

@@ -86,7 +86,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
                    signal_rms: Mapping[str, float] | None = None,
                    feature_absmax: Mapping[str, np.ndarray] | None = None,
                    channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                   hessians: Mapping[str, np.ndarray] | None = None) -> QuantizedModel:
+                   hessians: Mapping[str, np.ndarray] | None = None, weight_clip_search: bool = True
+                   ) -> QuantizedModel:
     """Decide parameters and lower the graph to integer operations.
 
     Args:
@@ -104,6 +105,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         channel_ranges: calibrated per-channel (axis 1) minima and maxima by tensor, for per-channel
             feature-map scales (``bit.activationScales``).
         hessians: per Conv, the Hessians of its input columns; GPTQ rounds its weights (``bit.weightRounding``).
+        weight_clip_search: False skips the weight clip search (scales from ``max |w|``): the fit check's stand-in
+            program (:mod:`compiler_core.backend.fit`), where only the sizes matter.
     """
     reporter = as_reporter(reporter)
     view = GraphView(model)
@@ -120,7 +123,8 @@ def quantize_graph(model: ir.Model, ranges_for, config: CompileConfig, *,
         reporter.advance(message="parameters frozen")
         context = LoweringContext(view, tensors, channel_means=dict(channel_means or {}),
                                   bias_correction=config.layer_bias_correction.apply,
-                                  weight_bits=weight_bits(view, config), hessians=dict(hessians or {}))
+                                  weight_bits=weight_bits(view, config), hessians=dict(hessians or {}),
+                                  weight_clip_search=weight_clip_search)
         ops = lower_groups(groups, context)
         reporter.advance(message=f"{len(ops)} integer operations")
     return QuantizedModel(ops=ops, tensors=tensors, exact=_exact_tensors(view, tensors),

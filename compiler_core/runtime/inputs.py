@@ -11,6 +11,7 @@ import numpy as np
 from compiler_core.calibration import InputSpec, open_calibration_data
 from compiler_core.calibration.sources import Sample
 from compiler_core.config import CompileConfig
+from compiler_core.errors import CalibrationError
 from compiler_core.mblt.io import layout_hint
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
 from compiler_core.runtime.artifact import CompiledArtifact
@@ -22,6 +23,43 @@ def input_specs_of(artifact: CompiledArtifact) -> list[InputSpec]:
             for spec in artifact.input_specs]
 
 
+def unreadable_inputs(paths: Sequence[str]) -> dict[str, str]:
+    """The given image and ``.npy`` files that cannot be read, each with the reason (the calibration reader's checks:
+    a truncated or mislabelled image, a damaged ``.npy`` header); lists, manifests and folders are left to the reader.
+    Running the others lets one bad file among many inputs cost only its own result."""
+    from PIL import Image
+
+    from compiler_core.calibration.preprocess import IMAGE_SUFFIXES
+    from compiler_core.calibration.validate import npy_header, probe_image
+
+    failed = {}
+    for name in paths:
+        path = Path(name)
+        if not path.is_file() or path.suffix.lower() not in (*IMAGE_SUFFIXES, ".npy"):
+            continue
+        try:
+            npy_header(path) if path.suffix.lower() == ".npy" else probe_image(path)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            failed[str(name)] = str(error).rstrip(".") or type(error).__name__
+    return failed
+
+
+def readable_inputs(paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(the paths to run, the unreadable ones with their reasons: :func:`unreadable_inputs`).
+
+    Raises:
+        CalibrationError: not one of the files can be read.
+    """
+    failed = unreadable_inputs(paths)
+    if failed and len(failed) == len(paths):
+        listed = "; ".join(f"{Path(name).name}: {reason}" for name, reason in list(failed.items())[:5])
+        raise CalibrationError(f"None of the {len(paths)} input file(s) can be read: {listed}"
+                               f"{'; ...' if len(failed) > 5 else ''}.",
+                               hint="Give JPEG, PNG or BMP images, .npy arrays, a list or a manifest.",
+                               files=list(failed))
+    return [name for name in paths if str(name) not in failed], failed
+
+
 def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterator[tuple[Sample, dict[str, np.ndarray]]]:
     """``(sample, feeds)`` per sample (its files: ``sample.describe()``), preprocessed exactly as the MXQ's calibration
     data was."""
@@ -31,6 +69,14 @@ def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterato
                                     image_channels=config.image_channels, for_calibration=False)
     for index in range(len(dataset)):
         yield dataset.samples[index], dataset.sample(index)
+
+
+def class_scores(artifact: CompiledArtifact) -> dict[str, bool]:
+    """Which of the MXQ's outputs hold class scores, by the analysis's rule
+    (:func:`compiler_core.analysis.compare.class_score_outputs`): only those get a top-k."""
+    from compiler_core.analysis.compare import class_score_outputs
+
+    return class_score_outputs(artifact.program, artifact.output_specs, artifact.cpu_models.get("tail"))
 
 
 def top_k(value: np.ndarray, k: int, labels: Sequence[str] | None = None) -> dict[str, Any]:
@@ -57,17 +103,23 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
 
     Returns:
         Per input ``{"input" (its files), "label" (a short name), "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
-        "mxq_top_k"}]}`` (the top-k lists only for class scores).
+        "mxq_top_k"}]}`` (the top-k lists only for class scores; ``cosine`` None for a one-element output); a file that cannot be read (:func:`unreadable_inputs`)
+        is ``{"input", "label", "error" (why), "outputs": []}``, after the others.
+
+    Raises:
+        CalibrationError: no input can be read, or the readable ones do not fit the model.
     """
     import onnxruntime as ort
 
     from compiler_core.analysis.metrics import cosine, sqnr_db
     from compiler_core.runtime.model import Accelerator, Model
 
+    paths, failed = readable_inputs(paths)
     model = Model(mxq_path, input_layout="NCHW")  # the model's own layout, as the samples are (NHWC models: as is)
     model.launch(Accelerator(model.artifact.device))
     session = ort.InferenceSession(str(mblt_path), providers=["CPUExecutionProvider"])
     names = [output.name for output in session.get_outputs()]
+    classes = class_scores(model.artifact)
     reporter = as_reporter(reporter)
     samples = list(load_run_inputs(model.artifact, paths))
     results = []
@@ -81,13 +133,14 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
                     fp32 = np.asarray(reference.get(spec.name), np.float64)
                     ours = np.asarray(value, np.float64).reshape(fp32.shape)
                     noise = float(np.sum((fp32 - ours) ** 2))
-                    outputs.append({"name": spec.name, "shape": list(fp32.shape), "cosine": cosine(fp32.ravel(), ours.ravel()),
+                    outputs.append({"name": spec.name, "shape": list(fp32.shape), "cosine": cosine(fp32.ravel(), ours.ravel()) if fp32.size > 1 else None,
                                     "sqnr_db": sqnr_db(float(np.sum(fp32 ** 2)), noise),
                                     "max_abs_error": float(np.max(np.abs(fp32 - ours))) if fp32.size else 0.0,
-                                    "fp32_top_k": top_k(fp32, k).get("top_k", []),
-                                    "mxq_top_k": top_k(ours, k).get("top_k", [])})
+                                    "fp32_top_k": top_k(fp32, k).get("top_k", []) if classes.get(spec.name) else [],
+                                    "mxq_top_k": top_k(ours, k).get("top_k", []) if classes.get(spec.name) else []})
                 results.append({"input": source.describe(), "label": source.label(), "outputs": outputs})
                 reporter.advance()
     finally:
         model.dispose()
-    return results
+    return results + [{"input": name, "label": Path(name).name, "error": f"cannot be read: {reason}", "outputs": []}
+                      for name, reason in failed.items()]

@@ -71,17 +71,17 @@ def _raw_images_fit(path: str, specs: Sequence[InputSpec], previous: Sequence[In
     """Whether ``path`` is a folder of raw images (no ``.npy`` arrays) and both models take one image input with the
     same channel count: such a folder feeds the new model through the preprocessing pipeline (unlike arrays made for
     one input shape); gray images chosen for a gray model are not the data of a colour one."""
-    from compiler_core.calibration.preprocess import IMAGE_SUFFIXES
+    from compiler_core.calibration.readers import read_listing
+    from compiler_core.errors import QBCompilerError
 
     folder = Path(path)
     if len(specs) != 1 or len(previous) != 1 or not (specs[0].is_image and previous[0].is_image) \
             or specs[0].channels != previous[0].channels or not folder.is_dir():
         return False
-    try:
-        suffixes = {entry.suffix.lower() for entry in folder.iterdir() if not entry.name.startswith(".")}
-    except OSError:
+    try:  # the calibration reader's own listing: class subfolders count, a folder mixing kinds does not
+        return read_listing(folder, list(specs)).kind == "images"
+    except (QBCompilerError, OSError):
         return False
-    return bool(suffixes & set(IMAGE_SUFFIXES)) and ".npy" not in suffixes
 
 
 def _fit_folder_processor(settings: CompileSettings, specs: Sequence[InputSpec], source: str) -> list[str]:

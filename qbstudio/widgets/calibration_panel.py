@@ -616,7 +616,8 @@ class CalibrationPanel(QWidget):
     # ------------------------------------------------------------------ make_calib
 
     def _on_make_calib(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Write the calibration set into", str(self.work_dir or ""))
+        folder = QFileDialog.getExistingDirectory(self, "Write the calibration set into",
+                                                  str(dialogs.documents_folder(self)))
         if folder:
             self.make_calibration_set(folder)
 
@@ -632,7 +633,7 @@ class CalibrationPanel(QWidget):
 
     def _on_choose_text(self) -> None:
         text, _ = QFileDialog.getOpenFileName(self, "Text to calibrate on (one sentence per line)",
-                                              str(self.work_dir or ""), "Text (*.txt);;All files (*)")
+                                              str(dialogs.documents_folder(self)), "Text (*.txt);;All files (*)")
         if not text:
             return
         tokenizer = tokenizer_folder(self.model_path)

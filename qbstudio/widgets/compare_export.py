@@ -82,8 +82,7 @@ def export_csv(parent: QWidget, runs: Sequence[RunRecord], *, order: Sequence[st
 
 
 def _ask_path(parent: QWidget, title: str, runs: Sequence[RunRecord], name: str, filters: str) -> str:
-    folder = Path(runs[0].mxq_path).parent.parent if runs else Path.home()
-    path, _ = QFileDialog.getSaveFileName(parent, title, str(folder / name), filters)
+    path, _ = QFileDialog.getSaveFileName(parent, title, str(dialogs.documents_folder(parent) / name), filters)
     return path
 
 

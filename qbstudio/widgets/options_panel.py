@@ -477,6 +477,7 @@ class OptionsPanel(QWidget):
 
     def ask_save_config(self) -> None:
         """Ask for a file name and save the config there."""
-        path, _ = QFileDialog.getSaveFileName(self, "Save compile config", "compile_config.yaml", CONFIG_FILTER)
+        start = dialogs.documents_folder(self) / "compile_config.yaml"
+        path, _ = QFileDialog.getSaveFileName(self, "Save compile config", str(start), CONFIG_FILTER)
         if path:
             self.save_config(path)

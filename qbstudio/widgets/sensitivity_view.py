@@ -142,7 +142,8 @@ class SensitivityView(QWidget):
 
     def ask_save(self) -> None:
         """Ask for a file and save the report there."""
-        path, _ = QFileDialog.getSaveFileName(self, "Save sensitivity report", "sensitivity.json", "JSON (*.json)")
+        start = dialogs.documents_folder(self) / "sensitivity.json"
+        path, _ = QFileDialog.getSaveFileName(self, "Save sensitivity report", str(start), "JSON (*.json)")
         if not path:
             return
         try:

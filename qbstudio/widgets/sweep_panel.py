@@ -180,7 +180,8 @@ class ParetoChart(QWidget):
             plot.setLabel("left", "worst output SQNR (dB)", color="#222")
             for axis in ("bottom", "left"):
                 plot.getAxis(axis).enableAutoSIPrefix(False)  # "ms" and "dB" stay as labelled
-            legend = plot.addLegend(offset=(10, 10), labelTextColor="#222", brush=(255, 255, 255, 220))
+            # bottom right: the front's best points are top left (high SQNR, low latency)
+            legend = plot.addLegend(offset=(-10, -10), labelTextColor="#222", brush=(255, 255, 255, 220))
             front_line = plot.plot([], [], pen=pg.mkPen(FRONT_COLOUR, width=2, style=Qt.PenStyle.DashLine),
                                    name="Pareto front")
             scatter = pg.ScatterPlotItem(hoverable=True, tip=None)
@@ -230,6 +231,9 @@ class ParetoChart(QWidget):
         low, high = min(data.latency), max(data.latency)
         pad = max((high - low) * 0.08, abs(high) * 0.02, 1e-6)  # equal estimates: a readable axis around them
         items["plot"].setXRange(low - pad, high + pad, padding=0)
+        low, high = min(data.accuracy), max(data.accuracy)
+        pad = max((high - low) * 0.15, 0.5)  # equal SQNRs (two devices, one quantization): ticks 20.4347132002674
+        items["plot"].setYRange(low - pad, high + pad, padding=0)
         while len(items["labels"]) < len(data.run_ids):  # labels are kept and reused (no items dropped per redraw)
             text = pg.TextItem("", color="#222", anchor=(-0.2, 1.1))
             items["plot"].addItem(text)

@@ -34,10 +34,17 @@ def _classes(items: list[dict[str, Any]], labels: list[str]) -> str:
                      f"({item['score']:.3g})" for item in items)
 
 
+def _cosine(value: float | None) -> str:
+    return "—" if value is None else f"{value:.5f}"  # None: a one-element output (its cosine is only its sign)
+
+
 def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str] | None = None) -> str:
     """One table row per input and output: shape, cosine, SQNR, largest error, and the top classes of class scores."""
     rows = []
     for entry in results:
+        if entry.get("error"):  # a file that could not be read: the others ran
+            rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td>"
+                        f"<td colspan='6' style='color:#c62828'>{html.escape(entry['error'])}</td></tr>")
         for output in entry["outputs"]:
             top = ""
             if output["fp32_top_k"]:
@@ -46,7 +53,7 @@ def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str
                 top = (f"<span style='color:{colour}'>{_classes(output['mxq_top_k'], labels or [])}</span><br>"
                        f"<small>FP32: {_classes(output['fp32_top_k'], labels or [])}</small>")
             rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td><td>{html.escape(output['name'])}</td>"
-                        f"<td>{output['shape']}</td><td>{output['cosine']:.5f}</td><td>{output['sqnr_db']:.1f}</td>"
+                        f"<td>{output['shape']}</td><td>{_cosine(output['cosine'])}</td><td>{output['sqnr_db']:.1f}</td>"
                         f"<td>{output['max_abs_error']:.4g}</td><td>{top}</td></tr>")
     head = "".join(f"<th>{name}</th>" for name in ("input", "output", "shape", "cosine", "SQNR (dB)", "max |error|",
                                                  "top classes, MXQ (FP32 below)"))

@@ -23,7 +23,7 @@ SAMPLE_PROJECT = ROOT / "resources" / "samples" / "fashion_cnn.qbproj"
 DOCS_DIR = ROOT / "docs"
 MAX_RECENT_ROWS = 10
 """The recent list grows to this many rows, then scrolls."""
-PIPELINE = (("Model", "ONNX, TFLite"), ("Parse", "to MBLT"), ("Check", "per device"),
+PIPELINE = (("Model", "ONNX, PyTorch, TF"), ("Parse", "to MBLT"), ("Check", "per device"),
             ("Calibrate", "your data"), ("Quantize", "int8 / int16"), ("Compile", "to an MXQ"))
 
 

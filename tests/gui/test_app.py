@@ -120,6 +120,10 @@ def test_deferred_build_shows_the_window_first_then_builds_the_panels(qtbot, tmp
     window.compare.tabs.setCurrentWidget(window.compare.layers)
     qtbot.waitUntil(lambda: window.compare.layers._plots is not None)
     assert window.compare.layers.legend_texts() == []
+    combo = window.device_combo  # filled after the first show: it kept the empty combo's width ("regulus-r")
+    QApplication.processEvents()
+    widest = max(combo.fontMetrics().horizontalAdvance(combo.itemText(i)) for i in range(combo.count()))
+    assert combo.width() > widest
     window.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,15 @@ def test_pareto_chart_shows_every_run_and_the_front(qtbot, view, sweep):
     front_x = list(chart._items["front"].getData()[0])
     assert front_x == [data.latency[i] for i in data.front]
     assert "estimate" in chart._items["plot"].getAxis("bottom").labelText
+    (x_low, x_high), (y_low, y_high) = chart._items["plot"].viewRange()
+    for i in range(3):
+        assert x_low < data.latency[i] < x_high and y_low < data.accuracy[i] < y_high
+    same = [replace(run, metrics={**run.metrics, "min_output_sqnr_db": 20.4347132}) for run in sweep["runs"]]
+    chart.set_runs(same)  # equal SQNRs (one quantization on two devices): the axis showed 20.43471320026735
+    qtbot.wait(100)  # the auto range follows on the next paint
+    (_, _), (y_low, y_high) = chart._items["plot"].viewRange()
+    assert y_high - y_low >= 1.0
+    chart.set_runs(sweep["runs"])
     view.set_picks([1])
     with qtbot.waitSignal(view.run_selected, timeout=2000) as signal:
         chart.click_run(3)

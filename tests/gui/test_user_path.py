@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -543,6 +544,8 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     assert [action.text() for action in window.recent_projects_menu.actions()] == [str(saved)]
     mxq = Path(window.project.runs.latest.mxq_path)
     assert mxq.is_file() and work_dir not in mxq.parents
+    assert str(mxq) in window.run_panel.summary.header.text()  # it showed the old folder's path until reopened
+    assert str(work_dir) not in window.run_panel.summary.header.text()
     assert window.dirs.prune_untitled() == []  # too recent: another window may still show it
     old = time.time() - 7200
     for item in [work_dir, *work_dir.rglob("*")]:
@@ -550,6 +553,41 @@ def test_untitled_work_is_offered_for_saving_listed_and_recovered(qtbot, make_wi
     assert window.dirs.prune_untitled() == [work_dir] and not work_dir.exists()
     wait_model(qtbot, window, lambda: window.open_path(saved))
     assert Path(window.project.runs.latest.mxq_path).is_file()
+
+
+def test_exports_start_in_the_project_folder_not_in_the_app_s_work_folders(qtbot, make_window, answers, monkeypatch,
+                                                                            tmp_path):
+    """Export report… offered the project's hidden runs folder (face mesh.qbstudio/runs), Save Compile Config… and
+    Save sensitivity report the process's working folder: an untitled project's exports start in its model's folder,
+    a saved one's beside the project file."""
+    from PySide6.QtWidgets import QFileDialog
+
+    starts = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda _parent, _title, start, *a, **k: starts.append(start)
+                        or ("", ""))
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda _parent, _title, start, *a, **k:
+                        starts.append(start) or "")
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(SAMPLE_DIR / "model.onnx", models / "net.onnx")
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(models / "net.onnx"))
+    fake_run(window)
+    window.compare.set_picks([1])
+
+    def export_all() -> list[Path]:
+        starts.clear()
+        window.compare.export_report()
+        window.compare.export_csv()
+        window.options.ask_save_config()
+        window.calibration._on_make_calib()
+        return [Path(start).parent if Path(start).suffix else Path(start) for start in starts]
+
+    assert export_all() == [models] * 4
+    saved = tmp_path / "projects" / "mine.qbproj"
+    saved.parent.mkdir()
+    assert window.save_project_as(saved)
+    assert export_all() == [saved.parent] * 4
 
 
 # ---------------------------------------------------------------- 7. log dock
@@ -854,6 +892,37 @@ def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, 
     wait_model(qtbot, window, lambda: window.open_path(saved))
     assert window.project.model.output_names == ["boxes", "scores"]
     assert [value.name for value in window.loaded.model.graph.outputs] == ["boxes", "scores"]
+
+
+def test_a_model_with_a_custom_op_on_one_branch_is_imported_with_the_outputs_that_avoid_it(
+        qtbot, make_window, answers, monkeypatch, tmp_path):
+    """Like MediaPipe's attention face mesh (custom refinement ops beside a plain mesh output): the import offers the
+    outputs the unsupported op does not feed, in plain text (the box once showed its HTML tags), and keeps them."""
+    nodes = [helper.make_node("Relu", ["x"], ["trunk"]),
+             helper.make_node("Refine", ["trunk"], ["refined"], domain="com.vendor"),
+             helper.make_node("Neg", ["trunk"], ["mesh"]), helper.make_node("Sigmoid", ["trunk"], ["flag"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 8])
+                               for name in ("mesh", "refined", "flag")])
+    source = tmp_path / "mesh.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                      helper.make_opsetid("com.vendor", 1)]), source)
+    shown = []
+
+    def accept(parent, error, names, *, keep=False):
+        box, button = dialogs.cut_graph_box(parent, error, names, keep=keep)
+        shown.append((names, keep, box.informativeText(), button.text()))
+        return True
+
+    monkeypatch.setattr(dialogs, "ask_cut_graph", accept)
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(source))
+    names, keep, text, button = shown[0]
+    assert names == ["mesh", "flag"] and keep and button == "Import with only these outputs"
+    assert "mesh, flag are computed without these operators" in text and "<" not in text
+    assert window.project.model.output_names == ["mesh", "flag"]
+    assert [value.name for value in window.loaded.model.graph.outputs] == ["mesh", "flag"]
+    assert not answers.errors
 
 
 # ---------------------------------------------------------------- the window fits a laptop screen

@@ -29,6 +29,7 @@ from compiler_core.frontends.onnx import check_references
 from compiler_core.frontends.tflite.builder import GraphBuilder, NotConvertible, UpstreamUnavailable
 from compiler_core.frontends.tflite.converters import CONVERTERS
 from compiler_core.frontends.tflite.reader import Operator, Tensor, TFLiteGraph
+from compiler_core.mblt.cut import keep_outputs_hint
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ def import_graph(graph: TFLiteGraph, output_names: Sequence[str] | None = None) 
             builder.unavailable.update(op.outputs)
     outputs = _requested_outputs(builder, graph, output_names) if output_names else list(graph.outputs)
     if failures and not (output_names and all(index not in builder.unavailable for index in outputs)):
-        raise _unsupported_error(graph, failures, _cut_before(builder, graph, failures))
+        keep = [builder.value_name(index) for index in graph.outputs if index not in builder.unavailable]
+        raise _unsupported_error(graph, failures, _cut_before(builder, graph, failures), keep)
     return _assemble(builder, graph, outputs)
 
 
@@ -140,7 +142,7 @@ def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
 
 
 def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]],
-                       cut_at: list[str]) -> UnsupportedOpsError:
+                       cut_at: list[str], keep_outputs: list[str]) -> UnsupportedOpsError:
     counts = Counter({name: len(entries) for name, entries in failures.items()})
     ops = [{"op": name, "count": count,
             "nodes": [graph.tensors[op.outputs[0]].name if op.outputs else f"op_{op.index}"
@@ -150,12 +152,14 @@ def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operat
     listing = "; ".join(f"{o['op']} x{o['count']} (e.g. {', '.join(o['nodes'])}: {o['reason']})" for o in ops)
     hint = ("Replace these operators in the source model, or convert it to ONNX another way and use "
             "--backend onnx.")
+    keep = "" if cut_at else keep_outputs_hint(keep_outputs, len(graph.outputs))
     if cut_at:  # only post-processing fails: the rest of the model converts
         hint = (f"They only process the model's results: end the graph before them with --output-names "
                 f"{','.join(cut_at)} (Python: output_names=[...]) and run that step on the MXQ's outputs.")
+    fields = {"cut_at": cut_at} if cut_at else {"keep_outputs": keep_outputs} if keep else {}
     return UnsupportedOpsError(
         f"'{graph.path.name}': {sum(counts.values())} TFLite operator(s) cannot be converted: {listing}.",
-        hint=hint, ops=ops, file=str(graph.path), stage="tflite import", **({"cut_at": cut_at} if cut_at else {}))
+        hint=hint + keep, ops=ops, file=str(graph.path), stage="tflite import", **fields)
 
 
 def _assemble(builder: GraphBuilder, graph: TFLiteGraph, output_indices: list[int]) -> ir.Model:

@@ -148,8 +148,11 @@ def decode_tflite(data: bytes, path: str | Path) -> TFLiteGraph:
     """
     path = Path(path)
     if len(data) < 8 or data[4:8] != TFLITE_MAGIC:
+        from compiler_core.frontends import misnamed_hint
+
         raise ModelLoadError(f"'{path.name}' is not a TFLite model (no 'TFL3' identifier at byte 4).",
-                             hint="Pass a .tflite file, or choose the right --backend for this file.",
+                             hint="Pass a .tflite file, or choose the right --backend for this file."
+                                  + (misnamed_hint(path, "tflite") if path.is_file() else ""),
                              file=str(path))
     try:
         model = tflite.Model.GetRootAsModel(data, 0)

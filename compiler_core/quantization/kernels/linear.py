@@ -54,7 +54,8 @@ def lower_linear(group: Group, ctx: LoweringContext) -> IntOp:
     out = ctx.params(y)
     s_y, zp_y = _output_scale(out, layout, len(ctx.view.shape(y)))
     bits = ctx.weight_bits.get(main.name, 8)
-    q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX))
+    q_weight, s_w = _quantize_weight(weight, bits, min_scale=np.abs(bias) / (s_x * INT32_MAX),
+                                     clip_search=ctx.weight_clip_search)
     if layout == "conv" and main.name in ctx.hessians:
         q_weight = _gptq_codes(weight, ctx.hessians[main.name], s_w, bits, ctx.params(x))
     if ctx.bias_correction and x.name in ctx.channel_means:
@@ -147,13 +148,14 @@ def _bias_or_zero(bias: np.ndarray | None, channels: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(bias, dtype=np.float64).reshape(-1), (channels,)).copy()
 
 
-def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def _quantize_weight(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0,
+                     clip_search: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel codes in ``[-qmax, qmax]`` and their scales.
 
     ``min_scale`` keeps the int32 bias of near-zero channels (``bias / (s_x * s_w)``) in range.
     """
     qmax = code_range(bits)[1]
-    scale = weight_channel_scales(weight, bits, min_scale)
+    scale = weight_channel_scales(weight, bits, min_scale, clip_search)
     codes = np.clip(round_half_away(weight / _per_row(scale, weight)), -qmax, qmax)
     return codes, scale
 
@@ -180,18 +182,22 @@ def _gptq_codes(weight: np.ndarray, hessians: np.ndarray, scale: np.ndarray, bit
     return gptq_conv_codes(weight, hessians, scale, bits)
 
 
-def weight_channel_scales(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0) -> np.ndarray:
+def weight_channel_scales(weight: np.ndarray, bits: int, min_scale: np.ndarray | float = 0.0,
+                          clip_search: bool = True) -> np.ndarray:
     """The per-output-channel weight scales the compiler chooses: the MSE-best clip of ``max |w|``, over ``qmax``.
 
     Args:
         weight: ``[out_channels, ...]``.
         bits: code width (8, 4 or 16).
         min_scale: a floor per channel (keeps a large bias in int32).
+        clip_search: False: clip at ``max |w|`` without the search (the fit check's stand-in, where only the
+            sizes matter: the search is most of the time of quantizing a large model).
     """
     qmax = code_range(bits)[1]
     rows = weight.reshape(weight.shape[0], -1)
     absmax = np.abs(rows).max(axis=1)
-    return np.maximum(np.where(absmax > 0, _mse_clip(rows, absmax, qmax) / qmax, 1.0), min_scale)
+    clip = _mse_clip(rows, absmax, qmax) if clip_search else absmax
+    return np.maximum(np.where(absmax > 0, clip / qmax, 1.0), min_scale)
 
 
 WEIGHT_CLIP_CANDIDATES = np.linspace(0.5, 1.0, 26)

@@ -71,8 +71,21 @@ def lower_move(group: Group, ctx: LoweringContext) -> IntOp:
         op.inputs = [*op.inputs, ""][:3] if len(op.inputs) < 3 else op.inputs
     if main.op_type == "Resize" and op.attrs["attributes"].get("mode", "nearest") != "nearest":
         raise ValueError(f"{main.name}: only nearest Resize is data movement (see kernels/resize.py)")
+    if main.op_type == "Resize":
+        _sizes_of_spatial_axes(op, ctx.view.shape(main.inputs[0]))
     op.precision = describe_bits(params)
     return op
+
+
+def _sizes_of_spatial_axes(op: IntOp, in_shape: list[int]) -> None:
+    """A Resize to constant sizes that keep N and C becomes the same Resize over axes [2, 3] (ONNX leaves the other
+    axes as they are), so a tile of channels runs it as it is (:func:`compiler_core.backend.layout.channel_local`)."""
+    sizes, roi = op.consts.get("input3"), op.consts.get("input1")
+    if (sizes is None or sizes.size != 4 or len(in_shape) != 4 or "axes" in op.attrs["attributes"]
+            or (roi is not None and roi.size) or [int(size) for size in sizes[:2]] != list(in_shape[:2])):
+        return
+    op.consts["input3"] = np.asarray(sizes, dtype=np.int64)[2:]
+    op.attrs["attributes"]["axes"] = [2, 3]
 
 
 def lower_exact(group: Group, ctx: LoweringContext) -> IntOp:

@@ -10,6 +10,8 @@ keeps the input's parameters (docs/numerics.md, "Resize").
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
@@ -22,6 +24,8 @@ from compiler_core.quantization.lowering import LoweringContext, attr_ints, attr
 from compiler_core.quantization.program import IntOp
 
 WEIGHT_FRACTION_BITS = 15
+AXIS_MATRIX_MEMO_ENTRIES = 16
+"""Interpolation matrices remembered per process (float64: 1024 x 512 is 4 MiB; ISNet has 11 distinct ones)."""
 _EXACT_LIMIT = float(1 << 53)  # float64 contractions of integers stay exact below this
 _AXIS_ATTRIBUTES = ("mode", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside", "antialias")
 _NOT_IDENTITY_AT_SCALE_ONE = {"tf_half_pixel_for_nn", "tf_crop_and_resize"}
@@ -87,17 +91,27 @@ def _is_identity(node, in_len: int, out_len: int, scale: float | None) -> bool:
 
 def interpolation_matrix(node, in_len: int, out_len: int, scale: float | None) -> np.ndarray:
     """Q15 matrix ``[out_len, in_len]`` of the node's interpolation along one axis; rows sum to ``2**15``."""
-    evaluator = _axis_evaluator(node, by_scale=scale is not None)
-    feeds = {"scales": np.array([scale], dtype=np.float32)} if scale is not None else {
-        "sizes": np.array([out_len], dtype=np.int64)}
-    basis = np.eye(in_len, dtype=np.float64)
-    columns = [evaluator.run(None, {"x": basis[i], **feeds})[0] for i in range(in_len)]
-    real = np.stack(columns, axis=1)
+    attributes = tuple((name, node.attributes[name].value) for name in _AXIS_ATTRIBUTES if name in node.attributes)
+    real = _axis_matrix(attributes, in_len, out_len, scale)
     if real.shape != (out_len, in_len):
         raise ValueError(f"{node.name}: per-axis evaluation gave {real.shape}, expected {(out_len, in_len)}")
     if not np.allclose(real.sum(axis=1), 1.0, atol=1e-6):
         raise KernelRefusal(f"{node.name}: interpolation weights do not sum to 1; no integer kernel")
     return _q15_rows(real)
+
+
+@functools.lru_cache(maxsize=AXIS_MATRIX_MEMO_ENTRIES)
+def _axis_matrix(attributes: tuple, in_len: int, out_len: int, scale: float | None) -> np.ndarray:
+    """The real matrix ``[out, in]`` of one axis (read-only), remembered per process: every evaluation of a column runs
+    the reference Resize element by element (ISNet's 39 upsamplings to 1024x1024: about 5 s), and a U-Net resizes the
+    same lengths many times, the compile's fit check (:mod:`compiler_core.backend.fit`) and its quantization too."""
+    evaluator = _axis_evaluator(dict(attributes), by_scale=scale is not None)
+    feeds = {"scales": np.array([scale], dtype=np.float32)} if scale is not None else {
+        "sizes": np.array([out_len], dtype=np.int64)}
+    basis = np.eye(in_len, dtype=np.float64)
+    real = np.stack([evaluator.run(None, {"x": basis[i], **feeds})[0] for i in range(in_len)], axis=1)
+    real.flags.writeable = False
+    return real
 
 
 def _q15_rows(real: np.ndarray) -> np.ndarray:
@@ -109,9 +123,8 @@ def _q15_rows(real: np.ndarray) -> np.ndarray:
     return weights
 
 
-def _axis_evaluator(node, by_scale: bool) -> ReferenceEvaluator:
-    """The node's own Resize (interpolation attributes only) on a 1-D input, by scale or by size."""
-    attributes = {name: node.attributes[name].value for name in _AXIS_ATTRIBUTES if name in node.attributes}
+def _axis_evaluator(attributes: dict, by_scale: bool) -> ReferenceEvaluator:
+    """The node's own Resize (its interpolation ``attributes`` only) on a 1-D input, by scale or by size."""
     inputs = ["x", "", "scales"] if by_scale else ["x", "", "", "sizes"]
     resize = onnx.helper.make_node("Resize", inputs, ["y"], **attributes)
     graph = onnx.helper.make_graph([resize], "axis", [onnx.helper.make_tensor_value_info(n, 0, None)
