@@ -396,9 +396,14 @@ def _display_path(name: str) -> str:
         return name
 
 
+def _ms(value: float) -> str:
+    """Milliseconds to three decimals, or to two significant digits below 0.01 ms (a tiny model read "0.000 ms")."""
+    return f"{value:.3f}" if value >= 0.01 or value == 0 else f"{value:.2g}"
+
+
 def _run_text(payload: dict[str, Any]) -> str:
     estimate = payload["estimate"]
-    lines = [f"{payload['device']} ({payload['core_mode']}): estimated {estimate['latency_ms']:.3f} ms per "
+    lines = [f"{payload['device']} ({payload['core_mode']}): estimated {_ms(estimate['latency_ms'])} ms per "
              f"inference, {estimate['throughput_fps']:.0f} FPS on the device"]
     for entry in payload["results"]:
         for output in entry["outputs"]:
@@ -611,7 +616,7 @@ def _point_text(record: dict[str, Any]) -> str:
     if record["status"] != "ok":
         return f"{record['name']} {record['status']}: {(record.get('error') or {}).get('message', '')}"
     sqnr = f"{record['worst_sqnr_db']:.1f} dB" if record.get("worst_sqnr_db") is not None else "no analysis"
-    latency = f"{record['latency_ms']:.3f} ms (estimate)" if record.get("latency_ms") is not None else ""
+    latency = f"{_ms(record['latency_ms'])} ms (estimate)" if record.get("latency_ms") is not None else ""
     return f"{record['name']} ok in {record['compile_seconds']:.1f} s: worst SQNR {sqnr}, {latency} [{_axes_text(record)}]"
 
 

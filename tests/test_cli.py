@@ -264,3 +264,10 @@ def test_compile_calibrates_a_token_model_on_text(tmp_path, capsys):
     assert f"calibrated on {len(realmodels.SENTENCES) * 3 - 4} samples" in out  # 4 held out for the analysis
     code, _, err = _cli(capsys, *args, "--tokenizer", str(tokenizer), "--calib-data-path", str(tmp_path))
     assert code != 0 and "give one of them" in err
+
+
+def test_milliseconds_keep_their_digits_for_tiny_models():
+    """A toy model's estimate read "0.000 ms per inference"."""
+    from compiler_core.cli import _ms
+
+    assert [_ms(value) for value in (0.3471, 12.5, 0.0, 0.00014)] == ["0.347", "12.500", "0.000", "0.00014"]
