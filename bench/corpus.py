@@ -45,10 +45,19 @@ DEFAULT_TIMEOUT = 1200
 
 
 def _run_child(name: str, timeout: float) -> dict:
+    """One model in a fresh process with an empty statistics cache of its own, so that *compile s* is a cold compile
+    (calibration included), not a cache hit left by an earlier run."""
+    import os
+    import tempfile
+
+    from compiler_core.calibration.cache import CACHE_DIR_ENV
+
     command = [sys.executable, __file__, "--one", name]
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+        with tempfile.TemporaryDirectory(prefix="corpus-cache-") as cache:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
+                                  env={**os.environ, CACHE_DIR_ENV: cache})
     except subprocess.TimeoutExpired:
         return {"name": name, "error": {"stage": "timeout", "code": "TIMEOUT",
                                         "message": f"no result within {timeout:.0f} s"}}
@@ -161,7 +170,8 @@ calibration samples: `ok` or the error code and the stage it stopped at. *cosine
 (bit-exact simulator, `runtime.Model`) with onnxruntime on the MBLT (FP32) on {n_eval} held-out
 real samples: the worst output's mean and minimum over the samples. Entries below the 0.99 target
 are marked. *compile s* is the wall time of `mxq_compile` (calibration, quantization, scheduling,
-MXQ write) on this 2-core machine.
+MXQ write) on this 2-core machine, each model in its own process with an empty statistics cache (a cold
+compile); other work shared the machine, so the times are rough.
 
 Measured at commit `{commit}`.
 """
