@@ -45,6 +45,7 @@ from compiler_core.targets import (
     apply_offload,
     body_computes,
     check_support,
+    chosen_cpu_layers,
     get_device,
     plan_cpu_offload,
     validate_inference_scheme,
@@ -199,20 +200,22 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
     """Support and fit (every layer tiled on a stand-in quantization, before calibration); with ``cpu_offload``,
     the split that moves unsupported (or too large) head and tail nodes to the CPU."""
+    chosen = set().union(*chosen_cpu_layers(graph, config.cpu_layers))  # cpuLayers: on the CPU whatever the support
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
         fit_checked = report.all_supported  # the stand-in quantization needs a kernel for every node
         if fit_checked:
             failures = fit_failures(graph, device, config, cancel_token=reporter.cancel_token)
-            if failures and not config.cpu_offload:
-                raise fit_error(failures)
+            outside = [error for error in failures if error.fields["layer"] not in chosen]
+            if outside and not config.cpu_offload:
+                raise fit_error(outside)
             report = flag_fit_failures(report, failures)  # at the head or tail, the CPU runs them
         reporter.advance()
-    if report.all_supported:
+    if report.all_supported and not chosen:
         return None, report.counts()
-    if not config.cpu_offload:
+    if not config.cpu_offload and any(entry.blocking for name, entry in report.entries.items() if name not in chosen):
         raise report.unsupported_error()
-    plan = plan_cpu_offload(graph, report)
+    plan = plan_cpu_offload(graph, report, config.cpu_layers)
     too_large = [error for error in failures if error.fields["layer"] in plan.inner_unsupported] if fit_checked else []
     if too_large:
         raise fit_error(too_large)
@@ -222,6 +225,11 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                   f"where cpu_offload cannot move them: {error.message}",
                                   hint="Only a leading (head) or trailing (tail) group can run on the CPU.",
                                   ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
+    if not body_computes(graph, plan) and plan.chosen:
+        raise ConfigError(f"cpuLayers leaves nothing for the NPU of {device.name}: every computing layer would run "
+                          "on the CPU with the layers chosen.",
+                          hint="Choose fewer layers (the front end up to the Log, or the last layers); an MXQ needs "
+                               "at least one layer on the NPU.", layers=plan.chosen[:20])
     if not body_computes(graph, plan):
         error = report.unsupported_error()
         raise UnsupportedOpsError(f"Nothing is left for the NPU of {device.name}: with cpu_offload every computing node "
@@ -229,7 +237,8 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                   hint="Rewrite the unsupported ops as the reasons say, or run the model on the CPU "
                                        "(onnxruntime); an MXQ needs at least one layer on the NPU.",
                                   ops=error.fields.get("ops"), nodes=plan.cpu_head[:10] + plan.cpu_tail[:10])
-    logger.info("CPU offload: %d head and %d tail node(s)", len(plan.cpu_head), len(plan.cpu_tail))
+    logger.info("CPU offload: %d head and %d tail node(s), %d of them chosen by cpuLayers", len(plan.cpu_head),
+                len(plan.cpu_tail), len(plan.chosen))
     parts = partition(graph, plan)
     if not fit_checked:
         check_fit(parts.body, device, config, cancel_token=reporter.cancel_token)  # what the NPU will run

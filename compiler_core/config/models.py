@@ -444,6 +444,12 @@ class CompileConfig(ConfigSection):
     use_random_calib: bool = Field(False, description="Calibrate with random data (smoke tests only).")
     inference_scheme: InferenceScheme = Field("single", description="Core mode(s) to compile for.")
     cpu_offload: bool = Field(False, description="Run unsupported head/tail layers on the host CPU.")
+    cpu_layers: list[str] = Field(
+        default_factory=list,
+        description="Layers to run on the host CPU although the NPU supports them (MBLT node or source names, globs as "
+                    "in bit.layerOverrides), with what they need: a layer nearer the inputs takes every layer it "
+                    "depends on into a CPU head, one nearer the outputs every layer after it into a CPU tail "
+                    "(whichever moves fewer layers); e.g. a log-mel front end whose Log needs more range than int16.")
     input_shape_dict: dict[str, list[PositiveInt]] = Field(
         default_factory=dict, description="Input name -> static shape, pinning dynamic dimensions.")
     device: Literal["cpu", "gpu"] = Field("cpu", description="Compile host device for calibration.")
