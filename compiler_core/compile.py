@@ -200,7 +200,7 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
     """Support and fit (every layer tiled on a stand-in quantization, before calibration); with ``cpu_offload``,
     the split that moves unsupported (or too large) head and tail nodes to the CPU."""
-    chosen = set().union(*chosen_cpu_layers(graph, config.cpu_layers))  # cpuLayers: on the CPU whatever the support
+    chosen = set().union(*chosen_cpu_layers(graph, config.cpu_layers.head, config.cpu_layers.tail))  # any support
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
         fit_checked = report.all_supported  # the stand-in quantization needs a kernel for every node

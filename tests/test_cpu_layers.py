@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from compiler_core.api import mxq_compile
-from compiler_core.config import CompileConfig
+from compiler_core.config import CompileConfig, CpuLayersConfig
 from compiler_core.errors import ConfigError
 from compiler_core.runtime import Accelerator, Model
 
@@ -67,7 +67,8 @@ def _cosines(mxq: Path, model_path: Path) -> list[float]:
 def test_the_log_front_end_on_the_cpu_matches_fp32_far_better_than_all_on_the_npu(log_model):
     folder = log_model["folder"]
     npu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "npu.mxq")
-    cpu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "cpu.mxq", cpu_layers=["log"])
+    cpu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "cpu.mxq",
+                       cpu_layers={"head": ["log"]})
     assert npu.cpu_offload == {}
     assert cpu.cpu_offload["head"] and not cpu.cpu_offload["tail"] and len(cpu.cpu_offload["body_inputs"]) == 1
     assert cpu.support["cpu_offloaded"] == 2  # the Log and the Mul it depends on
@@ -85,9 +86,12 @@ def test_a_tail_choice_takes_every_layer_after_it(log_model):
     from compiler_core.targets import check_support, plan_cpu_offload
 
     graph, _ = parse_model(log_model["model"])
-    plan = plan_cpu_offload(graph, check_support(graph, "aries-rb"), ["relu"])
+    report = check_support(graph, "aries-rb")
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(tail=["relu"]))
     assert plan.cpu_tail == plan.chosen == ["Relu_0"] and not plan.cpu_head  # matched by its source name
-    plan = plan_cpu_offload(graph, check_support(graph, "aries-rb"), ["LOG*"])  # globs, any case
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(tail=["conv"]))
+    assert len(plan.cpu_tail) == 2 and not plan.cpu_head  # the Conv and the Relu after it
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(head=["LOG*"]))  # globs, any case
     assert plan.cpu_head == plan.chosen and len(plan.cpu_head) == 2
 
 
@@ -103,25 +107,45 @@ def _chain_model(path: Path) -> Path:
     return path
 
 
-def test_each_choice_takes_the_smaller_side_and_a_choice_leaving_the_npu_nothing_is_refused(tmp_path):
-    from compiler_core.api import parse_model
-    from compiler_core.targets import check_support, plan_cpu_offload
-
+def test_a_tail_before_a_head_and_a_choice_leaving_the_npu_nothing_are_refused(tmp_path):
     model = _chain_model(tmp_path / "chain.onnx")
-    graph, _ = parse_model(model)
-    report = check_support(graph, "aries-rb")
-    plan = plan_cpu_offload(graph, report, ["b", "f"])  # b: 2 before, 6 after -> head; f: 6 before, 2 after -> tail
-    assert len(plan.cpu_head) == 2 and len(plan.cpu_tail) == 2 and len(plan.npu_body) == 3 and plan.npu_ready
-    assert set(plan.chosen) == set(plan.cpu_head) | set(plan.cpu_tail)
+    out = tmp_path / "out" / "x.mxq"
+    with pytest.raises(ConfigError) as caught:  # d needs c, which the tail from b takes: CPU on both sides
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"head": ["d"], "tail": ["b"]})
+    error = caught.value
+    assert error.code == "CONFIG_ERROR" and "head layer" in error.message and "tail layer" in error.message
+    assert len(error.fields["layers"]) == 3  # b, c, d: in both groups
     with pytest.raises(ConfigError) as caught:  # every computing layer on the CPU
-        mxq_compile(model, "aries-rb", None, tmp_path / "out" / "x.mxq", use_random_calib=True, cpu_layers=["*"])
-    assert caught.value.code == "CONFIG_ERROR" and "cpuLayers" in caught.value.message
-    assert len(caught.value.fields["layers"]) == 7
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"head": ["g"]})
+    assert "leaves nothing for the NPU" in caught.value.message and len(caught.value.fields["layers"]) == 7
     with pytest.raises(ConfigError, match="match no layer"):
-        mxq_compile(model, "aries-rb", None, tmp_path / "out" / "x.mxq", use_random_calib=True, cpu_layers=["nope*"])
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"tail": ["nope*"]})
+    assert not out.exists()
+    result = mxq_compile(model, "aries-rb", None, out, use_random_calib=True,
+                         cpu_layers={"head": ["b"], "tail": ["f"]})
+    assert result.cpu_offload["head"] and result.cpu_offload["tail"] and result.support["cpu_offloaded"] == 4
 
 
 def test_the_config_key_round_trips():
-    config = CompileConfig.from_dict({"cpuLayers": ["log", "*/mel*"]})
-    assert config.cpu_layers == ["log", "*/mel*"] and config.to_dict()["cpuLayers"] == ["log", "*/mel*"]
+    config = CompileConfig.from_dict({"cpuLayers": {"head": ["log", "*/mel*"]}})
+    assert config.cpu_layers.head == ["log", "*/mel*"] and config.to_dict()["cpuLayers"] == {
+        "head": ["log", "*/mel*"], "tail": []}
+    with pytest.raises(ConfigError):
+        CompileConfig.from_dict({"cpuLayers": ["log"]})
+
+
+def test_the_cli_check_shows_the_split_and_compile_takes_the_flags(log_model, tmp_path, capsys):
+    from compiler_core.cli import run
+
+    model = log_model["model"]
+    assert run(["check", "--model", str(model), "--target-device", "aries-rb", "--cpu-head", "log"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU offload plan: head 2 node(s), NPU body 2, tail 0 (2 chosen by cpuLayers)" in out
+    assert "2 cpu_offloaded" in out and out.count("cpuLayers chose it") == 2
+    output = tmp_path / "cli.mxq"
+    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
+                "--cpu-tail", "relu", "--output", str(output)]) == 0
+    assert "CPU offload: head=False tail=True" in capsys.readouterr().out
+    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
+                "--cpu-head", "relu", "--cpu-tail", "mul*", "--output", str(tmp_path / "no.mxq")]) != 0
+    assert "cpuLayers cannot split the model" in capsys.readouterr().err

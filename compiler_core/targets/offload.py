@@ -17,9 +17,8 @@ host CPU, but only at the edges of the graph, so the NPU runs one contiguous bod
   ``inner_unsupported``: no edge split can remove them, so the compile fails on them.
 
 Other supported nodes move to the CPU only when the user chooses them (``cpuLayers``, see
-:func:`chosen_cpu_layers`): a chosen layer goes to the head with every layer it depends on, or to the
-tail with every layer after it (whichever moves fewer layers), and those groups join the plan as if
-they were blocking. A node that qualifies for both head and tail (a
+:func:`chosen_cpu_layers`): a ``head`` layer goes there with every layer it depends on, a ``tail`` layer
+with every layer after it, and those groups join the plan as if they were blocking. A node that qualifies for both head and tail (a
 graph made of one unsupported node) goes to the head. The plan is data; the backend exports the
 head and tail as ONNX (MXQ ``cpu`` section) and the runtime chains the three parts.
 """
@@ -32,7 +31,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from compiler_core.config import layer_matches
+from compiler_core.config import CpuLayersConfig, layer_matches
 from compiler_core.errors import ConfigError
 from compiler_core.ops import SHAPE, op_for
 from compiler_core.targets.support import SupportReport, SupportStatus, node_names
@@ -159,52 +158,63 @@ def _consumers(node: ir.Node) -> list[ir.Node]:
     return [consumer for value in node.outputs for consumer in value.consumers()]
 
 
-def chosen_cpu_layers(model: ir.Model, patterns: list[str]) -> tuple[set[str], set[str]]:
-    """The CPU head and tail node names that ``cpuLayers`` ``patterns`` ask for (empty sets without patterns).
+def chosen_cpu_layers(model: ir.Model, head: list[str], tail: list[str]) -> tuple[set[str], set[str]]:
+    """The CPU head and tail node names that ``cpuLayers`` asks for (empty sets without patterns).
 
-    A matched node (MBLT node name or ``mblt.source_name``, :func:`~compiler_core.config.layer_matches`) goes to
-    the head with every node it depends on back to the inputs, or to the tail with every node after it to the
-    outputs: whichever moves fewer nodes (a tie goes to the head). The head and tail never share a node: if a
-    tail layer ``t`` came before a head layer ``h``, then ``|before(h)| > |before(t)| > |after(t)| > |after(h)|``,
-    so ``h`` would have gone to the tail. Each group is closed (the head towards the inputs, the tail towards the
-    outputs), so the NPU body is what lies between them and the split always exists.
+    A node matching a ``head`` pattern (MBLT node name or ``mblt.source_name``,
+    :func:`~compiler_core.config.layer_matches`) goes to the head with every node it depends on back to the inputs;
+    one matching a ``tail`` pattern to the tail with every node after it to the outputs. Each group is closed (the
+    head towards the inputs, the tail towards the outputs), so the NPU body is what lies between them.
 
     Raises:
-        ConfigError: a pattern matches no layer (the message names the patterns).
+        ConfigError: a pattern matches no layer, or a node would be in both groups (a tail layer comes before a
+            head layer: the NPU would run between CPU layers on both sides, which the split cannot express); the
+            message names the layers.
     """
-    if not patterns:
+    if not head and not tail:
         return set(), set()
     names = dict(zip(model.graph, node_names(model.graph)))
-    matched = [node for node in model.graph
-               if layer_matches(patterns, names[node], node.metadata_props.get("mblt.source_name", ""))]
-    unused = [pattern for pattern in patterns if not any(
-        layer_matches([pattern], names[node], node.metadata_props.get("mblt.source_name", "")) for node in matched)]
+    sources = {node: node.metadata_props.get("mblt.source_name", "") for node in model.graph}
+    unused = [pattern for pattern in [*head, *tail]
+              if not any(layer_matches([pattern], names[node], sources[node]) for node in model.graph)]
     if unused:
         raise ConfigError(f"cpuLayers pattern(s) {', '.join(repr(p) for p in unused)} match no layer of the model.",
                           hint="Use MBLT node names or source names as `qbcompiler check --all` lists them; "
                                "globs (*, ?) match as in bit.layerOverrides.")
-    head: set[ir.Node] = set()
-    tail: set[ir.Node] = set()
-    for node in matched:
-        before, after = _closure(node, _producers), _closure(node, _consumers)
-        (head if len(before) <= len(after) else tail).update(before if len(before) <= len(after) else after)
-    return {names[n] for n in head}, {names[n] for n in tail}
+    groups: list[dict[ir.Node, ir.Node]] = [{}, {}]  # member -> the chosen layer that brought it
+    for group, patterns, step in ((groups[0], head, _producers), (groups[1], tail, _consumers)):
+        for node in model.graph:
+            if patterns and layer_matches(patterns, names[node], sources[node]):
+                for member in _closure(node, step):
+                    group.setdefault(member, node)
+    both = [node for node in model.graph if node in groups[0] and node in groups[1]]
+    if both:
+        first = both[0]
+        raise ConfigError(
+            f"cpuLayers cannot split the model: {len(both)} layer(s) ({', '.join(names[n] for n in both[:6])}"
+            f"{' ...' if len(both) > 6 else ''}) would run both in the CPU head and in the CPU tail: head layer "
+            f"{names[groups[0][first]]} depends on them and tail layer {names[groups[1][first]]} comes before them, "
+            "so the NPU would run between CPU layers on both sides.",
+            hint="The NPU runs one contiguous body between a CPU head and a CPU tail: choose head layers before "
+                 "every tail layer, or move the layer to the other list.",
+            layers=[names[n] for n in both[:20]])
+    return {names[n] for n in groups[0]}, {names[n] for n in groups[1]}
 
 
-def plan_cpu_offload(model: ir.Model, report: SupportReport, cpu_layers: list[str] | None = None) -> OffloadPlan:
+def plan_cpu_offload(model: ir.Model, report: SupportReport, cpu_layers: CpuLayersConfig | None = None) -> OffloadPlan:
     """Split ``model`` into CPU head, NPU body and CPU tail from its support report.
 
     Args:
         model: The model the report was made from.
         report: Its :class:`SupportReport` (from ``check_support``, or already offloaded).
-        cpu_layers: ``cpuLayers`` patterns: supported layers the user puts on the CPU (see
+        cpu_layers: ``cpuLayers``: supported layers the user puts on the CPU head or tail (see
             :func:`chosen_cpu_layers`, whose errors this raises).
 
     Returns:
         The :class:`OffloadPlan`; see the module docstring for the exact rules.
     """
     nodes = list(zip(node_names(model.graph), model.graph))
-    chosen_head, chosen_tail = chosen_cpu_layers(model, list(cpu_layers or []))
+    chosen_head, chosen_tail = chosen_cpu_layers(model, cpu_layers.head, cpu_layers.tail) if cpu_layers else (set(), set())
     offloadable = {name for name, entry in report.entries.items() if entry.status in _OFFLOADABLE}
     offloadable |= chosen_head | chosen_tail
     head = _head(nodes, offloadable)
