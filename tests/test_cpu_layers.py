@@ -143,8 +143,8 @@ def test_the_cli_check_shows_the_split_and_compile_takes_the_flags(log_model, tm
     assert "CPU offload plan: head 2 node(s), NPU body 2, tail 0 (2 chosen by cpuLayers)" in out
     assert "2 cpu_offloaded" in out and out.count("cpuLayers chose it") == 2
     output = tmp_path / "cli.mxq"
-    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
-                "--cpu-tail", "relu", "--output", str(output)]) == 0
+    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--calib-data-path",
+                str(log_model["calib"]), "--cpu-tail", "relu", "--output", str(output)]) == 0
     assert "CPU offload: head=False tail=True" in capsys.readouterr().out
     assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
                 "--cpu-head", "relu", "--cpu-tail", "mul*", "--output", str(tmp_path / "no.mxq")]) != 0
