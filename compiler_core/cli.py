@@ -664,15 +664,22 @@ def _compile_text(payload: dict[str, Any]) -> str:
     elif not mixed and any(metrics.get("verdict") in ("warn", "flag") and not metrics.get("quiet_probability")
                            for metrics in payload["outputs"].values()):
         suited = payload.get("suited_preset") or {}
-        if suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
+        loss = payload.get("range_loss")
+        if loss:  # the error is born at a Log/Sqrt/Pow: no bit width holds its range, the CPU does
+            start = f", from {loss['input_sqnr_db']:.1f} dB at its input" if loss["input_sqnr_db"] is not None else ""
+            lines.append(f"  hint: the error starts at {loss['layer']} ({loss['op']}: SQNR {loss['sqnr_db']:.1f} dB"
+                         f"{start}): an integer grid loses the small values of its wide input range; run it on the "
+                         f"CPU with every layer before it (--cpu-head {loss['layer']}, cpuLayers.head)")
+        elif suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
                          "compiler choose int16 layers (--mixed-precision cosine=0.99)")
         elif payload.get("config_preset") == "a16w16":  # everything is int16: the rest is a layer's range
             worst = (payload.get("analysis") or {}).get("worst_layers") or []
             where = f" ({worst[0]} is the worst in the analysis)" if worst else ""
             lines.append(f"  hint: activations and weights are int16 already{where}: a layer whose values span more "
-                         "than int16 resolves (a Log of a power spectrum, say) is better run on the CPU (end the NPU "
-                         "graph before it with --output-names), or calibrate on more data")
+                         "than int16 resolves (a Log of a power spectrum, say) is better run on the CPU (--cpu-head "
+                         "LAYER runs it and every layer before it there, --cpu-tail LAYER it and every layer after "
+                         "it), or calibrate on more data")
         elif payload.get("config_preset") == "a16w8" or _all_int16(payload["program"]):  # the weights next
             lines.append("  hint: with int16 activations everywhere, int16 weights may help (--config-preset a16w16), "
                          "or more calibration data")

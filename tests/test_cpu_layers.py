@@ -70,6 +70,14 @@ def test_the_log_front_end_on_the_cpu_matches_fp32_far_better_than_all_on_the_np
     cpu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "cpu.mxq",
                        cpu_layers={"head": ["log"]})
     assert npu.cpu_offload == {}
+    # the analysis finds where the error is born (the Log, its input fine), and the accuracy hint names the option
+    loss = npu.to_dict()["range_loss"]
+    assert loss["op"] == "Log" and loss["sqnr_db"] < 20 and loss["input_sqnr_db"] > loss["sqnr_db"] + 10
+    assert cpu.to_dict()["range_loss"] is None
+    from compiler_core.cli import _compile_text
+
+    text = _compile_text({**npu.to_dict(), "seconds": 1.0, "config_preset": None})
+    assert f"hint: the error starts at {loss['layer']} (Log" in text and f"--cpu-head {loss['layer']}" in text
     assert cpu.cpu_offload["head"] and not cpu.cpu_offload["tail"] and len(cpu.cpu_offload["body_inputs"]) == 1
     assert cpu.support["cpu_offloaded"] == 2  # the Log and the Mul it depends on
     artifact = Model(folder / "cpu.mxq").artifact
