@@ -162,8 +162,8 @@ def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partiti
     if not config.mixed_precision.apply:
         return None
     if parts is not None:
-        raise ConfigError("mixedPrecision does not work together with cpu_offload yet.",
-                          hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
+        raise ConfigError("mixedPrecision does not work together with a CPU head or tail (cpu_offload, cpuLayers) "
+                          "yet.", hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
     from compiler_core.quantization.mixed_precision import choose_mixed_precision
 
     return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter)
