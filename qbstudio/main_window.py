@@ -408,6 +408,7 @@ class MainWindow(QMainWindow):
         self.graph.node_context_requested.connect(self._on_node_context)
         self.graph.load_failed.connect(lambda text: self.statusBar().showMessage(f"Graph: {text}", 8000))
         self.support.node_activated.connect(self._on_support_selection)
+        self.support.node_context_requested.connect(lambda name, position: self.node_menu(name).popup(position))
         self.options.changed.connect(self._on_settings_changed)
         self.options.device_changed.connect(self._on_device_changed)
         self.calibration.changed.connect(self._on_calibration_changed)

@@ -37,6 +37,14 @@ def test_the_node_menu_sets_and_clears_a_cpu_head_and_the_graph_colours_it(qtbot
     assert '"cpuLayers"' in saved and f'"{log}"' in saved  # saved with the project's compile settings
     menu = window.node_menu(log)
     assert not _action(menu, "Run on the CPU with every layer before it").isEnabled()
+    # the Layer support table lists them as CPU offloaded and offers the same menu on a right click
+    window.support.status_combo.setCurrentIndex(window.support.status_combo.findData("cpu_offloaded"))
+    assert sorted(window.support.visible_nodes()) == sorted([mul, log])
+    row = window.support.visible_nodes().index(log)
+    centre = window.support.table.visualRect(window.support.proxy.index(row, 0)).center()
+    with qtbot.waitSignal(window.support.node_context_requested) as blocker:
+        window.support._on_context_menu(centre)
+    assert blocker.args[0] == log
 
     # a tail before the head cannot be split: refused with the layers named, the choice taken back
     _action(window.node_menu(mul), "Run on the CPU with every layer after it").trigger()
