@@ -910,7 +910,8 @@ class MainWindow(QMainWindow):
         if info is None:
             self.details.clear()
             return
-        entry = self.report.entries.get(name) if self.report else None
+        report = self._with_cpu_layers(self.report)  # the split the graph shows
+        entry = report.entries.get(name) if report else None
         run = self.session.latest_run  # only a run of this very model (matched by MBLT hash)
         layer = run.layer_row(name) if run else None
         precision = run.precisions.get(name) if run else None

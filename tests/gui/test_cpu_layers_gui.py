@@ -37,6 +37,8 @@ def test_the_node_menu_sets_and_clears_a_cpu_head_and_the_graph_colours_it(qtbot
     assert '"cpuLayers"' in saved and f'"{log}"' in saved  # saved with the project's compile settings
     menu = window.node_menu(log)
     assert not _action(menu, "Run on the CPU with every layer before it").isEnabled()
+    window.show_node(mul)
+    assert "cpuLayers chose it" in window.details.text()  # the Details panel says why it runs on the CPU
     # the Layer support table lists them as CPU offloaded and offers the same menu on a right click
     window.support.status_combo.setCurrentIndex(window.support.status_combo.findData("cpu_offloaded"))
     assert sorted(window.support.visible_nodes()) == sorted([mul, log])
