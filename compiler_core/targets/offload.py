@@ -19,8 +19,9 @@ host CPU, but only at the edges of the graph, so the NPU runs one contiguous bod
 Other supported nodes move to the CPU only when the user chooses them (``cpuLayers``, see
 :func:`chosen_cpu_layers`): a ``head`` layer goes there with every layer it depends on, a ``tail``
 layer with every layer after it, and those groups join the plan as if they were blocking. A node
-that qualifies for both head and tail (a graph made of one unsupported node) goes to the head. The plan is data; the backend exports the
-head and tail as ONNX (MXQ ``cpu`` section) and the runtime chains the three parts.
+that qualifies for both head and tail (a graph made of one unsupported node) goes to the head. The
+plan is data; the backend exports the head and tail as ONNX (MXQ ``cpu`` section) and the runtime
+chains the three parts.
 """
 
 from __future__ import annotations
