@@ -286,7 +286,8 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
         save_path: Output ``.mxq`` (default ``./tmp.mxq``); the analysis JSON is written beside it.
         **kwargs: ``backend``, ``input_shape_dict``, ``constant_inputs``, ``output_names``, frontend options (``feed_dict``,
             ``submodule``, ``allow_pickle``, ``dynamic_axes``), ``inference_scheme``,
-            ``cpu_offload``, ``use_random_calib``, ``layer_bias_correction``, ``image_channels``,
+            ``cpu_offload``, ``cpu_layers`` (``{"head": [...], "tail": [...]}``), ``use_random_calib``,
+            ``layer_bias_correction``, ``image_channels``,
             ``config_preset``, ``compile_config``, ``config_save_path``, sub-configs
             (``calibration_config`` ...), ``callback``, ``cancel_token``.
 

@@ -168,7 +168,7 @@ def cmd_parse(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     text = (f"Wrote {path} ({summary['nodes']} nodes, {summary['size_bytes'] / 1e6:.2f} MB) in {elapsed:.2f} s\n"
             f"ops: {_ops_text(summary['ops'])}")
     if config.target_device:
-        report = _support_report(path, config.target_device)
+        report, _ = _support_report(path, config.target_device)
         payload["support"] = report.counts()
         text += f"\nsupport on {config.target_device}: {_counts_text(report.counts())}"
     out.result(payload, text)
@@ -189,7 +189,7 @@ def _parse_llm(args: argparse.Namespace, out: Output, output: str, device: str |
         payload["graphs"][kind] = {"output": str(path), **summary}
         lines.append(f"{kind}: {path} ({summary['nodes']} nodes, {summary['size_bytes'] / 1e6:.2f} MB)")
         if device:
-            counts = _support_report(path, device).counts()
+            counts = _support_report(path, device)[0].counts()
             payload["graphs"][kind]["support"] = counts
             lines[-1] += f"; support on {device}: {_counts_text(counts)}"
     out.result(payload, f"Wrote a decoder LLM's two graphs in {elapsed:.2f} s\n" + "\n".join(lines)
@@ -206,14 +206,16 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     if args.model and (args.max_len is not None or str(args.model).lower().endswith(".gguf")):
         return _check_llm(args, out)
     if args.mblt:
-        report = _support_report(args.mblt, args.target_device, _resolve_config(args))
+        report, plan = _support_report(args.mblt, args.target_device, _resolve_config(args))
     else:
-        report = _support_report_for_model(args, out)
-    fits = report.all_supported  # _checked ran the fit check then (a layer that does not fit raised)
+        report, plan = _support_report_for_model(args, out)
+    fits = report.all_supported or (plan is not None and plan.npu_ready)  # _checked ran the fit check then
     payload = {"command": "check", **report.to_dict(), "fit_checked": fits}
+    if plan is not None:
+        payload["cpu_offload"] = plan.to_dict()
     text = payload if args.json else format_report_table(report, only_flagged=not args.all) + (
         f"\nfit: every layer tiles within a core's {get_device(args.target_device).sram_bytes_per_core // 1024:,} KiB"
-        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)")
+        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)") + (_plan_text(plan) if plan else "")
     out.result(payload, json.dumps(text, indent=2) if args.json else text)
     return payload
 
@@ -482,7 +484,8 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
         result = mxq_compile(model, target_device=args.target_device, calib_data_path=calib_data_path,
                              save_path=args.output, compile_config=args.compile_config,
                              config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
-                             cpu_offload=args.cpu_offload, inference_scheme=args.inference_scheme,
+                             cpu_offload=args.cpu_offload, cpu_layers=_cpu_layers(args),
+                             inference_scheme=args.inference_scheme,
                              config_save_path=args.config_save_path, mixed_precision_config=_mixed_precision_option(args),
                              callback=out.progress, **options)
     payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict(),
@@ -661,15 +664,22 @@ def _compile_text(payload: dict[str, Any]) -> str:
     elif not mixed and any(metrics.get("verdict") in ("warn", "flag") and not metrics.get("quiet_probability")
                            for metrics in payload["outputs"].values()):
         suited = payload.get("suited_preset") or {}
-        if suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
+        loss = payload.get("range_loss")
+        if loss:  # the error is born at a Log/Sqrt/Pow: no bit width holds its range, the CPU does
+            start = f", from {loss['input_sqnr_db']:.1f} dB at its input" if loss["input_sqnr_db"] is not None else ""
+            lines.append(f"  hint: the error starts at {loss['layer']} ({loss['op']}: SQNR {loss['sqnr_db']:.1f} dB"
+                         f"{start}): an integer grid loses the small values of its wide input range; run it on the "
+                         f"CPU with every layer before it (--cpu-head {loss['layer']}, cpuLayers.head)")
+        elif suited and payload.get("config_preset") not in (suited["name"], *suited.get("covers", ())):
             lines.append(f"  hint: the model has {suited['why']}: try --config-preset {suited['name']}; or let the "
                          "compiler choose int16 layers (--mixed-precision cosine=0.99)")
         elif payload.get("config_preset") == "a16w16":  # everything is int16: the rest is a layer's range
             worst = (payload.get("analysis") or {}).get("worst_layers") or []
             where = f" ({worst[0]} is the worst in the analysis)" if worst else ""
             lines.append(f"  hint: activations and weights are int16 already{where}: a layer whose values span more "
-                         "than int16 resolves (a Log of a power spectrum, say) is better run on the CPU (end the NPU "
-                         "graph before it with --output-names), or calibrate on more data")
+                         "than int16 resolves (a Log of a power spectrum, say) is better run on the CPU (--cpu-head "
+                         "LAYER runs it and every layer before it there, --cpu-tail LAYER it and every layer after "
+                         "it), or calibrate on more data")
         elif payload.get("config_preset") == "a16w8" or _all_int16(payload["program"]):  # the weights next
             lines.append("  hint: with int16 activations everywhere, int16 weights may help (--config-preset a16w16), "
                          "or more calibration data")
@@ -730,7 +740,14 @@ def _resolve_config(args: argparse.Namespace):
 
     return resolve_config(compile_config=args.compile_config, config_preset=getattr(args, "config_preset", None),
                           backend=args.backend, target_device=args.target_device,
-                          input_shape_dict=_shape_pairs(args.input_shape) or None)
+                          input_shape_dict=_shape_pairs(args.input_shape) or None,
+                          cpu_layers=_cpu_layers(args))
+
+
+def _cpu_layers(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """``--cpu-head`` / ``--cpu-tail`` as a cpuLayers section (only the lists given), or None."""
+    section = {key: getattr(args, f"cpu_{key}", None) for key in ("head", "tail")}
+    return {key: value for key, value in section.items() if value} or None
 
 
 def _support_report(mblt_path: str | Path, device: str, config=None):
@@ -754,17 +771,29 @@ def _support_report_for_model(args: argparse.Namespace, out: Output):
 
 
 def _checked(graph, device: str, config):
-    """The support report of ``graph``; when every node is supported, the fit check too (DOES_NOT_FIT names the first
-    layer whose smallest tile exceeds a core's SRAM, with ``config``'s int16 layers)."""
+    """The support report of ``graph`` and, with ``cpuLayers``, the CPU-offload plan (``None`` without) with the report
+    marking its CPU nodes; when every node is supported, the fit check too (DOES_NOT_FIT names the first layer whose
+    smallest tile exceeds a core's SRAM, with ``config``'s int16 layers)."""
     from compiler_core.backend.fit import check_fit
-    from compiler_core.targets import check_support, get_device
+    from compiler_core.targets import apply_offload, check_support, get_device, plan_cpu_offload
 
     report = check_support(graph, device)
     if report.all_supported:
         check_fit(graph, get_device(device), config)
     else:
         logger.info("Fit not checked: %d node(s) have no NPU kernel on %s.", len(report.flagged()), device)
-    return report
+    if config is None or not config.cpu_layers.patterns:
+        return report, None
+    plan = plan_cpu_offload(graph, report, config.cpu_layers)
+    return apply_offload(report, plan), plan
+
+
+def _plan_text(plan) -> str:
+    """The CPU-offload split as ``check`` prints it."""
+    return (f"\nCPU offload plan: head {len(plan.cpu_head)} node(s), NPU body {len(plan.npu_body)}, tail "
+            f"{len(plan.cpu_tail)} ({len(plan.chosen)} chosen by cpuLayers)"
+            + (f"; {len(plan.inner_unsupported)} unsupported node(s) stay inside the NPU body"
+               if plan.inner_unsupported else ""))
 
 
 def _mblt_summary(path: str | Path) -> dict[str, Any]:
@@ -809,6 +838,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="torch: load a pickled full module (this runs code from the file)")
 
 
+def _add_cpu_layer_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
+    parser.add_argument("--cpu-head", action="append", metavar="PATTERN",
+                        help="run this layer (node or source name, glob) on the CPU with every layer it depends on, "
+                             f"before the NPU; repeatable (cpuLayers.head){suffix}")
+    parser.add_argument("--cpu-tail", action="append", metavar="PATTERN",
+                        help="run this layer on the CPU with every layer after it, after the NPU; repeatable "
+                             f"(cpuLayers.tail){suffix}")
+
+
 def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool = True) -> None:
     parser.add_argument("--output", "-o", required=output_required, metavar="FILE.mxq", help="output MXQ")
     parser.add_argument("--target-device", help="aries-rb, regulus-ra, regulus-rb or regulus-rb-usb")
@@ -828,6 +866,7 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
                         help="core modes to compile (REGULUS: single)")
     parser.add_argument("--cpu-offload", action=argparse.BooleanOptionalAction, default=None,
                         help="run unsupported head/tail layers on the CPU")
+    _add_cpu_layer_options(parser)
     parser.add_argument("--mixed-precision", metavar="KIND=VALUE",
                         help="automatic mixed precision: promote layers to int16 until the held-out target holds "
                              "(cosine=0.99, sqnrDb=30, top1=0.95)")
@@ -871,6 +910,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--compile-config", metavar="FILE",
                        help="JSON/YAML CompileConfig: the fit check tiles its int16 layers (bit.layerOverrides)")
     check.add_argument("--config-preset", help="preset name (e.g. a16w8): the fit check tiles its int16 layers")
+    _add_cpu_layer_options(check, " (check shows the split)")
     _add_model_options(check)
     check.set_defaults(handler=cmd_check)
 

@@ -45,6 +45,7 @@ from compiler_core.targets import (
     apply_offload,
     body_computes,
     check_support,
+    chosen_cpu_layers,
     get_device,
     plan_cpu_offload,
     validate_inference_scheme,
@@ -80,6 +81,7 @@ class CompileResult:
                 "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
                 "analysis": self.quantize.analysis.get("summary", {}),
                 "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary(),
+                "range_loss": self.quantize.analysis.get("range_loss"),
                 "estimate": self.schedule, "mixed_precision": _mixed_summary(self.mixed_precision),
                 "suited_preset": self.suited_preset}
 
@@ -160,8 +162,8 @@ def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partiti
     if not config.mixed_precision.apply:
         return None
     if parts is not None:
-        raise ConfigError("mixedPrecision does not work together with cpu_offload yet.",
-                          hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
+        raise ConfigError("mixedPrecision does not work together with a CPU head or tail (cpu_offload, cpuLayers) "
+                          "yet.", hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
     from compiler_core.quantization.mixed_precision import choose_mixed_precision
 
     return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter)
@@ -199,20 +201,22 @@ def prepare_statistics(mblt_path: Path, config: CompileConfig, *, reporter: Repo
 def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConfig, reporter: Reporter):
     """Support and fit (every layer tiled on a stand-in quantization, before calibration); with ``cpu_offload``,
     the split that moves unsupported (or too large) head and tail nodes to the CPU."""
+    chosen = set().union(*chosen_cpu_layers(graph, config.cpu_layers.head, config.cpu_layers.tail))  # any support
     with reporter.stage("check", total=1, message=f"checking support on {device.name}"):
         report = check_support(graph, device.name)
         fit_checked = report.all_supported  # the stand-in quantization needs a kernel for every node
         if fit_checked:
             failures = fit_failures(graph, device, config, cancel_token=reporter.cancel_token)
-            if failures and not config.cpu_offload:
-                raise fit_error(failures)
+            outside = [error for error in failures if error.fields["layer"] not in chosen]
+            if outside and not config.cpu_offload:
+                raise fit_error(outside)
             report = flag_fit_failures(report, failures)  # at the head or tail, the CPU runs them
         reporter.advance()
-    if report.all_supported:
+    if report.all_supported and not chosen:
         return None, report.counts()
-    if not config.cpu_offload:
+    if not config.cpu_offload and any(entry.blocking for name, entry in report.entries.items() if name not in chosen):
         raise report.unsupported_error()
-    plan = plan_cpu_offload(graph, report)
+    plan = plan_cpu_offload(graph, report, config.cpu_layers)
     too_large = [error for error in failures if error.fields["layer"] in plan.inner_unsupported] if fit_checked else []
     if too_large:
         raise fit_error(too_large)
@@ -222,6 +226,11 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                   f"where cpu_offload cannot move them: {error.message}",
                                   hint="Only a leading (head) or trailing (tail) group can run on the CPU.",
                                   ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
+    if not body_computes(graph, plan) and plan.chosen:
+        raise ConfigError(f"cpuLayers leaves nothing for the NPU of {device.name}: every computing layer would run "
+                          "on the CPU with the layers chosen.",
+                          hint="Choose fewer layers (the front end up to the Log, or the last layers); an MXQ needs "
+                               "at least one layer on the NPU.", layers=plan.chosen[:20])
     if not body_computes(graph, plan):
         error = report.unsupported_error()
         raise UnsupportedOpsError(f"Nothing is left for the NPU of {device.name}: with cpu_offload every computing node "
@@ -229,7 +238,8 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
                                   hint="Rewrite the unsupported ops as the reasons say, or run the model on the CPU "
                                        "(onnxruntime); an MXQ needs at least one layer on the NPU.",
                                   ops=error.fields.get("ops"), nodes=plan.cpu_head[:10] + plan.cpu_tail[:10])
-    logger.info("CPU offload: %d head and %d tail node(s)", len(plan.cpu_head), len(plan.cpu_tail))
+    logger.info("CPU offload: %d head and %d tail node(s), %d of them chosen by cpuLayers", len(plan.cpu_head),
+                len(plan.cpu_tail), len(plan.chosen))
     parts = partition(graph, plan)
     if not fit_checked:
         check_fit(parts.body, device, config, cancel_token=reporter.cancel_token)  # what the NPU will run

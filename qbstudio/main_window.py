@@ -164,6 +164,7 @@ class MainWindow(QMainWindow):
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
         self._support_report = None  # the graph shown's support report before the fit check flagged anything
+        self._shown_cpu_layers = None  # the cpuLayers the graph's colours show
         self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
         self._fit_again = False  # the settings or the graph changed while a fit check ran
         self.source_missing = False  # the project's source model is not where it was imported from
@@ -407,6 +408,7 @@ class MainWindow(QMainWindow):
         self.graph.node_context_requested.connect(self._on_node_context)
         self.graph.load_failed.connect(lambda text: self.statusBar().showMessage(f"Graph: {text}", 8000))
         self.support.node_activated.connect(self._on_support_selection)
+        self.support.node_context_requested.connect(lambda name, position: self.node_menu(name).popup(position))
         self.options.changed.connect(self._on_settings_changed)
         self.options.device_changed.connect(self._on_device_changed)
         self.calibration.changed.connect(self._on_calibration_changed)
@@ -843,9 +845,11 @@ class MainWindow(QMainWindow):
         self.check_fit()
 
     def _show_report(self) -> None:
-        statuses, reasons = statuses_from_report(self.report)
+        self._shown_cpu_layers = self.project.settings.config.cpu_layers
+        report = self._with_cpu_layers(self.report)
+        statuses, reasons = statuses_from_report(report)
         self.graph.set_support(statuses, reasons)
-        self.support.set_report(self.report.to_dict())
+        self.support.set_report(report.to_dict())
         if self.details.node:
             self.show_node(self.details.node)
         self._update_can_compile()
@@ -906,7 +910,8 @@ class MainWindow(QMainWindow):
         if info is None:
             self.details.clear()
             return
-        entry = self.report.entries.get(name) if self.report else None
+        report = self._with_cpu_layers(self.report)  # the split the graph shows
+        entry = report.entries.get(name) if report else None
         run = self.session.latest_run  # only a run of this very model (matched by MBLT hash)
         layer = run.layer_row(name) if run else None
         precision = run.precisions.get(name) if run else None
@@ -968,8 +973,62 @@ class MainWindow(QMainWindow):
         use16 = menu.addAction("Use int16 for this layer")
         use16.setEnabled(name not in self.project.settings.int16_layers)
         use16.triggered.connect(lambda: self.use_int16_for(name))
+        part = self.project.settings.cpu_layer_part(name)
+        for label, target in (("Run on the CPU with every layer before it (CPU head)", "head"),
+                              ("Run on the CPU with every layer after it (CPU tail)", "tail")):
+            action = menu.addAction(label)
+            action.setEnabled(part != target)
+            action.setToolTip("cpuLayers: e.g. a log-mel front end whose Log needs more range than int16 holds")
+            action.triggered.connect(lambda _=False, target=target: self.run_on_cpu(name, target))
+        back = menu.addAction("Run on the NPU again (remove from cpuLayers)")
+        back.setEnabled(part is not None)
+        back.triggered.connect(lambda: self.run_on_cpu(name, None))
         menu.addAction("Show details").triggered.connect(lambda: self._on_graph_selection(name))
         return menu
+
+    def run_on_cpu(self, name: str, part: str | None) -> None:
+        """List node ``name`` in ``cpuLayers.head``/``.tail`` (``part``) or in neither; the graph shows the split.
+        A choice the split refuses (a head layer after a tail layer) is taken back and the error shown."""
+        previous = self.project.settings.cpu_layer_part(name)
+        if not self.options.set_cpu_layer(name, part):
+            return
+        _, error = self._cpu_layer_plan(self.report)
+        if error is not None:
+            self.options.set_cpu_layer(name, previous)
+            dialogs.show_error(self, "Cannot run this layer on the CPU", error)
+            return
+        where = {"head": "on the CPU with every layer before it", "tail": "on the CPU with every layer after it",
+                 None: "on the NPU"}[part]
+        self.statusBar().showMessage(f"{name}: runs {where} in the next compile", 5000)
+
+    def _cpu_layer_plan(self, report):
+        """``(plan, error)``: the compile's CPU-offload split with ``cpuLayers`` on the graph shown (``(None, None)``
+        without cpuLayers), or the error that refuses it."""
+        cpu_layers = self.project.settings.config.cpu_layers
+        if report is None or not cpu_layers.patterns or self.shown_model is None:
+            return None, None
+        from compiler_core.errors import QBCompilerError
+        from compiler_core.targets import plan_cpu_offload
+
+        try:
+            return plan_cpu_offload(self.shown_model, report, cpu_layers), None
+        except QBCompilerError as error:
+            return None, error
+
+    def _with_cpu_layers(self, report):
+        """``report`` with the nodes ``cpuLayers`` puts on the CPU marked ``cpu_offloaded`` (the same split the compile
+        makes); a choice the split refuses leaves the report as is and says why in the status bar."""
+        plan, error = self._cpu_layer_plan(report)
+        if error is not None:
+            self.statusBar().showMessage(f"cpuLayers: {error.message}", 10000)
+        if plan is None:
+            return report
+        from compiler_core.targets import OffloadPlan, apply_offload
+
+        chosen = set(plan.chosen)
+        return apply_offload(report, OffloadPlan(cpu_head=[n for n in plan.cpu_head if n in chosen],
+                                                 cpu_tail=[n for n in plan.cpu_tail if n in chosen],
+                                                 chosen=plan.chosen))
 
     def _on_node_context(self, name: str, position: QPoint) -> None:
         self._on_graph_selection(name)
@@ -1355,6 +1414,8 @@ class MainWindow(QMainWindow):
     def _on_settings_changed(self) -> None:
         self.calibration.refresh()
         self.mark_dirty()
+        if self.report is not None and self._shown_cpu_layers != self.project.settings.config.cpu_layers:
+            self._show_report()  # a loaded config or preset changed cpuLayers: the graph shows the new split
         if self.loaded is not None and self._fit_key() != self._fit_checked:
             self.check_fit()  # an int16 preset or override may make a layer too large
 

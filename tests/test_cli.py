@@ -207,7 +207,10 @@ def test_a_compile_below_the_usual_accuracy_says_what_to_try(verdict, hinted):
     assert "--config-preset a16w8" not in text and ("a16w16" in text) is hinted  # not the preset it just used
     text = _compile_text({**payload, "config_preset": "a16w16", "analysis": {"worst_layers": ["Log_0", "Max_0"]}})
     assert "--config-preset" not in text  # all int16 already (openWakeWord's log-mel was told to try a16w16 again)
-    assert ("Log_0" in text and "--output-names" in text) is hinted
+    assert ("Log_0" in text and "--cpu-head" in text) is hinted
+    loss = {"layer": "Log_0", "op": "Log", "sqnr_db": 5.3, "input_sqnr_db": 52.6}  # openWakeWord's log-mel, a16w8
+    text = _compile_text({**payload, "config_preset": "a16w8", "range_loss": loss})
+    assert ("--cpu-head Log_0" in text and "a16w16" not in text) is hinted  # no bit width helps: the CPU does
     all_int16 = {**payload["program"], "tensors": 9, "int16_tensors": 9}
     text = _compile_text({**payload, "config_preset": "ocr", "program": all_int16})
     assert "a16w8" not in text and ("a16w16" in text) is hinted  # ocr is int16 activations (PP-OCRv5 was told a16w8)

@@ -23,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 from threadpoolctl import threadpool_limits
 
-from compiler_core.analysis.metrics import TensorComparison, head_op_type, is_classifier_output
+from compiler_core.analysis.metrics import WARN_SQNR_DB, TensorComparison, head_op_type, is_classifier_output
 from compiler_core.calibration.statistics import session_with_outputs
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter, as_reporter
@@ -253,7 +253,34 @@ def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> d
     layer_rows.sort(key=lambda row: row["sqnr_db"] if row["sqnr_db"] is not None else 1e9)
     output_rows = {name: comparison.to_dict(classifier[name]) for name, comparison in outputs.items()}
     return {"samples": count, "outputs": output_rows, "layers": layer_rows,
-            "summary": _summary(output_rows, layer_rows)}
+            "summary": _summary(output_rows, layer_rows), "range_loss": range_loss_layer(model, layer_rows)}
+
+
+RANGE_OPS = frozenset({"Log", "Sqrt", "Pow"})
+"""Ops whose input range an integer grid may not hold (a Log of a power spectrum: 80-100 dB)."""
+ERROR_BORN_DB = 10.0
+"""How much lower than each of its inputs' SQNR a layer's SQNR must be for its error to count as born there."""
+
+
+def range_loss_layer(model: QuantizedModel, layers: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The first Log/Sqrt/Pow layer (program order) where the error is born, or None.
+
+    Its SQNR is below the warning level and at least :data:`ERROR_BORN_DB` below that of every input the analysis
+    measured (graph inputs and constants are exact): the values reaching it were fine, and it lost them; on an
+    integer grid, the small values of a wide range (every bin under one step becomes the floor). Running it with the
+    layers before it on the CPU (``cpuLayers.head``) removes that error; the accuracy hint names the layer.
+    """
+    by_tensor = {row["tensor"]: row for row in layers}
+    for row in sorted(layers, key=lambda row: row["position"]):
+        sqnr = row["sqnr_db"]
+        if row["op"] not in RANGE_OPS or row["position"] < 0 or sqnr is None or sqnr >= WARN_SQNR_DB:
+            continue
+        inputs = [by_tensor[name]["sqnr_db"] for name in model.ops[row["position"]].inputs if name in by_tensor]
+        if all(value is None or value >= sqnr + ERROR_BORN_DB for value in inputs):
+            measured = [value for value in inputs if value is not None]
+            return {"layer": row["layer"], "op": row["op"], "sqnr_db": sqnr,
+                    "input_sqnr_db": min(measured) if measured else None}
+    return None
 
 
 def _summary(outputs: dict[str, dict], layers: list[dict]) -> dict[str, Any]:

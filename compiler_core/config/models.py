@@ -424,6 +424,26 @@ class SaveSampleConfig(ConfigSection):
     count: int = Field(0, ge=0, description="Number of samples saved; 0 saves every held-out analysis sample.")
 
 
+class CpuLayersConfig(ConfigSection):
+    """Supported layers the user runs on the host CPU (``cpuLayers``); entries are glob patterns (``layer_matches``).
+
+    The CPU parts join the ``cpuOffload`` split: the NPU runs one contiguous body between a CPU head and a CPU tail.
+    """
+
+    head: list[str] = Field(
+        default_factory=list,
+        description="Layers run on the CPU before the NPU, with every layer they depend on back to the inputs "
+                    "(e.g. a log-mel front end whose Log needs more range than int16 holds).")
+    tail: list[str] = Field(
+        default_factory=list,
+        description="Layers run on the CPU after the NPU, with every layer after them to the outputs.")
+
+    @property
+    def patterns(self) -> list[str]:
+        """Every pattern, head first."""
+        return [*self.head, *self.tail]
+
+
 class QuantizationGroup(ConfigSection):
     """The grouped spelling ``quantization: {calibration, bit}``; moved to the top level."""
 
@@ -444,6 +464,9 @@ class CompileConfig(ConfigSection):
     use_random_calib: bool = Field(False, description="Calibrate with random data (smoke tests only).")
     inference_scheme: InferenceScheme = Field("single", description="Core mode(s) to compile for.")
     cpu_offload: bool = Field(False, description="Run unsupported head/tail layers on the host CPU.")
+    cpu_layers: CpuLayersConfig = Field(
+        default_factory=CpuLayersConfig,
+        description="Supported layers to run on the host CPU anyway, with what they need (a head or a tail).")
     input_shape_dict: dict[str, list[PositiveInt]] = Field(
         default_factory=dict, description="Input name -> static shape, pinning dynamic dimensions.")
     device: Literal["cpu", "gpu"] = Field("cpu", description="Compile host device for calibration.")

@@ -30,6 +30,7 @@ EXPLICIT_ARGUMENTS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "use_random_calib": _top("use_random_calib"),
     "inference_scheme": _top("inference_scheme"),
     "cpu_offload": _top("cpu_offload"),
+    "cpu_layers": _top("cpu_layers"),
     "input_shape_dict": _top("input_shape_dict"),
     "device": _top("device"),
     "image_channels": _top("image_channels"),

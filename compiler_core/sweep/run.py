@@ -41,7 +41,7 @@ RESULTS_JSON = "sweep.json"
 RESULTS_CSV = "sweep.csv"
 ESTIMATE_NOTE = "estimated by the cost model of the virtual NPU (not measured on hardware)"
 _CALIBRATION_KEYS = ("calib_data_paths", "use_random_calib", "image_channels", "preprocessing", "analysis_holdout",
-                     "cpu_offload", "target_device")
+                     "cpu_offload", "cpu_layers", "target_device")
 
 PointCallback = Callable[[dict[str, Any]], None]
 

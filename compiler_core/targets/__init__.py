@@ -10,7 +10,13 @@ from compiler_core.targets.devices import (
     list_devices,
     validate_inference_scheme,
 )
-from compiler_core.targets.offload import OffloadPlan, apply_offload, body_computes, plan_cpu_offload
+from compiler_core.targets.offload import (
+    OffloadPlan,
+    apply_offload,
+    body_computes,
+    chosen_cpu_layers,
+    plan_cpu_offload,
+)
 from compiler_core.targets.support import (
     NodeSupport,
     SupportReport,
@@ -35,6 +41,7 @@ __all__ = [
     "format_report_table",
     "get_device",
     "list_devices",
+    "chosen_cpu_layers",
     "plan_cpu_offload",
     "validate_inference_scheme",
 ]

@@ -16,9 +16,12 @@ host CPU, but only at the edges of the graph, so the NPU runs one contiguous bod
 * **NPU body**: every other node, in graph order. Blocking nodes left there are
   ``inner_unsupported``: no edge split can remove them, so the compile fails on them.
 
-Other supported nodes are never moved to the CPU; a node that qualifies for both head and tail (a
-graph made of one unsupported node) goes to the head. The plan is data; the backend exports the
-head and tail as ONNX (MXQ ``cpu`` section) and the runtime chains the three parts.
+Other supported nodes move to the CPU only when the user chooses them (``cpuLayers``, see
+:func:`chosen_cpu_layers`): a ``head`` layer goes there with every layer it depends on, a ``tail``
+layer with every layer after it, and those groups join the plan as if they were blocking. A node
+that qualifies for both head and tail (a graph made of one unsupported node) goes to the head. The
+plan is data; the backend exports the head and tail as ONNX (MXQ ``cpu`` section) and the runtime
+chains the three parts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from compiler_core.config import CpuLayersConfig, layer_matches
+from compiler_core.errors import ConfigError
 from compiler_core.ops import SHAPE, op_for
 from compiler_core.targets.support import SupportReport, SupportStatus, node_names
 
@@ -49,12 +54,14 @@ class OffloadPlan:
         npu_body: Nodes run on the NPU.
         cpu_tail: Nodes run on the CPU after the NPU body.
         inner_unsupported: Body nodes the NPU cannot run (a compile error even with offload).
+        chosen: CPU nodes put there by ``cpuLayers`` (the matched layers and what goes with them).
     """
 
     cpu_head: list[str] = field(default_factory=list)
     npu_body: list[str] = field(default_factory=list)
     cpu_tail: list[str] = field(default_factory=list)
     inner_unsupported: list[str] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
 
     @property
     def has_cpu_parts(self) -> bool:
@@ -73,6 +80,7 @@ class OffloadPlan:
             "npu_body": list(self.npu_body),
             "cpu_tail": list(self.cpu_tail),
             "inner_unsupported": list(self.inner_unsupported),
+            "chosen": list(self.chosen),
         }
 
 
@@ -132,18 +140,84 @@ def _tail(nodes: list[tuple[str, ir.Node]], offloadable: set[str]) -> set[str]:
     return {name for name, node in nodes if node in tail_nodes}
 
 
-def plan_cpu_offload(model: ir.Model, report: SupportReport) -> OffloadPlan:
+def _closure(start: ir.Node, step) -> set[ir.Node]:
+    """``start`` and every node reached from it by ``step`` (producers or consumers)."""
+    seen, stack = {start}, [start]
+    while stack:
+        for other in step(stack.pop()):
+            if other is not None and other not in seen:
+                seen.add(other)
+                stack.append(other)
+    return seen
+
+
+def _producers(node: ir.Node) -> list[ir.Node | None]:
+    return [value.producer() for value in node.inputs if value is not None and not _is_constant_source(value)]
+
+
+def _consumers(node: ir.Node) -> list[ir.Node]:
+    return [consumer for value in node.outputs for consumer in value.consumers()]
+
+
+def chosen_cpu_layers(model: ir.Model, head: list[str], tail: list[str]) -> tuple[set[str], set[str]]:
+    """The CPU head and tail node names that ``cpuLayers`` asks for (empty sets without patterns).
+
+    A node matching a ``head`` pattern (MBLT node name or ``mblt.source_name``,
+    :func:`~compiler_core.config.layer_matches`) goes to the head with every node it depends on back to the inputs;
+    one matching a ``tail`` pattern to the tail with every node after it to the outputs. Each group is closed (the
+    head towards the inputs, the tail towards the outputs), so the NPU body is what lies between them.
+
+    Raises:
+        ConfigError: a pattern matches no layer, or a node would be in both groups (a tail layer comes before a
+            head layer: the NPU would run between CPU layers on both sides, which the split cannot express); the
+            message names the layers.
+    """
+    if not head and not tail:
+        return set(), set()
+    names = dict(zip(model.graph, node_names(model.graph)))
+    sources = {node: node.metadata_props.get("mblt.source_name", "") for node in model.graph}
+    unused = [pattern for pattern in [*head, *tail]
+              if not any(layer_matches([pattern], names[node], sources[node]) for node in model.graph)]
+    if unused:
+        raise ConfigError(f"cpuLayers pattern(s) {', '.join(repr(p) for p in unused)} match no layer of the model.",
+                          hint="Use MBLT node names or source names as `qbcompiler check --all` lists them; "
+                               "globs (*, ?) match as in bit.layerOverrides.")
+    groups: list[dict[ir.Node, ir.Node]] = [{}, {}]  # member -> the chosen layer that brought it
+    for group, patterns, step in ((groups[0], head, _producers), (groups[1], tail, _consumers)):
+        for node in model.graph:
+            if patterns and layer_matches(patterns, names[node], sources[node]):
+                for member in _closure(node, step):
+                    group.setdefault(member, node)
+    both = [node for node in model.graph if node in groups[0] and node in groups[1]]
+    if both:
+        first = both[0]
+        raise ConfigError(
+            f"cpuLayers cannot split the model: {len(both)} layer(s) ({', '.join(names[n] for n in both[:6])}"
+            f"{' ...' if len(both) > 6 else ''}) would run both in the CPU head and in the CPU tail: head layer "
+            f"{names[groups[0][first]]} depends on them and tail layer {names[groups[1][first]]} comes before them, "
+            "so the NPU would run between CPU layers on both sides.",
+            hint="The NPU runs one contiguous body between a CPU head and a CPU tail: choose head layers before "
+                 "every tail layer, or move the layer to the other list.",
+            layers=[names[n] for n in both[:20]])
+    return {names[n] for n in groups[0]}, {names[n] for n in groups[1]}
+
+
+def plan_cpu_offload(model: ir.Model, report: SupportReport, cpu_layers: CpuLayersConfig | None = None) -> OffloadPlan:
     """Split ``model`` into CPU head, NPU body and CPU tail from its support report.
 
     Args:
         model: The model the report was made from.
         report: Its :class:`SupportReport` (from ``check_support``, or already offloaded).
+        cpu_layers: ``cpuLayers``: supported layers the user puts on the CPU head or tail (see
+            :func:`chosen_cpu_layers`, whose errors this raises).
 
     Returns:
         The :class:`OffloadPlan`; see the module docstring for the exact rules.
     """
     nodes = list(zip(node_names(model.graph), model.graph))
+    chosen_head, chosen_tail = chosen_cpu_layers(model, cpu_layers.head, cpu_layers.tail) if cpu_layers else (set(), set())
     offloadable = {name for name, entry in report.entries.items() if entry.status in _OFFLOADABLE}
+    offloadable |= chosen_head | chosen_tail
     head = _head(nodes, offloadable)
     tail = _tail(nodes, offloadable - head)
     body = [name for name, _ in nodes if name not in head and name not in tail]
@@ -152,6 +226,7 @@ def plan_cpu_offload(model: ir.Model, report: SupportReport) -> OffloadPlan:
         npu_body=body,
         cpu_tail=[name for name, _ in nodes if name in tail],
         inner_unsupported=[name for name in body if name in offloadable],
+        chosen=[name for name, _ in nodes if name in chosen_head | chosen_tail],
     )
     logger.debug(
         "offload plan: head %d, body %d, tail %d, inner unsupported %d",
@@ -191,10 +266,13 @@ def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:
         A new :class:`SupportReport`; ``report`` is not modified.
     """
     parts = {**dict.fromkeys(plan.cpu_head, "head"), **dict.fromkeys(plan.cpu_tail, "tail")}
-    inner = set(plan.inner_unsupported)
+    inner, chosen = set(plan.inner_unsupported), set(plan.chosen)
     entries = {}
     for name, entry in report.entries.items():
-        if name in parts and entry.status == SupportStatus.SUPPORTED:
+        if name in chosen and entry.status == SupportStatus.SUPPORTED:
+            entry = replace(entry, status=SupportStatus.CPU_OFFLOADED,
+                            reason=f"runs on the CPU ({parts[name]}): cpuLayers chose it or a layer that needs it")
+        elif name in parts and entry.status == SupportStatus.SUPPORTED:
             entry = replace(entry, status=SupportStatus.CPU_OFFLOADED,
                             reason=f"runs on the CPU ({parts[name]}): its results only feed CPU nodes")
         elif name in parts and entry.status != SupportStatus.CPU_OFFLOADED:

@@ -128,6 +128,19 @@ class CompileSettings:
         """Remove ``name`` from the int16 activation overrides (no error if absent)."""
         self.set(INT16_PATH, [layer for layer in self.int16_layers if layer != name])
 
+    def cpu_layer_part(self, name: str) -> str | None:
+        """``"head"`` or ``"tail"`` if ``cpuLayers`` lists ``name`` there (as an exact entry), else None."""
+        parts = self._config.cpu_layers
+        return "head" if name in parts.head else "tail" if name in parts.tail else None
+
+    def set_cpu_layer(self, name: str, part: str | None) -> None:
+        """List ``name`` in ``cpuLayers.head`` or ``.tail`` (``part``), or in neither (None); it leaves the other list."""
+        parts = self._config.cpu_layers
+        lists = {key: [layer for layer in getattr(parts, key) if layer != name] for key in ("head", "tail")}
+        if part is not None:
+            lists[part].append(name)
+        self.set("cpuLayers", lists)
+
     @property
     def preprocessing(self) -> dict[str, Any]:
         """The ``preprocessing`` section as a camelCase dict."""

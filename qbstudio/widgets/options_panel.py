@@ -436,6 +436,10 @@ class OptionsPanel(QWidget):
         if name.strip():
             self._apply(lambda: self.settings.add_int16_layer(name.strip()))
 
+    def set_cpu_layer(self, name: str, part: str | None) -> bool:
+        """Run layer ``name`` on the CPU in the head or tail with what it needs (``part``), or on the NPU again (None)."""
+        return self._apply(lambda: self.settings.set_cpu_layer(name, part), "Cannot run this layer on the CPU")
+
     def _on_add_int16(self) -> None:
         self.add_int16_layer(self.int16_edit.text())
         self.int16_edit.clear()

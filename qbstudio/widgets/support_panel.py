@@ -10,6 +10,7 @@ from PySide6.QtCore import (
     QItemSelectionModel,
     QModelIndex,
     QPersistentModelIndex,
+    QPoint,
     QSortFilterProxyModel,
     Qt,
     Signal,
@@ -134,9 +135,11 @@ class SupportPanel(QWidget):
 
     Signals:
         node_activated(str): the user selected a row (node name).
+        node_context_requested(str, QPoint): right click on a row (node name, global screen position).
     """
 
     node_activated = Signal(str)
+    node_context_requested = Signal(str, QPoint)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -183,7 +186,15 @@ class SupportPanel(QWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
         table.selectionModel().currentRowChanged.connect(self._on_current_changed)
+        table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        table.customContextMenuRequested.connect(self._on_context_menu)
         return table
+
+    def _on_context_menu(self, position: QPoint) -> None:
+        index = self.table.indexAt(position)
+        if index.isValid():
+            name = index.data(Qt.ItemDataRole.UserRole)
+            self.node_context_requested.emit(name, self.table.viewport().mapToGlobal(position))
 
     def set_report(self, report: dict[str, Any] | None) -> None:
         """Show ``SupportReport.to_dict()`` (or nothing)."""

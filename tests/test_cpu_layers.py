@@ -1,0 +1,159 @@
+"""``cpuLayers``: supported layers the user puts on the CPU (a log front end), through the CPU-offload split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from compiler_core.api import mxq_compile
+from compiler_core.config import CompileConfig, CpuLayersConfig
+from compiler_core.errors import ConfigError
+from compiler_core.runtime import Accelerator, Model
+
+SHAPE = [1, 1, 16, 16]
+CALIB, HELD_OUT = 24, 8
+
+
+def _log_front_end_model(path: Path) -> Path:
+    """x (a power, 1e-8 .. 1e2) -> Mul -> Log -> Conv -> Relu: the Log needs 100 dB of input range."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "gain"], ["scaled"], name="gain_mul"),
+             helper.make_node("Log", ["scaled"], ["logged"], name="log"),
+             helper.make_node("Conv", ["logged", "w", "b"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["y"], name="relu")]
+    graph = helper.make_graph(
+        nodes, "log_front_end", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "gain"), numpy_helper.from_array(weight, "w"),
+         numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def _powers(count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(10.0 ** rng.uniform(-8, 2, SHAPE)).astype(np.float32) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def log_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cpu_layers")
+    calib = folder / "calib"
+    calib.mkdir()
+    for index, sample in enumerate(_powers(CALIB, 1)):
+        np.save(calib / f"{index:06d}.npy", sample)
+    return {"folder": folder, "model": _log_front_end_model(folder / "log.onnx"), "calib": calib}
+
+
+def _cosines(mxq: Path, model_path: Path) -> list[float]:
+    model = Model(mxq, input_layout="NCHW")
+    model.launch(Accelerator(model.artifact.device))
+    fp32 = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    result = []
+    for sample in _powers(HELD_OUT, 2):
+        a = model.infer(sample)[0].ravel().astype(np.float64)
+        b = fp32.run(None, {"x": sample})[0].ravel().astype(np.float64)
+        result.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    return result
+
+
+def test_the_log_front_end_on_the_cpu_matches_fp32_far_better_than_all_on_the_npu(log_model):
+    folder = log_model["folder"]
+    npu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "npu.mxq")
+    cpu = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], folder / "cpu.mxq",
+                       cpu_layers={"head": ["log"]})
+    assert npu.cpu_offload == {}
+    # the analysis finds where the error is born (the Log, its input fine), and the accuracy hint names the option
+    loss = npu.to_dict()["range_loss"]
+    assert loss["op"] == "Log" and loss["sqnr_db"] < 20 and loss["input_sqnr_db"] > loss["sqnr_db"] + 10
+    assert cpu.to_dict()["range_loss"] is None
+    from compiler_core.cli import _compile_text
+
+    text = _compile_text({**npu.to_dict(), "seconds": 1.0, "config_preset": None})
+    assert f"hint: the error starts at {loss['layer']} (Log" in text and f"--cpu-head {loss['layer']}" in text
+    assert cpu.cpu_offload["head"] and not cpu.cpu_offload["tail"] and len(cpu.cpu_offload["body_inputs"]) == 1
+    assert cpu.support["cpu_offloaded"] == 2  # the Log and the Mul it depends on
+    artifact = Model(folder / "cpu.mxq").artifact
+    assert "Log" not in {row["op_type"] for row in artifact.meta["layers"]}  # the NPU program has no Log
+    on_npu, on_cpu = _cosines(folder / "npu.mxq", log_model["model"]), _cosines(folder / "cpu.mxq", log_model["model"])
+    print(f"\nlog front end vs FP32 over {HELD_OUT} samples: all on the NPU min cosine {min(on_npu):.4f}, "
+          f"Mul+Log on the CPU {min(on_cpu):.5f}")
+    assert min(on_cpu) > 0.999 and min(on_npu) < 0.99
+    assert 1 - min(on_cpu) < (1 - min(on_npu)) / 10
+
+
+def test_a_tail_choice_takes_every_layer_after_it(log_model):
+    from compiler_core.api import parse_model
+    from compiler_core.targets import check_support, plan_cpu_offload
+
+    graph, _ = parse_model(log_model["model"])
+    report = check_support(graph, "aries-rb")
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(tail=["relu"]))
+    assert plan.cpu_tail == plan.chosen == ["Relu_0"] and not plan.cpu_head  # matched by its source name
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(tail=["conv"]))
+    assert len(plan.cpu_tail) == 2 and not plan.cpu_head  # the Conv and the Relu after it
+    plan = plan_cpu_offload(graph, report, CpuLayersConfig(head=["LOG*"]))  # globs, any case
+    assert plan.cpu_head == plan.chosen and len(plan.cpu_head) == 2
+
+
+def _chain_model(path: Path) -> Path:
+    """x -> a -> b -> ... -> f (Conv, Relu in turn), g = Add(f, a) -> y (a skip from a to the end)."""
+    nodes = [helper.make_node("Conv", [src, "w"], [dst], name=dst) if index % 2 == 0 else
+             helper.make_node("Relu", [src], [dst], name=dst) for index, (src, dst) in enumerate(zip("xabcde", "abcdef"))]
+    nodes.append(helper.make_node("Add", ["f", "a"], ["y"], name="g"))
+    weight = numpy_helper.from_array(np.full((1, 1, 1, 1), 0.5, np.float32), "w")
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, SHAPE)], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_tail_before_a_head_and_a_choice_leaving_the_npu_nothing_are_refused(tmp_path):
+    model = _chain_model(tmp_path / "chain.onnx")
+    out = tmp_path / "out" / "x.mxq"
+    with pytest.raises(ConfigError) as caught:  # d needs c, which the tail from b takes: CPU on both sides
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"head": ["d"], "tail": ["b"]})
+    error = caught.value
+    assert error.code == "CONFIG_ERROR" and "head layer" in error.message and "tail layer" in error.message
+    assert len(error.fields["layers"]) == 3  # b, c, d: in both groups
+    with pytest.raises(ConfigError) as caught:  # every computing layer on the CPU
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"head": ["g"]})
+    assert "leaves nothing for the NPU" in caught.value.message and len(caught.value.fields["layers"]) == 7
+    with pytest.raises(ConfigError, match="match no layer"):
+        mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers={"tail": ["nope*"]})
+    assert not out.exists()
+    result = mxq_compile(model, "aries-rb", None, out, use_random_calib=True,
+                         cpu_layers={"head": ["b"], "tail": ["f"]})
+    assert result.cpu_offload["head"] and result.cpu_offload["tail"] and result.support["cpu_offloaded"] == 4
+
+
+def test_the_config_key_round_trips():
+    config = CompileConfig.from_dict({"cpuLayers": {"head": ["log", "*/mel*"]}})
+    assert config.cpu_layers.head == ["log", "*/mel*"] and config.to_dict()["cpuLayers"] == {
+        "head": ["log", "*/mel*"], "tail": []}
+    with pytest.raises(ConfigError):
+        CompileConfig.from_dict({"cpuLayers": ["log"]})
+
+
+def test_the_cli_check_shows_the_split_and_compile_takes_the_flags(log_model, tmp_path, capsys):
+    from compiler_core.cli import run
+
+    model = log_model["model"]
+    assert run(["check", "--model", str(model), "--target-device", "aries-rb", "--cpu-head", "log"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU offload plan: head 2 node(s), NPU body 2, tail 0 (2 chosen by cpuLayers)" in out
+    assert "2 cpu_offloaded" in out and out.count("cpuLayers chose it") == 2
+    output = tmp_path / "cli.mxq"
+    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--calib-data-path",
+                str(log_model["calib"]), "--cpu-tail", "relu", "--output", str(output)]) == 0
+    assert "CPU offload: head=False tail=True" in capsys.readouterr().out
+    assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
+                "--cpu-head", "relu", "--cpu-tail", "mul*", "--output", str(tmp_path / "no.mxq")]) != 0
+    assert "cpuLayers cannot split the model" in capsys.readouterr().err
