@@ -81,7 +81,7 @@ class CompileResult:
                 "statistics_from_cache": self.quantize.statistics_from_cache, "timings": self.quantize.timings,
                 "analysis": self.quantize.analysis.get("summary", {}),
                 "outputs": self.quantize.analysis.get("outputs", {}), "program": self.quantize.model.summary(),
-                "range_loss": self.quantize.analysis.get("range_loss"),
+                "range_loss": self.quantize.analysis.get("summary", {}).get("range_loss"),
                 "estimate": self.schedule, "mixed_precision": _mixed_summary(self.mixed_precision),
                 "suited_preset": self.suited_preset}
 

@@ -253,7 +253,7 @@ def _report(model: QuantizedModel, outputs, layers, classifier, count: int) -> d
     layer_rows.sort(key=lambda row: row["sqnr_db"] if row["sqnr_db"] is not None else 1e9)
     output_rows = {name: comparison.to_dict(classifier[name]) for name, comparison in outputs.items()}
     return {"samples": count, "outputs": output_rows, "layers": layer_rows,
-            "summary": _summary(output_rows, layer_rows), "range_loss": range_loss_layer(model, layer_rows)}
+            "summary": {**_summary(output_rows, layer_rows), "range_loss": range_loss_layer(model, layer_rows)}}
 
 
 RANGE_OPS = frozenset({"Log", "Sqrt", "Pow"})

@@ -100,6 +100,12 @@ def accuracy_tip(run: RunRecord) -> str:
     for the model, else automatic mixed precision and the a16w8 preset, after a16w8 the a16w16 one (as the CLI's
     hint)."""
     suited = run.suited_preset
+    loss = run.metrics.get("range_loss")
+    if loss and not (run.config.get("cpuLayers") or {}).get("head"):  # the CLI's hint: no bit width holds its range
+        layer = html.escape(str(loss.get("layer", "")))
+        return (f"The error starts at <b>{layer}</b> ({html.escape(str(loss.get('op', '')))}, SQNR "
+                f"{loss.get('sqnr_db', 0):.1f} dB): an integer grid loses the small values of its wide input range. Run "
+                f"it on the CPU with every layer before it (right-click {layer} in the graph).")
     if suited and run.preset not in (suited.get("name"), *suited.get("covers", ())):
         return (f"The model has {html.escape(suited.get('why', ''))}: the <b>{html.escape(suited.get('name', ''))}"
                 "</b> preset is made for such models (Compile tab › Preset).")

@@ -1179,6 +1179,19 @@ def test_a_file_no_frontend_reads_is_explained_in_the_workbench_s_words(make_win
     assert "*.onnx" in other_text and "*.gguf" in other_text and "Import Model Folder" in other_text
 
 
+def test_a_run_whose_error_starts_at_a_log_names_the_cpu_head_in_the_workbench_too():
+    """openWakeWord's log-mel front end under Xvfb: the CLI's hint named `--cpu-head Log_0`, the workbench's "Try"
+    the a16w8 preset (which leaves it at 0.95)."""
+    loss = {"layer": "Log_0", "op": "Log", "sqnr_db": 3.1, "input_sqnr_db": 38.0}
+    run = RunRecord(run_id=1, created="", device="aries-rb", core_modes=["single"], mxq_path="m.mxq", size_bytes=1,
+                    config={}, metrics={"verdict": "flag", "mean_output_cosine": 0.75, "range_loss": loss},
+                    samples={"calibration": 16, "holdout": 4})
+    tip = dict(summary_module.metric_rows(run))["Try"]
+    assert "<b>Log_0</b>" in tip and "right-click Log_0 in the graph" in tip
+    run.config = {"cpuLayers": {"head": ["Log_0"]}}  # done already: the general advice
+    assert "Log_0" not in dict(summary_module.metric_rows(run))["Try"]
+
+
 def test_a_flagged_run_names_the_preset_made_for_the_model():
     """Found under Xvfb: MiniLM from a transformers folder compiled with the default settings to cosine 0.49, and
     nothing said that the transformer_encoder preset (0.996 on the same data) exists."""
