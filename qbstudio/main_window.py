@@ -44,7 +44,7 @@ from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
 from qbstudio.session import Session
-from qbstudio.state.model_fit import compile_readiness, fit_to_model
+from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to_model
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
@@ -163,6 +163,7 @@ class MainWindow(QMainWindow):
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
+        self._fit_source: str | None = None
         self._support_report = None  # the graph shown's support report before the fit check flagged anything
         self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
         self._fit_again = False  # the settings or the graph changed while a fit check ran
@@ -731,6 +732,7 @@ class MainWindow(QMainWindow):
         self.session.set_model(loaded)
         self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous,
                                       source=self.project.model.path if imported and self.project.model else None)
+        self._fit_source = self.project.calibration.path
         if self.fit_notes:
             self.options.refresh()
             self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
@@ -1360,6 +1362,10 @@ class MainWindow(QMainWindow):
 
     def _on_calibration_changed(self) -> None:
         self.options.refresh()
+        kept = [note for note in self.fit_notes if not note.startswith(CALIBRATION_NOTE)]
+        if len(kept) != len(self.fit_notes) and self.project.calibration.path != self._fit_source:
+            self.fit_notes = kept  # the note named the source the user has just replaced
+            self._update_model_label()
         self.mark_dirty()
 
     # ================================================================== window chrome

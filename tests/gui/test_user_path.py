@@ -1385,3 +1385,20 @@ def test_recent_autosave_times_are_read_again_when_the_welcome_page_shows(qtbot,
     assert window.new_project()  # the welcome page shows again (an empty project: nothing to autosave)
     expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
     assert f"(autosaved {expected})" in window.welcome.recent.item(0).text()
+
+
+def test_the_kept_calibration_note_goes_when_the_user_picks_other_data(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): after a model replaced FER's, the model panel still said "Calibration data kept:
+    '.../faces'" once the user had chosen a folder of .npy files for the new model."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "small.onnx", side=16)))
+    window.calibration.set_source(photos(tmp_path / "faces"))
+    answers.import_choice = dialogs.IMPORT_REPLACE
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "large.onnx", side=32)))
+    assert "Calibration data kept" in window.model_label.text() and "faces" in window.model_label.text()
+    npy = tmp_path / "npy"
+    npy.mkdir()
+    for index in range(2):
+        np.save(npy / f"{index:06d}.npy", np.zeros((1, 3, 32, 32), np.float32))
+    window.calibration.set_source(npy)
+    assert "Calibration data kept" not in window.model_label.text() and "faces" not in window.model_label.text()
