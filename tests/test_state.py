@@ -258,6 +258,17 @@ def test_review_flags_constant_unnormalized_and_few_samples():
     assert good[0].describe().count("c") == 3 and len(good[0].minimum) == 3
 
 
+def test_review_of_npy_files_does_not_send_the_user_to_the_image_pipeline():
+    """Found under Xvfb (s14): openWakeWord's log-mel .npy files (values 3.5-12) were told to "check normalize", which
+    the .npy files never go through."""
+    mels = [sample_stats(i, f"{i:06d}.npy", np.linspace(3.5, 12.2, 3 * 8 * 8).reshape(IMAGE_SPEC.shape), IMAGE_SPEC)
+            for i in range(2)]
+    warnings = review_samples(mels, 64, IMAGE_SPEC, PreprocessForm())
+    assert len(warnings) == 1 and "fed as they are" in warnings[0] and "normalize" not in warnings[0]
+    pngs = [sample_stats(0, "raw.png", np.linspace(0, 255, 3 * 8 * 8).reshape(IMAGE_SPEC.shape), IMAGE_SPEC)]
+    assert "check normalize" in review_samples(pngs, 64, IMAGE_SPEC, PreprocessForm())[0]
+
+
 # ---------------------------------------------------------------- model facts
 
 def test_onnx_input_shapes_finds_dynamic_dims(tmp_path):
