@@ -7,6 +7,7 @@ per-channel statistics; :func:`qbstudio.state.calibration.review_samples` turns 
 
 from __future__ import annotations
 
+import html
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -555,8 +556,10 @@ class CalibrationPanel(QWidget):
         self.preview = None
         self._clear_grid()
         message = getattr(error, "message", str(error))
-        self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
         size = getattr(error, "fields", {}).get("resize_to")
+        hint = getattr(error, "hint", "") if not size else ""  # a size mismatch has its button instead
+        hint = f"<br>{html.escape(hint)}" if hint else ""
+        self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>{hint}")
         files = getattr(error, "fields", {}).get("files") or []
         # a size mismatch lists every image: they were found, only not at the model's size
         self.count_label.setText(f"{len(files)} image(s), not at the model's input size" if size and files else "—")

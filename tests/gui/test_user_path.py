@@ -1428,11 +1428,15 @@ def test_a_two_input_model_is_calibrated_from_one_folder_per_input(qtbot, make_w
     answers.import_choice = dialogs.IMPORT_REPLACE
     wait_model(qtbot, window, lambda: window.import_model(image_and_vector(tmp_path / "two.onnx")))
     assert not window.calibration.folders_button.isHidden()
+    # a folder feeds one input only: the preview says so, and where to go (as on reopening such a project)
+    window.calibration.set_source(photos(tmp_path / "photos"), report_errors=False)
+    qtbot.waitUntil(lambda: "From folders" in window.calibration.preview_status.text(), timeout=TIMEOUT_MS)
+    assert "gives one file per sample" in window.calibration.preview_status.text()
     styles = tmp_path / "styles"
     styles.mkdir()
     for index in range(24):
         np.save(styles / f"{index:03d}.npy", np.full((1, 8), index, np.float32))
-    manifest = window.calibration.use_folders([photos(tmp_path / "photos"), styles])
+    manifest = window.calibration.use_folders([tmp_path / "photos", styles])
     assert manifest is not None and manifest.parent == window.project.work_dir
     qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
     assert answers.errors == [] and window.calibration.preview.total == 24
