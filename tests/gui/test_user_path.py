@@ -1447,3 +1447,17 @@ def test_a_two_input_model_is_calibrated_from_one_folder_per_input(qtbot, make_w
     assert window.calibration.use_folders([tmp_path / "photos", styles], save_name="other") is None
     assert "different numbers of files" in answers.errors[-1][1]
     assert window.project.calibration.path == str(manifest)  # the pairing in use stays
+
+
+def test_a_run_with_no_held_out_sample_says_nothing_measured_it(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a style transform calibrated on 4 photos said "Only 0 held-out sample(s): these figures
+    are rough" beside no figures at all."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    fake_run(window, holdout=0)
+    summary = window.run_panel.summary
+    shown = [summary.metrics.itemAt(row, summary.metrics.ItemRole.FieldRole).widget().text()
+             for row in range(summary.metrics.rowCount())]
+    assert "no held-out samples" in summary.metrics_box.title()
+    assert any("nothing measured the accuracy" in cell for cell in shown)
+    assert not any("Only 0" in cell or "0 held-out" in cell for cell in shown)
