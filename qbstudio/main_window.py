@@ -363,6 +363,7 @@ class MainWindow(QMainWindow):
         file_menu = bar.addMenu("&File")
         file_menu.addActions([self.act_new, self.act_open, self.act_import, self.act_import_folder, self.act_outputs])
         self.recent_projects_menu = file_menu.addMenu("Recent &Projects")
+        self.recent_projects_menu.aboutToShow.connect(self._fill_recent_menus)  # autosave times move on
         self.recent_models_menu = file_menu.addMenu("Recent &Models")
         file_menu.addSeparator()
         file_menu.addActions([self.act_save, self.act_save_as])

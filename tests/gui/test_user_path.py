@@ -1461,3 +1461,15 @@ def test_a_run_with_no_held_out_sample_says_nothing_measured_it(qtbot, make_wind
     assert "no held-out samples" in summary.metrics_box.title()
     assert any("nothing measured the accuracy" in cell for cell in shown)
     assert not any("Only 0" in cell or "0 held-out" in cell for cell in shown)
+
+
+def test_the_recent_menu_reads_autosave_times_again_when_it_opens(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): File › Recent Projects listed the open untitled project as "autosaved 20:48" while
+    its autosave had been written at 20:51 (after a compile); the welcome page had been fixed, not the menu."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    autosave = window.autosave()
+    os.utime(autosave, (978_307_200, 978_307_200))  # written again since: here at another time, 2001-01-01
+    window.recent_projects_menu.aboutToShow.emit()
+    expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
+    assert f"(autosaved {expected})" in window.recent_projects_menu.actions()[0].text()
