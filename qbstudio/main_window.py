@@ -1196,6 +1196,10 @@ class MainWindow(QMainWindow):
             return Readiness(False, "The model is still loading.")
         if self.is_llm:
             return Readiness(True)  # its compile asks for calibration text (start_llm_compile)
+        calibration = self.project.calibration.path
+        if calibration and not Path(calibration).exists():  # a project reopened after its data folder moved
+            return Readiness(False, f"The calibration data '{calibration}' is not there any more (moved or "
+                                    f"renamed?): choose it again in the Calibration tab.")
         return compile_readiness(self.loaded.model, self.report, self.project.settings.config.cpu_offload)
 
     def _update_can_compile(self) -> None:
@@ -1363,6 +1367,7 @@ class MainWindow(QMainWindow):
 
     def _on_calibration_changed(self) -> None:
         self.options.refresh()
+        self._update_can_compile()
         kept = [note for note in self.fit_notes if not note.startswith(CALIBRATION_NOTE)]
         if len(kept) != len(self.fit_notes) and self.project.calibration.path != self._fit_source:
             self.fit_notes = kept  # the note named the source the user has just replaced

@@ -1473,3 +1473,22 @@ def test_the_recent_menu_reads_autosave_times_again_when_it_opens(qtbot, make_wi
     window.recent_projects_menu.aboutToShow.emit()
     expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
     assert f"(autosaved {expected})" in window.recent_projects_menu.actions()[0].text()
+
+
+def test_a_project_whose_calibration_folder_moved_says_so_before_compile(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a project reopened after its .npy folder was renamed let Compile start, which failed
+    with CALIBRATION_ERROR; Compile now waits, saying why, until the data is chosen again."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    window.calibration.set_source(photos(tmp_path / "photos"))
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert window.save_project_as(tmp_path / "moved.qbproj") and window.act_compile.isEnabled()
+    (tmp_path / "photos").rename(tmp_path / "photos_old")
+    answers.save_answer = dialogs.DISCARD
+    assert window.new_project()
+    wait_model(qtbot, window, lambda: window.open_project(tmp_path / "moved.qbproj"))
+    readiness = window.readiness()
+    assert not readiness.ok and "is not there any more" in readiness.reason and "photos" in readiness.reason
+    assert not window.act_compile.isEnabled() and window.start_compile() is False
+    window.calibration.set_source(tmp_path / "photos_old")
+    assert window.readiness().ok and window.act_compile.isEnabled()
