@@ -1492,3 +1492,18 @@ def test_a_project_whose_calibration_folder_moved_says_so_before_compile(qtbot, 
     assert not window.act_compile.isEnabled() and window.start_compile() is False
     window.calibration.set_source(tmp_path / "photos_old")
     assert window.readiness().ok and window.act_compile.isEnabled()
+
+
+def test_a_long_recent_path_leaves_every_recent_row_in_view(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a project saved 376 characters deep gave the welcome page's Recent list a horizontal
+    scroll bar that covered its second row; long paths are elided in the middle (the tooltip has them whole)."""
+    window = make_window()
+    deep = "/".join(["a_rather_long_folder_name_for_a_new_users_projects"] * 8)
+    entries = [(path, path) for path in ("/tmp/one.qbproj", f"/tmp/{deep}/two.qbproj", "/tmp/three.qbproj")]
+    window.welcome.set_recent(entries)
+    recent = window.welcome.recent
+    QApplication.processEvents()
+    assert recent.isVisible() and not recent.horizontalScrollBar().isVisible()
+    assert all(recent.visualItemRect(recent.item(row)).bottom() < recent.viewport().height()
+               for row in range(recent.count()))
+    assert recent.item(1).toolTip() == entries[1][1]
