@@ -1229,8 +1229,10 @@ class MainWindow(QMainWindow):
         return not self.project.writable and len(self.project.runs) > 0
 
     def confirm_leave(self, why: str) -> bool:
-        """Before ``why`` (closing, New ...): offer to save unsaved runs; False if the user cancelled."""
-        if not self.has_unsaved_work:
+        """Before ``why`` (closing, New ...): offer to save unsaved runs, or edits its own file refused (a read-only
+        folder); False if the user cancelled."""
+        refused = self.project.writable and self._dirty and self.autosave() is None
+        if not self.has_unsaved_work and not refused:
             return True
         answer = dialogs.ask_save_changes(self, self.project.name, why)
         if answer == dialogs.SAVE:

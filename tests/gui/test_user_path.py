@@ -1507,3 +1507,27 @@ def test_a_long_recent_path_leaves_every_recent_row_in_view(qtbot, make_window, 
     assert all(recent.visualItemRect(recent.item(row)).bottom() < recent.viewport().height()
                for row in range(recent.count()))
     assert recent.item(1).toolTip() == entries[1][1]
+
+
+def test_edits_a_read_only_project_file_refused_are_not_lost_on_leaving(qtbot, make_window, answers, tmp_path,
+                                                                         monkeypatch):
+    """Found under Xvfb (s14, a project folder made immutable): the autosave failed into the log only, and closing or
+    New then dropped the edits without a word; now the window asks, as for an untitled project's runs."""
+    from compiler_core.errors import OutputWriteError
+
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    assert window.save_project_as(tmp_path / "locked" / "p.qbproj")
+
+    def refuse(path=None):
+        raise OutputWriteError(f"Cannot write to '{tmp_path / 'locked'}': Operation not permitted.")
+
+    monkeypatch.setattr(window.project, "save", refuse)
+    window.set_device("regulus-ra")
+    answers.save_answer = None  # Cancel
+    assert window.new_project() is False
+    assert answers.asked[-1] == "save p before starting a new project"
+    assert window.project.settings.device == "regulus-ra" and window.project.model is not None
+    monkeypatch.undo()
+    assert window.new_project()  # the file can be written again: saved on the way, no question
+    assert (tmp_path / "locked" / "p.qbproj").read_text().count("regulus-ra") >= 1
