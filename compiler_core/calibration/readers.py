@@ -273,7 +273,8 @@ def _require_single_input(inputs: list[InputSpec], what: str) -> None:
         names = ", ".join(spec.name for spec in inputs)
         raise CalibrationError(f"The model has {len(inputs)} inputs ({names}) but {what} gives one file per "
                                "sample.", hint="Use a JSON manifest that lists one file per input for each "
-                                               "sample (see docs/calibration-data.md).")
+                                               "sample (see docs/calibration-data.md; the workbench writes one from "
+                                               "one folder per input: Calibration › From folders…).")
 
 
 def _read_txt(path: Path, inputs: list[InputSpec]) -> Listing:
@@ -330,6 +331,49 @@ def _read_manifest(path: Path, inputs: list[InputSpec]) -> Listing:
     order = match_columns(names, column_shapes, inputs, path)
     rows = [Row(tuple(files[order[i]] for i in range(len(inputs))), path.parent) for files in rows_files]
     return Listing("manifest", rows)
+
+
+def write_folder_manifest(folders: Sequence[PathLike], inputs: list[InputSpec], manifest_path: PathLike) -> Path:
+    """Write a JSON manifest that pairs one folder per model input: the n-th file of each folder is sample n.
+
+    Each folder is read as a calibration folder is (images or ``.npy`` files, one kind, sorted by name); the
+    manifest names the inputs and their shapes and lists the files by absolute path.
+
+    Args:
+        folders: One folder per model input, in the order of ``inputs``.
+        inputs: The model inputs.
+        manifest_path: The ``.json`` file to write.
+
+    Returns:
+        ``manifest_path``.
+
+    Raises:
+        CalibrationError: a folder is missing or has no usable files, or the folders hold different numbers of
+            files.
+    """
+    if len(folders) != len(inputs):
+        raise CalibrationError(f"Give one folder per model input: {len(inputs)} input(s), {len(folders)} folder(s).",
+                               hint="Pick the folders in the model's input order.")
+    columns = []
+    for folder, spec in zip(folders, inputs):
+        path = Path(folder)
+        if not path.is_dir():
+            raise CalibrationError(f"Calibration folder '{path}' does not exist.", hint="Check the path.",
+                                   file=str(path))
+        columns.append([row.files[0] for row in _read_folder(path, [spec]).rows])
+    counts = [len(files) for files in columns]
+    if len(set(counts)) > 1:
+        found = ", ".join(f"'{Path(folder).name}' ({spec.name}): {count}"
+                          for folder, spec, count in zip(folders, inputs, counts))
+        raise CalibrationError(f"The folders hold different numbers of files ({found}); the n-th file of each "
+                               "folder makes sample n.", hint="Give every folder the same number of files.")
+    manifest = Path(manifest_path)
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({
+        "info": {"input names": [spec.name for spec in inputs], "input shapes": [list(spec.shape) for spec in inputs]},
+        "calib paths": [[str(file.absolute()) for file in files] for files in zip(*columns)]}, indent=1))
+    logger.info("Calibration manifest '%s': %d sample(s) from %d folder(s)", manifest, counts[0], len(folders))
+    return manifest
 
 
 def _load_json(path: Path) -> Any:

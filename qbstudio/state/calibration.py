@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -271,8 +272,12 @@ def _range_warnings(stats: list[SampleStats], expected: tuple[float, float]) -> 
     far = low < expected[0] - _FAR_FACTOR * span or high > expected[1] + _FAR_FACTOR * span
     if not far:
         return []
-    return [f"Values span [{low:.3g}, {high:.3g}], far outside the [{expected[0]:g}, {expected[1]:g}] expected "
-            f"after this pipeline: check normalize (mean/std/scale) and whether the data is already preprocessed."]
+    span_text = f"Values span [{low:.3g}, {high:.3g}], far outside the [{expected[0]:g}, {expected[1]:g}]"
+    if all(Path(s.source).suffix.lower() == ".npy" for s in stats):  # the pipeline is for images only
+        return [f"{span_text} a float image model usually takes. The .npy files are fed as they are (the pipeline "
+                f"does not apply to them): check they hold the model's input preprocessed as in training."]
+    return [f"{span_text} expected after this pipeline: check normalize (mean/std/scale) and whether the data is "
+            f"already preprocessed."]
 
 
 def _channel_warnings(spec: InputSpec, form: PreprocessForm) -> list[str]:

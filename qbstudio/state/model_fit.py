@@ -35,6 +35,10 @@ def same_inputs(first: Sequence[InputSpec], second: Sequence[InputSpec]) -> bool
     return _signature(first) == _signature(second)
 
 
+CALIBRATION_NOTE = "Calibration data "
+"""How the notes about the calibration source begin (stale once the user picks another source)."""
+
+
 def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, specs: Sequence[InputSpec],
                  previous: Sequence[InputSpec] | None, source: str | None = None) -> list[str]:
     """Re-derive the model-dependent settings for a model with inputs ``specs``.
@@ -54,10 +58,10 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
     if previous is not None and not same_inputs(previous, specs):
         notes += _fit_preprocessing(settings, specs, previous)
         if calibration.path and _raw_images_fit(calibration.path, specs, previous):
-            notes.append(f"Calibration data kept: '{calibration.path}' holds raw images, which the preprocessing "
+            notes.append(f"{CALIBRATION_NOTE}kept: '{calibration.path}' holds raw images, which the preprocessing "
                          f"pipeline fits to this model's input (check it in the Calibration tab).")
         elif calibration.path:
-            notes.append(f"Calibration data cleared: '{calibration.path}' was chosen for the previous model's "
+            notes.append(f"{CALIBRATION_NOTE}cleared: '{calibration.path}' was chosen for the previous model's "
                          f"inputs.")
             calibration.path = None
     if source is not None:

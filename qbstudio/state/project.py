@@ -17,7 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compiler_core.errors import QBCompilerError
+from compiler_core.errors import OutputWriteError, QBCompilerError
 from compiler_core.fileio import atomic_write_text, sha256_file
 from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import CompileSettings
@@ -154,11 +154,27 @@ class Project:
         if target is None:
             raise ProjectError("This project has no file yet.", hint="Use File > Save Project As.")
         target = target.with_suffix(PROJECT_SUFFIX).absolute()
-        if target != self.path or self.template:
-            self._relocate(target.with_suffix(WORK_SUFFIX))
-        self.path, self.template = target, False
-        self.name = target.stem
-        atomic_write_text(target, json.dumps(self.to_dict(target.parent), indent=2) + "\n")
+        before = (self.path, self.template, self.name, self.work_dir, self.calibration.path,
+                  [run.mxq_path for run in self.runs.runs])
+        new_work_dir = target.with_suffix(WORK_SUFFIX)
+        made_work_dir = not new_work_dir.exists()
+        try:
+            if target != self.path or self.template:
+                self._relocate(new_work_dir)
+            self.path, self.template = target, False
+            self.name = target.stem
+            atomic_write_text(target, json.dumps(self.to_dict(target.parent), indent=2) + "\n")
+        except (OSError, QBCompilerError) as error:  # not saved: the project stays as it was (a read-only folder)
+            self.path, self.template, self.name, self.work_dir, self.calibration.path, mxq_paths = before
+            for run, mxq_path in zip(self.runs.runs, mxq_paths):
+                run.mxq_path = mxq_path
+            if made_work_dir and new_work_dir != self.work_dir:
+                shutil.rmtree(new_work_dir, ignore_errors=True)
+            if isinstance(error, QBCompilerError):
+                raise
+            raise OutputWriteError(f"Cannot write to '{target.parent}': {error.strerror or error}.",
+                                   hint="Choose a folder you can write to (File › Save Project As…).",
+                                   file=str(error.filename or target)) from error
         logger.info("project saved to %s", target)
         return target
 

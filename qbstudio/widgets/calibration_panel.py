@@ -7,6 +7,7 @@ per-channel statistics; :func:`qbstudio.state.calibration.review_samples` turns 
 
 from __future__ import annotations
 
+import html
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,9 @@ from compiler_core.calibration import (
     open_calibration_data,
     token_input_roles,
     tokenizer_folder,
+    write_folder_manifest,
 )
-from compiler_core.errors import QBCompilerError
+from compiler_core.errors import CalibrationError, QBCompilerError
 from compiler_core.progress import as_reporter
 from qbstudio import dialogs
 from qbstudio.state.calibration import (
@@ -213,9 +215,16 @@ class CalibrationPanel(QWidget):
         self.text_button.setToolTip("Tokenize a text file, one sentence per line, into token-id samples for this "
                                     "model's inputs (make_calib_text); the model's own tokenizer is used.")
         self.text_button.hide()
+        self.folders_button = QPushButton("From folders…", objectName="calibFoldersButton",
+                                          clicked=self._on_choose_folders)
+        self.folders_button.setToolTip("A model with several inputs: pick one folder per input (images or .npy "
+                                       "files); the n-th file of each folder makes sample n, written as a JSON "
+                                       "manifest in the project folder.")
+        self.folders_button.hide()
         row = QHBoxLayout()
         row.addWidget(folder)
         row.addWidget(listing)
+        row.addWidget(self.folders_button)
         row.addWidget(self.text_button)
         self.random_check = QCheckBox("Random data when no path is given (smoke test only)")
         self.random_check.toggled.connect(self._on_source_option)
@@ -355,6 +364,7 @@ class CalibrationPanel(QWidget):
         """Edit the project's calibration source and preprocessing; ``specs`` are the model inputs."""
         self.source, self.settings, self.work_dir, self.specs = source, settings, work_dir, specs
         self.text_button.setVisible(token_input_roles(specs) is not None if specs else False)
+        self.folders_button.setVisible(len(specs) > 1)
         self.pipeline_box.setVisible(not specs or any(spec.is_image for spec in specs))  # images feed none: no pipeline
         self._timer.stop()
         self._rerun_preview = False
@@ -475,6 +485,27 @@ class CalibrationPanel(QWidget):
         if path:
             self.set_source(path)
 
+    def _on_choose_folders(self) -> None:
+        folders = []
+        for number, spec in enumerate(self.specs, 1):
+            folder = QFileDialog.getExistingDirectory(
+                self, f"Input {number} of {len(self.specs)}: folder for '{spec.name}' {list(spec.shape)}",
+                str(Path(folders[-1]).parent) if folders else self._start_dir())
+            if not folder:
+                return
+            folders.append(folder)
+        self.use_folders(folders)
+
+    def use_folders(self, folders: list[str | Path], save_name: str = "calib_folders") -> Path | None:
+        """Pair one folder per model input into ``work_dir/save_name.json`` and use that manifest (None: refused)."""
+        try:
+            manifest = write_folder_manifest(folders, list(self.specs), self.work_dir / f"{save_name}.json")
+        except CalibrationError as error:
+            dialogs.show_error(self, "Cannot pair these folders", error)
+            return None
+        self.set_source(manifest)
+        return manifest
+
     def _start_dir(self) -> str:
         return str(Path(self.source.path).parent) if self.source.path else ""
 
@@ -525,8 +556,10 @@ class CalibrationPanel(QWidget):
         self.preview = None
         self._clear_grid()
         message = getattr(error, "message", str(error))
-        self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>")
         size = getattr(error, "fields", {}).get("resize_to")
+        hint = getattr(error, "hint", "") if not size else ""  # a size mismatch has its button instead
+        hint = f"<br>{html.escape(hint)}" if hint else ""
+        self.preview_status.setText(f"<span style='color:#c62828'>{message}</span>{hint}")
         files = getattr(error, "fields", {}).get("files") or []
         # a size mismatch lists every image: they were found, only not at the model's size
         self.count_label.setText(f"{len(files)} image(s), not at the model's input size" if size and files else "—")

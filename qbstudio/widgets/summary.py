@@ -60,7 +60,7 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
     if head["cosine"] is not None:
         rows.append(("Mean output cosine", f"{head['cosine']:.5f}"))
     held = run.samples.get("holdout")
-    on = f" (on {held} held-out sample{'s' if held != 1 else ''})" if held is not None else ""
+    on = f" (on {held} held-out sample{'s' if held != 1 else ''})" if held else ""
     if head["top1"] is not None:
         rows.append(("Top-1 agreement", f"{head['top1'] * 100:.1f} %{on}"))
     if mixed := run.mixed_precision:
@@ -75,7 +75,10 @@ def metric_rows(run: RunRecord) -> list[tuple[str, str]]:
                              "nothing about real inputs. Choose real samples in the Calibration tab.</span>"))
     elif head["verdict"] in ("warn", "flag") and (tip := accuracy_tip(run)):
         rows.append(("Try", f"<span style='color:#b26a00'>{tip}</span>"))
-    if not samples.get("random") and held is not None and held < FEW_HOLDOUT:
+    if not samples.get("random") and held == 0:
+        rows.append(("Note", "<span style='color:#b26a00'>No sample was held out, so nothing measured the accuracy. "
+                             "Add calibration data: from 5 samples on, some are held out (analysisHoldout).</span>"))
+    elif not samples.get("random") and held is not None and held < FEW_HOLDOUT:
         rows.append(("Note", f"<span style='color:#b26a00'>Only {held} held-out sample(s): these figures are "
                              f"rough. Add calibration data for a steadier measure.</span>"))
     return rows
@@ -181,6 +184,7 @@ class CompileSummary(QWidget):
             return
         held = run.samples.get("holdout")
         self.metrics_box.setTitle(METRICS_TITLE if held is None else
+                                  "Accuracy (FP32 vs quantized: no held-out samples)" if held == 0 else
                                   f"Accuracy (FP32 vs quantized, on {held} held-out sample(s))")
         exists = Path(run.mxq_path).is_file()
         missing = "" if exists else " <span style='color:#c62828'>(file missing)</span>"

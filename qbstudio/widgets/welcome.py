@@ -68,6 +68,9 @@ class WelcomePage(QWidget):
         self.open_button = QPushButton("Open a project…", objectName="welcomeOpen")
         self.open_button.clicked.connect(self.open_requested)
         self.recent = QListWidget(objectName="welcomeRecent")
+        # a long path is elided in its middle (the tooltip has it whole): a horizontal scroll bar hid the rows
+        self.recent.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.recent.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.no_recent = QLabel("No recent projects yet: they are listed here once you open or save one.",
                                 objectName="welcomeNoRecent", styleSheet="color: #666;")
         self.recent.itemActivated.connect(self._on_recent_activated)  # double-click or Enter (both, it opened twice)

