@@ -880,6 +880,8 @@ def test_a_detector_ending_in_nms_is_imported_up_to_its_boxes_and_scores(qtbot, 
     qtbot.waitUntil(lambda: bool(answers.errors), timeout=TIMEOUT_MS)
     assert offered == [["boxes", "scores"]] and "NonMaxSuppression" in answers.errors[0][1]
     assert window.project.model is None
+    # the error box is modal for a user; here it returns at once, before the failed parse has left the runner
+    qtbot.waitUntil(lambda: window.running_job() is None, timeout=TIMEOUT_MS)  # (a second import was refused)
 
     monkeypatch.setattr(dialogs, "ask_cut_graph", lambda _parent, error, cut_at: offered.append(cut_at) or True)
     wait_model(qtbot, window, lambda: window.import_model(source))
