@@ -42,6 +42,7 @@ from compiler_core.mblt.conversion import convert_source_proto_weights_apart, co
 from compiler_core.mblt.cut import (
     cut_at_outputs,
     keep_outputs_hint,
+    outer_reads,
     outputs_clear_of,
     outputs_clear_of_proto,
     refuse_data_dependent_ops,
@@ -1078,13 +1079,7 @@ def _cut_before_tail(graph: ir.Graph, tail: list[ir.Node]) -> list[str]:
     for node in tail:
         control = {"If": 1, "Loop": 2}.get(node.op_type, 0)  # a condition (and a trip count) is no result
         read.extend(value for value in node.inputs[control:] if value is not None)
-        for attribute in node.attributes.values():
-            subgraphs = ([attribute.value] if attribute.type == ir.AttributeType.GRAPH
-                         else list(attribute.value) if attribute.type == ir.AttributeType.GRAPHS else [])
-            for subgraph in subgraphs:
-                inner = {value for sub in all_nodes(subgraph) for value in sub.outputs} | set(subgraph.inputs)
-                read.extend(value for sub in all_nodes(subgraph) for value in sub.inputs
-                            if value is not None and value not in inner and value.name not in subgraph.initializers)
+        read.extend(outer_reads(node))
     names = []
     for value in read:
         producer = value.producer()

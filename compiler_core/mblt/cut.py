@@ -109,12 +109,11 @@ def outputs_clear_of(graph: ir.Graph, offending: Collection[ir.Node]) -> list[st
     tainted: set[ir.Node] = set()
     captured: dict[ir.Node, list[ir.Value]] = {}  # a node holding subgraphs also reads what they read from outside
     for node in graph:
-        inner = [n for subgraph in _subgraphs_of(node) for n in ir.traversal.RecursiveGraphIterator(subgraph)]
+        inner = [n for subgraph in subgraphs_of(node) for n in ir.traversal.RecursiveGraphIterator(subgraph)]
         if node in offending or any(n in offending for n in inner):
             tainted.add(node)
         if inner:
-            captured[node] = [value for n in inner for value in n.inputs
-                              if value is not None and value.producer() is not None and value.producer().graph is graph]
+            captured[node] = outer_reads(node)
 
     def reads(value: ir.Value) -> tuple[bool, list[ir.Value]]:
         node = value.producer()
@@ -160,12 +159,25 @@ def _clear(outputs: list[Hashable], reads: Callable[[Hashable], tuple[bool, list
     return [verdict[output] for output in outputs]
 
 
-def _subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    """The graphs held by ``node``'s attributes (an If's branches, a Loop's body)."""
     if not holds_graph(node):
         return []
     return [graph for attribute in node.attributes.values()
             for graph in ([attribute.as_graph()] if attribute.type == ir.AttributeType.GRAPH
                           else attribute.as_graphs() if attribute.type == ir.AttributeType.GRAPHS else [])]
+
+
+def outer_reads(node: ir.Node) -> list[ir.Value]:
+    """The values ``node``'s subgraphs read from outside them (at any depth): what the node also depends on besides
+    its inputs. Values made inside, the subgraphs' own inputs and their initializers are not."""
+    read: list[ir.Value] = []
+    for subgraph in subgraphs_of(node):
+        nodes = list(ir.traversal.RecursiveGraphIterator(subgraph))
+        inner = {value for sub in nodes for value in sub.outputs} | set(subgraph.inputs)
+        read.extend(value for sub in nodes for value in sub.inputs
+                    if value is not None and value not in inner and value.name not in subgraph.initializers)
+    return read
 
 
 def keep_outputs_hint(keep: Sequence[str], total: int) -> str:
