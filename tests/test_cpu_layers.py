@@ -157,3 +157,28 @@ def test_the_cli_check_shows_the_split_and_compile_takes_the_flags(log_model, tm
     assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
                 "--cpu-head", "relu", "--cpu-tail", "mul*", "--output", str(tmp_path / "no.mxq")]) != 0
     assert "cpuLayers cannot split the model" in capsys.readouterr().err
+
+
+def test_mixed_precision_searches_the_npu_body_between_a_cpu_head_and_tail(tmp_path):
+    """AMP with user-chosen CPU layers: the search quantizes the body, feeds it through the FP32 head and judges the
+    model's outputs through the FP32 tail (which also reads the head's ``a``), as the compile's own analysis does."""
+    from compiler_core.quantization.mixed_precision import target_metric
+
+    model = _chain_model(tmp_path / "chain.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(16):
+        np.save(calib / f"{index:03d}.npy", rng.normal(0, 1, SHAPE).astype(np.float32))
+    settings = {"apply": True, "target": {"kind": "sqnrDb", "value": 99.0}, "maxInt16Fraction": 1.0,
+                "latencyBudget": 10.0}
+    result = mxq_compile(model, "aries-rb", calib, tmp_path / "amp.mxq", analysis_holdout=6,
+                         cpu_layers={"head": ["b"], "tail": ["f"]}, mixed_precision_config=settings)
+    assert result.cpu_offload["head"] and result.cpu_offload["tail"]
+    mixed = result.mixed_precision
+    chosen = mixed["points"][mixed["chosen"]]
+    assert len(mixed["points"]) > 1 and chosen["int16_layers"] > 0  # 99 dB is out of int8's reach: it searched
+    assert target_metric(result.quantize.analysis, "sqnrDb") == pytest.approx(chosen["metric"])
+    body = {op.name for op in result.quantize.model.ops}
+    promoted = mixed["overrides"]["activation16Bits"] + mixed["overrides"]["weight16Bits"]
+    assert promoted and set(promoted) <= body, mixed["overrides"]  # the head's Conv_0 stays FP32 on the CPU
