@@ -131,7 +131,8 @@ def format_metric(kind: str, value: float | None) -> str:
         return f"SQNR {value:.1f} dB"
     if kind == "top1":
         return f"top-1 {100 * value:.1f} %"
-    return f"{kind} {value:.4f}"
+    digits = next((d for d in (4, 5) if value >= 1 or float(f"{value:.{d}f}") < 1), 6)  # 0.99996 is not 1.0000
+    return f"{kind} {value:.{digits}f}"
 
 
 def exact_pattern(name: str) -> str:
