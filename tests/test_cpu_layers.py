@@ -182,3 +182,30 @@ def test_mixed_precision_searches_the_npu_body_between_a_cpu_head_and_tail(tmp_p
     body = {op.name for op in result.quantize.model.ops}
     promoted = mixed["overrides"]["activation16Bits"] + mixed["overrides"]["weight16Bits"]
     assert promoted and set(promoted) <= body, mixed["overrides"]  # the head's Conv_0 stays FP32 on the CPU
+
+
+def test_latency_figures_of_an_mxq_with_a_cpu_head_say_they_leave_the_host_part_out(log_model, tmp_path, capsys):
+    """With the Log on the CPU the NPU estimate drops to microseconds (millions of FPS): every place that prints it
+    (run, profile, the workbench's run record and comparison) says the CPU part is not counted."""
+    from compiler_core.cli import run
+    from compiler_core.runtime.profile import format_profile, profile_mxq
+    from qbstudio.state.compare import metric_rows
+    from qbstudio.state.runs import RunRecord
+
+    result = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], tmp_path / "head.mxq",
+                         cpu_layers={"head": ["log"]})
+    plain = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], tmp_path / "plain.mxq")
+    note = "the NPU part; the CPU head runs on the host, not counted"
+    sample = tmp_path / "x.npy"
+    np.save(sample, _powers(1, 5)[0])
+    assert run(["run", "--mxq", str(tmp_path / "head.mxq"), "--input", str(sample)]) == 0
+    assert f"FPS on the device ({note})" in capsys.readouterr().out
+    assert run(["run", "--mxq", str(tmp_path / "plain.mxq"), "--input", str(sample)]) == 0
+    assert "not counted" not in capsys.readouterr().out
+    assert note in format_profile(profile_mxq(tmp_path / "head.mxq"))
+    assert "not counted" not in format_profile(profile_mxq(tmp_path / "plain.mxq"))
+    records = [RunRecord.from_result(index, compiled.to_dict(), None, config={}, config_summary="")
+               for index, compiled in enumerate((result, plain), 1)]
+    assert [record.cpu_parts for record in records] == [["head"], []]
+    assert RunRecord.from_dict(records[0].to_dict()).cpu_parts == ["head"]  # saved with the project
+    assert dict(metric_rows(records))["on the host CPU (not in the estimates)"] == ["head", "-"]

@@ -42,6 +42,7 @@ class RunRecord:
         preset: The preset last applied to the settings ("" if none).
         suited_preset: The preset made for this kind of model (``CompileResult.suited_preset``).
         mixed_precision: The automatic mixed precision outcome (target, met, int16 layers, latency), if it ran.
+        cpu_parts: ``head`` / ``tail``: the parts that run on the host CPU (outside the NPU latency estimate).
     """
 
     run_id: int
@@ -66,6 +67,7 @@ class RunRecord:
     preset: str = ""
     suited_preset: dict[str, Any] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
+    cpu_parts: list[str] = field(default_factory=list)
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
@@ -73,6 +75,8 @@ class RunRecord:
                     duration_s: float = 0.0, model_sha256: str = "", calibration: dict[str, Any] | None = None,
                     preset: str = "") -> RunRecord:
         """Build a record from ``CompileResult.to_dict()`` and the analysis JSON beside the MXQ."""
+        from compiler_core.runtime.profile import cpu_parts
+
         rows = [{key: row.get(key) for key in _LAYER_KEYS} for row in (analysis or {}).get("layers", [])]
         estimate = {mode: {"latency_ms": row.get("latency_ms"), "throughput_fps": row.get("throughput_fps")}
                     for mode, row in (result.get("estimate") or {}).items()}
@@ -85,7 +89,8 @@ class RunRecord:
                    int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
                    calibration=dict(calibration or {}), preset=preset,
                    suited_preset=dict(result.get("suited_preset") or {}),
-                   mixed_precision=dict(result.get("mixed_precision") or {}))
+                   mixed_precision=dict(result.get("mixed_precision") or {}),
+                   cpu_parts=cpu_parts({"cpu_offload": result.get("cpu_offload")}))
 
     @classmethod
     def from_sweep_record(cls, run_id: int, record: dict[str, Any], *, model_sha256: str, origin: str,
