@@ -208,4 +208,7 @@ def test_latency_figures_of_an_mxq_with_a_cpu_head_say_they_leave_the_host_part_
                for index, compiled in enumerate((result, plain), 1)]
     assert [record.cpu_parts for record in records] == [["head"], []]
     assert RunRecord.from_dict(records[0].to_dict()).cpu_parts == ["head"]  # saved with the project
+    older = {key: value for key, value in records[0].to_dict().items() if key != "cpu_parts"}
+    older["config"] = {"cpuLayers": {"head": ["log"], "tail": []}}
+    assert RunRecord.from_dict(older).cpu_parts == ["head"]  # a project saved before: from the chosen layers
     assert dict(metric_rows(records))["on the host CPU (not in the estimates)"] == ["head", "-"]

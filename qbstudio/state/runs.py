@@ -158,6 +158,9 @@ class RunRecord:
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        if "cpu_parts" not in known:  # saved before runs recorded it: the parts the user chose (cpuLayers)
+            chosen = (known.get("config") or {}).get("cpuLayers") or {}
+            known["cpu_parts"] = [part for part in ("head", "tail") if chosen.get(part)]
         return cls(**known)
 
 
