@@ -92,6 +92,21 @@ def test_preset_and_int16_overrides(tmp_path):
     assert "Conv_3" not in settings.int16_layers
 
 
+def test_the_run_summary_tells_runs_apart_by_cpu_layers_and_mixed_precision():
+    """Two runs of the log-mel front end, one with its Log on the CPU and automatic mixed precision, one all on the
+    NPU, had the same line in the runs table ("aries-rb · single · mode Max · method WChALayer")."""
+    settings = CompileSettings()
+    settings.set_device("aries-rb")
+    plain = settings.summary()
+    settings.set("cpuLayers", {"head": ["Log_0"], "tail": []})
+    settings.set("mixedPrecision.apply", True)
+    settings.set("mixedPrecision.target", {"kind": "cosine", "value": 0.999})
+    summary = settings.summary()
+    assert summary != plain and "CPU head: Log_0" in summary and "AMP cosine 0.9990" in summary
+    settings.set("cpuOffload", True)
+    assert settings.summary().endswith("CPU offload")
+
+
 def test_reset_undoes_layered_presets_and_keeps_the_target_and_the_data_pipeline():
     """Found under Xvfb: after a16w8 then a16w16 (presets layer over the current settings) nothing led back to the
     defaults; choosing another preset kept the int16 layers of the earlier ones."""
