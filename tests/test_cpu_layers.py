@@ -180,6 +180,10 @@ def test_mixed_precision_searches_the_npu_body_between_a_cpu_head_and_tail(tmp_p
     assert len(mixed["points"]) > 1 and chosen["int16_layers"] > 0  # 99 dB is out of int8's reach: it searched
     assert target_metric(result.quantize.analysis, "sqnrDb") == pytest.approx(chosen["metric"])
     body = {op.name for op in result.quantize.model.ops}
+    from qbstudio.state.runs import RunRecord
+
+    record = RunRecord.from_result(1, result.to_dict(), None, config={}, config_summary="")
+    assert record.int16_layers == chosen["int16_layers"]  # one count of int16 layers (it showed int16 tensors)
     promoted = mixed["overrides"]["activation16Bits"] + mixed["overrides"]["weight16Bits"]
     assert promoted and set(promoted) <= body, mixed["overrides"]  # the head's Conv_0 stays FP32 on the CPU
 

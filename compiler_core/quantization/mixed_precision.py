@@ -172,9 +172,8 @@ def with_channel_scales(config: CompileConfig) -> CompileConfig | None:
 
 
 def int16_layers(model: QuantizedModel) -> int:
-    """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor counts)."""
-    return sum(1 for op in model.ops if "16" in op.precision or
-               any(model.tensors[name].bits == 16 for name in op.outputs if name in model.tensors))
+    """Layers that compute in 16 bits (:meth:`QuantizedModel.int16_layers`)."""
+    return model.int16_layers()
 
 
 def counted_layers(model: QuantizedModel) -> int:

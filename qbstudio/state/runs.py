@@ -36,7 +36,8 @@ class RunRecord:
         samples: Calibration and held-out sample counts.
         model_sha256: SHA-256 of the MBLT the run compiled: the run belongs to that model only.
         estimate: Core mode -> ``{"latency_ms", "throughput_fps"}`` from the cost model (an estimate).
-        int16_layers: Activation tensors quantized to int16.
+        int16_layers: Layers that compute in 16 bits (``QuantizedModel.int16_layers``: the count mixed precision's
+            limit and summary use).
         calibration: ``{"path", "use_random"}``: the data the run calibrated on (to find its statistics).
         origin: ``compile`` (the Compile button) or the sweep point's name (``sweep 1 · point-03``).
         preset: The preset last applied to the settings ("" if none).
@@ -86,7 +87,7 @@ class RunRecord:
                    metrics=dict(result.get("analysis") or {}), outputs=dict(result.get("outputs") or {}),
                    layers=rows, precisions=dict(precisions or {}), duration_s=duration_s,
                    samples=dict(result.get("samples") or {}), model_sha256=model_sha256, estimate=estimate,
-                   int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
+                   int16_layers=int((result.get("program") or {}).get("int16_layers", 0)),
                    calibration=dict(calibration or {}), preset=preset,
                    suited_preset=dict(result.get("suited_preset") or {}),
                    mixed_precision=dict(result.get("mixed_precision") or {}),
