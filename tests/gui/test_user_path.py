@@ -1343,6 +1343,21 @@ def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answe
     window.try_dialog.close()
 
 
+def test_try_results_have_no_class_column_when_no_output_holds_class_scores():
+    """A log-mel front end's [1, 1, 97, 32] output showed an empty "top classes" column beside every row."""
+    from qbstudio.widgets.try_inputs import results_html
+
+    output = {"name": "output", "shape": [1, 1, 97, 32], "cosine": 0.99999, "sqnr_db": 46.2, "max_abs_error": 0.599,
+              "fp32_top_k": [], "mxq_top_k": []}
+    results = [{"input": "/d/000.npy", "label": "000.npy", "outputs": [output]},
+               {"input": "/d/bad.npy", "label": "bad.npy", "error": "cannot be read", "outputs": []}]
+    text = results_html(results, "Run #1")
+    assert "top classes" not in text and "colspan='5'" in text
+    scores = {**output, "shape": [1, 10], "fp32_top_k": [{"index": 3, "score": 0.9}],
+              "mxq_top_k": [{"index": 3, "score": 0.8}]}
+    assert "top classes" in results_html([{"input": "/d/a.png", "label": "a.png", "outputs": [scores]}], "Run #2")
+
+
 def side_outputs_model(path: Path) -> Path:
     """A segmenter that also returns two side outputs (as ISNet returns 11 besides its mask)."""
     rng = np.random.default_rng(2)
