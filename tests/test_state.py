@@ -420,6 +420,27 @@ def test_tooltips_come_from_the_config_schema():
     assert set(choice_descriptions("imageChannels")) == {0, 1, 3}
 
 
+def test_replacing_the_model_drops_layers_chosen_by_name_and_keeps_patterns():
+    """Found under Xvfb: after importing another model into a project, its CPU head (`Log_0`) and int16 layers stayed
+    set: refused at compile ("matches no layer"), or worse, applied to another model's `Conv_3`."""
+    from qbstudio.state.model_fit import fit_to_model
+
+    settings = CompileSettings()
+    settings.set("cpuLayers", {"head": ["Log_0"], "tail": []})
+    settings.set("bit.layerOverrides.activation16Bits", ["Conv_3", "*Softmax*"])
+    settings.set("calibration.layerOverrides", {"Conv_1": {"mode": 1}, "*/head/*": {"mode": 2}})
+    source = CalibrationSource(path=None)
+    audio = [InputSpec("input", (1, 16000), np.dtype("float32"), "")]
+    image = [InputSpec("x", (1, 64, 64, 1), np.dtype("float32"), "NHWC")]
+    assert fit_to_model(settings, source, audio, audio) == []  # a project reopened as it was (no model imported)
+    notes = fit_to_model(settings, source, image, audio, source="/models/emotion.tflite")
+    assert settings.get("cpuLayers") == {"head": [], "tail": []}
+    assert settings.int16_layers == ["*Softmax*"]
+    assert list(settings.get("calibration.layerOverrides")) == ["*/head/*"]
+    assert any("Log_0" in note and "CPU head" in note for note in notes)
+    assert any("Conv_3" in note for note in notes) and any("Conv_1" in note for note in notes)
+
+
 def test_fit_to_model_resets_normalization_chosen_for_another_channel_count():
     """The sample's one-value Fashion-MNIST mean/std would otherwise normalize a photo model's input."""
     from qbstudio.state.calibration import PreprocessForm

@@ -181,9 +181,13 @@ def test_runs_belong_to_their_model_and_a_new_model_rederives_settings(qtbot, ma
     assert "28.3 dB" in window.details.text()
 
     rgb = conv_classifier(tmp_path / "rgb_classifier.onnx")
+    window.support.filter_edit.setText("Gemm_0")  # typed for this model's nodes
+    window.project.settings.set_cpu_layer("Gemm_0", "tail")  # chosen by name on this model
     answers.import_choice = dialogs.IMPORT_REPLACE
     wait_model(qtbot, window, lambda: window.import_model(rgb))
     assert answers.asked == ["import rgb_classifier.onnx over model.onnx"]
+    assert window.support.filter_edit.text() == ""  # the filter hid the new model's nodes
+    assert window.project.settings.get("cpuLayers.tail") == [] and "CPU tail cleared" in window.model_label.text()
     assert window.session.model_sha256 != run.model_sha256
     assert len(window.project.runs) == 1 and len(window.session.runs) == 0  # kept in the file, not shown
     window.graph.node_selected.emit("Conv_0")
