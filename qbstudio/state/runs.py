@@ -42,6 +42,7 @@ class RunRecord:
         preset: The preset last applied to the settings ("" if none).
         suited_preset: The preset made for this kind of model (``CompileResult.suited_preset``).
         mixed_precision: The automatic mixed precision outcome (target, met, int16 layers, latency), if it ran.
+        name: The user's name for the run ("" until renamed).
     """
 
     run_id: int
@@ -66,6 +67,7 @@ class RunRecord:
     preset: str = ""
     suited_preset: dict[str, Any] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
@@ -111,8 +113,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """Short name for combos and legends, e.g. ``#2 aries-rb``."""
-        return f"#{self.run_id} {self.device}"
+        """Short name for combos, legends and exports: ``#2`` and the user's name for it, else its device
+        (``#2 aries-rb``)."""
+        return f"#{self.run_id} {self.name or self.device}"
 
     def layer_sqnr(self) -> dict[str, float]:
         """Layer name -> SQNR in dB (layers without a finite SQNR are left out)."""
