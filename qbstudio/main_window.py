@@ -1243,7 +1243,7 @@ class MainWindow(QMainWindow):
     def _on_sensitivity(self, report: dict) -> None:
         from qbstudio.widgets.sensitivity_view import SensitivityDialog
 
-        self.run_panel.finished("Sensitivity analysis done")
+        self.run_panel.finished("Sensitivity analysis done", complete=True)  # its bar read 0 % when done
         if self.sensitivity_dialog is None:
             self.sensitivity_dialog = SensitivityDialog(self)
             self.sensitivity_dialog.view.use_int16.connect(self.use_int16_for)
