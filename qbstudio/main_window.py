@@ -53,7 +53,7 @@ from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
-from qbstudio.state.runs import RunRecord
+from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import devices, presets
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
@@ -519,8 +519,7 @@ class MainWindow(QMainWindow):
         self._show_welcome_if_empty()
 
     def _on_runs_changed(self) -> None:
-        runs = self.session.runs
-        self.compare.set_history(runs)
+        runs = self._show_history()
         if not self.run_panel.running and self.is_llm:
             self._show_llm_summary()
         elif not self.run_panel.running:
@@ -528,6 +527,13 @@ class MainWindow(QMainWindow):
         self.act_try.setEnabled(runs.latest is not None and not self.is_llm)
         if self.details.node:
             self.show_node(self.details.node)
+
+    def _show_history(self) -> RunHistory:
+        """The open model's runs in Runs & Compare, which says how many runs of other models the project keeps (a
+        replaced model's runs vanished from view without a word)."""
+        runs = self.session.runs
+        self.compare.set_history(runs, other_models=len(self.project.runs) - len(runs))
+        return runs
 
     def _on_try(self) -> None:
         """Compile › Try on Inputs…: the run the summary shows (the newest, or the one picked in Runs & Compare)."""
@@ -1376,7 +1382,7 @@ class MainWindow(QMainWindow):
     def _show_moved_runs(self) -> None:
         """Show the runs again after Save As moved their files with the work folder (the run panel kept the old
         MXQ path, in the untitled project's folder that is pruned later)."""
-        self.compare.set_history(self.session.runs)
+        self._show_history()
         shown = self.run_panel.summary.run
         if not self.run_panel.running and shown is not None and not self.is_llm:
             self.run_panel.summary.show_run(shown)

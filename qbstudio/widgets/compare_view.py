@@ -248,6 +248,7 @@ class CompareView(QWidget):
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.history = RunHistory()
+        self.other_models = 0
         self.model_name = ""
         self.layer_order: list[str] = []
         self.picks: list[int] = []
@@ -343,9 +344,11 @@ class CompareView(QWidget):
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def set_history(self, history: RunHistory) -> None:
-        """Show the runs of ``history``; keep the picks that still exist (else the two newest runs)."""
+    def set_history(self, history: RunHistory, other_models: int = 0) -> None:
+        """Show the runs of ``history``; keep the picks that still exist (else the two newest runs).
+        ``other_models``: how many runs of the project belong to other models (not shown; the view says so)."""
         self.history = history
+        self.other_models = other_models
         self.table.blockSignals(True)
         self.table.setSortingEnabled(False)  # else each setItem re-sorts and the rest of the row lands elsewhere
         self.table.setRowCount(len(history.runs))
@@ -413,8 +416,10 @@ class CompareView(QWidget):
     def _refresh_views(self) -> None:
         runs, baseline = self.picked_runs, self._baseline_index()
         count = len(runs)
+        hidden = (f"; {self.other_models} run(s) of another model stay in the project (import that model again to "
+                  "see them)") if self.other_models else ""
         self.picks_label.setText(f"Comparing {count} run(s)" + (f" (at most {MAX_COMPARED})" if count == MAX_COMPARED
-                                                                 else ""))
+                                                                 else "") + hidden)
         self.side.set_runs(runs, baseline)
         self.layers.set_runs(runs, self.layer_order, baseline)
         self.histogram.set_runs(runs)

@@ -264,3 +264,21 @@ def test_every_tab_fits_a_1024_by_700_window(qtbot, make_window, answers):  # no
         hint = window.minimumSizeHint()
         assert hint.width() <= screen[0] and hint.height() <= screen[1], (window.tabs.tabText(index), hint)
     assert window.width() <= screen[0] and window.height() <= screen[1]
+
+
+def test_a_replaced_model_s_runs_are_said_to_stay_in_the_project(qtbot, make_window, answers, tmp_path):  # noqa: F811
+    """Replacing project A's model (Import Model › Replace) emptied Runs & Compare without a word: its runs were
+    kept in the file, hidden; back on the first model they show again."""
+    from test_user_path import conv_classifier
+
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
+    window.session.project.runs = RunHistory()
+    fake_run(window)
+    fake_run(window)
+    assert "another model" not in window.compare.picks_label.text()
+    wait_model(qtbot, window, lambda: window.import_model(conv_classifier(tmp_path / "other.onnx")))
+    assert window.compare.table.rowCount() == 0
+    assert "2 run(s) of another model stay in the project" in window.compare.picks_label.text()
+    wait_model(qtbot, window, lambda: window.import_model(SAMPLE_DIR / "model.onnx"))
+    assert window.compare.table.rowCount() == 2 and "another model" not in window.compare.picks_label.text()
