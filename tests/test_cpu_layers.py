@@ -216,3 +216,43 @@ def test_latency_figures_of_an_mxq_with_a_cpu_head_say_they_leave_the_host_part_
     older["config"] = {"cpuLayers": {"head": ["log"], "tail": []}}
     assert RunRecord.from_dict(older).cpu_parts == ["head"]  # a project saved before: from the chosen layers
     assert dict(metric_rows(records))["on the host CPU (not in the estimates)"] == ["head", "-"]
+
+
+def _rgb_classifier(path: Path) -> Path:
+    """image [1, 3, 16, 16] -> Conv (8 channels) -> Relu -> Conv (4) -> GlobalAveragePool: a CPU head ending at the
+    first Conv hands the NPU 8 channels, not the 3 of the pixels."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["y"], name="pool")]
+    graph = helper.make_graph(
+        nodes, "rgb", [helper.make_tensor_value_info("image", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 1, 1])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_uint8_input_behind_a_cpu_head_stays_float_on_the_npu(tmp_path, caplog):
+    """MobileNetV2 with the classification preset (uint8Input on) and a CPU head ending at a 32-channel Conv stopped
+    with an INTERNAL_ERROR (the pixels' 3 means broadcast against 32 channels), found in the workbench (s15)."""
+    model = _rgb_classifier(tmp_path / "rgb.onnx")
+    preprocessing = {"apply": True, "pipeline": [{"op": "normalize", "mean": [0.485, 0.456, 0.406],
+                                                  "std": [0.229, 0.224, 0.225], "scale": 1 / 255}]}
+    options = {"use_random_calib": True, "uint8_input_config": {"apply": True}, "preprocessing_config": preprocessing}
+    with caplog.at_level("INFO", logger="compiler_core.compile"):
+        result = mxq_compile(model, "aries-rb", None, tmp_path / "head.mxq", cpu_layers={"head": ["conv1"]},
+                             **options)
+    assert result.cpu_offload["head"] and "uint8Input does not apply" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="compiler_core.compile"):
+        mxq_compile(model, "aries-rb", None, tmp_path / "all.mxq", **options)  # no head: raw pixels on the NPU
+    assert "uint8Input does not apply" not in caplog.text
+    npu = Model(tmp_path / "head.mxq", input_layout="NCHW")
+    npu.launch(Accelerator("aries-rb"))
+    sample = np.random.default_rng(4).normal(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    fp32 = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"image": sample})[0]
+    got = npu.infer(sample)[0]
+    assert np.corrcoef(got.ravel(), fp32.ravel())[0, 1] > 0.9

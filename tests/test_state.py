@@ -102,9 +102,9 @@ def test_the_run_summary_tells_runs_apart_by_cpu_layers_and_mixed_precision():
     settings.set("mixedPrecision.apply", True)
     settings.set("mixedPrecision.target", {"kind": "cosine", "value": 0.999})
     summary = settings.summary()
-    assert summary != plain and "CPU head: Log_0" in summary and "AMP cosine 0.9990" in summary
+    assert summary != plain and "CPU head x1" in summary and "mixed precision cosine >= 0.999" in summary
     settings.set("cpuOffload", True)
-    assert settings.summary().endswith("CPU offload")
+    assert "CPU offload" in settings.summary()
 
 
 def test_reset_undoes_layered_presets_and_keeps_the_target_and_the_data_pipeline():

@@ -44,6 +44,7 @@ class RunRecord:
         suited_preset: The preset made for this kind of model (``CompileResult.suited_preset``).
         mixed_precision: The automatic mixed precision outcome (target, met, int16 layers, latency), if it ran.
         cpu_parts: ``head`` / ``tail``: the parts that run on the host CPU (outside the NPU latency estimate).
+        name: The user's name for the run ("" until renamed).
     """
 
     run_id: int
@@ -69,6 +70,7 @@ class RunRecord:
     suited_preset: dict[str, Any] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
     cpu_parts: list[str] = field(default_factory=list)
+    name: str = ""
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
@@ -117,8 +119,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """Short name for combos and legends, e.g. ``#2 aries-rb``."""
-        return f"#{self.run_id} {self.device}"
+        """Short name for combos, legends and exports: ``#2`` and the user's name for it, else its device
+        (``#2 aries-rb``)."""
+        return f"#{self.run_id} {self.name or self.device}"
 
     def layer_sqnr(self) -> dict[str, float]:
         """Layer name -> SQNR in dB (layers without a finite SQNR are left out)."""

@@ -86,6 +86,7 @@ def test_sensitivity_table_from_the_compile_menu_feeds_the_int16_list(qtbot, tmp
                         timeout=180_000)
         assert errors == []
         assert not panel.running and panel.stage_label.text() == "Sensitivity analysis done"
+        assert panel.progress.value() == panel.progress.maximum()  # it read 0 % when done (s15)
         view = window.sensitivity_dialog.view
         assert view.table.rowCount() == len(view.report["layers"]) > 5
         assert view.table.item(0, 0).text() == "1"
