@@ -49,6 +49,7 @@ from compiler_core.mblt.cut import (
 )
 from compiler_core.mblt.dynamic_quant import DYNAMIC_QUANT_OPS, dequantize_dynamic
 from compiler_core.mblt.einsum import lower_einsums
+from compiler_core.mblt.ml_ops import lower_ml_ops
 from compiler_core.mblt.io import check_model
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
@@ -122,6 +123,7 @@ def canonicalize(
         ("cut at outputs", lambda m: (cut_at_outputs(m, output_names or ()), _note_tail_cut(m))),
         ("refuse data-dependent ops", refuse_data_dependent_ops),
         ("read dynamic quantization as float", dequantize_dynamic),
+        ("write scikit-learn operators as tensor ops", lower_ml_ops),
         ("check operators", _check_known_ops),
         ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
@@ -152,7 +154,7 @@ def canonicalize(
 
 # -- the first steps on the source protobuf ----------------------------------------------------------
 
-_PROTO_STEPS = 10
+_PROTO_STEPS = 11
 """The steps up to the opset conversion, which :func:`_steps_on_proto` can do on the source protobuf."""
 
 
@@ -186,6 +188,7 @@ def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Se
     reporter.advance(message=next(steps))  # cut at outputs: no output names
     reporter.advance(message=next(steps))  # refuse data-dependent ops: none (see _plain_old_opset_graph)
     reporter.advance(message=next(steps))  # read dynamic quantization: none (see _plain_old_opset_graph)
+    reporter.advance(message=next(steps))  # scikit-learn operators: none (standard-domain nodes only)
     _check_known_ops_proto(proto, source_names)
     reporter.advance(message=next(steps))
     _initializer_inputs_to_constants_proto(proto)
