@@ -49,8 +49,8 @@ from compiler_core.mblt.cut import (
 )
 from compiler_core.mblt.dynamic_quant import DYNAMIC_QUANT_OPS, dequantize_dynamic
 from compiler_core.mblt.einsum import lower_einsums
-from compiler_core.mblt.ml_ops import lower_ml_ops
 from compiler_core.mblt.io import check_model
+from compiler_core.mblt.ml_ops import lower_ml_ops
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
