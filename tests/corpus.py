@@ -1257,7 +1257,7 @@ def corpus() -> list[CorpusEntry]:
                     "skl2onnx: ai.onnx.ml ops)", SKL2ONNX, "Apache-2.0", digits_logistic_onnx,
                     digits_feed, DIGITS_DATA, {"X": [1, 64]}),
         CorpusEntry("digits_forest", "digit classifier (scikit-learn random forest as GEMMs via hummingbird-ml)",
-                    HUMMINGBIRD, "MIT", digits_forest_onnx, digits_feed, DIGITS_DATA),
+                    HUMMINGBIRD, "MIT", digits_forest_onnx, digits_feed, DIGITS_DATA, fast=True),
         CorpusEntry("fashion_keras", "Fashion-MNIST classifier (Keras CNN via tf2onnx)", TF2ONNX,
                     "Apache-2.0", fashion_keras_onnx, fashion_feed, "Fashion-MNIST",
                     {"image": [1, 28, 28, 1]}),
