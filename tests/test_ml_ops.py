@@ -104,3 +104,23 @@ def test_string_class_labels_are_kept_and_refused_naming_the_operator(tmp_path):
     with pytest.raises(QBCompilerError) as error:
         mblt_compile(tmp_path / "strings.onnx", tmp_path / "strings.mblt", input_shape_dict={"X": [1, FEATURES]})
     assert "LinearClassifier" in error.value.message
+
+
+def test_a_tree_ensemble_is_refused_with_the_conversion_that_compiles(tmp_path):
+    """skl2onnx writes a random forest as TreeEnsembleClassifier, which the NPU cannot run: the refusal names it and
+    says to convert it with hummingbird-ml's GEMM trees (corpus: digits_forest compiles, cosine 0.999)."""
+    from compiler_core.errors import QBCompilerError
+
+    tree = helper.make_node("TreeEnsembleClassifier", ["X"], ["label", "probabilities"], domain="ai.onnx.ml",
+                            class_ids=[0, 1], class_nodeids=[1, 2], class_treeids=[0, 0], class_weights=[1.0, 1.0],
+                            classlabels_int64s=[0, 1], nodes_falsenodeids=[2, 0, 0], nodes_featureids=[0, 0, 0],
+                            nodes_hitrates=[1.0, 1.0, 1.0], nodes_missing_value_tracks_true=[0, 0, 0],
+                            nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_nodeids=[0, 1, 2],
+                            nodes_treeids=[0, 0, 0], nodes_truenodeids=[1, 0, 0], nodes_values=[0.5, 0.0, 0.0],
+                            post_transform="NONE")
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+               helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])]
+    onnx.save(_model([tree], outputs), tmp_path / "forest.onnx")
+    with pytest.raises(QBCompilerError) as error:
+        mblt_compile(tmp_path / "forest.onnx", tmp_path / "forest.mblt", input_shape_dict={"X": [1, FEATURES]})
+    assert "TreeEnsembleClassifier" in error.value.message and "hummingbird-ml" in error.value.hint

@@ -1145,6 +1145,12 @@ def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str, keep_
         hint = ("This model was quantized in onnxruntime's QOperator format (QLinear* / QGemm nodes). Give the "
                 "float model, or a QDQ export (quantize_static(..., quant_format=QuantFormat.QDQ)): this compiler "
                 "calibrates and quantizes on its own.")
+    if any(op.startswith("ai.onnx.ml::") for op in counts):
+        hint = ("These are classical-ML operators (scikit-learn converters). The linear ones (Scaler, "
+                "LinearClassifier/LinearRegressor with integer class labels, Normalizer, ArrayFeatureExtractor) are read "
+                "as tensor ops; convert tree ensembles with hummingbird-ml (convert(model, 'torch', "
+                "extra_config={'tree_implementation': 'gemm'}), then torch.onnx.export), train on integer class labels "
+                "instead of strings, or end the graph before these operators.")
     keep = keep_outputs_hint(keep_outputs, total_outputs)
     return UnsupportedOpsError(f"{sum(counts.values())} node(s) use operators the compiler cannot parse: "
                                f"{listing} — {reason}.", hint=hint + keep, ops=ops,
