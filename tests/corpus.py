@@ -1023,6 +1023,22 @@ def digits_forest_onnx() -> Path:
     return _cached("digits_forest_hummingbird.onnx", build)
 
 
+def digits_forest_skl2onnx_onnx() -> Path:
+    """The same random forest as :func:`digits_forest_onnx`, converted with skl2onnx (a TreeEnsembleClassifier)."""
+    def build(temp: Path) -> None:
+        from skl2onnx import to_onnx
+        from sklearn.ensemble import RandomForestClassifier
+
+        images, labels = _digits()
+        forest = RandomForestClassifier(20, max_depth=8, random_state=0).fit(images[:DIGITS_TRAIN],
+                                                                            labels[:DIGITS_TRAIN])
+        _save_onnx(to_onnx(forest, images[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}),
+                   temp)
+
+    _require_module("skl2onnx", SKL2ONNX)
+    return _cached("digits_forest_skl2onnx.onnx", build)
+
+
 SKL2ONNX = "skl2onnx==1.20.0"
 HUMMINGBIRD = "hummingbird-ml==0.4.12"
 TF2ONNX = "tf2onnx==1.17.0"
