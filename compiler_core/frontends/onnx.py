@@ -252,7 +252,10 @@ _PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in
 """Sub-byte types pack several values per byte: their lengths are not checked here."""
 
 
+@functools.cache
 def _itemsize(data_type: int) -> int:
+    """Bytes per element of an ONNX data type (1 for unknown and sub-byte types); cached: ONNX's look-up takes a few
+    microseconds, and it is asked twice for every tensor of a model."""
     try:
         return max(1, onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
     except (KeyError, ValueError, TypeError):
@@ -425,11 +428,19 @@ def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
 
 
 def _all_tensors(graph: onnx.GraphProto):
+    """Every tensor of the graph: initializers, then each node's attribute tensors (a ``TENSOR`` attribute's ``t``, any
+    ``tensors``) and its subgraphs' tensors, in order."""
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
+            kind = attribute.type
+            if kind == _TENSOR:
                 yield attribute.t
-            yield from attribute.tensors
-            for subgraph in _subgraphs(attribute):
-                yield from _all_tensors(subgraph)
+            if attribute.tensors:
+                yield from attribute.tensors
+            if kind in _GRAPH_TYPES:
+                for subgraph in _subgraphs(attribute):
+                    yield from _all_tensors(subgraph)
+
+
+_TENSOR = onnx.AttributeProto.TENSOR
