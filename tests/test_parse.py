@@ -670,23 +670,29 @@ def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_p
 
 
 def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
-    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards; a heap
-    someone else froze stays frozen."""
+    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards, and the youngest
+    generation is collected less often meanwhile (its threshold restored afterwards); a heap someone else froze stays
+    frozen."""
     import gc
 
     from compiler_core.mblt import canonicalize
 
     frozen_during = []
+    thresholds_during = []
     real_optimize = canonicalize._optimize
 
     def spying_optimize(model):
         frozen_during.append(gc.get_freeze_count())
+        thresholds_during.append(gc.get_threshold())
         real_optimize(model)
 
     monkeypatch.setattr(canonicalize, "_optimize", spying_optimize)
     gc.unfreeze()
+    before = gc.get_threshold()
     parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
     assert frozen_during[-1] > 1000 and gc.get_freeze_count() == 0
+    assert thresholds_during[-1] == (max(before[0], canonicalize._YOUNG_THRESHOLD), *before[1:])
+    assert gc.get_threshold() == before
     gc.freeze()
     try:
         calls = []
