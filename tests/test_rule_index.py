@@ -302,8 +302,9 @@ def test_name_fix_names_as_the_library_pass_does(monkeypatch):
 
 
 def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
-    """Conv, Relu and Mul of activations are left alone without the library's node processing; the constant Add and
-    the Reshape (which has a partial evaluator) go through it; the folded graph is the library folder's."""
+    """Conv, Relu, Mul and Add of activations are left alone without the library's node processing (Add has a partial
+    evaluator, for shape values only); the constant Add and the Reshape (which has a partial evaluator) go through
+    it; the folded graph is the library folder's."""
     from onnxscript.optimizer import _constant_folding
 
     from compiler_core.mblt.rule_index import _FoldConstants
@@ -315,7 +316,7 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
                     numpy_helper.from_array(np.array([1, 32], np.int64), "s")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Mul", ["r", "k"], ["m"]),
-             helper.make_node("Reshape", ["m", "s"], ["y"])]
+             helper.make_node("Add", ["m", "k2"], ["a"]), helper.make_node("Reshape", ["a", "s"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], initializers)
     proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
@@ -329,6 +330,35 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
                         or library_process(self, node, is_function))
     assert _FoldConstants(**options)(ours).modified
     assert processed == ["Add", "Reshape"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_the_folder_hands_the_library_an_add_of_shape_values(monkeypatch):
+    """An Add of a dimension taken from a dynamic shape and a constant has shape values for both operands: the library's
+    partial evaluator gets it (and gives the Reshape after it a symbolic target), as without our shortcut."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    initializers = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                    numpy_helper.from_array(np.array([1], np.int64), "one"),
+                    numpy_helper.from_array(np.array([-1], np.int64), "minus")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Add", ["n", "one"], ["m"]), helper.make_node("Concat", ["m", "minus"], ["t"], axis=0),
+             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": 1 << 20}
+    _constant_folding.FoldConstantsPass(**options)(library)
+    processed = []
+    library_process = _constant_folding.FoldConstantsPass.process_node
+    monkeypatch.setattr(_constant_folding.FoldConstantsPass, "process_node",
+                        lambda self, node, is_function: processed.append(node.op_type)
+                        or library_process(self, node, is_function))
+    _FoldConstants(**options)(ours)
+    assert "Add" in processed
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 

@@ -562,7 +562,10 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         if not variable or not _statically_typed(node):
             return False
         version = self._opset_imports.get(node.domain)
-        return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+        if version is None:
+            return True
+        evaluators = _partial_evaluators(node.domain, node.op_type, version)
+        return not evaluators or (evaluators == _SHAPE_ADD and _no_shape_operand(node, state))
 
 
 class _ReferenceOps(_constant_folding.ReferenceEvaluator):
@@ -641,9 +644,21 @@ def _statically_typed(node: ir.Node) -> bool:
 
 
 @functools.cache
-def _partial_evaluators(domain: str, op_type: str, version: int) -> bool:
-    """True if onnxscript's folder has partial evaluators registered for the op at that opset version."""
-    return bool(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
+def _partial_evaluators(domain: str, op_type: str, version: int) -> tuple[Callable, ...]:
+    """The partial evaluators onnxscript's folder has registered for the op at that opset version."""
+    return tuple(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
+
+
+_SHAPE_ADD = (_constant_folding.add,)
+"""The library's only partial evaluator of ``Add``: it adds two one-element shape values (symbolic dims), and does
+nothing unless both operands have a shape value (a 1-D constant, or a symbolic ``Shape`` standing for the value)."""
+
+
+def _no_shape_operand(node: ir.Node, state) -> bool:
+    """True if an operand of the node is a value that is not a constant and that the folder knows no ``Shape`` for:
+    :data:`_SHAPE_ADD` then returns None (an ``Add`` of activations, the usual one)."""
+    return any(value is not None and value.const_value is None and not isinstance(state.get_sym_value(value), ir.Shape)
+               for value in node.inputs)
 
 
 class LiftConstants(common_passes.LiftConstantsToInitializersPass):
