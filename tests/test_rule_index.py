@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -130,6 +131,7 @@ def _unindexed(monkeypatch):
     monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
     monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
     monkeypatch.setattr(canonicalize, "RemoveUnusedOpsets", ir.passes.common.RemoveUnusedOpsetsPass)
+    monkeypatch.setattr(canonicalize, "TopologicalSort", ir.passes.common.TopologicalSortPass)
     monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: None)  # every step on onnx-ir
 
 
@@ -507,6 +509,49 @@ def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
     assert DeduplicateInitializers()(ours).modified and ir.passes.common.DeduplicateInitializersPass()(library).modified
     assert list(ours.graph.initializers) == ["a", "c", "d", "e", "f"]
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_topological_sort_sorts_as_the_library_pass_does_and_leaves_a_sorted_graph_unwalked(monkeypatch):
+    """A graph in order (the library's stable sort would keep it): left as it is, without the library's sort; one out
+    of order (a Relu listed before the Conv it reads): sorted as the library sorts it."""
+    from compiler_core.mblt.rule_index import TopologicalSort
+
+    def model(order):
+        nodes = {"conv": helper.make_node("Conv", ["x", "w"], ["c"]), "relu": helper.make_node("Relu", ["c"], ["r"]),
+                 "abs": helper.make_node("Abs", ["x"], ["a"]), "add": helper.make_node("Add", ["r", "a"], ["y"])}
+        graph = helper.make_graph([nodes[name] for name in order], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  [numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+    library_sort = ir.Graph.sort
+    sorts = []
+    monkeypatch.setattr(ir.Graph, "sort", lambda graph: sorts.append(graph) or library_sort(graph))
+    for order, expected_sorts in ((["conv", "relu", "abs", "add"], 0), (["relu", "conv", "abs", "add"], 1)):
+        ours, library = (ir.serde.deserialize_model(model(order)) for _ in range(2))
+        sorts.clear()
+        modified = TopologicalSort()(ours).modified
+        assert len(sorts) == expected_sorts
+        assert modified == ir.passes.common.TopologicalSortPass()(library).modified == bool(expected_sorts)
+        assert [node.op_type for node in ours.graph] == [node.op_type for node in library.graph]
+        assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_importing_the_parser_builds_its_rule_sets_and_op_set_once():
+    """The optimizer's and the legalization's rule sets and the MBLT op set are built when the parser is imported (in a
+    fresh interpreter: before any parse), not inside the first parse."""
+    import subprocess
+    import sys
+
+    code = ("import sys, compiler_core.api\n"
+            "from compiler_core.mblt import canonicalize, rule_index\n"
+            "print(rule_index._DEFAULT_RULES is not None, canonicalize._legalize_rules.cache_info().currsize,\n"
+            "      'compiler_core.ops.table' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                            timeout=120)
+    assert result.stdout.split() == ["True", "1", "True"]
 
 
 def test_output_fix_fixes_as_the_library_pass_does(monkeypatch):

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes import common as common_passes
 from onnx_ir.passes.common import _c_api_utils
 from onnx_ir.passes.common import shape_inference as ir_shape_inference
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
@@ -56,6 +55,7 @@ from compiler_core.mblt.rule_index import (
     LiftConstants,
     RemoveUnusedNodes,
     RemoveUnusedOpsets,
+    TopologicalSort,
     all_nodes,
     apply_rules,
     default_rules,
@@ -747,7 +747,7 @@ def _evaluate_constant_node(folded: onnx.ModelProto) -> list[np.ndarray]:
 def _tidy(model: ir.Model) -> None:
     RemoveUnusedNodes()(model)
     RemoveUnusedOpsets()(model)
-    common_passes.TopologicalSortPass()(model)
+    TopologicalSort()(model)
     _strip_foreign_metadata(model)
     assign_canonical_names(model)
     if not _fully_typed(model):

@@ -805,6 +805,33 @@ class OutputFix(common_passes.OutputFixPass):
         return super().call(model)
 
 
+class TopologicalSort(common_passes.TopologicalSortPass):
+    """``TopologicalSortPass``, which leaves a graph that is in topological order already as it is: its sort is stable
+    (it places the nodes last to first, each time the last one in the current order whose consumers are all placed,
+    so a graph in order keeps its order). That is checked first, with one walk, when the model has no functions and no
+    node holds a subgraph."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions and _in_topological_order(model.graph):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+def _in_topological_order(graph: ir.Graph) -> bool:
+    """True if no node holds a subgraph and each node's inputs are made by nodes before it (or by none)."""
+    placed = set()
+    for node in graph:
+        if holds_graph(node):
+            return False
+        for value in node.inputs:
+            if value is not None:
+                producer = value.producer()
+                if producer is not None and producer not in placed:
+                    return False
+        placed.add(node)
+    return True
+
+
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
     """``RemoveUnusedFunctionsPass`` without its walk over every node when the model has no functions to remove."""
 
