@@ -669,6 +669,18 @@ def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_p
                                ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_legalization_folds_the_remaining_constants_once_when_it_settles(conv_bn_path, monkeypatch):
+    """The legalization loop ends on a round whose rules match nothing and whose fold finds nothing: that fold is the
+    last one (the graph has not changed since, so another would find nothing either)."""
+    from compiler_core.mblt import canonicalize
+
+    folds = []
+    real_fold = canonicalize._fold_remaining_constants
+    monkeypatch.setattr(canonicalize, "_fold_remaining_constants", lambda model: folds.append(real_fold(model)) or folds[-1])
+    parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+    assert folds == [0]
+
+
 def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
     """The pre-existing heap is out of garbage collection during canonicalization and back afterwards, and the youngest
     generation is collected less often meanwhile (its threshold restored afterwards); a heap someone else froze stays

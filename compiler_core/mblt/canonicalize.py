@@ -673,7 +673,8 @@ def _legalize(model: ir.Model) -> None:
         with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
             optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
-    _fold_remaining_constants(model)
+    else:  # out of rounds; a loop that settled ended on a fold that found nothing, on the graph as it is now
+        _fold_remaining_constants(model)
     _remove_unused_initializers(model)
     if merged := merge_equal_weights(model.graph):
         logger.info("Merged %d weight(s) equal to another (a weight the model shares between layers).", merged)
@@ -919,12 +920,23 @@ def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
 
 
 def _merge_types(model: ir.Model, types: Mapping[str, onnx.TypeProto]) -> None:
-    """Set the shape and dtype of each main-graph value named in ``types`` to the ones given there."""
+    """Set the shape and dtype of each main-graph value named in ``types`` to the ones given there.
+
+    Equal types (the same serialized ``TypeProto``) are read once: values of one type share its frozen shape (a frozen
+    ``ir.Shape`` cannot change, so sharing it is as good as a copy each); a shape that is not frozen is not shared.
+    """
+    read: dict[bytes, tuple[ir.Shape | None, ir.DataType | None]] = {}
     for name, value in ir.convenience.create_value_mapping(model.graph).items():
         type_proto = types.get(name)
         if type_proto is None:
             continue
-        shape, dtype = _shape_and_dtype(type_proto)
+        key = type_proto.SerializeToString()
+        shape_and_dtype = read.get(key)
+        if shape_and_dtype is None:
+            shape_and_dtype = _shape_and_dtype(type_proto)
+            if shape_and_dtype[0] is None or shape_and_dtype[0].frozen:
+                read[key] = shape_and_dtype
+        shape, dtype = shape_and_dtype
         if shape is not None and value.shape != shape:
             value.shape = shape
         if dtype is not None and value.dtype != dtype:
@@ -985,7 +997,7 @@ def _reshape_problem(source: list[int], target: list[int], allowzero: bool) -> s
         return "at most one -1 and no other negative size is allowed"
     if allowzero and -1 in dims and 0 in dims:
         return "with allowzero, a target shape cannot hold both 0 and -1"
-    total, known = int(np.prod(source, dtype=object)), int(np.prod([d for d in dims if d != -1], dtype=object))
+    total, known = math.prod(source), math.prod(d for d in dims if d != -1)  # Python ints: exact, as numpy's object products
     if -1 in dims:
         return None if (known and total % known == 0) or (not known and total == 0) else \
             f"{total} elements do not divide into the known sizes ({known})"
