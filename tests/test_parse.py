@@ -681,6 +681,31 @@ def test_legalization_folds_the_remaining_constants_once_when_it_settles(conv_bn
     assert folds == [0]
 
 
+def test_the_heap_is_frozen_from_the_load_to_the_written_mblt(conv_bn_path, tmp_path, monkeypatch):
+    """mblt_compile keeps the heap frozen while it loads the source and writes the MBLT too, not only while it
+    canonicalizes: a full collection due then scans only what the parse made."""
+    import gc
+
+    from compiler_core import api
+
+    frozen = {}
+
+    def spy(name):
+        real = getattr(api, name)
+
+        def call(*args, **kwargs):
+            frozen[name] = gc.get_freeze_count()
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("load_source", "write_mblt"):
+        monkeypatch.setattr(api, name, spy(name))
+    gc.unfreeze()
+    mblt_compile(conv_bn_path, tmp_path / "m.mblt", input_shape_dict={"x": [1, 3, 8, 8]})
+    assert frozen["load_source"] > 1000 and frozen["write_mblt"] > 1000
+    assert gc.get_freeze_count() == 0
+
+
 def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
     """The pre-existing heap is out of garbage collection during canonicalization and back afterwards, and the youngest
     generation is collected less often meanwhile (its threshold restored afterwards); a heap someone else froze stays

@@ -128,7 +128,7 @@ def _unindexed(monkeypatch):
                         lambda model, version: onnxscript.version_converter.convert_version(model, version, fallback=True))
     monkeypatch.setattr(canonicalize, "_fully_typed", lambda model: False)  # the final whole-model inference runs
     monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
-    monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
+    monkeypatch.setattr(canonicalize, "frozen_heap", contextlib.nullcontext)
     monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
     monkeypatch.setattr(canonicalize, "RemoveUnusedOpsets", ir.passes.common.RemoveUnusedOpsetsPass)
     monkeypatch.setattr(canonicalize, "TopologicalSort", ir.passes.common.TopologicalSortPass)
