@@ -538,6 +538,51 @@ def test_topological_sort_sorts_as_the_library_pass_does_and_leaves_a_sorted_gra
         assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
+def test_a_read_once_tensor_reads_its_protobuf_once_and_hands_out_what_the_library_does(monkeypatch):
+    """Shape, dtype and a small array are read from the protobuf on the first call only; a writable array (typed data)
+    comes as a fresh copy each time, a read-only one (raw data) as the library's; the tensor serializes as before."""
+    from compiler_core.mblt.rule_index import ReadOnceTensor
+
+    reads = []
+    library_numpy = ir.serde.TensorProtoTensor.numpy
+    monkeypatch.setattr(ir.serde.TensorProtoTensor, "numpy", lambda self: reads.append(self) or library_numpy(self))
+    typed = helper.make_tensor("typed", TensorProto.FLOAT, [2], [1.5, 2.5])
+    raw = numpy_helper.from_array(np.array([3, 4], np.int64), "raw")
+    for proto, writable in ((typed, True), (raw, False)):
+        reads.clear()
+        tensor = ReadOnceTensor(proto)
+        first, second = tensor.numpy(), tensor.numpy()
+        assert len(reads) == 1 and first.flags.writeable == second.flags.writeable == writable
+        np.testing.assert_array_equal(first, ir.serde.TensorProtoTensor(proto).numpy())
+        if writable:
+            first[0] = 0.0
+            assert tensor.numpy()[0] == 1.5  # a caller's change stays its own
+        assert tensor.shape == ir.Shape([2]) and tensor.dtype == ir.serde.TensorProtoTensor(proto).dtype
+        assert ir.serde.serialize_tensor(tensor).SerializeToString() == proto.SerializeToString()
+
+
+def test_shape_merging_reads_each_distinct_inferred_type_once(monkeypatch):
+    """Three values of one inferred type and one of another: two type readings, and every value gets the shape and
+    dtype the library's reading gives it (equal frozen shapes, shared)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["b"], ["c"]), helper.make_node("ReduceSum", ["c"], ["d"], keepdims=0),
+             helper.make_node("Identity", ["d"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    inferred = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    types = {info.name: info.type for info in inferred.graph.value_info}
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    readings = []
+    reading = canonicalize._shape_and_dtype
+    monkeypatch.setattr(canonicalize, "_shape_and_dtype", lambda type_proto: readings.append(1) or reading(type_proto))
+    canonicalize._merge_types(model, types)
+    assert len(readings) == 2
+    values = {value.name: value for node in model.graph for value in node.outputs}
+    for name, type_proto in types.items():
+        assert (values[name].shape, values[name].dtype) == _library_shape_and_dtype(type_proto)
+    assert values["a"].shape is values["c"].shape and values["a"].shape.frozen
+
+
 def test_importing_the_parser_builds_its_rule_sets_and_op_set_once():
     """The optimizer's and the legalization's rule sets and the MBLT op set are built when the parser is imported (in a
     fresh interpreter: before any parse), not inside the first parse."""

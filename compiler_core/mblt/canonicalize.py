@@ -63,6 +63,7 @@ from compiler_core.mblt.rule_index import (
     indexed_rule_set,
     merge_equal_weights,
     optimize,
+    read_once,
 )
 from compiler_core.mblt.rules import EXACT_NO_OP_RULES, MBLT_REWRITE_RULES
 from compiler_core.ops import canonical_op_types
@@ -144,6 +145,7 @@ def canonicalize(
                 done = _PROTO_STEPS
             else:
                 model = model.to_ir()
+                read_once(model.graph)
         for name, step in steps[done:]:
             step(model)
             reporter.advance(message=name)
@@ -360,6 +362,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             model.graph.initializers[name].const_value = ir.serde.deserialize_tensor(tensor)
     for name, array in weights.items():  # and of the lifted Constant weights
         model.graph.initializers[name].const_value = array
+    read_once(model.graph)
     _merge_types(model, {info.name: info.type for info in value_info})
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
     logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)

@@ -661,6 +661,59 @@ def _no_shape_operand(node: ir.Node, state) -> bool:
                for value in node.inputs)
 
 
+class ReadOnceTensor(ir.serde.TensorProtoTensor):
+    """``TensorProtoTensor`` that reads its shape and dtype once and keeps the array of a small tensor after the first
+    ``numpy()``: the library's reads them from the protobuf on every call (the data copied out of the protobuf each
+    time), and the passes ask for the same small constants again and again (PP-OCR cls: 437 reads of 272 tensors per
+    parse, the scalar operands of its HardSwish dozens of times each). A read-only array (data in ``raw_data``) is
+    handed out as the library hands it out; a writable one (data in a typed field, which the library copies into a
+    new array on every call) as a fresh copy of the kept one, so no caller sees another's changes. The protobuf is the
+    same, so the tensor serializes to the same bytes."""
+
+    __slots__ = ("_array", "_dims", "_type", "_writable")
+
+    def __init__(self, proto: onnx.TensorProto) -> None:
+        super().__init__(proto)
+        self._array = None
+        self._writable = False
+        self._dims = None
+        self._type = None
+
+    @property
+    def shape(self) -> ir.Shape:
+        if self._dims is None:
+            self._dims = super().shape
+        return self._dims
+
+    @property
+    def dtype(self) -> ir.DataType:
+        if self._type is None:
+            self._type = super().dtype
+        return self._type
+
+    def numpy(self) -> np.ndarray:
+        kept = self._array
+        if kept is not None:  # read-only: handed out as the library hands it out, a writable array as a fresh copy
+            return kept.copy() if self._writable else kept
+        array = super().numpy()
+        if array.size <= _KEPT_ELEMENTS:
+            self._writable = array.flags.writeable
+            self._array = array.copy() if self._writable else array
+        return array
+
+
+_KEPT_ELEMENTS = 4096
+"""Largest array a :class:`ReadOnceTensor` keeps (a weight read once, by a fusion, is not worth its memory)."""
+
+
+def read_once(graph: ir.Graph) -> None:
+    """Make each protobuf-backed initializer of the graph a :class:`ReadOnceTensor` over the same protobuf."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if type(tensor) is ir.serde.TensorProtoTensor:
+            value.const_value = ReadOnceTensor(tensor.raw)
+
+
 class LiftConstants(common_passes.LiftConstantsToInitializersPass):
     """``LiftConstantsToInitializersPass``, taking a ``value`` tensor straight from its attribute.
 
