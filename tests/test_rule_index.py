@@ -203,6 +203,41 @@ def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
                        "NormalizePadFormatConv": [False, False, False, True]}
 
 
+def test_the_prefilter_follows_the_pattern_up_and_compares_the_values_a_variable_reads():
+    """A HardSwish written out in PP-OCR's operand order and a squeeze-excitation gate (``x * HardSigmoid(y)``), a
+    Clip by constants and one by a computed bound, a Mul of an activation by a constant: each variant of the library's
+    HardSwish fusions, its LayerNorm fusion and our ClipRuntimeBounds runs its full try only on the nodes it rewrites
+    (the producers' producers, a variable read twice, the conditions), and rewrites what the full rule rewrites."""
+    from compiler_core.mblt.rules import MBLT_REWRITE_RULES
+
+    constants = [numpy_helper.from_array(np.array(value, np.float32), name)
+                 for name, value in (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("scale", 2.0))]
+    nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["hs"]),
+             helper.make_node("ReduceMax", ["hs"], ["top"], keepdims=0),
+             helper.make_node("Clip", ["hs", "top"], ["clipped"]),
+             helper.make_node("HardSigmoid", ["clipped"], ["gate"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["hs", "gate"], ["se"]), helper.make_node("HardSigmoid", ["se"], ["g2"], alpha=1 / 6,
+                                                                             beta=0.5),
+             helper.make_node("Mul", ["g2", "se"], ["own"]), helper.make_node("Mul", ["own", "scale"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], constants)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    names = ("HardSwishFusion", "HardSwishFusionFromHardSigmoid", "LayerNormFusion", "ClipRuntimeBounds")
+    rules = [rule for rule in [*canonicalize._LIBRARY_RULES, *MBLT_REWRITE_RULES] if rule.name in names]
+    applied = {}
+    for rule in map(copy.copy, rules):  # the rule objects stay as they are
+        full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        _assert_tried_only_where_applied(rule, model, full)
+        applied[rule.name] = [a or b for a, b in zip(applied.get(rule.name, full), full)]
+    ops = [node.op_type for node in model.graph]
+    assert [ops[index] for index, hit in enumerate(applied["HardSwishFusion"]) if hit] == ["Div"]
+    assert [index for index, hit in enumerate(applied["HardSwishFusionFromHardSigmoid"]) if hit] == [9]
+    assert [index for index, hit in enumerate(applied["ClipRuntimeBounds"]) if hit] == [5]
+    assert not any(applied["LayerNormFusion"])
+
+
 def test_a_reshape_to_a_constant_shape_is_not_materialized_again():
     """MaterializeReshapeShape: a Reshape to a constant shape is skipped before matching (the full try rejects it);
     one to a computed shape with a known output shape is tried and rewritten."""

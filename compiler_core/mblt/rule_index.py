@@ -37,7 +37,7 @@ from onnxscript.rewriter import RewriteRuleSet, _context
 from onnxscript.rewriter import _rewrite_rule as rewrite_rule_module
 from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
-from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
+from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern, Var
 from onnxscript.rewriter._rewrite_rule import RewriteRule
 from onnxscript.rewriter.rules.common import _fuse_batchnorm, _no_op
 
@@ -70,6 +70,61 @@ def input_op_types(rule: RewriteRule) -> list[tuple[int, str]]:
     return required
 
 
+def producer_tree(rule: RewriteRule, depth: int = 4) -> tuple[tuple[int, str, tuple], ...]:
+    """:func:`input_op_types` followed up the pattern: (input position, op type, the same for that producer's inputs)
+    down to ``depth`` nodes from the root. The matcher matches a computed input's producer with the pattern's node
+    (its op type first) and that node's inputs in turn, so a graph whose producers have other op types fails it too
+    (a pattern written in several operand orders is a rule per order: only one order's producers fit)."""
+    if root_op_type(rule) is None:
+        return ()
+    return _required_producers(rule._target_pattern.output_nodes[0], depth)
+
+
+def shared_variables(rule: RewriteRule, depth: int = 4) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The places, within :func:`producer_tree`'s reach, of each pattern variable the pattern reads more than once: for
+    each, the input-position paths from the root (``(1,)``: the root's input 1; ``(0, 0)``: input 0 of the root's
+    input-0 producer). The matcher binds a variable to one value, so a graph whose values there differ fails it (the
+    ``x`` of ``HardSigmoid(x) * x``)."""
+    if root_op_type(rule) is None:
+        return ()
+    places: dict[str, list[tuple[int, ...]]] = {}
+    _variable_places(rule._target_pattern.output_nodes[0], (), depth, places)
+    return tuple(tuple(paths) for paths in places.values() if len(paths) > 1)
+
+
+def _variable_places(node_pattern, path: tuple[int, ...], depth: int, places: dict) -> None:
+    for index, value in enumerate(node_pattern.inputs):
+        if isinstance(value, NodeOutputPattern) and isinstance(value.producer().op, StringConstantPattern):
+            if depth > 1:
+                _variable_places(value.producer(), (*path, index), depth - 1, places)
+        elif isinstance(value, Var) and value.name is not None:
+            places.setdefault(value.name, []).append((*path, index))
+
+
+def _at(node: ir.Node, path: tuple[int, ...]) -> ir.Value | None:
+    """The value at ``path`` from ``node`` (see :func:`shared_variables`), whose producers :func:`_inputs_produced_by`
+    found."""
+    value = None
+    for index in path:
+        if value is not None:
+            node = value.producer()
+            if node is None:
+                return None
+        value = node.inputs[index] if index < len(node.inputs) else None
+        if value is None:
+            return None
+    return value
+
+
+def _required_producers(node_pattern, depth: int) -> tuple[tuple[int, str, tuple], ...]:
+    required = []
+    for index, value in enumerate(node_pattern.inputs):
+        if isinstance(value, NodeOutputPattern) and isinstance(value.producer().op, StringConstantPattern):
+            inner = _required_producers(value.producer(), depth - 1) if depth > 1 else ()
+            required.append((index, value.producer().op.value(), inner))
+    return tuple(required)
+
+
 def constant_inputs(rule: RewriteRule) -> list[tuple[int, bool]]:
     """(input position, scalar?) of the root node's inputs the pattern requires to be constants.
 
@@ -90,22 +145,35 @@ def indexed_rules(rules: Sequence[RewriteRule]) -> list[RewriteRule]:
 
 class Prefilter(NamedTuple):
     """What an indexed rule checks on a node of its pattern's root op type before the library's full try (the pattern
-    match and check), each an exact test the full try would also fail: the root's inputs are produced by the op types
-    the pattern computes them with, its constant operands are the pattern's constants, and the rule's condition
+    match and check), each a test the full try would also fail: the root's inputs are produced by the op types the
+    pattern computes them with (and their inputs in turn, four nodes up), a variable the pattern reads twice there is
+    one value, the root's constant operands are the pattern's constants, and the rule's condition
     (:data:`_RULE_CONDITIONS`) holds. Empty checks are skipped."""
 
-    producers: tuple[tuple[int, str], ...]
+    producers: tuple[tuple[int, str, tuple], ...]
+    """What :func:`producer_tree` requires of the root's inputs."""
     constants: tuple[tuple[int, ConstantPattern], ...]
     condition: Callable[[ir.Node], bool] | None
     full_try: Callable
     """The library's ``try_rewrite`` of the rule."""
+    shared: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    """What :func:`shared_variables` finds: places that must hold one value."""
 
 
 def admits(prefilter: Prefilter, node: ir.Node) -> bool:
     """True if the full try of the prefilter's rule may rewrite ``node`` (of the rule's root op type)."""
     return ((not prefilter.producers or _inputs_produced_by(node, prefilter.producers))
+            and (not prefilter.shared or _same_values(node, prefilter.shared))
             and (not prefilter.constants or _constants_match(node, prefilter.constants))
             and (prefilter.condition is None or _holds(prefilter.condition, node)))
+
+
+def _same_values(node: ir.Node, shared: tuple[tuple[tuple[int, ...], ...], ...]) -> bool:
+    for paths in shared:
+        first = _at(node, paths[0])
+        if any(_at(node, path) is not first for path in paths[1:]):
+            return False
+    return True
 
 
 def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
@@ -114,8 +182,8 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
         return rule
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
-    prefilter = Prefilter(tuple(input_op_types(rule)), tuple(_constant_patterns(rule)),
-                          _RULE_CONDITIONS.get(rule.name or ""), full_try)
+    prefilter = Prefilter(producer_tree(rule), tuple(_constant_patterns(rule)),
+                          _RULE_CONDITIONS.get(rule.name or ""), full_try, shared_variables(rule))
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
         if tracer is None and (node.op_type != op_type or not admits(prefilter, node)):
@@ -127,11 +195,12 @@ def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     return indexed
 
 
-def _inputs_produced_by(node: ir.Node, producers: Sequence[tuple[int, str]]) -> bool:
-    for index, op_type in producers:
+def _inputs_produced_by(node: ir.Node, producers: Sequence[tuple[int, str, tuple]]) -> bool:
+    """True if the node's inputs are produced by nodes of the op types :func:`producer_tree` requires, up the tree."""
+    for index, op_type, inner in producers:
         value = node.inputs[index] if index < len(node.inputs) else None
         producer = value.producer() if value is not None else None
-        if producer is None or producer.op_type != op_type:
+        if producer is None or producer.op_type != op_type or (inner and not _inputs_produced_by(producer, inner)):
             return False
     return True
 
@@ -248,7 +317,26 @@ def _shape_computed(node: ir.Node) -> bool:
     return shape is None or shape.const_value is None
 
 
+def _normalized_deviation(node: ir.Node) -> bool:
+    """onnxscript's ``LayerNormFusion`` (``Mul(normalized, scale)``): its first operand is computed by a Mul or a Div
+    (``deviation * inv_std_dev`` or ``deviation / std_dev``, the pattern's two ways) whose first operand is computed
+    by a Sub (``deviation = x - mean``)."""
+    normalized = node.inputs[0] if node.inputs else None
+    producer = normalized.producer() if normalized is not None else None
+    if producer is None or producer.op_type not in ("Mul", "Div") or not producer.inputs:
+        return False
+    deviation = producer.inputs[0]
+    return deviation is not None and deviation.producer() is not None and deviation.producer().op_type == "Sub"
+
+
+def _bound_computed(node: ir.Node) -> bool:
+    """Our ``ClipRuntimeBounds`` check: a Clip bound (a named input 1 or 2) that is not a constant."""
+    return any(value is not None and value.name and value.const_value is None for value in node.inputs[1:3])
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "LayerNormFusion": _normalized_deviation,
+    "ClipRuntimeBounds": _bound_computed,
     "MaterializeReshapeShape": _shape_computed,
     "SplitWideConvKernel": _kernel_too_wide,
     "FramedStridedConv": _stride_too_long,
