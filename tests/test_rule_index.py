@@ -522,9 +522,11 @@ def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
     assert m0 not in results["ConvAffineFusion"][1]
 
 
-def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
+def test_deduplicate_initializers_deduplicates_as_the_library_pass_does(monkeypatch):
     """Equal small initializers (from the protobuf and made in memory) become one; equal ones over the size limit, of
-    another dtype or that are a graph output stay."""
+    another dtype or that are a graph output stay. Only initializers whose dtype and dims another one has are read."""
+    from onnx_ir.passes.common import initializer_deduplication as _deduplication
+
     from compiler_core.mblt.rule_index import DeduplicateInitializers
 
     same = np.arange(4, dtype=np.float32)
@@ -541,7 +543,12 @@ def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
     ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
     for model in (ours, library):  # one made in memory, as folding and fusing make them
         model.graph.initializers["b"].const_value = ir.Tensor(same.copy(), name="b")
-    assert DeduplicateInitializers()(ours).modified and ir.passes.common.DeduplicateInitializersPass()(library).modified
+    assert ir.passes.common.DeduplicateInitializersPass()(library).modified
+    read = []
+    tobytes = _deduplication._tobytes
+    monkeypatch.setattr(_deduplication, "_tobytes", lambda tensor: read.append(tensor) or tobytes(tensor))
+    assert DeduplicateInitializers()(ours).modified
+    assert len(read) == 2  # a and b; c is the only float64 one, d and e are over the size limit, f is an output
     assert list(ours.graph.initializers) == ["a", "c", "d", "e", "f"]
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 

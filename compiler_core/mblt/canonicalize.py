@@ -244,7 +244,8 @@ def _record_source_names_proto(proto: onnx.ModelProto) -> list[str]:
     proto.ir_version = max(proto.ir_version or 0, opset.MBLT_IR_VERSION)
     names = []
     for index, node in enumerate(proto.graph.node):
-        recorded = [entry.value for entry in node.metadata_props if entry.key == SOURCE_NAME_KEY]
+        recorded = [entry.value for entry in node.metadata_props if entry.key == SOURCE_NAME_KEY] \
+            if node.metadata_props else ()
         if recorded:
             names.append(recorded[-1])
         else:

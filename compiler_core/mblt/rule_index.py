@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -876,23 +877,29 @@ def _names_unique(graph: ir.Graph) -> bool:
 class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
     """``DeduplicateInitializersPass`` (initializers of the same dtype, dims and bytes, up to ``size_limit`` elements,
     become one) reading a protobuf-backed tensor's dims from its protobuf: the library builds a ``Shape`` for each
-    tensor twice (size and key). A model whose nodes hold subgraphs takes the library's pass."""
+    tensor twice (size and key); and reading the bytes only of initializers whose dtype and dims another one has (the
+    others cannot be equal to any). A model whose nodes hold subgraphs takes the library's pass."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
         if any(holds_graph(node) for node in graph):
             return super().call(model)
         modified = False
-        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        candidates = []
         for initializer in tuple(graph.initializers.values()):
             tensor = initializer.const_value
             if initializer.is_graph_input() or initializer.is_graph_output() or tensor is None:
                 _deduplication._should_skip_initializer(initializer, self.size_limit)  # skipped, with its warning
                 continue
             dims = tuple(tensor.raw.dims) if type(tensor) is ir.serde.TensorProtoTensor else tuple(tensor.shape)
-            if math.prod(dims) > self.size_limit:
+            if math.prod(dims) <= self.size_limit:
+                candidates.append((initializer, tensor, (tensor.dtype, dims)))
+        shared = Counter(kind for _, _, kind in candidates)
+        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        for initializer, tensor, kind in candidates:
+            if shared[kind] == 1:  # no other initializer of its dtype and dims: its bytes equal none
                 continue
-            key = (tensor.dtype, dims, _deduplication._tobytes(tensor))
+            key = (*kind, _deduplication._tobytes(tensor))
             if key in kept:
                 modified = True
                 initializer.replace_all_uses_with(kept[key])
