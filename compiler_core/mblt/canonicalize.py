@@ -209,13 +209,22 @@ def _plain_old_opset_graph(proto: onnx.ModelProto) -> bool:
         return False
     graph = proto.graph
     infos = (*graph.input, *graph.output, *graph.value_info)
-    return (not proto.functions and not graph.sparse_initializer
-            and all(node.domain == "" and node.op_type not in opset.DATA_DEPENDENT_OPS
-                    and all(a.type not in _PROTO_GRAPH_TYPES and not _widened_attribute(a) for a in node.attribute)
-                    for node in graph.node)
+    return (not proto.functions and not graph.sparse_initializer and _plain_nodes(graph)
             and all(info.type.HasField("tensor_type") and info.type.tensor_type.elem_type not in _WIDENED_CODES
                     for info in infos)
             and all(tensor.data_type not in _WIDENED_CODES for tensor in graph.initializer))
+
+
+def _plain_nodes(graph: onnx.GraphProto) -> bool:
+    """Every node is a standard op that is not data-dependent, with no subgraph and no float16/bfloat16/float64
+    attribute (loops, not generators: one pass over hundreds of nodes per parse)."""
+    for node in graph.node:
+        if node.domain != "" or node.op_type in opset.DATA_DEPENDENT_OPS:
+            return False
+        for attribute in node.attribute:
+            if attribute.type in _PROTO_GRAPH_TYPES or _widened_attribute(attribute):
+                return False
+    return True
 
 
 _PROTO_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

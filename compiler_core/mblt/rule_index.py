@@ -366,19 +366,18 @@ class IndexedRuleSet(RewriteRuleSet):
 
     def __init__(self, rules: Sequence[RewriteRule]) -> None:
         super().__init__(rules)
-        self._by_op_type: dict[str, list[tuple[RewriteRule, Callable | None, Prefilter | None]]] = {}
-        self._roots = [root_op_type(rule) for rule in self.rules]
+        roots = [root_op_type(rule) for rule in self.rules]
+        entries = [(rule, getattr(rule, "apply_directly", None), getattr(rule, "prefilter", None)) for rule in self.rules]
+        self._by_op_type = {op_type: [entry for entry, root in zip(entries, roots) if root in (None, op_type)]
+                            for op_type in set(roots) - {None}}
+        self._any_op_type = [entry for entry, root in zip(entries, roots) if root is None]
         self._library_path = any(rule.as_function for rule in self.rules)
 
     def _candidates(self, op_type: str) -> list[tuple[RewriteRule, Callable | None, Prefilter | None]]:
         """(rule, its ``apply_directly``, its :class:`Prefilter`) of the rules that may match at a node of ``op_type``,
-        in the set's order; the prefilter is None for a rule that is not an indexed copy (tried in full)."""
-        candidates = self._by_op_type.get(op_type)
-        if candidates is None:
-            candidates = [(rule, getattr(rule, "apply_directly", None), getattr(rule, "prefilter", None))
-                          for rule, root in zip(self.rules, self._roots) if root in (None, op_type)]
-            self._by_op_type[op_type] = candidates
-        return candidates
+        in the set's order (listed when the set is built); the prefilter is None for a rule that is not an indexed copy
+        (tried in full)."""
+        return self._by_op_type.get(op_type, self._any_op_type)
 
     def _apply_to_graph_or_function(self, model: ir.Model, graph_or_function: ir.Graph | ir.Function, *,
                                     verbose: int | None, tracer=None) -> int:
