@@ -1036,3 +1036,27 @@ def test_a_qoperator_model_is_refused_with_what_to_give_instead(tmp_path):
     with pytest.raises(UnsupportedOpsError) as caught:
         mblt_compile(quantized, tmp_path / "out.mblt")
     assert "QOperator" in caught.value.hint and "QDQ" in caught.value.hint
+
+
+def test_canonical_names_look_up_each_op_schema_once(monkeypatch):
+    """Initializers are named after their first consumer's formal input (``Conv_1.W``): three Convs with weights and
+    biases ask ONNX for the Conv schema once, and the names are the schema's."""
+    import onnx_ir as ir
+
+    from compiler_core.mblt import naming
+
+    naming._formal_inputs.cache_clear()
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), f"w{i}") for i in range(3)]
+    biases = [numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), f"b{i}") for i in range(3)]
+    nodes = [helper.make_node("Conv", [source, f"w{i}", f"b{i}"], [target])
+             for i, (source, target) in enumerate((("x", "c0"), ("c0", "c1"), ("c1", "y")))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [*weights, *biases])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    looked_up = []
+    get_schema = onnx.defs.get_schema
+    monkeypatch.setattr(onnx.defs, "get_schema", lambda *args: looked_up.append(args[0]) or get_schema(*args))
+    naming.assign_canonical_names(model)
+    assert looked_up == ["Conv"]
+    assert sorted(model.graph.initializers) == ["Conv_0.B", "Conv_0.W", "Conv_1.B", "Conv_1.W", "Conv_2.B", "Conv_2.W"]
