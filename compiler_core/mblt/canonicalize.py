@@ -418,8 +418,8 @@ def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[on
             name = node.output[0]
             if name in outputs:
                 continue
-            tensor = graph.initializer.add()
-            tensor.CopyFrom(node.attribute[0].t)
+            graph.initializer.append(node.attribute[0].t)  # a copy, made quicker than add() and CopyFrom
+            tensor = graph.initializer[-1]
             tensor.name = name
             if name in pending:
                 array = _array_over(tensor, pending[name][1])
