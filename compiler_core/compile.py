@@ -96,6 +96,7 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     session = MbltSession.open(mblt_path)  # the only read and hash of the MBLT in this compile
     graph = session.graph
     parts, support = _check_and_split(graph, device, config, reporter)
+    config = _uint8_inputs_on_the_npu(config, graph, parts)
     mixed = _mixed_precision(session, config, parts, reporter, calib_data_path)
     config = mixed.config if mixed is not None else config
     result = quantize_mblt(session, config, calib_data_path=calib_data_path, reporter=reporter,
@@ -161,12 +162,9 @@ def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partiti
     """With ``mixedPrecision.apply``: the chosen int16 layers (the config the compile then uses), else ``None``."""
     if not config.mixed_precision.apply:
         return None
-    if parts is not None:
-        raise ConfigError("mixedPrecision does not work together with a CPU head or tail (cpu_offload, cpuLayers) "
-                          "yet.", hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
     from compiler_core.quantization.mixed_precision import choose_mixed_precision
 
-    return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter)
+    return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter, parts=parts)
 
 
 def _mixed_summary(mixed: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +242,24 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
     if not fit_checked:
         check_fit(parts.body, device, config, cancel_token=reporter.cancel_token)  # what the NPU will run
     return parts, apply_offload(report, plan).counts()
+
+
+def _uint8_inputs_on_the_npu(config: CompileConfig, graph: ir.Model, parts: Partition | None) -> CompileConfig:
+    """``uint8Input`` for the model inputs the NPU body still takes: behind a CPU head the body's inputs are the head's
+    outputs, not raw pixels (MobileNetV2 with the classification preset and a CPU head ending at a 32-channel Conv
+    stopped with an INTERNAL_ERROR: the pixels' 3 means against 32 channels)."""
+    if parts is None or not config.uint8_input.apply:
+        return config
+    model_inputs = {value.name for value in graph.graph.inputs}
+    wanted = list(config.uint8_input.inputs) or list(parts.body_inputs)
+    kept = [name for name in wanted if name in model_inputs and name in parts.body_inputs]
+    if kept == wanted:
+        return config
+    logger.info("uint8Input does not apply to %s: behind the CPU head the NPU takes the head's outputs, not raw "
+                "pixels%s", ", ".join(name for name in wanted if name not in kept),
+                f" (uint8 stays on for {', '.join(kept)})" if kept else "")
+    uint8 = config.uint8_input.model_copy(update={"apply": bool(kept), "inputs": kept})
+    return config.model_copy(update={"uint8_input": uint8})
 
 
 def _meta(session: MbltSession, device: DeviceProfile, core_modes: list[str], config: CompileConfig,

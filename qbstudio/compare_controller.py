@@ -59,6 +59,7 @@ class CompareController(QObject):
         self.compare.picks_changed.connect(self.update_colourings)
         self.compare.layer_activated.connect(self._on_layer)
         self.compare.delete_confirmed.connect(self._on_delete)
+        self.compare.rename_confirmed.connect(self._on_rename)
         self.compare.import_requested.connect(self._ask_import)
         self.compare.sweep.sweep_requested.connect(self.start_sweep)
         self.compare.sweep.cancel_requested.connect(self.cancel_sweep)
@@ -111,6 +112,10 @@ class CompareController(QObject):
     def _on_delete(self, run_id: int) -> None:
         if self.window.session.remove_run(run_id):
             self.window.statusBar().showMessage(f"Run #{run_id} deleted from the project", 5000)
+            self.window.mark_dirty()
+
+    def _on_rename(self, run_id: int, name: str) -> None:
+        if self.window.session.rename_run(run_id, name):
             self.window.mark_dirty()
 
     def _ask_import(self) -> None:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -98,6 +99,12 @@ def ask_yes_no(parent: QWidget | None, title: str, text: str) -> bool:
     """A Yes/No question; True for Yes."""
     buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
     return QMessageBox(QMessageBox.Icon.Question, title, text, buttons, parent).exec() == QMessageBox.StandardButton.Yes
+
+
+def ask_text(parent: QWidget | None, title: str, label: str, text: str = "") -> str | None:
+    """One line of text (Enter accepts, Escape cancels); None when cancelled."""
+    dialog = QInputDialog(parent, windowTitle=title, labelText=label, textValue=text)
+    return dialog.textValue() if dialog.exec() == QDialog.DialogCode.Accepted else None
 
 
 IMPORT_NEW, IMPORT_REPLACE = "new", "replace"

@@ -39,7 +39,12 @@ from PySide6.QtWidgets import (
 from compiler_core import __version__ as core_version
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import sha256_file
-from compiler_core.formats import MODEL_FOLDER_MARKERS, model_file_patterns
+from compiler_core.formats import (
+    CALIBRATION_FILE_SUFFIXES,
+    MODEL_FOLDER_MARKERS,
+    is_model_path,
+    model_file_patterns,
+)
 from qbstudio import dialogs
 from qbstudio._compat import guard_none_refcount
 from qbstudio.process_jobs import run_in_process, warm_up
@@ -48,7 +53,7 @@ from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
 from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
-from qbstudio.state.runs import RunRecord
+from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import devices, presets
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
@@ -110,6 +115,12 @@ AUTOSAVE_DELAY_MS = 1500
 WARM_UP_DELAY_MS = 3000
 COMPILE_TARGET = "qbstudio.tasks:compile_run"
 TABS = ("Graph", "Calibration", "Compile", "Runs && Compare")
+PERSISTENT_SPLITTERS = ("compileSplitter", "layersSplitter", "runsSplitter")
+"""Splitters whose sizes are remembered across restarts: the Compile tab's settings | run panel, the layer list |
+node details, and the runs table | comparison."""
+DROP_KINDS = ("a model file or folder, a .qbproj project, or calibration data (a folder, a .txt list or a .json "
+              "manifest)")
+"""What can be dropped on the window, as the refusals say it."""
 TRY_SLOT = "try"
 """Runner slot of "Try on inputs…"."""
 FIT_SLOT = "fit"
@@ -200,6 +211,7 @@ class MainWindow(QMainWindow):
         self.device_combo.addItems(devices())
         self._connect()
         self.tabs.setCurrentIndex(int(self.preferences.window.get("tab", 0)))
+        self._restore_splitters()
         guard_wheel(self)
         self.workbench_ready = True
         self._set_shell_enabled(True)
@@ -301,8 +313,8 @@ class MainWindow(QMainWindow):
     def _compile_tab(self) -> QWidget:
         scroll = QScrollArea(widgetResizable=True)
         scroll.setWidget(self.options)
-        scroll.setMinimumWidth(440)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
+        scroll.setMinimumWidth(420)  # with the run panel's 215 and the layers dock: a 1024-pixel window fits
+        splitter = QSplitter(Qt.Orientation.Horizontal, objectName="compileSplitter")
         splitter.addWidget(scroll)
         splitter.addWidget(self.run_panel)
         splitter.setStretchFactor(1, 1)
@@ -313,7 +325,7 @@ class MainWindow(QMainWindow):
         self.model_label = QLabel(wordWrap=True, objectName="modelLabel")
         self.support = SupportPanel()
         self.details = NodeDetails()
-        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter = QSplitter(Qt.Orientation.Vertical, objectName="layersSplitter")
         splitter.addWidget(self.support)
         splitter.addWidget(self.details)
         splitter.setSizes([420, 260])
@@ -342,17 +354,20 @@ class MainWindow(QMainWindow):
         self.act_import = self._action("&Import Model…", self._on_import, "Ctrl+I", "Import a model into this project")
         self.act_import_folder = self._action("Import Model &Folder…", self._on_import_folder, None,
                                               "Import a TensorFlow SavedModel or HuggingFace model folder")
-        self.act_outputs = self._action("Choose Model &Outputs…", lambda: self.choose_outputs(), None,
+        self.act_outputs = self._action("Choose Model Ou&tputs…", lambda: self.choose_outputs(), None,
                                         "Keep only the outputs you use: the model is parsed again up to them")
         self.act_save = self._action("&Save Project", self._on_save, keys.Save, "Save the project")
         self.act_save_as = self._action("Save Project &As…", self._on_save_as, keys.SaveAs)
-        self.act_load_config = self._action("Load Compile Config…", lambda: self.options.ask_load_config())
-        self.act_save_config = self._action("Save Compile Config…", lambda: self.options.ask_save_config())
+        self.act_load_config = self._action("&Load Compile Config…", lambda: self.options.ask_load_config())
+        self.act_save_config = self._action("Save Compile &Config…", lambda: self.options.ask_save_config())
         self.act_quit = self._action("&Quit", self._on_quit, keys.Quit)
         self.act_compile = self._action("&Compile", self.start_compile, "F5", "Quantize and compile to an MXQ")
         self.act_cancel = self._action("Ca&ncel", self.cancel_jobs, "Ctrl+.", "Cancel the running job")
         self.act_sensitivity = self._action("Analyze Layer &Sensitivity…", self.start_sensitivity, None,
                                             "Rank the layers by the accuracy each one loses (cached statistics)")
+        self.act_try = self._action("&Try on Inputs…", self._on_try, "Ctrl+T",
+                                    "Run images or .npy files of your own through the shown run's MXQ")
+        self.act_try.setEnabled(False)
         self.act_cancel.setEnabled(False)
         self.act_about = self._action("&About qb Studio", self.show_about)
         self.act_about_qt = self._action("About &Qt", lambda: QMessageBox.aboutQt(self))
@@ -373,11 +388,10 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(self.act_quit)
         compile_menu = bar.addMenu("&Compile")
-        compile_menu.addActions([self.act_compile, self.act_sensitivity, self.act_cancel])
+        compile_menu.addActions([self.act_compile, self.act_sensitivity, self.act_try, self.act_cancel])
         view_menu = bar.addMenu("&View")
         for index, title in enumerate(TABS):
-            action = self._action(title.replace("&&", "&"), lambda _=False, i=index: self.tabs.setCurrentIndex(i),
-                                  f"Ctrl+{index + 1}")
+            action = self._action(title, lambda _=False, i=index: self.tabs.setCurrentIndex(i), f"Ctrl+{index + 1}")
             action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)  # also while the web view has focus
             view_menu.addAction(action)
             self.addAction(action)
@@ -386,7 +400,7 @@ class MainWindow(QMainWindow):
         help_menu = bar.addMenu("&Help")
         help_menu.addActions([self.act_docs, self.act_about, self.act_about_qt, self.act_logs])
         help_menu.addAction(self._action("Check My &Setup…", self.show_setup_check))
-        compile_menu.addAction(self._action("&Try a Compiled LLM…", self.show_llm_try))
+        compile_menu.addAction(self._action("Try a Compiled &LLM…", self.show_llm_try))
         self._fill_recent_menus()
 
     def _build_toolbar(self) -> None:
@@ -491,6 +505,7 @@ class MainWindow(QMainWindow):
             self.graph.load_mblt(loaded.mblt_path)
         self.details.clear()
         self.support.set_report(None)
+        self.support.clear_filter()  # "Log_0" typed for the previous model hid every node of the next one
         self.check_support()
         self.calibration.model_path = Path(self.project.model.path) if self.project.model else None  # its tokenizer
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,
@@ -505,18 +520,37 @@ class MainWindow(QMainWindow):
         self._show_welcome_if_empty()
 
     def _on_runs_changed(self) -> None:
-        runs = self.session.runs
-        self.compare.set_history(runs)
+        runs = self._show_history()
         if not self.run_panel.running and self.is_llm:
             self._show_llm_summary()
         elif not self.run_panel.running:
             self.run_panel.summary.show_run(runs.latest)
+        self.act_try.setEnabled(runs.latest is not None and not self.is_llm)
         if self.details.node:
             self.show_node(self.details.node)
 
+    def _show_history(self) -> RunHistory:
+        """The open model's runs in Runs & Compare, which says how many runs of other models the project keeps (a
+        replaced model's runs vanished from view without a word)."""
+        runs = self.session.runs
+        self.compare.set_history(runs, other_models=len(self.project.runs) - len(runs))
+        return runs
+
+    def _on_try(self) -> None:
+        """Compile › Try on Inputs…: the run the summary shows (the newest, or the one picked in Runs & Compare)."""
+        run = self.run_panel.summary.run or self.session.runs.latest
+        if run is None or not Path(run.mxq_path).is_file():
+            self.statusBar().showMessage("No compiled run of this model to try: compile first.", 8000)
+            return
+        self.try_on_inputs(run)
+
     def open_path(self, path: str | Path) -> None:
         """Open a project (``.qbproj``) or import a model, by file type."""
-        path = Path(path)
+        path = Path(path).absolute()
+        if not path.exists():  # a Recent entry or a command-line path: it read "not a readable ONNX model"
+            dialogs.show_error(self, "Cannot open", f"'{path}' does not exist (moved, renamed or deleted?). Choose it "
+                                                    "again with File › Open….")
+            return
         if path.suffix.lower() == PROJECT_SUFFIX:
             self.open_project(path)
         else:
@@ -1216,7 +1250,7 @@ class MainWindow(QMainWindow):
     def _on_sensitivity(self, report: dict) -> None:
         from qbstudio.widgets.sensitivity_view import SensitivityDialog
 
-        self.run_panel.finished("Sensitivity analysis done")
+        self.run_panel.finished("Sensitivity analysis done", complete=True)  # its bar read 0 % when done
         if self.sensitivity_dialog is None:
             self.sensitivity_dialog = SensitivityDialog(self)
             self.sensitivity_dialog.view.use_int16.connect(self.use_int16_for)
@@ -1349,7 +1383,7 @@ class MainWindow(QMainWindow):
     def _show_moved_runs(self) -> None:
         """Show the runs again after Save As moved their files with the work folder (the run panel kept the old
         MXQ path, in the untitled project's folder that is pruned later)."""
-        self.compare.set_history(self.session.runs)
+        self._show_history()
         shown = self.run_panel.summary.run
         if not self.run_panel.running and shown is not None and not self.is_llm:
             self.run_panel.summary.show_run(shown)
@@ -1533,10 +1567,25 @@ class MainWindow(QMainWindow):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
         self._default_docks = not window.get("state")
 
+    def _splitters(self) -> dict[str, QSplitter]:
+        """The splitters whose sizes persist, by object name (the docks' sizes are in ``saveState``)."""
+        return {splitter.objectName(): splitter for splitter in self.findChildren(QSplitter)
+                if splitter.objectName() in PERSISTENT_SPLITTERS}
+
+    def _restore_splitters(self) -> None:
+        saved = self.preferences.window.get("splitters") or {}
+        for name, splitter in self._splitters().items():
+            if isinstance(saved.get(name), str):
+                splitter.restoreState(QByteArray.fromBase64(saved[name].encode()))
+
     def _store_layout(self) -> None:
-        tab = self.tabs.currentIndex() if self.workbench_ready else self.preferences.window.get("tab", 0)
+        window = self.preferences.window
+        tab = self.tabs.currentIndex() if self.workbench_ready else window.get("tab", 0)
+        splitters = ({name: bytes(splitter.saveState().toBase64()).decode() for name, splitter in
+                      self._splitters().items()} if self.workbench_ready else window.get("splitters", {}))
         self.preferences.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
-                                   "state": bytes(self.saveState().toBase64()).decode(), "tab": tab}
+                                   "state": bytes(self.saveState().toBase64()).decode(), "tab": tab,
+                                   "splitters": splitters}
 
     def show_about(self) -> None:
         """The About box."""
@@ -1609,11 +1658,38 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 (Qt override)
-        """Open the first dropped file (project or model)."""
+        """Open what was dropped: a project, a model, or calibration data (see :meth:`open_dropped`)."""
         files = [url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile()]
         if files:
             event.acceptProposedAction()
-            self.open_path(files[0])
+            self.open_dropped([Path(file) for file in files])
+
+    def open_dropped(self, paths: list[Path]) -> bool:
+        """One dropped item: a project or a model opens; a data folder, ``.txt`` list or ``.json`` manifest becomes the
+        calibration data of the open model. Anything else, or several items, is refused saying what can be dropped.
+        """
+        if len(paths) != 1:
+            names = ", ".join(path.name for path in paths[:3]) + (" ..." if len(paths) > 3 else "")
+            dialogs.show_info(self, "Drop one item", f"{len(paths)} items were dropped ({names}). Drop one model, "
+                                                     f"project, or calibration folder at a time ({DROP_KINDS}).")
+            return False
+        path = paths[0].parent if paths[0].name in MODEL_FOLDER_MARKERS else paths[0]  # a HuggingFace config.json
+        if path.suffix.lower() == PROJECT_SUFFIX or is_model_path(path):
+            self.open_path(path)
+            return True
+        if not (path.is_dir() or path.suffix.lower() in CALIBRATION_FILE_SUFFIXES):
+            dialogs.show_info(self, "Cannot open the dropped file", f"'{path.name}' is neither a model, a project "
+                                                                     f"nor calibration data. Drop {DROP_KINDS}.")
+            return False
+        if self.loaded is None or self.is_llm:
+            dialogs.show_info(self, "Import a model first", f"'{path.name}' is not a model: as calibration data it "
+                                                            "needs a model. Import the model first, then drop its "
+                                                            "calibration data on the window.")
+            return False
+        self.calibration.set_source(path)
+        self.tabs.setCurrentWidget(self.calibration)
+        self.statusBar().showMessage(f"Calibration data: {path}", 6000)
+        return True
 
     def emergency_save(self) -> None:
         """Save whatever can be saved (called by the exception hook); never raises."""

@@ -129,6 +129,7 @@ def _child_main(target: str, args: tuple, kwargs: dict, messages, cancel) -> Non
     _forward_logging(messages)
     token = CancelToken()
     threading.Thread(target=lambda: (cancel.wait(), token.cancel()), daemon=True).start()
+    threading.Thread(target=_cancel_when_parent_dies, args=(token,), daemon=True).start()
     module, name = target.split(":")
     function = getattr(importlib.import_module(module), name)
     try:
@@ -145,6 +146,17 @@ def _child_main(target: str, args: tuple, kwargs: dict, messages, cancel) -> Non
         messages.put(("result", result))
     messages.close()
     messages.join_thread()
+
+
+def _cancel_when_parent_dies(token: CancelToken) -> None:
+    """Cancel the job if the workbench dies (kill -9, a crash): the child compiled to the end for nobody and wrote
+    an MXQ into a run folder no project records. Cancelling leaves no file, as a Cancel does."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent.join()  # returns when the parent's end of the child's pipe closes, that is when it exits
+    logger.warning("the workbench is gone: cancelling %s", multiprocessing.current_process().name)
+    token.cancel()
 
 
 def _forward_logging(messages) -> None:

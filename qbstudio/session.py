@@ -86,6 +86,15 @@ class Session(QObject):
         self.project.runs.add(run)
         self.runs_changed.emit()
 
+    def rename_run(self, run_id: int, name: str) -> bool:
+        """Name run ``run_id`` (an empty name gives back its default label); False if there is no such run."""
+        run = self.project.runs.get(run_id)
+        if run is None or run.name == name.strip():
+            return False
+        run.name = name.strip()
+        self.runs_changed.emit()
+        return True
+
     def remove_run(self, run_id: int) -> bool:
         """Forget run ``run_id`` of the project (its files stay on disk); False if there is no such run."""
         if self.project.runs.get(run_id) is None:

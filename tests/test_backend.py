@@ -550,3 +550,28 @@ def test_a_linear_resize_whose_one_channel_exceeds_sram_tiles_by_bands_of_rows(t
     for mode in MODES:
         outputs = run_tiles(model, program, small, mode, codes)
         assert all(np.array_equal(outputs[name], value) for name, value in golden.items()), mode
+
+
+def test_a_dense_layer_over_the_last_axis_of_a_rank4_tensor_tiles_by_rows_with_all_its_weights(tmp_path):
+    """A MatMul by a constant over the last axis of a [1, H, W, C] tensor (an additive-attention score, a Linear over
+    a channels-last feature map) is stored NHWC. It was one tile: text2tashkeel's [1, 64, 64, 512] x [512, 1] needed
+    4 MiB and was refused (DOES_NOT_FIT), and its program loaded only as many weight rows as the tensor has
+    channels (H here), so the tile-level program was not the golden executor's. Now it tiles by rows, keeps every
+    weight resident and runs bit-exact in every mode."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("MatMul", ["t", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "dense4d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 32, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 32, 24])],
+                              [numpy_helper.from_array(rng.standard_normal((64, 24)).astype(np.float32) * 0.2, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              str(tmp_path / "model.onnx"))
+    mblt = mblt_compile(tmp_path / "model.onnx", tmp_path / "model.mblt", backend="onnx")
+    model = quantize(mblt, use_random_calib=True, analysis=False).model
+    small = dataclasses.replace(ARIES, sram_bytes_per_core=64 * 1024)  # the 64 KiB input alone, double-buffered
+    lowered = lower(model, small, MODES)
+    dense = next(tiling for layer, tiling in zip(lowered.layers, lowered.modes["single"].tilings)
+                 if layer.main(model).op_type == "MatMul")
+    assert dense.rows and len(dense.tiles) > 1
+    _assert_tile_program_exact(model, decode(lowered), *_codes(model, 2, 1.0))

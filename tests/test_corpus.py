@@ -25,6 +25,7 @@ MIN_COSINE = {
     "blazeface_short": 0.99,  # a16w8 (int16 range headroom): 0.9968
     "mtcnn_pnet": 0.99,
     "oww_embedding": 0.99,  # 0.9933
+    "digits_forest": 0.99,  # hummingbird-ml's Equal of leaf-path counts: 0.4975 before they compared on the grid
 }
 """Floor of the worst output's mean cosine over the held-out samples, per fast model."""
 
@@ -57,6 +58,11 @@ FEED_CASES = {
     "crepe_tiny": [InputSpec("frames", (1, 1024), np.dtype("float32"))],
     "basic_pitch": [InputSpec("serving_default_input_2:0", (1, 43844, 1), np.dtype("float32"))],
     "oww_hey_jarvis": [InputSpec("x.1", (1, 16, 96), np.dtype("float32"))],
+    "malviz_resnet18": [InputSpec("input", (1, 3, 224, 224), np.dtype("float32"))],
+    "voicefilter_embedder": [InputSpec("mel_window", (1, 80, 40), np.dtype("float32"))],
+    "tashkeel_rawi": [InputSpec("input", (1, 64), np.dtype("int64"))],
+    "digits_mlp": [InputSpec("X", (1, 64), np.dtype("float32"))],
+    "fashion_keras": [InputSpec("image", (1, 28, 28, 1), np.dtype("float32"))],
 }
 
 

@@ -511,3 +511,54 @@ def test_softmax_output_step_follows_the_calibrated_maximum(tmp_path, weight_sca
     entry["attrs"]["shift"] = 40  # int64 products would overflow
     with pytest.raises(MxqFormatError, match="shift 40"):
         validate_program(document, consts)
+
+
+def _decision_tree_model(path: Path) -> np.ndarray:
+    """hummingbird-ml's GEMM form of a depth-3 decision tree: its 7 conditions ``x[f] <= t`` as 0/1, their sum along
+    each leaf's path (+1 where the path turns left, -1 where it turns right) compared with ``Equal`` to the number of
+    left turns (the one leaf reached), then the leaves' class values. Returns 80 inputs."""
+    rng = np.random.default_rng(3)
+    features, depth, classes = 16, 3, 5
+    conditions, leaves = 2 ** depth - 1, 2 ** depth
+    paths, lefts = np.zeros((conditions, leaves), np.float32), np.zeros(leaves, np.float32)
+    for leaf in range(leaves):
+        node = 0
+        for level in range(depth):
+            right = leaf >> (depth - 1 - level) & 1
+            paths[node, leaf], lefts[leaf] = (-1.0, lefts[leaf]) if right else (1.0, lefts[leaf] + 1)
+            node = 2 * node + 1 + right
+    tensors = {"select": np.eye(features, dtype=np.float32)[:, rng.integers(0, features, conditions)],
+               "thresholds": rng.uniform(0.3, 0.7, conditions).astype(np.float32), "paths": paths,
+               "lengths": lefts, "values": rng.uniform(0, 1, (leaves, classes)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "select"], ["picked"]),
+             helper.make_node("LessOrEqual", ["picked", "thresholds"], ["true"]),
+             helper.make_node("Cast", ["true"], ["ones"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["ones", "paths"], ["counts"]),
+             helper.make_node("Equal", ["counts", "lengths"], ["reached"]),
+             helper.make_node("Cast", ["reached"], ["leaf"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["leaf", "values"], ["y"])]
+    graph = helper.make_graph(nodes, "tree", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, classes])],
+                              [numpy_helper.from_array(value, name) for name, value in tensors.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return rng.uniform(0, 1, (80, 1, features)).astype(np.float32)
+
+
+def test_equal_compares_a_quantized_count_with_a_constant_on_the_count_s_own_grid(tmp_path):
+    """A constant compared with ``Equal`` to a quantized activation is put on that activation's grid: compared as
+    float with a dequantized code (3 * 127 / 8 codes of 8 / 127 is 3.0236, not 3.0), no leaf of a tree ensemble
+    matched and hummingbird-ml's random forest on scikit-learn's digits came out at cosine 0.50 (0 on some digits);
+    the integer program now reaches the same leaves as onnxruntime on held-out inputs, and so does its QDQ export."""
+    inputs = _decision_tree_model(tmp_path / "tree.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index, sample in enumerate(inputs[:64]):  # every path length (0..3) among them
+        np.save(calib / f"{index:02d}.npy", sample)
+    mblt = mblt_compile(tmp_path / "tree.onnx", tmp_path / "tree.mblt")
+    model = quantize(mblt, calib_data_path=calib, analysis=False).model
+    reference = ort.InferenceSession(str(tmp_path / "tree.onnx"))
+    qdq = ort.InferenceSession(ir.serde.serialize_model(export_qdq(mblt, model)).SerializeToString())
+    for sample in inputs[64:]:
+        expected = reference.run(None, {"x": sample})[0]
+        assert np.allclose(executor.run(model, {"x": sample})["y"], expected, atol=0.02)
+        assert np.allclose(qdq.run(None, {"x": sample})[0], expected, atol=0.02)

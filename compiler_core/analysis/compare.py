@@ -63,8 +63,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
     # The stage opens before the FP32 session and the simulator are built (seconds on a large model), so
     # the user sees the analysis start at once; then one event per compared sample.
     with reporter.stage("analyze", total=num_samples, message="preparing the FP32 reference and the simulator"):
-        session, names = _reference_session(mblt_path, model, per_layer)
         cpu_tail = _CpuTail(tail, model, model_outputs) if tail is not None else None
+        session, names = _reference_session(mblt_path, model, per_layer, cpu_tail.inputs if cpu_tail else ())
         body_outputs = [spec for spec in model.outputs if cpu_tail is None or spec.name in cpu_tail.model_outputs]
         outputs = {spec.name: TensorComparison(peak=0.0) for spec in body_outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
@@ -164,13 +164,20 @@ def _quantized_chunk(fast: FastExecutor, model: QuantizedModel, chunk: list, kep
     return fast.execute_codes(fast.quantize_inputs(feeds), keep=kept, as_int64=False)
 
 
-def _reference_session(mblt: str | Path | ir.Model, model: QuantizedModel, per_layer: bool):
+def _reference_session(mblt: str | Path | ir.Model, model: QuantizedModel, per_layer: bool, tail_inputs=()):
+    """The FP32 session and the tensors it returns: the outputs, every quantized tensor when ``per_layer``, and the
+    body's tensors a CPU tail reads (an ArgMax's int64 indices are no quantized tensor)."""
     graph = mblt if isinstance(mblt, ir.Model) else load_mblt(mblt)
-    wanted = [name for name in model.tensors if name not in {s.name for s in model.inputs}] if per_layer else []
+    inputs = {s.name for s in model.inputs}
+    wanted = [name for name in model.tensors if name not in inputs] if per_layer else []
+    exact = [name for name in tail_inputs if name in model.exact and name not in inputs]
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session, names = session_with_outputs(graph, wanted, options)
-    return session, names if per_layer else [v.name for v in graph.graph.outputs]
+    session, names = session_with_outputs(graph, wanted, options, any_type=exact)
+    if per_layer:
+        return session, names
+    outputs = [v.name for v in graph.graph.outputs]
+    return session, outputs + [name for name in names if name in model.exact and name not in outputs]
 
 
 class _CpuTail:
@@ -205,8 +212,8 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
     session_inputs = {item.name for item in session.get_inputs()}
     reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
     if cpu_tail is not None:
-        ours = {name: model.params(name).dequantize(_sample_rows(model, quantized, name, index)).astype(np.float32)
-                .reshape(np.shape(reference[name])) for name in cpu_tail.inputs if name in reference}
+        ours = {name: _tail_input(model, quantized, name, index, reference[name])
+                for name in cpu_tail.inputs if name in reference}
         tail_reference, tail_ours = cpu_tail.run(reference, sample), cpu_tail.run(ours, sample)
         for name in cpu_tail.outputs:
             outputs[name].add(tail_reference[name], tail_ours[name], classifier[name])
@@ -217,6 +224,13 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
     for name, comparison in layers.items():
         if name in quantized and name in reference:
             _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), False)
+
+
+def _tail_input(model: QuantizedModel, quantized: dict, name: str, index: int, reference: np.ndarray) -> np.ndarray:
+    """The quantized body's value of a tensor the CPU tail reads: dequantized, or as it is for an exact tensor."""
+    rows = _sample_rows(model, quantized, name, index)
+    value = rows if name in model.exact else model.params(name).dequantize(rows)
+    return np.asarray(value).astype(reference.dtype).reshape(np.shape(reference))
 
 
 def _sample_rows(model: QuantizedModel, quantized: dict, name: str, index: int) -> np.ndarray:

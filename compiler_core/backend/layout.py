@@ -99,8 +99,9 @@ def assign_layouts(model: QuantizedModel, layers: list[Layer]) -> dict[str, Tens
 
 def native_nhwc(op: IntOp) -> bool:
     """Whether the NPU runs the operation directly on channels-last data."""
-    if op.kind == "linear":
-        return op.attrs.get("layout") in ("conv", "conv_transpose") and len(op.attrs.get("kernel", [])) == 2
+    if op.kind == "linear":  # a dense layer over W (rank 4): a band of rows holds whole W x C planes
+        return (op.attrs.get("layout") in ("conv", "conv_transpose") and len(op.attrs.get("kernel", [])) == 2
+                or op.attrs.get("layout") == "dense")
     if op.kind == "concat":  # along C or W: a band of rows of each input is a block of the output's band
         return op.attrs.get("axis") in (1, -3, 3, -1)
     if op.kind == "matmul":  # rank-4 operands: the heads (C) are the batch, read innermost

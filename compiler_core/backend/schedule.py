@@ -29,6 +29,7 @@ from compiler_core.backend.tiling import (
     activation_bytes,
     align,
     channel_sliced,
+    dense_over_width,
     input_rows,
     lut_bytes,
     tile_layer,
@@ -124,8 +125,9 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
     op = layer.main(model)
     tiles = [tile for tile in tiling.tiles if tile.core == core]
     flags = 0 if native_nhwc(op) else TRANSPOSE
+    whole = dense_over_width(model, layer, layouts)
     luts = [array for index in layer.ops for array in model.ops[index].consts.values() if model.ops[index].kind == "lut"]
-    tables_at = align(max(weight_bytes(op, t.c0, t.c1) for t in tiles))
+    tables_at = align(max(weight_bytes(op, t.c0, t.c1, whole=whole) for t in tiles))
     set_size = max(_set_bytes(model, layer, layouts, tiling.rows, t) for t in tiles)
     base = tables_at + lut_bytes(model, layer)
     offset = tables_at
@@ -134,8 +136,8 @@ def _emit_core(rows: list[list[int]], model: QuantizedModel, layer: Layer, layou
         offset += align(array.nbytes)
     chunk = None
     for number, tile in enumerate(tiles):
-        if op.kind == "linear" and weight_channels(op, tile.c0, tile.c1) != chunk:
-            chunk = w0, w1 = weight_channels(op, tile.c0, tile.c1)
+        if op.kind == "linear" and weight_channels(op, tile.c0, tile.c1, whole=whole) != chunk:
+            chunk = w0, w1 = weight_channels(op, tile.c0, tile.c1, whole=whole)
             data = op.consts["weight"]
             rows.append([DMA_W, core, layer.index, number, 0, w0, w1, data.nbytes // data.shape[0] * (w1 - w0),
                          PER_CHANNEL_BYTES * (w1 - w0), 0, 0, mode.batch])

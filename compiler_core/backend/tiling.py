@@ -75,7 +75,7 @@ def row_tiled(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayo
     out = layouts[layer.outputs[0]]
     rank, axis = len(out.shape), out.row_axis
     if out.layout == NHWC and op.kind == "linear":
-        return native_nhwc(op)
+        return native_nhwc(op) or dense_over_width(model, layer, layouts) and out.shape[0] == 1
     if op.kind == "linear":  # a dense layer over [1, tokens, features]: each token's row on its own
         source = layouts[layer.inputs[0]]
         return (op.attrs.get("layout") == "dense" and rank >= 3 and out.shape[0] == 1
@@ -112,6 +112,20 @@ def reduces_after(op: IntOp, rank: int, axis: int) -> bool:
     return op.kind in ("softmax", "layernorm") and op.attrs.get("axis", -1) % rank > axis
 
 
+def dense_over_width(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
+    """A dense layer over the last axis of a rank-4 tensor (stored NHWC: that axis is W, not C).
+
+    Each output row needs only the same input row (the whole W x C plane of it), so it tiles by rows; its tiles'
+    channel ranges count the tensor's C, not the weights' output channels, so it never splits them and keeps every
+    weight resident (a ``[1, 64, 64, 512] x [512, 1]`` attention score of text2tashkeel's BiLSTM needed 4 MiB in one
+    tile and was refused; Swin/ConvNeXt-style Linears over channels-last feature maps loaded only C weight rows).
+    """
+    op = layer.main(model)
+    return (op.kind == "linear" and op.attrs.get("layout") == "dense" and len(layer.inputs) >= 1
+            and layouts[layer.outputs[0]].layout == NHWC and layouts[layer.inputs[0]].layout == NHWC
+            and layouts[layer.inputs[0]].shape[:-1] == layouts[layer.outputs[0]].shape[:-1])
+
+
 def channel_splittable(op: IntOp) -> bool:
     """A ``linear`` with one group can compute any range of its output channels from the whole input."""
     if op.kind != "linear" or op.attrs.get("group", 1) != 1:
@@ -129,8 +143,8 @@ def channel_sliced(model: QuantizedModel, layer: Layer, layouts: dict[str, Tenso
 
 def splits_channels(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> bool:
     """Whether tiles may cover a range of the output channels (weights slice, input channels slice, columns of B)."""
-    return (channel_splittable(layer.main(model)) or channel_sliced(model, layer, layouts)
-            or matmul_geometry(model, layer, layouts) is not None)
+    return (channel_splittable(layer.main(model)) and not dense_over_width(model, layer, layouts)
+            or channel_sliced(model, layer, layouts) or matmul_geometry(model, layer, layouts) is not None)
 
 
 def output_rows(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLayout]) -> int:
@@ -167,19 +181,21 @@ def input_rows(op: IntOp, r0: int, r1: int, in_height: int, out_height: int) -> 
     return 0, in_height, 0, 0
 
 
-def weight_bytes(op: IntOp, c0: int, c1: int) -> int:
-    """Resident weight bytes of output channels ``[c0, c1)`` of a MAC layer (0 for other kinds)."""
+def weight_bytes(op: IntOp, c0: int, c1: int, *, whole: bool = False) -> int:
+    """Resident weight bytes of output channels ``[c0, c1)`` of a MAC layer (0 for other kinds); ``whole``: all of
+    them (:func:`dense_over_width`)."""
     if op.kind != "linear":
         return 0
     weight = op.consts["weight"]
-    c0, c1 = weight_channels(op, c0, c1)
+    c0, c1 = weight_channels(op, c0, c1, whole=whole)
     per_channel = weight.nbytes // weight.shape[0]
     return align((c1 - c0) * (per_channel + PER_CHANNEL_BYTES))
 
 
-def weight_channels(op: IntOp, c0: int, c1: int) -> tuple[int, int]:
-    """Weight rows a tile of output channels ``[c0, c1)`` needs (all of them unless the layer splits by channel)."""
-    return (c0, c1) if channel_splittable(op) else (0, int(op.consts["weight"].shape[0]))
+def weight_channels(op: IntOp, c0: int, c1: int, *, whole: bool = False) -> tuple[int, int]:
+    """Weight rows a tile of output channels ``[c0, c1)`` needs (all of them unless the layer splits by channel;
+    ``whole``: a layer whose channel ranges are not its weights', :func:`dense_over_width`)."""
+    return (c0, c1) if channel_splittable(op) and not whole else (0, int(op.consts["weight"].shape[0]))
 
 
 def lut_bytes(model: QuantizedModel, layer: Layer) -> int:
@@ -232,7 +248,7 @@ def working_set(model: QuantizedModel, layer: Layer, layouts: dict[str, TensorLa
     A layer that is one tile (not row-tiled, no channel split) has nothing to overlap: one buffer set.
     """
     op = layer.main(model)
-    weights = weight_bytes(op, c0, c1)
+    weights = weight_bytes(op, c0, c1, whole=dense_over_width(model, layer, layouts))
     luts = lut_bytes(model, layer)
     sets = 2 if rows or splits_channels(model, layer, layouts) else 1
     activations = sets * activation_bytes(model, layer, layouts, rows, r0, r1, c0, c1)

@@ -563,20 +563,21 @@ def _linear_output(node: ir.Node) -> list[str]:
     return names
 
 
-def expose_tensors(model: ir.Model, tensors: Sequence[str] | None = None) -> list[str]:
-    """Make every float32 node output of ``model`` (or those named in ``tensors``) a graph output.
+def expose_tensors(model: ir.Model, tensors: Sequence[str] | None = None, *, any_type: Sequence[str] = ()) -> list[str]:
+    """Make every float32 node output of ``model`` (or those named in ``tensors``) a graph output, and those named in
+    ``any_type`` whatever their type (the int64 indices a CPU tail reads).
 
     Existing graph outputs are kept and listed too; shapes and types travel with the values.
 
     Returns:
-        Names of the exposed float32 outputs, in graph order.
+        Names of the exposed outputs, in graph order.
     """
     names = []
     for node in model.graph:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             continue
         for value in node.outputs:
-            if value.name and _is_float(value) and _selected(value.name, tensors):
+            if value.name and (_is_float(value) and _selected(value.name, tensors) or value.name in any_type):
                 if not value.is_graph_output():
                     model.graph.outputs.append(value)
                 names.append(value.name)
@@ -611,9 +612,10 @@ def _load_model(source: str | Path | bytes) -> tuple[ir.Model, str]:
     return load_mblt(source), sha256_file(source)
 
 
-def session_with_outputs(model: ir.Model, tensors: Sequence[str] | None,
-                         options: ort.SessionOptions) -> tuple[ort.InferenceSession, list[str]]:
-    """An onnxruntime session of ``model`` with its float32 tensors (or ``tensors``) exposed as outputs.
+def session_with_outputs(model: ir.Model, tensors: Sequence[str] | None, options: ort.SessionOptions, *,
+                         any_type: Sequence[str] = ()) -> tuple[ort.InferenceSession, list[str]]:
+    """An onnxruntime session of ``model`` with its float32 tensors (or ``tensors``) and ``any_type`` exposed as
+    outputs.
 
     The outputs are added to ``model`` only while the session is built, so a compile session's
     graph is left as it was.
@@ -622,7 +624,7 @@ def session_with_outputs(model: ir.Model, tensors: Sequence[str] | None,
         ``(session, names of the exposed outputs)``.
     """
     original = list(model.graph.outputs)
-    names = expose_tensors(model, tensors)
+    names = expose_tensors(model, tensors, any_type=any_type)
     try:
         return _create_session(model, options), names
     finally:

@@ -46,8 +46,10 @@ from compiler_core.mblt.cut import (
     outputs_clear_of_proto,
     refuse_data_dependent_ops,
 )
+from compiler_core.mblt.dynamic_quant import DYNAMIC_QUANT_OPS, dequantize_dynamic
 from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.io import check_model
+from compiler_core.mblt.ml_ops import lower_ml_ops
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
@@ -123,6 +125,8 @@ def canonicalize(
         ("record source names", lambda m: _record_source_names(m)),
         ("cut at outputs", lambda m: (cut_at_outputs(m, output_names or ()), _note_tail_cut(m))),
         ("refuse data-dependent ops", refuse_data_dependent_ops),
+        ("read dynamic quantization as float", dequantize_dynamic),
+        ("write scikit-learn operators as tensor ops", lower_ml_ops),
         ("check operators", _check_known_ops),
         ("initializer inputs to constants", _initializer_inputs_to_constants),
         ("pin input shapes", lambda m: _pin_inputs(m, input_shape_dict or {})),
@@ -154,7 +158,7 @@ def canonicalize(
 
 # -- the first steps on the source protobuf ----------------------------------------------------------
 
-_PROTO_STEPS = 9
+_PROTO_STEPS = 11
 """The steps up to the opset conversion, which :func:`_steps_on_proto` can do on the source protobuf."""
 
 
@@ -187,6 +191,8 @@ def _steps_on_proto(source: CheckedModelProto, input_shape_dict: Mapping[str, Se
     reporter.advance(message=next(steps))  # record source names
     reporter.advance(message=next(steps))  # cut at outputs: no output names
     reporter.advance(message=next(steps))  # refuse data-dependent ops: none (see _plain_old_opset_graph)
+    reporter.advance(message=next(steps))  # read dynamic quantization: none (see _plain_old_opset_graph)
+    reporter.advance(message=next(steps))  # scikit-learn operators: none (standard-domain nodes only)
     _check_known_ops_proto(proto, source_names)
     reporter.advance(message=next(steps))
     _initializer_inputs_to_constants_proto(proto)
@@ -216,10 +222,10 @@ def _plain_old_opset_graph(proto: onnx.ModelProto) -> bool:
 
 
 def _plain_nodes(graph: onnx.GraphProto) -> bool:
-    """Every node is a standard op that is not data-dependent, with no subgraph and no float16/bfloat16/float64
-    attribute (loops, not generators: one pass over hundreds of nodes per parse)."""
+    """Every node is a standard op that is not data-dependent or dynamically quantized, with no subgraph and no
+    float16/bfloat16/float64 attribute (loops, not generators: one pass over hundreds of nodes per parse)."""
     for node in graph.node:
-        if node.domain != "" or node.op_type in opset.DATA_DEPENDENT_OPS:
+        if node.domain != "" or node.op_type in opset.DATA_DEPENDENT_OPS or node.op_type in DYNAMIC_QUANT_OPS:
             return False
         for attribute in node.attribute:
             if attribute.type in _PROTO_GRAPH_TYPES or _widened_attribute(attribute):
@@ -1186,6 +1192,12 @@ def unsupported_ops_error(offending: Mapping[str, list[str]], reason: str, keep_
         hint = ("This model was quantized in onnxruntime's QOperator format (QLinear* / QGemm nodes). Give the "
                 "float model, or a QDQ export (quantize_static(..., quant_format=QuantFormat.QDQ)): this compiler "
                 "calibrates and quantizes on its own.")
+    if any(op.startswith("ai.onnx.ml::") for op in counts):
+        hint = ("These are classical-ML operators (scikit-learn converters). The linear ones (Scaler, "
+                "LinearClassifier/LinearRegressor with integer class labels, Normalizer, ArrayFeatureExtractor) are read "
+                "as tensor ops; convert tree ensembles with hummingbird-ml (convert(model, 'torch', "
+                "extra_config={'tree_implementation': 'gemm'}), then torch.onnx.export), train on integer class labels "
+                "instead of strings, or end the graph before these operators.")
     keep = keep_outputs_hint(keep_outputs, total_outputs)
     return UnsupportedOpsError(f"{sum(counts.values())} node(s) use operators the compiler cannot parse: "
                                f"{listing} — {reason}.", hint=hint + keep, ops=ops,

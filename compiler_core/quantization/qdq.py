@@ -295,8 +295,21 @@ def _layernorm_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None
         main.replace_input_with(2, _constant(graph, f"{op.name}.bias", beta))
 
 
+def _exact_constants(graph, nodes, op: IntOp, model: QuantizedModel) -> None:
+    """An Equal compared on its operand's grid (``equal_on_grid``): its constant written as the value of its nearest
+    code (half away from zero; the program also accepts the other code at a tie)."""
+    if "equal_on_grid" not in op.attrs:
+        return
+    index, key, _ = op.attrs["equal_on_grid"]
+    scale, zero_point = op.attrs["dequantize"][str(index)]
+    constant = np.asarray(op.consts[key])
+    codes = np.sign(constant) * np.floor(np.abs(constant.astype(np.float64) / scale) + 0.5) + zero_point
+    snapped = (np.float64(scale) * (codes - zero_point)).astype(constant.dtype)
+    nodes[op.name].replace_input_with(int(key.removeprefix("input")), _constant(graph, f"{op.name}.{key}", snapped))
+
+
 _CONSTANT_HANDLERS = {"linear": _linear_constants, "add": _add_constants, "gather_table": _table_constants,
-                      "select": _select_constants, "layernorm": _layernorm_constants}
+                      "select": _select_constants, "layernorm": _layernorm_constants, "exact": _exact_constants}
 
 
 # -- cross-check ----------------------------------------------------------------------------------

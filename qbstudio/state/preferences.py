@@ -106,7 +106,7 @@ class Preferences:
         recent_projects: Newest first.
         recent_models: Newest first.
         last_dirs: Purpose (``model``, ``project``, ``calibration``, ``config``) -> folder.
-        window: Opaque window-layout strings the GUI stores (``geometry``, ``state``, ``tab``).
+        window: Opaque window-layout strings the GUI stores (``geometry``, ``state``, ``tab``, ``splitters``).
     """
 
     recent_projects: list[str] = field(default_factory=list)

@@ -20,6 +20,8 @@ DEFAULT_DEVICE = "aries-rb"
 INT16_PATH = "bit.layerOverrides.activation16Bits"
 KEPT_ON_RESET = ("targetDevice", "inferenceScheme", "imageChannels", "preprocessing", "uint8Input")
 """Config keys "Reset to defaults" keeps: the target and what the Calibration tab set for the model's data."""
+MIXED_TARGET_NAMES = {"cosine": "cosine", "sqnrDb": "SQNR dB", "top1": "top-1"}
+"""Automatic mixed precision's target kinds as the runs table names them."""
 
 
 class CompileSettings:
@@ -32,13 +34,16 @@ class CompileSettings:
     Args:
         config: Starting configuration (defaults, targeting :data:`DEFAULT_DEVICE`, if omitted).
         preset: Name of the preset the configuration came from, if any.
+        preset_edited: Whether settings were changed after that preset was applied.
     """
 
-    def __init__(self, config: CompileConfig | None = None, preset: str | None = None) -> None:
+    def __init__(self, config: CompileConfig | None = None, preset: str | None = None,
+                 preset_edited: bool = False) -> None:
         self._config = config or CompileConfig(target_device=DEFAULT_DEVICE)
         if not self._config.target_device:
             self._config = self._config.model_copy(update={"target_device": DEFAULT_DEVICE})
         self.preset = preset
+        self.preset_edited = bool(preset and preset_edited)
 
     @property
     def config(self) -> CompileConfig:
@@ -70,6 +75,8 @@ class CompileSettings:
             node = node.setdefault(key, {})
         node[leaf] = value
         self._config = CompileConfig.from_dict(data, source="settings")
+        if self.preset and path.split(".")[0] not in KEPT_ON_RESET:  # the model, its data, the target: no edit
+            self.preset_edited = True
 
     def set_device(self, name: str) -> str:
         """Target ``name``; an inference scheme the device lacks falls back to ``single``.
@@ -110,6 +117,7 @@ class CompileSettings:
         merged = deep_merge(self._config.to_dict(), preset_config(name))
         self._config = CompileConfig.from_dict(merged, source=f"preset '{name}'")
         self.preset = name
+        self.preset_edited = False
 
     @property
     def int16_layers(self) -> list[str]:
@@ -152,7 +160,7 @@ class CompileSettings:
         current = self._config.to_dict()
         kept = {key: current[key] for key in KEPT_ON_RESET if key in current}
         self._config = CompileConfig.from_dict(kept, source="defaults")
-        self.preset = None
+        self.preset, self.preset_edited = None, False
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace the settings with a JSON/YAML config file (the CLI's schema).
@@ -163,15 +171,15 @@ class CompileSettings:
         config = CompileConfig.from_file(path)
         self._config = config if config.target_device else config.model_copy(
             update={"target_device": self.device})
-        self.preset = None
+        self.preset, self.preset_edited = None, False
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the settings as JSON or YAML (by suffix), atomically."""
         self._config.to_file(path)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"preset": ..., "config": {camelCase config}}`` for the project file."""
-        return {"preset": self.preset, "config": self._config.to_dict()}
+        """``{"preset": ..., "presetEdited": ..., "config": {camelCase config}}`` for the project file."""
+        return {"preset": self.preset, "presetEdited": self.preset_edited, "config": self._config.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompileSettings:
@@ -180,18 +188,28 @@ class CompileSettings:
         Raises:
             ConfigError: the stored config is not valid.
         """
-        return cls(CompileConfig.from_dict(data.get("config", {}), source="project"), data.get("preset"))
+        return cls(CompileConfig.from_dict(data.get("config", {}), source="project"), data.get("preset"),
+                   bool(data.get("presetEdited")))
 
     def summary(self) -> str:
-        """One line for tables: device, scheme, preset and the main calibration choices."""
-        calibration = self._config.calibration
-        parts = [self.device, self._config.inference_scheme, f"mode {calibration.mode.name}",
+        """One line for tables: device, scheme, preset (marked when edited since), the main calibration choices,
+        int16 layers, automatic mixed precision's target and the layers on the CPU."""
+        config = self._config
+        calibration = config.calibration
+        parts = [self.device, config.inference_scheme, f"mode {calibration.mode.name}",
                  f"method {calibration.method.name}"]
         if self.preset:
-            parts.insert(2, self.preset)
+            parts.insert(2, f"{self.preset} (edited)" if self.preset_edited else self.preset)
         if self.int16_layers:
             parts.append(f"int16 x{len(self.int16_layers)}")
-        if self._config.layer_bias_correction.apply:
+        if config.mixed_precision.apply:
+            target = config.mixed_precision.target
+            parts.append(f"mixed precision {MIXED_TARGET_NAMES.get(target.kind, target.kind)} >= {target.value:g}")
+        parts += [f"CPU {part} x{len(layers)}" for part, layers in
+                  (("head", config.cpu_layers.head), ("tail", config.cpu_layers.tail)) if layers]
+        if config.cpu_offload:
+            parts.append("CPU offload")
+        if config.layer_bias_correction.apply:
             parts.append("bias corr.")
         return " · ".join(parts)
 

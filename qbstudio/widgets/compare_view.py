@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from PySide6.QtCore import QItemSelectionModel, QPoint, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -59,10 +59,32 @@ BETTER, WORSE = "#2e7d32", "#c62828"
 def run_cells(run: RunRecord) -> list[str]:
     """The table cells of one run."""
     head = run.headline()
-    return [f"#{run.run_id}", run.created.replace("T", " ")[:19], run.device, run.config_summary,
+    return [f"#{run.run_id} {run.name}".strip(), run.created.replace("T", " ")[:19], run.device, run.config_summary,
             head["verdict"] or "—", _number(head["sqnr_db"], 2), _number(head["cosine"], 5),
             "—" if head["top1"] is None else f"{head['top1'] * 100:.1f} %", human_size(run.size_bytes),
             f"{run.duration_s:.1f}"]
+
+
+def run_sort_keys(run: RunRecord) -> list[Any]:
+    """What each column of :func:`run_cells` sorts by (numbers as numbers: "#10" after "#9", 2 MB after 900 KB)."""
+    head = run.headline()
+    return [run.run_id, run.created, run.device, run.config_summary, head["verdict"] or "", head["sqnr_db"],
+            head["cosine"], head["top1"], run.size_bytes, run.duration_s]
+
+
+class RunItem(QTableWidgetItem):
+    """A runs-table cell that sorts by its key; a missing value ("—") sorts below every number."""
+
+    def __init__(self, text: str, key: Any, run_id: int) -> None:
+        super().__init__(text)
+        self.key = key
+        self.setData(Qt.ItemDataRole.UserRole, run_id)
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        mine, theirs = self.key, getattr(other, "key", None)
+        if mine is None or theirs is None:
+            return mine is None and theirs is not None
+        return mine < theirs
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -211,6 +233,7 @@ class CompareView(QWidget):
         picks_changed(): the compared runs or the baseline changed.
         layer_activated(str): the user clicked a layer in the per-layer plot.
         delete_confirmed(int): the user confirmed deleting this run.
+        rename_confirmed(int, str): the user named this run (an empty name: its default label again).
         import_requested(): the user wants to add the points of a command-line sweep (``sweep.json``).
     """
 
@@ -218,12 +241,14 @@ class CompareView(QWidget):
     picks_changed = Signal()
     layer_activated = Signal(str)
     delete_confirmed = Signal(int)
+    rename_confirmed = Signal(int, str)
     import_requested = Signal()
 
     def __init__(self, runner: JobRunner | None = None, presets: dict[str, str] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.history = RunHistory()
+        self.other_models = 0
         self.model_name = ""
         self.layer_order: list[str] = []
         self.picks: list[int] = []
@@ -278,6 +303,11 @@ class CompareView(QWidget):
         table.itemSelectionChanged.connect(self._on_selection)
         table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         table.customContextMenuRequested.connect(self._on_table_menu)
+        table.setSortingEnabled(True)  # by any column; run ids travel with the cells, never by row number
+        table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
+        for key, slot in ((QKeySequence.StandardKey.Delete, self.ask_delete), (Qt.Key.Key_F2, self.ask_rename)):
+            shortcut = QShortcut(QKeySequence(key), table, activated=slot)
+            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         # three runs in view whatever the splitter gets (their settings wrap to two lines): on a 768-pixel-high
         # screen the proportional split left room for one and a half
         line = table.fontMetrics().height()
@@ -286,7 +316,12 @@ class CompareView(QWidget):
         return table
 
     def _build(self) -> None:
-        controls = QHBoxLayout()  # the buttons fill a 1366-pixel laptop's row: the picks get a line of their own
+        # two rows, so that the tab fits a 1024-pixel window beside the layers dock (in one row the buttons made the
+        # window's minimum width 1,167 pixels, and a 1024-pixel screen cut off the Compile tab's run panel)
+        picks = QHBoxLayout()
+        picks.addWidget(self.picks_label, 1)
+        picks.addWidget(self.import_button)
+        controls = QHBoxLayout()
         controls.addStretch(1)
         controls.addWidget(QLabel("Baseline"))
         controls.addWidget(self.baseline_combo)
@@ -294,14 +329,13 @@ class CompareView(QWidget):
         controls.addWidget(self.copy_button)
         controls.addWidget(self.report_button)
         controls.addWidget(self.csv_button)
-        controls.addWidget(self.import_button)
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
         upper_layout.addWidget(self.table, 1)
-        upper_layout.addWidget(self.picks_label)
+        upper_layout.addLayout(picks)
         upper_layout.addLayout(controls)
-        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter = QSplitter(Qt.Orientation.Vertical, objectName="runsSplitter")
         splitter.addWidget(upper)
         splitter.addWidget(self.tabs)
         splitter.setSizes([200, 520])
@@ -310,16 +344,18 @@ class CompareView(QWidget):
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def set_history(self, history: RunHistory) -> None:
-        """Show the runs of ``history``; keep the picks that still exist (else the two newest runs)."""
+    def set_history(self, history: RunHistory, other_models: int = 0) -> None:
+        """Show the runs of ``history``; keep the picks that still exist (else the two newest runs).
+        ``other_models``: how many runs of the project belong to other models (not shown; the view says so)."""
         self.history = history
+        self.other_models = other_models
         self.table.blockSignals(True)
+        self.table.setSortingEnabled(False)  # else each setItem re-sorts and the rest of the row lands elsewhere
         self.table.setRowCount(len(history.runs))
         for row, run in enumerate(history.runs):
-            for column, text in enumerate(run_cells(run)):
-                item = QTableWidgetItem(text)
-                item.setData(Qt.ItemDataRole.UserRole, run.run_id)
-                self.table.setItem(row, column, item)
+            for column, (text, key) in enumerate(zip(run_cells(run), run_sort_keys(run))):
+                self.table.setItem(row, column, RunItem(text, key, run.run_id))
+        self.table.setSortingEnabled(True)
         self.table.blockSignals(False)
         kept = [run_id for run_id in self.picks if history.get(run_id)]
         self.set_picks(kept or [run.run_id for run in history.runs[-2:]])
@@ -380,8 +416,10 @@ class CompareView(QWidget):
     def _refresh_views(self) -> None:
         runs, baseline = self.picked_runs, self._baseline_index()
         count = len(runs)
+        hidden = (f"; {self.other_models} run(s) of another model stay in the project (import that model again to "
+                  "see them)") if self.other_models else ""
         self.picks_label.setText(f"Comparing {count} run(s)" + (f" (at most {MAX_COMPARED})" if count == MAX_COMPARED
-                                                                 else ""))
+                                                                 else "") + hidden)
         self.side.set_runs(runs, baseline)
         self.layers.set_runs(runs, self.layer_order, baseline)
         self.histogram.set_runs(runs)
@@ -430,7 +468,12 @@ class CompareView(QWidget):
         menu.addAction("Export report of the compared runs…").triggered.connect(lambda: self.export_report())
         menu.addAction("Export per-layer CSV of the compared runs…").triggered.connect(lambda: self.export_csv())
         menu.addSeparator()
-        menu.addAction("Delete run…").triggered.connect(self.ask_delete)
+        for text, key, slot in (("Rename run…", QKeySequence(Qt.Key.Key_F2), self.ask_rename),
+                                 ("Delete run…", QKeySequence(QKeySequence.StandardKey.Delete), self.ask_delete)):
+            action = menu.addAction(text)
+            action.setShortcut(key)  # shown beside the text; the table's own shortcuts act on it
+            action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+            action.triggered.connect(slot)
         return menu
 
     def _on_table_menu(self, position: QPoint) -> None:
@@ -457,7 +500,19 @@ class CompareView(QWidget):
         """Write the per-layer CSV of the compared runs (asks where when ``path`` is None); the file or None."""
         return compare_export.export_csv(self, self.picked_runs, order=self.layer_order, path=path)
 
-    # -- deleting ---------------------------------------------------------------------------------
+    # -- renaming, deleting -----------------------------------------------------------------------
+
+    def ask_rename(self) -> bool:
+        """Ask for a name for the first compared run (F2); True if it was given."""
+        runs = self.picked_runs
+        if not runs:
+            return False
+        name = dialogs.ask_text(self, "Rename run", f"Name of run #{runs[0].run_id} (empty: its device again):",
+                                runs[0].name)
+        if name is None:
+            return False
+        self.rename_confirmed.emit(runs[0].run_id, name)
+        return True
 
     def ask_delete(self) -> bool:
         """Ask, then delete the selected run(s) from the project (their files stay); True if confirmed."""

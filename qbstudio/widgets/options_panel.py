@@ -73,6 +73,13 @@ def card_html(name: str) -> str:
     return f"<i>{card['description']}</i><table>{body}</table>"
 
 
+def show_value(spin: QDoubleSpinBox | QSpinBox, value: float) -> None:
+    """Show ``value`` in ``spin`` unless it shows it already: ``setValue`` rewrites the text, so a refresh after each
+    typed digit turned "0.9" into "0.9000" with the cursor inside, and "0.9999" could not be typed."""
+    if spin.value() != value:
+        spin.setValue(value)
+
+
 class OptionsPanel(QWidget):
     """The Compile settings form.
 
@@ -317,10 +324,10 @@ class OptionsPanel(QWidget):
             self._select_data(self.method_combo, int(config.calibration.method))
             self._select_data(self.output_combo, int(config.calibration.output))
             self._select_data(self.mode_combo, int(config.calibration.mode))
-            self.percentile_spin.setValue(config.calibration.max_percentile.percentile)
-            self.topk_spin.setValue(config.calibration.max_percentile.topk_ratio)
-            self.samples_spin.setValue(config.calibration.num_samples)
-            self.holdout_spin.setValue(config.analysis_holdout)
+            show_value(self.percentile_spin, config.calibration.max_percentile.percentile)
+            show_value(self.topk_spin, config.calibration.max_percentile.topk_ratio)
+            show_value(self.samples_spin, config.calibration.num_samples)
+            show_value(self.holdout_spin, config.analysis_holdout)
             self._select_data(self.channels_combo, config.image_channels)
             self._refresh_applicable()
             self.int16_list.clear()
@@ -336,11 +343,13 @@ class OptionsPanel(QWidget):
         mixed = config.mixed_precision
         self.mixed_check.setChecked(mixed.apply)
         self._select_data(self.mixed_kind, mixed.target.kind)
-        self.mixed_value.setDecimals(1 if mixed.target.kind == "sqnrDb" else 4)
-        self.mixed_value.setMaximum(200.0 if mixed.target.kind == "sqnrDb" else 1.0)
-        self.mixed_value.setValue(mixed.target.value)
-        self.mixed_fraction.setValue(mixed.max_int16_fraction)
-        self.mixed_budget.setValue(-0.01 if mixed.latency_budget is None else mixed.latency_budget)
+        decimals = {"sqnrDb": 1, "cosine": 5}.get(mixed.target.kind, 4)  # a cosine target of 0.99999
+        if self.mixed_value.decimals() != decimals:  # both reformat the text: not while it is typed in
+            self.mixed_value.setDecimals(decimals)
+            self.mixed_value.setMaximum(200.0 if mixed.target.kind == "sqnrDb" else 1.0)
+        show_value(self.mixed_value, mixed.target.value)
+        show_value(self.mixed_fraction, mixed.max_int16_fraction)
+        show_value(self.mixed_budget, -0.01 if mixed.latency_budget is None else mixed.latency_budget)
         self._select_data(self.mixed_statistic, mixed.target.statistic)
         for widget in (self.mixed_kind, self.mixed_value, self.mixed_fraction, self.mixed_budget):
             widget.setEnabled(mixed.apply)

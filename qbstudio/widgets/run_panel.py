@@ -122,8 +122,9 @@ class RunPanel(QWidget):
         else:
             self.progress.setRange(0, 0)
 
-    def finished(self, outcome: str) -> None:
-        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``).
+    def finished(self, outcome: str, *, complete: bool | None = None) -> None:
+        """Back to idle, showing ``outcome`` (``Done``, ``Cancelled``, ``Failed: ...``); the bar is full when the job
+        ran to the end (``complete``; by default when ``outcome`` is ``Done``).
 
         The summary shows the run it showed before the job again (a new run, when there is one, replaces it).
         """
@@ -136,7 +137,7 @@ class RunPanel(QWidget):
         self.stage_label.setText(outcome)
         self.stage_label.setToolTip(outcome)
         self.progress.setRange(0, 1)
-        self.progress.setValue(1 if outcome == "Done" else 0)
+        self.progress.setValue(1 if (outcome == "Done" if complete is None else complete) else 0)
 
     def set_can_compile(self, enabled: bool, reason: str = "", *, offload_helps: bool = False) -> None:
         """Enable Compile (when idle); ``reason`` says why not; offer the offload fix when it would help."""

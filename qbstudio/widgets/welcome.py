@@ -75,7 +75,8 @@ class WelcomePage(QWidget):
                                 objectName="welcomeNoRecent", styleSheet="color: #666;")
         self.recent.itemActivated.connect(self._on_recent_activated)  # double-click or Enter (both, it opened twice)
         docs = QLabel(f"Documentation shipped with the app: <a href='{DOCS_DIR.as_uri()}'>{DOCS_DIR}</a> "
-                      f"(also Help › Documentation). Drop a model or project file anywhere on the window.",
+                      f"(also Help › Documentation). Drop a model or project file anywhere on the window (and, once a "
+                      "model is open, its calibration folder).",
                       wordWrap=True, openExternalLinks=True)
         self._layout(title, picture, docs)
 

@@ -226,6 +226,8 @@ def test_images_of_other_sizes_offer_a_one_click_resize_to_the_model_input(qtbot
         Image.new("L", size, color=40 * index).save(photos / f"{index}.png")
     with qtbot.waitSignal(panel.preview_failed, timeout=MODEL_TIMEOUT_MS):
         panel.set_source(photos)  # report_errors=True: what choosing a folder does
+    # under load a second preview of the same folder (the form's debounce timer) may still be reading: wait for it
+    qtbot.waitUntil(lambda: "different sizes" in panel.preview_status.text(), timeout=MODEL_TIMEOUT_MS)
     assert errors.calls == [] and panel.fix_size_button.isVisible()
     assert panel.fix_size_button.text() == "Resize to 28×28 (model input)"
     assert "4 different sizes" in panel.preview_status.text() and "takes 28x28" in panel.preview_status.text()

@@ -97,7 +97,40 @@ def lower_exact(group: Group, ctx: LoweringContext) -> IntOp:
             scale, zero_point = scalar(ctx.params(value))
             dequantize[str(index)] = [scale, zero_point]
     op.attrs["dequantize"] = dequantize
+    if group.main.op_type in _EQUALITY_OPS:
+        _equal_on_grid(op, group, ctx)
     return op
+
+
+_EQUALITY_OPS = {"Equal"}
+"""Exact ops whose result changes with any difference of their operands (see :func:`_equal_on_grid`)."""
+
+
+def _equal_on_grid(op: IntOp, group: Group, ctx: LoweringContext) -> None:
+    """``Equal(x, c)`` with ``x`` quantized (per tensor) and ``c`` a float constant compares on ``x``'s grid: ``x`` equals
+    ``c`` when its code is the nearest to ``c / scale`` (either one at a tie), as an integer comparison of codes does.
+
+    Compared as float, a dequantized code is almost never the constant: hummingbird-ml's tree ensembles compare the
+    count of satisfied conditions on each leaf's path with the path's length (integers, a MatMul's output on a grid of
+    ``max / 127``: 1 is 63.5 codes), and no leaf matched (a forest's probabilities came out 0 for some digits).
+    ``attrs["equal_on_grid"]`` holds the operand's index, the constant's key and half a step (the QDQ export writes
+    the constant as its nearest code's value).
+    """
+    quantized = [int(index) for index in op.attrs["dequantize"]]
+    constants = [index for index in range(len(group.main.inputs)) if f"input{index}" in op.consts
+                 and np.issubdtype(np.asarray(op.consts[f"input{index}"]).dtype, np.floating)]
+    if len(quantized) != 1 or len(constants) != 1 or np.ndim(ctx.params(group.main.inputs[quantized[0]]).scale):
+        return
+    scale = op.attrs["dequantize"][str(quantized[0])][0]
+    op.attrs["equal_on_grid"] = [quantized[0], f"input{constants[0]}", float(scale) / 2]
+
+
+def _grid_equal_feeds(op: IntOp, feeds: dict) -> None:
+    """The quantized operand of a grid Equal set to the constant wherever it lies within half a step of it."""
+    index, key, half_step = op.attrs["equal_on_grid"]
+    operand, constant = feeds[f"input{index}"], feeds[key]
+    close = np.abs(operand.astype(np.float64) - constant.astype(np.float64)) <= half_step * (1 + 1e-6)
+    feeds[f"input{index}"] = np.where(close, constant, operand).astype(operand.dtype)
 
 
 def run_onnx(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -117,6 +150,8 @@ def run_onnx(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
             names.append(key)
         else:
             names.append("")
+    if "equal_on_grid" in op.attrs:
+        _grid_equal_feeds(op, feeds)
     evaluator = _evaluator(op.op_type, tuple(names), len(op.outputs), _frozen(op.attrs["attributes"]))
     results = evaluator.run(None, feeds)
     if op.kind == "move":
