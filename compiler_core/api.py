@@ -15,7 +15,7 @@ import onnx_ir as ir
 from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
 from compiler_core.fileio import sha256_file
 from compiler_core.frontends import detect_backend, load_source
-from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize
+from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize, frozen_heap
 from compiler_core.mblt.io import load_mblt, make_provenance, write_mblt
 from compiler_core.mblt.io import read_provenance as _read_provenance
 from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
@@ -60,21 +60,22 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
         constants = {}
     if backend in ("tflite", "tf") and output_names:  # unconvertible post-processing ops are skipped there
         frontend_options["output_names"] = list(output_names)
-    with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
-        source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
-        reporter.advance()
-    try:
-        graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants,
-                             output_names=output_names, reporter=reporter, keep_checked=keep_checked)
-    except InternalError as error:
-        raise _blame_source(error, model, backend) from error.__cause__
-    except QBCompilerError:
-        raise
-    except Exception as error:  # a library pass crashed: the source's fault only if it fails the full checker
-        crash = InternalError(f"Canonicalization failed: {type(error).__name__}: {error}",
-                              hint="This is probably a compiler bug. Please report it with the model.",
-                              stage=VERIFY_STAGE)
-        raise _blame_source(crash, model, backend) from error
+    with frozen_heap():  # from the load on (see frozen_heap)
+        with reporter.stage("load", total=1, message=f"loading {_describe(model)} ({backend})"):
+            source = load_source(model, backend, input_shape_dict=input_shape_dict, **frontend_options)
+            reporter.advance()
+        try:
+            graph = canonicalize(source, input_shape_dict=input_shape_dict, constant_inputs=constants,
+                                 output_names=output_names, reporter=reporter, keep_checked=keep_checked)
+        except InternalError as error:
+            raise _blame_source(error, model, backend) from error.__cause__
+        except QBCompilerError:
+            raise
+        except Exception as error:  # a library pass crashed: the source's fault only if it fails the full checker
+            crash = InternalError(f"Canonicalization failed: {type(error).__name__}: {error}",
+                                  hint="This is probably a compiler bug. Please report it with the model.",
+                                  stage=VERIFY_STAGE)
+            raise _blame_source(crash, model, backend) from error
     provenance = make_provenance(
         source_path=str(Path(model).resolve()) if is_path else None,
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
@@ -120,16 +121,17 @@ def mblt_compile(
     if not mblt_save_path:
         raise ArgumentError("No output path given for the MBLT.", hint="Pass mblt_save_path / --output.")
     device = _device(target_device)
-    graph, provenance = _parse(model, backend=backend, input_shape_dict=input_shape_dict,
-                               constant_inputs=constant_inputs, output_names=output_names, reporter=reporter,
-                               keep_checked=True, **frontend_options)
-    checked = graph.meta.pop(CHECKED_PROTO, None)  # the graph is only read until it is written
-    if device is not None:
-        _log_support(graph, device)
-    with reporter.stage("write", total=1, message=f"writing {mblt_save_path}"):
-        reporter.check()
-        path = write_mblt(graph, mblt_save_path, provenance, checked=checked)
-        reporter.advance()
+    with frozen_heap():  # the load, the passes and the write (see frozen_heap)
+        graph, provenance = _parse(model, backend=backend, input_shape_dict=input_shape_dict,
+                                   constant_inputs=constant_inputs, output_names=output_names, reporter=reporter,
+                                   keep_checked=True, **frontend_options)
+        checked = graph.meta.pop(CHECKED_PROTO, None)  # the graph is only read until it is written
+        if device is not None:
+            _log_support(graph, device)
+        with reporter.stage("write", total=1, message=f"writing {mblt_save_path}"):
+            reporter.check()
+            path = write_mblt(graph, mblt_save_path, provenance, checked=checked)
+            reporter.advance()
     return path
 
 

@@ -212,3 +212,17 @@ def test_nodes_the_c_api_upgrades_keep_their_source_names(tmp_path):
     parsed, _ = parse_model(tmp_path / "source.onnx")
     assert [(node.op_type, node.metadata_props["mblt.source_name"]) for node in parsed.graph] == [
         ("Clip", "my_relu, my_clip")]
+
+
+def test_the_upgrade_plan_is_worked_out_once_per_kind_of_node():
+    """Forty Relus and two BatchNormalizations: two plans worked out (one per op type; a BatchNormalization's also
+    depends on whether it has training outputs), and the C API's upgrade."""
+    opset_steps._plan_of.cache_clear()
+    stats = [numpy_helper.from_array(np.ones(2, np.float32), name) for name in "sbmv"]
+    nodes = [helper.make_node("Relu", [f"r{i}"], [f"r{i + 1}"]) for i in range(40)]
+    nodes += [helper.make_node("BatchNormalization", ["r40", "s", "b", "m", "v"], ["n"]),
+              helper.make_node("BatchNormalization", ["n", "s", "b", "m", "v"], ["y"])]
+    source = _model(nodes, [helper.make_tensor_value_info("r0", TensorProto.FLOAT, [1, 2, 2, 2])], [_y()], 11, stats)
+    native = convert_natively(source, 21)
+    assert opset_steps._plan_of.cache_info().misses == 2
+    assert _normalized(native) == _normalized(onnx.version_converter.convert_version(source, 21))

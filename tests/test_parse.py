@@ -669,24 +669,67 @@ def test_average_pool_wider_than_its_input_with_ceil_mode_is_a_global_pool(tmp_p
                                ort.InferenceSession(str(source)).run(None, feed)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_legalization_folds_the_remaining_constants_once_when_it_settles(conv_bn_path, monkeypatch):
+    """The legalization loop ends on a round whose rules match nothing and whose fold finds nothing: that fold is the
+    last one (the graph has not changed since, so another would find nothing either)."""
+    from compiler_core.mblt import canonicalize
+
+    folds = []
+    real_fold = canonicalize._fold_remaining_constants
+    monkeypatch.setattr(canonicalize, "_fold_remaining_constants", lambda model: folds.append(real_fold(model)) or folds[-1])
+    parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
+    assert folds == [0]
+
+
+def test_the_heap_is_frozen_from_the_load_to_the_written_mblt(conv_bn_path, tmp_path, monkeypatch):
+    """mblt_compile keeps the heap frozen while it loads the source and writes the MBLT too, not only while it
+    canonicalizes: a full collection due then scans only what the parse made."""
+    import gc
+
+    from compiler_core import api
+
+    frozen = {}
+
+    def spy(name):
+        real = getattr(api, name)
+
+        def call(*args, **kwargs):
+            frozen[name] = gc.get_freeze_count()
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("load_source", "write_mblt"):
+        monkeypatch.setattr(api, name, spy(name))
+    gc.unfreeze()
+    mblt_compile(conv_bn_path, tmp_path / "m.mblt", input_shape_dict={"x": [1, 3, 8, 8]})
+    assert frozen["load_source"] > 1000 and frozen["write_mblt"] > 1000
+    assert gc.get_freeze_count() == 0
+
+
 def test_canonicalization_freezes_the_heap_only_while_it_runs(conv_bn_path, monkeypatch):
-    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards; a heap
-    someone else froze stays frozen."""
+    """The pre-existing heap is out of garbage collection during canonicalization and back afterwards, and the youngest
+    generation is collected less often meanwhile (its threshold restored afterwards); a heap someone else froze stays
+    frozen."""
     import gc
 
     from compiler_core.mblt import canonicalize
 
     frozen_during = []
+    thresholds_during = []
     real_optimize = canonicalize._optimize
 
     def spying_optimize(model):
         frozen_during.append(gc.get_freeze_count())
+        thresholds_during.append(gc.get_threshold())
         real_optimize(model)
 
     monkeypatch.setattr(canonicalize, "_optimize", spying_optimize)
     gc.unfreeze()
+    before = gc.get_threshold()
     parse_model(conv_bn_path, input_shape_dict={"x": [1, 3, 8, 8]})
     assert frozen_during[-1] > 1000 and gc.get_freeze_count() == 0
+    assert thresholds_during[-1] == (max(before[0], canonicalize._YOUNG_THRESHOLD), *before[1:])
+    assert gc.get_threshold() == before
     gc.freeze()
     try:
         calls = []
@@ -993,3 +1036,27 @@ def test_a_qoperator_model_is_refused_with_what_to_give_instead(tmp_path):
     with pytest.raises(UnsupportedOpsError) as caught:
         mblt_compile(quantized, tmp_path / "out.mblt")
     assert "QOperator" in caught.value.hint and "QDQ" in caught.value.hint
+
+
+def test_canonical_names_look_up_each_op_schema_once(monkeypatch):
+    """Initializers are named after their first consumer's formal input (``Conv_1.W``): three Convs with weights and
+    biases ask ONNX for the Conv schema once, and the names are the schema's."""
+    import onnx_ir as ir
+
+    from compiler_core.mblt import naming
+
+    naming._formal_inputs.cache_clear()
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), f"w{i}") for i in range(3)]
+    biases = [numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), f"b{i}") for i in range(3)]
+    nodes = [helper.make_node("Conv", [source, f"w{i}", f"b{i}"], [target])
+             for i, (source, target) in enumerate((("x", "c0"), ("c0", "c1"), ("c1", "y")))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [*weights, *biases])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    looked_up = []
+    get_schema = onnx.defs.get_schema
+    monkeypatch.setattr(onnx.defs, "get_schema", lambda *args: looked_up.append(args[0]) or get_schema(*args))
+    naming.assign_canonical_names(model)
+    assert looked_up == ["Conv"]
+    assert sorted(model.graph.initializers) == ["Conv_0.B", "Conv_0.W", "Conv_1.B", "Conv_1.W", "Conv_2.B", "Conv_2.W"]

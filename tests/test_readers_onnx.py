@@ -322,6 +322,33 @@ def test_text_that_is_not_utf8_is_refused_naming_its_field(tmp_path, marker, fie
     assert f"'{field}'" in str(info.value)
 
 
+def test_text_of_a_valid_model_is_checked_without_the_field_walk(tmp_path, monkeypatch):
+    """A model whose text is all UTF-8 passes the proto3 parse of its bytes: the Python walk over its fields (which
+    names a bad field) does not run; a model with a bad field takes the walk (test above), and so does one whose weights
+    make the file large for its node count (the parse would copy them)."""
+    from compiler_core.frontends import onnx as onnx_frontend
+
+    path = tmp_path / "good.onnx"
+    path.write_bytes(_corrupt_text_model())
+    walks = []
+    walk = onnx_frontend._first_invalid_text
+    monkeypatch.setattr(onnx_frontend, "_first_invalid_text", lambda message: walks.append(message) or walk(message))
+    parse_model(path, input_shape_dict={"x": [1, 4]})
+    assert walks == []
+    path.write_bytes(_corrupt_text_model().replace(b"MARKNAME", b"\xff\xfeRKNAME"))
+    with pytest.raises(ModelLoadError, match="is corrupt"):
+        parse_model(path)
+    assert len(walks) > 1
+    walks.clear()
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(4096, np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    parse_model(path)
+    assert len(walks) > 1
+
+
 def _reference_problem(graph, check):
     try:
         check(graph, Path("m.onnx"), frozenset())

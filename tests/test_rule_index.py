@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -127,9 +128,10 @@ def _unindexed(monkeypatch):
                         lambda model, version: onnxscript.version_converter.convert_version(model, version, fallback=True))
     monkeypatch.setattr(canonicalize, "_fully_typed", lambda model: False)  # the final whole-model inference runs
     monkeypatch.setattr(canonicalize, "_shape_and_dtype", _library_shape_and_dtype)
-    monkeypatch.setattr(canonicalize, "_frozen_heap", contextlib.nullcontext)
+    monkeypatch.setattr(canonicalize, "frozen_heap", contextlib.nullcontext)
     monkeypatch.setattr(canonicalize, "RemoveUnusedNodes", ir.passes.common.RemoveUnusedNodesPass)
     monkeypatch.setattr(canonicalize, "RemoveUnusedOpsets", ir.passes.common.RemoveUnusedOpsetsPass)
+    monkeypatch.setattr(canonicalize, "TopologicalSort", ir.passes.common.TopologicalSortPass)
     monkeypatch.setattr(canonicalize, "_steps_on_proto", lambda *args: None)  # every step on onnx-ir
 
 
@@ -199,6 +201,41 @@ def test_rule_conditions_reject_only_nodes_the_full_try_rejects():
         applied[name] = full
     assert applied == {"RemoveOptionalBiasFromConv": [False, False, True, False],
                        "NormalizePadFormatConv": [False, False, False, True]}
+
+
+def test_the_prefilter_follows_the_pattern_up_and_compares_the_values_a_variable_reads():
+    """A HardSwish written out in PP-OCR's operand order and a squeeze-excitation gate (``x * HardSigmoid(y)``), a
+    Clip by constants and one by a computed bound, a Mul of an activation by a constant: each variant of the library's
+    HardSwish fusions, its LayerNorm fusion and our ClipRuntimeBounds runs its full try only on the nodes it rewrites
+    (the producers' producers, a variable read twice, the conditions), and rewrites what the full rule rewrites."""
+    from compiler_core.mblt.rules import MBLT_REWRITE_RULES
+
+    constants = [numpy_helper.from_array(np.array(value, np.float32), name)
+                 for name, value in (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("scale", 2.0))]
+    nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["hs"]),
+             helper.make_node("ReduceMax", ["hs"], ["top"], keepdims=0),
+             helper.make_node("Clip", ["hs", "top"], ["clipped"]),
+             helper.make_node("HardSigmoid", ["clipped"], ["gate"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["hs", "gate"], ["se"]), helper.make_node("HardSigmoid", ["se"], ["g2"], alpha=1 / 6,
+                                                                             beta=0.5),
+             helper.make_node("Mul", ["g2", "se"], ["own"]), helper.make_node("Mul", ["own", "scale"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], constants)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    model = ir.serde.deserialize_model(proto)
+    names = ("HardSwishFusion", "HardSwishFusionFromHardSigmoid", "LayerNormFusion", "ClipRuntimeBounds")
+    rules = [rule for rule in [*canonicalize._LIBRARY_RULES, *MBLT_REWRITE_RULES] if rule.name in names]
+    applied = {}
+    for rule in map(copy.copy, rules):  # the rule objects stay as they are
+        full = [rule.try_rewrite(model, model.graph, node) is not None for node in model.graph]
+        _assert_tried_only_where_applied(rule, model, full)
+        applied[rule.name] = [a or b for a, b in zip(applied.get(rule.name, full), full)]
+    ops = [node.op_type for node in model.graph]
+    assert [ops[index] for index, hit in enumerate(applied["HardSwishFusion"]) if hit] == ["Div"]
+    assert [index for index, hit in enumerate(applied["HardSwishFusionFromHardSigmoid"]) if hit] == [9]
+    assert [index for index, hit in enumerate(applied["ClipRuntimeBounds"]) if hit] == [5]
+    assert not any(applied["LayerNormFusion"])
 
 
 def test_a_reshape_to_a_constant_shape_is_not_materialized_again():
@@ -302,8 +339,9 @@ def test_name_fix_names_as_the_library_pass_does(monkeypatch):
 
 
 def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
-    """Conv, Relu and Mul of activations are left alone without the library's node processing; the constant Add and
-    the Reshape (which has a partial evaluator) go through it; the folded graph is the library folder's."""
+    """Conv, Relu, Mul and Add of activations are left alone without the library's node processing (Add has a partial
+    evaluator, for shape values only); the constant Add and the Reshape (which has a partial evaluator) go through
+    it; the folded graph is the library folder's."""
     from onnxscript.optimizer import _constant_folding
 
     from compiler_core.mblt.rule_index import _FoldConstants
@@ -315,7 +353,7 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
                     numpy_helper.from_array(np.array([1, 32], np.int64), "s")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Add", ["k1", "k2"], ["k"]), helper.make_node("Mul", ["r", "k"], ["m"]),
-             helper.make_node("Reshape", ["m", "s"], ["y"])]
+             helper.make_node("Add", ["m", "k2"], ["a"]), helper.make_node("Reshape", ["a", "s"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], initializers)
     proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
@@ -329,6 +367,35 @@ def test_the_folder_hands_the_library_only_nodes_it_may_change(monkeypatch):
                         or library_process(self, node, is_function))
     assert _FoldConstants(**options)(ours).modified
     assert processed == ["Add", "Reshape"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_the_folder_hands_the_library_an_add_of_shape_values(monkeypatch):
+    """An Add of a dimension taken from a dynamic shape and a constant has shape values for both operands: the library's
+    partial evaluator gets it (and gives the Reshape after it a symbolic target), as without our shortcut."""
+    from onnxscript.optimizer import _constant_folding
+
+    from compiler_core.mblt.rule_index import _FoldConstants
+
+    initializers = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                    numpy_helper.from_array(np.array([1], np.int64), "one"),
+                    numpy_helper.from_array(np.array([-1], np.int64), "minus")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Add", ["n", "one"], ["m"]), helper.make_node("Concat", ["m", "minus"], ["t"], axis=0),
+             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    proto = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
+    options = {"shape_inference": True, "input_size_limit": 1 << 20, "output_size_limit": 1 << 20}
+    _constant_folding.FoldConstantsPass(**options)(library)
+    processed = []
+    library_process = _constant_folding.FoldConstantsPass.process_node
+    monkeypatch.setattr(_constant_folding.FoldConstantsPass, "process_node",
+                        lambda self, node, is_function: processed.append(node.op_type)
+                        or library_process(self, node, is_function))
+    _FoldConstants(**options)(ours)
+    assert "Add" in processed
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
 
 
@@ -455,9 +522,11 @@ def test_conv_operand_conditions_reject_only_nodes_the_full_try_rejects():
     assert m0 not in results["ConvAffineFusion"][1]
 
 
-def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
+def test_deduplicate_initializers_deduplicates_as_the_library_pass_does(monkeypatch):
     """Equal small initializers (from the protobuf and made in memory) become one; equal ones over the size limit, of
-    another dtype or that are a graph output stay."""
+    another dtype or that are a graph output stay. Only initializers whose dtype and dims another one has are read."""
+    from onnx_ir.passes.common import initializer_deduplication as _deduplication
+
     from compiler_core.mblt.rule_index import DeduplicateInitializers
 
     same = np.arange(4, dtype=np.float32)
@@ -474,9 +543,102 @@ def test_deduplicate_initializers_deduplicates_as_the_library_pass_does():
     ours, library = (ir.serde.deserialize_model(proto) for _ in range(2))
     for model in (ours, library):  # one made in memory, as folding and fusing make them
         model.graph.initializers["b"].const_value = ir.Tensor(same.copy(), name="b")
-    assert DeduplicateInitializers()(ours).modified and ir.passes.common.DeduplicateInitializersPass()(library).modified
+    assert ir.passes.common.DeduplicateInitializersPass()(library).modified
+    read = []
+    tobytes = _deduplication._tobytes
+    monkeypatch.setattr(_deduplication, "_tobytes", lambda tensor: read.append(tensor) or tobytes(tensor))
+    assert DeduplicateInitializers()(ours).modified
+    assert len(read) == 2  # a and b; c is the only float64 one, d and e are over the size limit, f is an output
     assert list(ours.graph.initializers) == ["a", "c", "d", "e", "f"]
     assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_topological_sort_sorts_as_the_library_pass_does_and_leaves_a_sorted_graph_unwalked(monkeypatch):
+    """A graph in order (the library's stable sort would keep it): left as it is, without the library's sort; one out
+    of order (a Relu listed before the Conv it reads): sorted as the library sorts it."""
+    from compiler_core.mblt.rule_index import TopologicalSort
+
+    def model(order):
+        nodes = {"conv": helper.make_node("Conv", ["x", "w"], ["c"]), "relu": helper.make_node("Relu", ["c"], ["r"]),
+                 "abs": helper.make_node("Abs", ["x"], ["a"]), "add": helper.make_node("Add", ["r", "a"], ["y"])}
+        graph = helper.make_graph([nodes[name] for name in order], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  [numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+    library_sort = ir.Graph.sort
+    sorts = []
+    monkeypatch.setattr(ir.Graph, "sort", lambda graph: sorts.append(graph) or library_sort(graph))
+    for order, expected_sorts in ((["conv", "relu", "abs", "add"], 0), (["relu", "conv", "abs", "add"], 1)):
+        ours, library = (ir.serde.deserialize_model(model(order)) for _ in range(2))
+        sorts.clear()
+        modified = TopologicalSort()(ours).modified
+        assert len(sorts) == expected_sorts
+        assert modified == ir.passes.common.TopologicalSortPass()(library).modified == bool(expected_sorts)
+        assert [node.op_type for node in ours.graph] == [node.op_type for node in library.graph]
+        assert ir.to_proto(ours).SerializeToString() == ir.to_proto(library).SerializeToString()
+
+
+def test_a_read_once_tensor_reads_its_protobuf_once_and_hands_out_what_the_library_does(monkeypatch):
+    """Shape, dtype and a small array are read from the protobuf on the first call only; a writable array (typed data)
+    comes as a fresh copy each time, a read-only one (raw data) as the library's; the tensor serializes as before."""
+    from compiler_core.mblt.rule_index import ReadOnceTensor
+
+    reads = []
+    library_numpy = ir.serde.TensorProtoTensor.numpy
+    monkeypatch.setattr(ir.serde.TensorProtoTensor, "numpy", lambda self: reads.append(self) or library_numpy(self))
+    typed = helper.make_tensor("typed", TensorProto.FLOAT, [2], [1.5, 2.5])
+    raw = numpy_helper.from_array(np.array([3, 4], np.int64), "raw")
+    for proto, writable in ((typed, True), (raw, False)):
+        reads.clear()
+        tensor = ReadOnceTensor(proto)
+        first, second = tensor.numpy(), tensor.numpy()
+        assert len(reads) == 1 and first.flags.writeable == second.flags.writeable == writable
+        np.testing.assert_array_equal(first, ir.serde.TensorProtoTensor(proto).numpy())
+        if writable:
+            first[0] = 0.0
+            assert tensor.numpy()[0] == 1.5  # a caller's change stays its own
+        assert tensor.shape == ir.Shape([2]) and tensor.dtype == ir.serde.TensorProtoTensor(proto).dtype
+        assert ir.serde.serialize_tensor(tensor).SerializeToString() == proto.SerializeToString()
+
+
+def test_shape_merging_reads_each_distinct_inferred_type_once(monkeypatch):
+    """Three values of one inferred type and one of another: two type readings, and every value gets the shape and
+    dtype the library's reading gives it (equal frozen shapes, shared)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["b"], ["c"]), helper.make_node("ReduceSum", ["c"], ["d"], keepdims=0),
+             helper.make_node("Identity", ["d"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    inferred = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    types = {info.name: info.type for info in inferred.graph.value_info}
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    readings = []
+    reading = canonicalize._shape_and_dtype
+    monkeypatch.setattr(canonicalize, "_shape_and_dtype", lambda type_proto: readings.append(1) or reading(type_proto))
+    canonicalize._merge_types(model, types)
+    assert len(readings) == 2
+    values = {value.name: value for node in model.graph for value in node.outputs}
+    for name, type_proto in types.items():
+        assert (values[name].shape, values[name].dtype) == _library_shape_and_dtype(type_proto)
+    assert values["a"].shape is values["c"].shape and values["a"].shape.frozen
+
+
+def test_importing_the_parser_builds_its_rule_sets_and_op_set_once():
+    """The optimizer's and the legalization's rule sets and the MBLT op set are built when the parser is imported (in a
+    fresh interpreter: before any parse), not inside the first parse."""
+    import subprocess
+    import sys
+
+    code = ("import sys, compiler_core.api\n"
+            "from compiler_core.mblt import canonicalize, rule_index\n"
+            "print(rule_index._DEFAULT_RULES is not None, canonicalize._legalize_rules.cache_info().currsize,\n"
+            "      'compiler_core.ops.table' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                            timeout=120)
+    assert result.stdout.split() == ["True", "1", "True"]
 
 
 def test_output_fix_fixes_as_the_library_pass_does(monkeypatch):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import onnx
 import onnx_ir as ir
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
@@ -126,8 +127,10 @@ def _read_proto(path: Path, kind: str, hint: str) -> onnx.ModelProto:
         raise ModelLoadError(f"'{path}' is a folder, not an {kind} file.",
                              hint="Pass the file itself, or choose the backend for this folder with --backend.",
                              file=str(path))
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
+    file_format = onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
+    try:  # what onnx.load(path, load_external_data=False) does, keeping the bytes for the UTF-8 check
+        data = path.read_bytes()
+        proto = onnx.load_model_from_string(data, format=file_format)
     except (DecodeError, RuntimeWarning, ValueError, OSError, UnicodeDecodeError) as error:
         from compiler_core.frontends import misnamed_hint
 
@@ -138,11 +141,48 @@ def _read_proto(path: Path, kind: str, hint: str) -> onnx.ModelProto:
 
         raise ModelLoadError(f"'{path.name}' is not an {kind} model (no graph, opset or nodes found).",
                              hint=hint + misnamed_hint(path, "onnx"), file=str(path))
-    bad_text = _first_invalid_text(proto)
+    parse_checks = file_format == "protobuf" and len(data) <= _PARSE_CHECK_BYTES_PER_NODE * len(proto.graph.node)
+    bad_text = None if parse_checks and _all_text_utf8(data) else _first_invalid_text(proto)
+    del data
     if bad_text is not None:
         raise ModelLoadError(f"'{path.name}' is corrupt: the text field '{bad_text}' is not valid UTF-8.",
                              hint=hint, file=str(path))
     return proto
+
+
+def _utf8_checking_model_class() -> type | None:
+    """``onnx.ModelProto`` declared in proto3 syntax, whose parser refuses a string field that is not UTF-8 (proto2's,
+    ONNX's, takes any bytes); None if this protobuf cannot build it. Built once, when this module is imported."""
+    try:
+        file = descriptor_pb2.FileDescriptorProto()
+        onnx.ModelProto.DESCRIPTOR.file.CopyToProto(file)
+        file.syntax = "proto3"  # ONNX's messages have no required fields, defaults or non-zero first enum values
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(file)
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(onnx.ModelProto.DESCRIPTOR.full_name))
+    except Exception:  # noqa: BLE001 - the Python walk checks the text instead
+        logger.debug("No proto3 ModelProto for the UTF-8 check; text fields are checked one by one", exc_info=True)
+        return None
+
+
+_UTF8_CHECKING_MODEL = _utf8_checking_model_class()
+_PARSE_CHECK_BYTES_PER_NODE = 4096
+"""File bytes per node up to which the UTF-8 check parses the file again (:func:`_all_text_utf8`) instead of walking its
+fields: the parse copies the weights into fresh memory, about 1 ms per MB in a fresh process here (page faults); the
+walk costs about 5 us per node (PP-OCR cls, 0.6 MB, 566 nodes: 0.2 ms against 3 ms; MobileNetV2, 14 MB, 222 nodes:
+14 ms against 2 ms)."""
+
+
+def _all_text_utf8(data: bytes) -> bool:
+    """True if every string field of the serialized model ``data`` is UTF-8, as the proto3 parser checks it (in C); False
+    when that parse fails for any reason, leaving the answer to :func:`_first_invalid_text`, which names the field."""
+    if _UTF8_CHECKING_MODEL is None:
+        return False
+    try:
+        _UTF8_CHECKING_MODEL.FromString(data)
+    except Exception:  # noqa: BLE001 - DecodeError for text that is not UTF-8; anything else: the walk decides
+        return False
+    return True
 
 
 def _repeated(field) -> bool:
@@ -252,7 +292,10 @@ _PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in
 """Sub-byte types pack several values per byte: their lengths are not checked here."""
 
 
+@functools.cache
 def _itemsize(data_type: int) -> int:
+    """Bytes per element of an ONNX data type (1 for unknown and sub-byte types); cached: ONNX's look-up takes a few
+    microseconds, and it is asked twice for every tensor of a model."""
     try:
         return max(1, onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
     except (KeyError, ValueError, TypeError):
@@ -425,11 +468,19 @@ def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
 
 
 def _all_tensors(graph: onnx.GraphProto):
+    """Every tensor of the graph: initializers, then each node's attribute tensors (a ``TENSOR`` attribute's ``t``, any
+    ``tensors``) and its subgraphs' tensors, in order."""
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR:
+            kind = attribute.type
+            if kind == _TENSOR:
                 yield attribute.t
-            yield from attribute.tensors
-            for subgraph in _subgraphs(attribute):
-                yield from _all_tensors(subgraph)
+            if attribute.tensors:
+                yield from attribute.tensors
+            if kind in _GRAPH_TYPES:
+                for subgraph in _subgraphs(attribute):
+                    yield from _all_tensors(subgraph)
+
+
+_TENSOR = onnx.AttributeProto.TENSOR

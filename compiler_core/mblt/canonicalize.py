@@ -21,7 +21,6 @@ from contextlib import contextmanager
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes import common as common_passes
 from onnx_ir.passes.common import _c_api_utils
 from onnx_ir.passes.common import shape_inference as ir_shape_inference
 from onnxscript.rewriter import RewriteRuleSet, _rewrite_rule
@@ -58,14 +57,18 @@ from compiler_core.mblt.rule_index import (
     LiftConstants,
     RemoveUnusedNodes,
     RemoveUnusedOpsets,
+    TopologicalSort,
     all_nodes,
     apply_rules,
+    default_rules,
     holds_graph,
     indexed_rule_set,
     merge_equal_weights,
     optimize,
+    read_once,
 )
 from compiler_core.mblt.rules import EXACT_NO_OP_RULES, MBLT_REWRITE_RULES
+from compiler_core.ops import canonical_op_types
 from compiler_core.progress import Reporter, as_reporter
 
 logger = logging.getLogger(__name__)
@@ -136,7 +139,7 @@ def canonicalize(
         ("tidy", _tidy),
         ("verify", lambda m: _verify(m, source_inference[0] if source_inference else None, keep_checked)),
     ]
-    with reporter.stage("canonicalize", total=len(steps)), _frozen_heap():
+    with reporter.stage("canonicalize", total=len(steps)), frozen_heap():
         done = 0
         if isinstance(model, CheckedModelProto):
             converted = _steps_on_proto(model, input_shape_dict or {}, constant_inputs or {}, output_names or (),
@@ -146,6 +149,7 @@ def canonicalize(
                 done = _PROTO_STEPS
             else:
                 model = model.to_ir()
+                read_once(model.graph)
         for name, step in steps[done:]:
             step(model)
             reporter.advance(message=name)
@@ -211,14 +215,22 @@ def _plain_old_opset_graph(proto: onnx.ModelProto) -> bool:
         return False
     graph = proto.graph
     infos = (*graph.input, *graph.output, *graph.value_info)
-    return (not proto.functions and not graph.sparse_initializer
-            and all(node.domain == "" and node.op_type not in opset.DATA_DEPENDENT_OPS
-                    and node.op_type not in DYNAMIC_QUANT_OPS
-                    and all(a.type not in _PROTO_GRAPH_TYPES and not _widened_attribute(a) for a in node.attribute)
-                    for node in graph.node)
+    return (not proto.functions and not graph.sparse_initializer and _plain_nodes(graph)
             and all(info.type.HasField("tensor_type") and info.type.tensor_type.elem_type not in _WIDENED_CODES
                     for info in infos)
             and all(tensor.data_type not in _WIDENED_CODES for tensor in graph.initializer))
+
+
+def _plain_nodes(graph: onnx.GraphProto) -> bool:
+    """Every node is a standard op that is not data-dependent or dynamically quantized, with no subgraph and no
+    float16/bfloat16/float64 attribute (loops, not generators: one pass over hundreds of nodes per parse)."""
+    for node in graph.node:
+        if node.domain != "" or node.op_type in opset.DATA_DEPENDENT_OPS or node.op_type in DYNAMIC_QUANT_OPS:
+            return False
+        for attribute in node.attribute:
+            if attribute.type in _PROTO_GRAPH_TYPES or _widened_attribute(attribute):
+                return False
+    return True
 
 
 _PROTO_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -247,7 +259,8 @@ def _record_source_names_proto(proto: onnx.ModelProto) -> list[str]:
     proto.ir_version = max(proto.ir_version or 0, opset.MBLT_IR_VERSION)
     names = []
     for index, node in enumerate(proto.graph.node):
-        recorded = [entry.value for entry in node.metadata_props if entry.key == SOURCE_NAME_KEY]
+        recorded = [entry.value for entry in node.metadata_props if entry.key == SOURCE_NAME_KEY] \
+            if node.metadata_props else ()
         if recorded:
             names.append(recorded[-1])
         else:
@@ -365,6 +378,7 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
             model.graph.initializers[name].const_value = ir.serde.deserialize_tensor(tensor)
     for name, array in weights.items():  # and of the lifted Constant weights
         model.graph.initializers[name].const_value = array
+    read_once(model.graph)
     _merge_types(model, {info.name: info.type for info in value_info})
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
     logger.info("Converted opset %s -> %s", current, opset.MBLT_OPSET_VERSION)
@@ -410,8 +424,8 @@ def _lift_constants_proto(graph: onnx.GraphProto, pending: Mapping[str, tuple[on
             name = node.output[0]
             if name in outputs:
                 continue
-            tensor = graph.initializer.add()
-            tensor.CopyFrom(node.attribute[0].t)
+            graph.initializer.append(node.attribute[0].t)  # a copy, made quicker than add() and CopyFrom
+            tensor = graph.initializer[-1]
             tensor.name = name
             if name in pending:
                 array = _array_over(tensor, pending[name][1])
@@ -678,7 +692,8 @@ def _legalize(model: ir.Model) -> None:
         with _quiet(_FOLDER_LOGGER, "Evaluation failed"):
             optimize(model, num_iterations=2, input_size_limit=_FOLD_SIZE_LIMIT,
                      output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
-    _fold_remaining_constants(model)
+    else:  # out of rounds; a loop that settled ended on a fold that found nothing, on the graph as it is now
+        _fold_remaining_constants(model)
     _remove_unused_initializers(model)
     if merged := merge_equal_weights(model.graph):
         logger.info("Merged %d weight(s) equal to another (a weight the model shares between layers).", merged)
@@ -689,6 +704,16 @@ def _legalize_rules(make_rule_set: Callable[[list], RewriteRuleSet]) -> RewriteR
     """Our rules and the library's, as one rule set built once per process (rules keep no state between graphs,
     like the library's default rule set); keyed by the factory, so a test may substitute the library's."""
     return make_rule_set([*MBLT_REWRITE_RULES, *_LIBRARY_RULES])
+
+
+def _build_registries() -> None:
+    """Build, once per process, what every parse consults and no model changes: the optimizer's and the legalization's
+    rule sets and the MBLT op set (the op registry's table). Called when this module is imported (as the library builds
+    its default rule set when it is imported), so a parse only does the work of its model: built lazily, they were
+    2-4 ms of the first parse of a process (the op table is compiled from source where no bytecode is cached)."""
+    default_rules()
+    _legalize_rules(indexed_rule_set)
+    canonical_op_types()
 
 
 def _fold_remaining_constants(model: ir.Model) -> int:
@@ -742,7 +767,7 @@ def _evaluate_constant_node(folded: onnx.ModelProto) -> list[np.ndarray]:
 def _tidy(model: ir.Model) -> None:
     RemoveUnusedNodes()(model)
     RemoveUnusedOpsets()(model)
-    common_passes.TopologicalSortPass()(model)
+    TopologicalSort()(model)
     _strip_foreign_metadata(model)
     assign_canonical_names(model)
     if not _fully_typed(model):
@@ -801,20 +826,28 @@ def _verify(model: ir.Model, source_inference: InvalidModelError | None = None, 
 
 _FREEZE_LOCK = threading.Lock()
 _freeze_depth = 0
+_saved_threshold = gc.get_threshold()
+_YOUNG_THRESHOLD = 5000
+"""Allocations between two collections of the youngest generation while the heap is frozen (Python's default is 700):
+a parse's passes make thousands of short-lived objects, and each collection also walks the graph's new objects
+(PP-OCR cls: 13 young collections and one of the middle generation per parse, 1.3 ms; one young collection at 5000)."""
 
 
 @contextmanager
-def _frozen_heap():
+def frozen_heap():
     """Keep the objects that exist now (imported modules, the loaded graph) out of garbage collection for a while.
 
     The passes allocate enough to trigger a full collection, which scans every live object (about
     90,000 after the imports, plus the graph): 55-60 ms per parse here, a fifth of a small model's
     parse. Frozen objects are not scanned; objects created inside are collected as usual, and on exit
-    the frozen ones return to the oldest generation, so garbage among them is collected later.
+    the frozen ones return to the oldest generation, so garbage among them is collected later. Meanwhile the youngest
+    generation is collected less often (:data:`_YOUNG_THRESHOLD`); the threshold is restored on exit.
     Nested and concurrent uses unfreeze only when the last one exits; a heap frozen by someone else
-    is left as it is (unfreezing would undo their freeze).
+    is left as it is (unfreezing would undo their freeze). The parse API holds it from the load to the written MBLT:
+    a full collection due when a process has just imported the compiler (the import leaves one pending) otherwise
+    fell on the load (70 ms of a 110 ms first parse of PP-OCR cls).
     """
-    global _freeze_depth
+    global _freeze_depth, _saved_threshold
     with _FREEZE_LOCK:
         if _freeze_depth == 0 and gc.get_freeze_count():
             owner = False
@@ -822,6 +855,8 @@ def _frozen_heap():
             owner = True
             if _freeze_depth == 0:
                 gc.freeze()
+                _saved_threshold = gc.get_threshold()
+                gc.set_threshold(max(_saved_threshold[0], _YOUNG_THRESHOLD), *_saved_threshold[1:])
             _freeze_depth += 1
     try:
         yield
@@ -830,6 +865,7 @@ def _frozen_heap():
             with _FREEZE_LOCK:
                 _freeze_depth -= 1
                 if _freeze_depth == 0:
+                    gc.set_threshold(*_saved_threshold)
                     gc.unfreeze()
 
 
@@ -905,12 +941,23 @@ def _merge_main_graph(model: ir.Model, inferred: onnx.ModelProto) -> None:
 
 
 def _merge_types(model: ir.Model, types: Mapping[str, onnx.TypeProto]) -> None:
-    """Set the shape and dtype of each main-graph value named in ``types`` to the ones given there."""
+    """Set the shape and dtype of each main-graph value named in ``types`` to the ones given there.
+
+    Equal types (the same serialized ``TypeProto``) are read once: values of one type share its frozen shape (a frozen
+    ``ir.Shape`` cannot change, so sharing it is as good as a copy each); a shape that is not frozen is not shared.
+    """
+    read: dict[bytes, tuple[ir.Shape | None, ir.DataType | None]] = {}
     for name, value in ir.convenience.create_value_mapping(model.graph).items():
         type_proto = types.get(name)
         if type_proto is None:
             continue
-        shape, dtype = _shape_and_dtype(type_proto)
+        key = type_proto.SerializeToString()
+        shape_and_dtype = read.get(key)
+        if shape_and_dtype is None:
+            shape_and_dtype = _shape_and_dtype(type_proto)
+            if shape_and_dtype[0] is None or shape_and_dtype[0].frozen:
+                read[key] = shape_and_dtype
+        shape, dtype = shape_and_dtype
         if shape is not None and value.shape != shape:
             value.shape = shape
         if dtype is not None and value.dtype != dtype:
@@ -971,7 +1018,7 @@ def _reshape_problem(source: list[int], target: list[int], allowzero: bool) -> s
         return "at most one -1 and no other negative size is allowed"
     if allowzero and -1 in dims and 0 in dims:
         return "with allowzero, a target shape cannot hold both 0 and -1"
-    total, known = int(np.prod(source, dtype=object)), int(np.prod([d for d in dims if d != -1], dtype=object))
+    total, known = math.prod(source), math.prod(d for d in dims if d != -1)  # Python ints: exact, as numpy's object products
     if -1 in dims:
         return None if (known and total % known == 0) or (not known and total == 0) else \
             f"{total} elements do not divide into the known sizes ({known})"
@@ -1195,3 +1242,6 @@ def _shape_text(dims: object) -> str:
 def _first_line(error: Exception) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+_build_registries()

@@ -9,6 +9,7 @@ initializers after their first consumer and the operand's schema name (``Conv_0.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 
@@ -54,14 +55,23 @@ def _initializer_name(value: ir.Value) -> str:
 
 
 def _operand_name(node: ir.Node, index: int) -> str:
-    try:
-        schema = onnx.defs.get_schema(node.op_type, 21, node.domain)
-    except onnx.defs.SchemaError:
+    formal = _formal_inputs(node.op_type, node.domain)
+    if formal is None:
         return f"in{index}"
-    formal = schema.inputs
     if index < len(formal):
-        return formal[index].name
-    return f"{formal[-1].name}{index}" if formal else f"in{index}"
+        return formal[index]
+    return f"{formal[-1]}{index}" if formal else f"in{index}"
+
+
+@functools.cache
+def _formal_inputs(op_type: str, domain: str) -> tuple[str, ...] | None:
+    """The names of the op's formal inputs at opset 21, or None without a schema (looked up once per op type: each
+    ``get_schema`` builds a Python schema object, and a model has an initializer for most of its weights)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, 21, domain)
+    except onnx.defs.SchemaError:
+        return None
+    return tuple(formal.name for formal in schema.inputs)
 
 
 def _next_name(prefix: str, counters: Counter[str]) -> str:

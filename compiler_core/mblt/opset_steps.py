@@ -154,6 +154,7 @@ _AXES_TO_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceL1": 1
                   "ReduceSumSquare": 18}
 """Op -> the version at which ``axes`` moves from an attribute to an input (the ``AxesAttributeToInput`` steps)."""
 _SOFTMAX_OPS = ("Softmax", "LogSoftmax")
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
@@ -179,30 +180,36 @@ def _steps(op_type: str, source: int, target: int) -> list[int] | None:
     return steps[::-1]
 
 
-def _plan(node: onnx.NodeProto, source: int, target: int) -> list[tuple[int, str]] | None:
+def _plan(node: onnx.NodeProto, source: int, target: int) -> tuple[tuple[int, str], ...] | None:
     """The (version, adapter) steps the upgrade applies to ``node`` (adapters ``axes``, ``softmax``, ``num_outputs``,
-    ``layout``), or None if one is not written here."""
-    steps = _steps(node.op_type, source, target)
+    ``layout``), or None if one is not written here: the same for every node of an op type (a BatchNormalization's
+    also depends on whether it has its training outputs), so worked out once per kind of node and upgrade."""
+    return _plan_of(node.op_type, node.op_type == "BatchNormalization" and len(node.output) < 4, source, target)
+
+
+@functools.cache
+def _plan_of(op_type: str, inference_batchnorm: bool, source: int, target: int) -> tuple[tuple[int, str], ...] | None:
+    steps = _steps(op_type, source, target)
     if steps is None:
         return None
     adapters = []
-    compatible = COMPATIBLE_STEPS.get(node.op_type, ())
+    compatible = COMPATIBLE_STEPS.get(op_type, ())
     for version in steps:
         if version in compatible:
             continue
-        if _AXES_TO_INPUT.get(node.op_type) == version:
+        if _AXES_TO_INPUT.get(op_type) == version:
             adapters.append((version, "axes"))
-        elif node.op_type in _SOFTMAX_OPS and version == 13:
+        elif op_type in _SOFTMAX_OPS and version == 13:
             adapters.append((version, "softmax"))
-        elif node.op_type == "BatchNormalization" and version == 14 and len(node.output) < 4:
+        elif inference_batchnorm and version == 14:
             continue
-        elif node.op_type == "Split" and version == 18:
+        elif op_type == "Split" and version == 18:
             adapters.append((version, "num_outputs"))
-        elif node.op_type in _RECURRENT_OPS and version == 14:
+        elif op_type in _RECURRENT_OPS and version == 14:
             adapters.append((version, "layout"))
         else:
             return None
-    return adapters
+    return tuple(adapters)
 
 
 def convert_natively(proto: onnx.ModelProto, target_version: int, *,
@@ -225,9 +232,11 @@ def convert_natively(proto: onnx.ModelProto, target_version: int, *,
     source = default[0].version
     plans = []
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                                     for a in node.attribute):
+        if node.domain not in ("", "ai.onnx"):
             return None
+        for attribute in node.attribute:
+            if attribute.type in _GRAPH_TYPES:
+                return None
         plan = _plan(node, source, target_version)
         if plan is None:
             return None
@@ -277,7 +286,7 @@ def softmax_axes_last(source: onnx.ModelProto, inferred: onnx.ModelProto | None,
                for name, axis in axes.items())
 
 
-def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[list[tuple[int, str]]]) -> dict[str, int] | None:
+def _softmax_input_ranks(proto: onnx.ModelProto, plans: list[tuple[tuple[int, str], ...]]) -> dict[str, int] | None:
     """Input name -> rank for every Softmax the upgrade adapts, as the C API sees it after its first, non-strict
     inference: 0 where no shape is known (the C++ adapter reads an empty size list then); None if inference fails."""
     names = {node.input[0] for node, plan in zip(proto.graph.node, plans) if any(a == "softmax" for _, a in plan)}
@@ -326,7 +335,7 @@ class _ValueNames:
         return name
 
 
-def _adapt_nodes(model: onnx.ModelProto, plans: list[list[tuple[int, str]]], ranks: dict[str, int]) -> bool:
+def _adapt_nodes(model: onnx.ModelProto, plans: list[tuple[tuple[int, str], ...]], ranks: dict[str, int]) -> bool:
     """Rewrite the nodes whose plan has adapters, inserting the C API's new nodes around them, in the C API's order
     (opset step by opset step, nodes in graph order); False if a new value's name is already used (left to the C
     API)."""

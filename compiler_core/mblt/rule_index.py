@@ -21,8 +21,10 @@ import functools
 import hashlib
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -36,7 +38,7 @@ from onnxscript.rewriter import RewriteRuleSet, _context
 from onnxscript.rewriter import _rewrite_rule as rewrite_rule_module
 from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._pattern_ir import Constant as ConstantPattern
-from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
+from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern, Var
 from onnxscript.rewriter._rewrite_rule import RewriteRule
 from onnxscript.rewriter.rules.common import _fuse_batchnorm, _no_op
 
@@ -69,6 +71,61 @@ def input_op_types(rule: RewriteRule) -> list[tuple[int, str]]:
     return required
 
 
+def producer_tree(rule: RewriteRule, depth: int = 4) -> tuple[tuple[int, str, tuple], ...]:
+    """:func:`input_op_types` followed up the pattern: (input position, op type, the same for that producer's inputs)
+    down to ``depth`` nodes from the root. The matcher matches a computed input's producer with the pattern's node
+    (its op type first) and that node's inputs in turn, so a graph whose producers have other op types fails it too
+    (a pattern written in several operand orders is a rule per order: only one order's producers fit)."""
+    if root_op_type(rule) is None:
+        return ()
+    return _required_producers(rule._target_pattern.output_nodes[0], depth)
+
+
+def shared_variables(rule: RewriteRule, depth: int = 4) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The places, within :func:`producer_tree`'s reach, of each pattern variable the pattern reads more than once: for
+    each, the input-position paths from the root (``(1,)``: the root's input 1; ``(0, 0)``: input 0 of the root's
+    input-0 producer). The matcher binds a variable to one value, so a graph whose values there differ fails it (the
+    ``x`` of ``HardSigmoid(x) * x``)."""
+    if root_op_type(rule) is None:
+        return ()
+    places: dict[str, list[tuple[int, ...]]] = {}
+    _variable_places(rule._target_pattern.output_nodes[0], (), depth, places)
+    return tuple(tuple(paths) for paths in places.values() if len(paths) > 1)
+
+
+def _variable_places(node_pattern, path: tuple[int, ...], depth: int, places: dict) -> None:
+    for index, value in enumerate(node_pattern.inputs):
+        if isinstance(value, NodeOutputPattern) and isinstance(value.producer().op, StringConstantPattern):
+            if depth > 1:
+                _variable_places(value.producer(), (*path, index), depth - 1, places)
+        elif isinstance(value, Var) and value.name is not None:
+            places.setdefault(value.name, []).append((*path, index))
+
+
+def _at(node: ir.Node, path: tuple[int, ...]) -> ir.Value | None:
+    """The value at ``path`` from ``node`` (see :func:`shared_variables`), whose producers :func:`_inputs_produced_by`
+    found."""
+    value = None
+    for index in path:
+        if value is not None:
+            node = value.producer()
+            if node is None:
+                return None
+        value = node.inputs[index] if index < len(node.inputs) else None
+        if value is None:
+            return None
+    return value
+
+
+def _required_producers(node_pattern, depth: int) -> tuple[tuple[int, str, tuple], ...]:
+    required = []
+    for index, value in enumerate(node_pattern.inputs):
+        if isinstance(value, NodeOutputPattern) and isinstance(value.producer().op, StringConstantPattern):
+            inner = _required_producers(value.producer(), depth - 1) if depth > 1 else ()
+            required.append((index, value.producer().op.value(), inner))
+    return tuple(required)
+
+
 def constant_inputs(rule: RewriteRule) -> list[tuple[int, bool]]:
     """(input position, scalar?) of the root node's inputs the pattern requires to be constants.
 
@@ -87,31 +144,64 @@ def indexed_rules(rules: Sequence[RewriteRule]) -> list[RewriteRule]:
     return [_skip_other_op_types(rule) for rule in rules]
 
 
+class Prefilter(NamedTuple):
+    """What an indexed rule checks on a node of its pattern's root op type before the library's full try (the pattern
+    match and check), each a test the full try would also fail: the root's inputs are produced by the op types the
+    pattern computes them with (and their inputs in turn, four nodes up), a variable the pattern reads twice there is
+    one value, the root's constant operands are the pattern's constants, and the rule's condition
+    (:data:`_RULE_CONDITIONS`) holds. Empty checks are skipped."""
+
+    producers: tuple[tuple[int, str, tuple], ...]
+    """What :func:`producer_tree` requires of the root's inputs."""
+    constants: tuple[tuple[int, ConstantPattern], ...]
+    condition: Callable[[ir.Node], bool] | None
+    full_try: Callable
+    """The library's ``try_rewrite`` of the rule."""
+    shared: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    """What :func:`shared_variables` finds: places that must hold one value."""
+
+
+def admits(prefilter: Prefilter, node: ir.Node) -> bool:
+    """True if the full try of the prefilter's rule may rewrite ``node`` (of the rule's root op type)."""
+    return ((not prefilter.producers or _inputs_produced_by(node, prefilter.producers))
+            and (not prefilter.shared or _same_values(node, prefilter.shared))
+            and (not prefilter.constants or _constants_match(node, prefilter.constants))
+            and (prefilter.condition is None or _holds(prefilter.condition, node)))
+
+
+def _same_values(node: ir.Node, shared: tuple[tuple[tuple[int, ...], ...], ...]) -> bool:
+    for paths in shared:
+        first = _at(node, paths[0])
+        if any(_at(node, path) is not first for path in paths[1:]):
+            return False
+    return True
+
+
 def _skip_other_op_types(rule: RewriteRule) -> RewriteRule:
     op_type = root_op_type(rule)
     if op_type is None:
         return rule
     indexed = copy.copy(rule)
     full_try = rule.try_rewrite
-    producers = input_op_types(rule)
-    constants = _constant_patterns(rule)
-    may_apply = _RULE_CONDITIONS.get(rule.name or "", _always)
+    prefilter = Prefilter(producer_tree(rule), tuple(_constant_patterns(rule)),
+                          _RULE_CONDITIONS.get(rule.name or ""), full_try, shared_variables(rule))
 
     def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
-        if tracer is None and (node.op_type != op_type or not _inputs_produced_by(node, producers)
-                               or not _constants_match(node, constants) or not _holds(may_apply, node)):
+        if tracer is None and (node.op_type != op_type or not admits(prefilter, node)):
             return None
         return full_try(model, graph_or_function, node, verbose=verbose, tracer=tracer)
 
     indexed.try_rewrite = try_rewrite
+    indexed.prefilter = prefilter  # read by IndexedRuleSet, which calls admits and full_try without the wrapper
     return indexed
 
 
-def _inputs_produced_by(node: ir.Node, producers: list[tuple[int, str]]) -> bool:
-    for index, op_type in producers:
+def _inputs_produced_by(node: ir.Node, producers: Sequence[tuple[int, str, tuple]]) -> bool:
+    """True if the node's inputs are produced by nodes of the op types :func:`producer_tree` requires, up the tree."""
+    for index, op_type, inner in producers:
         value = node.inputs[index] if index < len(node.inputs) else None
         producer = value.producer() if value is not None else None
-        if producer is None or producer.op_type != op_type:
+        if producer is None or producer.op_type != op_type or (inner and not _inputs_produced_by(producer, inner)):
             return False
     return True
 
@@ -125,7 +215,7 @@ def _constant_patterns(rule: RewriteRule) -> list[tuple[int, ConstantPattern]]:
             if isinstance(value, ConstantPattern)]
 
 
-def _constants_match(node: ir.Node, constants: list[tuple[int, ConstantPattern]]) -> bool:
+def _constants_match(node: ir.Node, constants: Sequence[tuple[int, ConstantPattern]]) -> bool:
     """False if an input the pattern wants to be a given constant is not one: the comparison of onnxscript's matcher
     (``PatternMatcher._match_constant``: a constant, a scalar or a vector of the pattern's length, each value close to
     the pattern's within its tolerances), which would fail the full match the same way."""
@@ -147,10 +237,6 @@ def _constants_match(node: ir.Node, constants: list[tuple[int, ConstantPattern]]
         elif array.ndim != 0 or not math.isclose(array.item(), expected, rel_tol=pattern._rel_tol,
                                                  abs_tol=pattern._abs_tol):
             return False
-    return True
-
-
-def _always(node: ir.Node) -> bool:
     return True
 
 
@@ -232,7 +318,26 @@ def _shape_computed(node: ir.Node) -> bool:
     return shape is None or shape.const_value is None
 
 
+def _normalized_deviation(node: ir.Node) -> bool:
+    """onnxscript's ``LayerNormFusion`` (``Mul(normalized, scale)``): its first operand is computed by a Mul or a Div
+    (``deviation * inv_std_dev`` or ``deviation / std_dev``, the pattern's two ways) whose first operand is computed
+    by a Sub (``deviation = x - mean``)."""
+    normalized = node.inputs[0] if node.inputs else None
+    producer = normalized.producer() if normalized is not None else None
+    if producer is None or producer.op_type not in ("Mul", "Div") or not producer.inputs:
+        return False
+    deviation = producer.inputs[0]
+    return deviation is not None and deviation.producer() is not None and deviation.producer().op_type == "Sub"
+
+
+def _bound_computed(node: ir.Node) -> bool:
+    """Our ``ClipRuntimeBounds`` check: a Clip bound (a named input 1 or 2) that is not a constant."""
+    return any(value is not None and value.name and value.const_value is None for value in node.inputs[1:3])
+
+
 _RULE_CONDITIONS: dict[str, Callable[[ir.Node], bool]] = {
+    "LayerNormFusion": _normalized_deviation,
+    "ClipRuntimeBounds": _bound_computed,
     "MaterializeReshapeShape": _shape_computed,
     "SplitWideConvKernel": _kernel_too_wide,
     "FramedStridedConv": _stride_too_long,
@@ -261,16 +366,18 @@ class IndexedRuleSet(RewriteRuleSet):
 
     def __init__(self, rules: Sequence[RewriteRule]) -> None:
         super().__init__(rules)
-        self._by_op_type: dict[str, list[RewriteRule]] = {}
-        self._roots = [root_op_type(rule) for rule in self.rules]
+        roots = [root_op_type(rule) for rule in self.rules]
+        entries = [(rule, getattr(rule, "apply_directly", None), getattr(rule, "prefilter", None)) for rule in self.rules]
+        self._by_op_type = {op_type: [entry for entry, root in zip(entries, roots) if root in (None, op_type)]
+                            for op_type in set(roots) - {None}}
+        self._any_op_type = [entry for entry, root in zip(entries, roots) if root is None]
         self._library_path = any(rule.as_function for rule in self.rules)
 
-    def _candidates(self, op_type: str) -> list[RewriteRule]:
-        candidates = self._by_op_type.get(op_type)
-        if candidates is None:
-            candidates = [rule for rule, root in zip(self.rules, self._roots) if root in (None, op_type)]
-            self._by_op_type[op_type] = candidates
-        return candidates
+    def _candidates(self, op_type: str) -> list[tuple[RewriteRule, Callable | None, Prefilter | None]]:
+        """(rule, its ``apply_directly``, its :class:`Prefilter`) of the rules that may match at a node of ``op_type``,
+        in the set's order (listed when the set is built); the prefilter is None for a rule that is not an indexed copy
+        (tried in full)."""
+        return self._by_op_type.get(op_type, self._any_op_type)
 
     def _apply_to_graph_or_function(self, model: ir.Model, graph_or_function: ir.Graph | ir.Function, *,
                                     verbose: int | None, tracer=None) -> int:
@@ -281,14 +388,18 @@ class IndexedRuleSet(RewriteRuleSet):
                 rule.graph_pre_visitor()
         count = 0
         for node in graph_or_function:
-            for rule in self._candidates(node.op_type):
-                direct = getattr(rule, "apply_directly", None)
+            for rule, direct, prefilter in self._candidates(node.op_type):
                 if direct is not None:
                     if direct(graph_or_function, node):
                         count += 1
                         break
                     continue
-                delta = rule.try_rewrite(model, graph_or_function, node, verbose=verbose)
+                if prefilter is None:
+                    delta = rule.try_rewrite(model, graph_or_function, node, verbose=verbose)
+                elif admits(prefilter, node):  # what the indexed copy's try_rewrite does, one call fewer per node
+                    delta = prefilter.full_try(model, graph_or_function, node, verbose=verbose)
+                else:
+                    continue
                 if delta is None:
                     continue
                 if delta.new_initializers and isinstance(graph_or_function, ir.Function):
@@ -449,7 +560,9 @@ def _quick_library_rules() -> dict[str, RewriteRule]:
 _DEFAULT_RULES: RewriteRuleSet | None = None
 
 
-def _default_rules() -> RewriteRuleSet:
+def default_rules() -> RewriteRuleSet:
+    """The optimizer's rewrite rules (the library's defaults, quicker and exact where ours replace them), indexed;
+    built on the first call, once per process."""
     global _DEFAULT_RULES
     if _DEFAULT_RULES is None:
         from compiler_core.mblt.rules import EXACT_NO_OP_RULES
@@ -537,7 +650,10 @@ class _FoldConstants(_constant_folding.FoldConstantsPass):
         if not variable or not _statically_typed(node):
             return False
         version = self._opset_imports.get(node.domain)
-        return version is None or not _partial_evaluators(node.domain, node.op_type, version)
+        if version is None:
+            return True
+        evaluators = _partial_evaluators(node.domain, node.op_type, version)
+        return not evaluators or (evaluators == _SHAPE_ADD and _no_shape_operand(node, state))
 
 
 class _ReferenceOps(_constant_folding.ReferenceEvaluator):
@@ -616,9 +732,74 @@ def _statically_typed(node: ir.Node) -> bool:
 
 
 @functools.cache
-def _partial_evaluators(domain: str, op_type: str, version: int) -> bool:
-    """True if onnxscript's folder has partial evaluators registered for the op at that opset version."""
-    return bool(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
+def _partial_evaluators(domain: str, op_type: str, version: int) -> tuple[Callable, ...]:
+    """The partial evaluators onnxscript's folder has registered for the op at that opset version."""
+    return tuple(_constant_folding.registry.lookup_evaluators(domain, op_type, version))
+
+
+_SHAPE_ADD = (_constant_folding.add,)
+"""The library's only partial evaluator of ``Add``: it adds two one-element shape values (symbolic dims), and does
+nothing unless both operands have a shape value (a 1-D constant, or a symbolic ``Shape`` standing for the value)."""
+
+
+def _no_shape_operand(node: ir.Node, state) -> bool:
+    """True if an operand of the node is a value that is not a constant and that the folder knows no ``Shape`` for:
+    :data:`_SHAPE_ADD` then returns None (an ``Add`` of activations, the usual one)."""
+    return any(value is not None and value.const_value is None and not isinstance(state.get_sym_value(value), ir.Shape)
+               for value in node.inputs)
+
+
+class ReadOnceTensor(ir.serde.TensorProtoTensor):
+    """``TensorProtoTensor`` that reads its shape and dtype once and keeps the array of a small tensor after the first
+    ``numpy()``: the library's reads them from the protobuf on every call (the data copied out of the protobuf each
+    time), and the passes ask for the same small constants again and again (PP-OCR cls: 437 reads of 272 tensors per
+    parse, the scalar operands of its HardSwish dozens of times each). A read-only array (data in ``raw_data``) is
+    handed out as the library hands it out; a writable one (data in a typed field, which the library copies into a
+    new array on every call) as a fresh copy of the kept one, so no caller sees another's changes. The protobuf is the
+    same, so the tensor serializes to the same bytes."""
+
+    __slots__ = ("_array", "_dims", "_type", "_writable")
+
+    def __init__(self, proto: onnx.TensorProto) -> None:
+        super().__init__(proto)
+        self._array = None
+        self._writable = False
+        self._dims = None
+        self._type = None
+
+    @property
+    def shape(self) -> ir.Shape:
+        if self._dims is None:
+            self._dims = super().shape
+        return self._dims
+
+    @property
+    def dtype(self) -> ir.DataType:
+        if self._type is None:
+            self._type = super().dtype
+        return self._type
+
+    def numpy(self) -> np.ndarray:
+        kept = self._array
+        if kept is not None:  # read-only: handed out as the library hands it out, a writable array as a fresh copy
+            return kept.copy() if self._writable else kept
+        array = super().numpy()
+        if array.size <= _KEPT_ELEMENTS:
+            self._writable = array.flags.writeable
+            self._array = array.copy() if self._writable else array
+        return array
+
+
+_KEPT_ELEMENTS = 4096
+"""Largest array a :class:`ReadOnceTensor` keeps (a weight read once, by a fusion, is not worth its memory)."""
+
+
+def read_once(graph: ir.Graph) -> None:
+    """Make each protobuf-backed initializer of the graph a :class:`ReadOnceTensor` over the same protobuf."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if type(tensor) is ir.serde.TensorProtoTensor:
+            value.const_value = ReadOnceTensor(tensor.raw)
 
 
 class LiftConstants(common_passes.LiftConstantsToInitializersPass):
@@ -695,23 +876,29 @@ def _names_unique(graph: ir.Graph) -> bool:
 class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
     """``DeduplicateInitializersPass`` (initializers of the same dtype, dims and bytes, up to ``size_limit`` elements,
     become one) reading a protobuf-backed tensor's dims from its protobuf: the library builds a ``Shape`` for each
-    tensor twice (size and key). A model whose nodes hold subgraphs takes the library's pass."""
+    tensor twice (size and key); and reading the bytes only of initializers whose dtype and dims another one has (the
+    others cannot be equal to any). A model whose nodes hold subgraphs takes the library's pass."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
         if any(holds_graph(node) for node in graph):
             return super().call(model)
         modified = False
-        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        candidates = []
         for initializer in tuple(graph.initializers.values()):
             tensor = initializer.const_value
             if initializer.is_graph_input() or initializer.is_graph_output() or tensor is None:
                 _deduplication._should_skip_initializer(initializer, self.size_limit)  # skipped, with its warning
                 continue
             dims = tuple(tensor.raw.dims) if type(tensor) is ir.serde.TensorProtoTensor else tuple(tensor.shape)
-            if math.prod(dims) > self.size_limit:
+            if math.prod(dims) <= self.size_limit:
+                candidates.append((initializer, tensor, (tensor.dtype, dims)))
+        shared = Counter(kind for _, _, kind in candidates)
+        kept: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+        for initializer, tensor, kind in candidates:
+            if shared[kind] == 1:  # no other initializer of its dtype and dims: its bytes equal none
                 continue
-            key = (tensor.dtype, dims, _deduplication._tobytes(tensor))
+            key = (*kind, _deduplication._tobytes(tensor))
             if key in kept:
                 modified = True
                 initializer.replace_all_uses_with(kept[key])
@@ -763,6 +950,33 @@ class OutputFix(common_passes.OutputFixPass):
                 and not any(holds_graph(node) for node in graph)):
             return ir.passes.PassResult(model, modified=False)
         return super().call(model)
+
+
+class TopologicalSort(common_passes.TopologicalSortPass):
+    """``TopologicalSortPass``, which leaves a graph that is in topological order already as it is: its sort is stable
+    (it places the nodes last to first, each time the last one in the current order whose consumers are all placed,
+    so a graph in order keeps its order). That is checked first, with one walk, when the model has no functions and no
+    node holds a subgraph."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions and _in_topological_order(model.graph):
+            return ir.passes.PassResult(model, modified=False)
+        return super().call(model)
+
+
+def _in_topological_order(graph: ir.Graph) -> bool:
+    """True if no node holds a subgraph and each node's inputs are made by nodes before it (or by none)."""
+    placed = set()
+    for node in graph:
+        if holds_graph(node):
+            return False
+        for value in node.inputs:
+            if value is not None:
+                producer = value.producer()
+                if producer is not None and producer not in placed:
+                    return False
+        placed.add(node)
+    return True
 
 
 class RemoveUnusedFunctions(common_passes.RemoveUnusedFunctionsPass):
@@ -952,7 +1166,7 @@ def optimize(model: ir.Model, num_iterations: int, *, input_size_limit: int, out
     rewrite pass, whose rule set removes unused nodes itself, and the one after a loop that ended on a step that
     changed nothing): they cannot find anything either.
     """
-    rewrite = _Rewrite(_default_rules())
+    rewrite = _Rewrite(default_rules())
     loop = _Loop(
         [_FoldConstants(shape_inference=True, input_size_limit=input_size_limit,
                                              output_size_limit=output_size_limit, should_fold=should_fold),
