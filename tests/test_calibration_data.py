@@ -677,3 +677,54 @@ def test_make_calib_man_reports_the_failing_file(tmp_path):
     with pytest.raises(CalibrationError, match="pre_ftn failed on '003_dress.png': RuntimeError: boom"):
         make_calib_man(pre_ftn, CALIB, tmp_path, "man", max_size=-1)
     assert list(tmp_path.iterdir()) == []
+
+
+def _first_layer_model(path: Path, scale_first: bool) -> Path:
+    """[1, 3, 16, 16] image -> (x / 255 ->) Conv -> Relu."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["scaled" if scale_first else "image", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["out"])]
+    if scale_first:
+        nodes.insert(0, helper.make_node("Div", ["image", "k"], ["scaled"]))
+    graph = helper.make_graph(nodes, "first", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 16, 16])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(np.array(255.0, np.float32), "k")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_pixels_fed_unscaled_to_a_first_conv_are_warned_about(tmp_path, caplog):
+    """MediaPipe's palm detector calibrated on 0-255 pixels (a resize-only pipeline) compiled at cosine 0.82 with no
+    word about the data; a model that divides by 255 itself, or normalized data, gets no warning."""
+    from compiler_core.api import mxq_compile
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for index in range(10):
+        Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(folder / f"{index}.png")
+    resize = {"op": "resize", "height": 16, "width": 16}
+    cases = [(False, [resize], True), (True, [resize], False),
+             (False, [resize, {"op": "normalize", "mean": [0.5], "std": [0.25]}], False)]
+    for index, (scale_first, pipeline, warned) in enumerate(cases):
+        caplog.clear()
+        model = _first_layer_model(tmp_path / f"m{index}.onnx", scale_first)
+        with caplog.at_level(logging.WARNING, logger="compiler_core.quantization.run"):
+            mxq_compile(model, "aries-rb", folder, tmp_path / f"m{index}.mxq",
+                        preprocessing_config={"apply": True, "pipeline": pipeline})
+        found = [record.getMessage() for record in caplog.records if "reads it unscaled" in record.getMessage()]
+        assert bool(found) == warned, (index, found)
+        if warned:
+            assert "after preprocessing" in found[0] and "first layer (Conv)" in found[0]
+    arrays = tmp_path / "arrays"  # the user's own preprocessing (a spectrogram, say): not second-guessed
+    arrays.mkdir()
+    for index in range(10):
+        np.save(arrays / f"{index}.npy", rng.uniform(0, 255, (1, 3, 16, 16)).astype(np.float32))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="compiler_core.quantization.run"):
+        mxq_compile(_first_layer_model(tmp_path / "a.onnx", False), "aries-rb", arrays, tmp_path / "a.mxq")
+    assert not any("reads it unscaled" in record.getMessage() for record in caplog.records)

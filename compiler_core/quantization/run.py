@@ -75,6 +75,8 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     calibration, holdout, stats, hit = calibration_statistics(session, config, calib_data_path=calib_data_path,
                                                               reporter=reporter, cache=cache, body_path=body_path,
                                                               timings=timings)
+    for warning in unscaled_image_inputs(graph, stats) if "image" in calibration.kind else []:  # not .npy arrays
+        logger.warning(warning)
     started = time.perf_counter()
     target = body_path if isinstance(body_path, ir.Model) else load_mblt(body_path) if body_path is not None else graph
     model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
@@ -172,6 +174,47 @@ def calibration_statistics(session: MbltSession, config: CompileConfig, *,
                                            tensors=_quantization_points(session.graph, body_path))
     timings["statistics"] = time.perf_counter() - started
     return calibration, holdout, stats, hit
+
+
+NORMALIZED_SPAN = 20.0
+"""Beyond +-20 a float image input holds pixel-like values: a normalized image stays within about [-3, 3] (a [0, 1]
+one inside it)."""
+_PASS_THROUGH = frozenset({"Transpose", "Reshape", "Identity", "Pad", "Squeeze", "Unsqueeze", "Flatten"})
+_LINEAR = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def unscaled_image_inputs(graph: ir.Model, stats: StatisticsSet) -> list[str]:
+    """Float image inputs whose calibration values reach pixel range while the model's first computation is a linear
+    layer (no scaling of its own, as a Keras ``Rescaling`` or an exported ``x / 255`` would be): the MBLT is then run
+    on inputs it was not trained on, and its FP32 reference itself means little (MediaPipe's palm detector fed 0-255
+    pixels: the MXQ at cosine 0.82 to an FP32 output that was near zero). The compile asks only when the data are
+    image files through the pipeline (``.npy`` arrays are the user's own preprocessing; spectrograms are arrays)."""
+    warnings = []
+    consumers: dict[str, list[ir.Node]] = {}
+    for node in graph.graph:
+        for value in node.inputs:
+            if value is not None:
+                consumers.setdefault(value.name, []).append(node)
+    for spec in input_specs(graph):
+        tensor = stats.tensors.get(spec.name)
+        if not spec.is_image or spec.dtype.kind != "f" or tensor is None:
+            continue
+        if max(abs(tensor.min), abs(tensor.max)) <= NORMALIZED_SPAN:
+            continue
+        names, first = [spec.name], set()
+        while names:  # through layout-only ops to the first operations that compute
+            for node in consumers.get(names.pop(), []):
+                if node.op_type in _PASS_THROUGH:
+                    names += [value.name for value in node.outputs]
+                else:
+                    first.add(node.op_type)
+        if first and first <= _LINEAR:
+            warnings.append(f"Calibration input '{spec.name}' spans [{tensor.min:.3g}, {tensor.max:.3g}] after "
+                            "preprocessing, but the model's first layer ({}) reads it unscaled: a float image model "
+                            "is usually trained on normalized values (about [-3, 3] or [0, 1]). Check the "
+                            "preprocessing pipeline's normalize step (e.g. scale 1/255, mean/std); the accuracy "
+                            "figures compare with FP32 on these same inputs.".format(", ".join(sorted(first))))
+    return warnings
 
 
 def _equalized(target: ir.Model, stats: StatisticsSet, config: CompileConfig):
