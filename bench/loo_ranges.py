@@ -9,9 +9,10 @@ zero points, per-channel feature-map scales: the variant automatic mixed precisi
    the rounding noise of that range (``step^2 / 12`` per value); per tensor, the median over the samples. Tensors
    are ranked by it; the columns after it judge the ranking (computed afterwards, never used to choose): the same
    ratio for the search and held-out samples against the whole calibration range, and for one held-out sample.
-2. **Cross-validated widening**: per channel-scale tensor, the factor k in :data:`WIDENINGS` that minimizes, summed
+2. **Cross-validated widening**: per channel-scale tensor, the factor k of ``range_validation.WIDENINGS`` that minimizes, summed
    over the calibration samples, the clipped energy plus the rounding noise of sample i under the other samples'
-   per-channel range times k (cut to their per-tensor range, as the quantizer cuts it).
+   per-channel range times k (cut to their per-tensor range, as the quantizer cuts it): what
+   ``bit.channelRanges: crossValidated`` computes (:mod:`compiler_core.quantization.range_validation`).
 3. The program with those widenings (per-channel ranges times k on the full calibration statistics) against the
    base, on the search and the held-out samples (fast executor against the MBLT in onnxruntime; worst output's
    mean cosine), with the estimated aries-rb latency. ``--refit`` measures both with
@@ -44,9 +45,6 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 sys.path.insert(0, str(REPO_ROOT))
 
 import quant_accuracy  # noqa: E402
-
-WIDENINGS = (1.0, 1.25, 1.5, 2.0, 3.0)
-"""Factors the cross-validation chooses from, per channel-scale tensor."""
 
 
 def setup(name: str, holdout: int, folder: Path) -> dict:
@@ -82,41 +80,6 @@ def statistics(session, samples: list[dict]):
                               tensors=_quantization_points(session.graph, None))
 
 
-class Exposed:
-    """The MBLT in onnxruntime with ``names`` exposed: per sample, each tensor as ``[channels, values]``."""
-
-    def __init__(self, session, names: list[str], axes: dict[str, int]) -> None:
-        import onnxruntime as ort
-
-        from compiler_core.calibration.statistics import session_with_outputs
-
-        options = ort.SessionOptions()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session, self.exposed = session_with_outputs(session.graph, names, options)
-        self.inputs = [item.name for item in self.session.get_inputs()]
-        self.names, self.axes = names, axes
-
-    def run(self, sample: dict) -> dict[str, np.ndarray]:
-        feeds = {name: np.asarray(sample[name], np.float32) for name in self.inputs}
-        values = {**dict(zip(self.exposed, self.session.run(self.exposed, feeds))), **feeds}
-        return {name: _channels(values[name], self.axes[name]) for name in self.names if name in values}
-
-
-def _channels(values: np.ndarray, axis: int) -> np.ndarray:
-    return np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).astype(np.float64)
-
-
-def sample_ranges(exposed: Exposed, samples: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per tensor: per-sample, per-channel minima and maxima ``[samples, channels]``, zero included."""
-    lows: dict[str, list] = {name: [] for name in exposed.names}
-    highs: dict[str, list] = {name: [] for name in exposed.names}
-    for sample in samples:
-        for name, values in exposed.run(sample).items():
-            lows[name].append(np.minimum(values.min(1), 0))
-            highs[name].append(np.maximum(values.max(1), 0))
-    return {name: (np.array(lows[name]), np.array(highs[name])) for name in exposed.names if lows[name]}
-
-
 def other_range(low: np.ndarray, high: np.ndarray, left_out: int | None, per_channel: bool):
     """The range of every sample but ``left_out`` (all with ``None``), per channel or per tensor."""
     keep = np.arange(low.shape[0]) != left_out
@@ -131,32 +94,20 @@ def clipping_over_rounding(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
     return float((clipped ** 2).sum()) / max(rounding, 1e-30)
 
 
-def widening_error(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, factor: float) -> float:
-    """Clipped energy plus rounding noise of ``values`` under ``[lo, hi] * factor`` cut to the per-tensor range."""
-    low, high = np.maximum(lo * factor, lo.min()), np.minimum(hi * factor, hi.max())
-    clipped = values - np.clip(values, low[:, None], high[:, None])
-    return float((clipped ** 2).sum()) + float((((high - low) / 255.0) ** 2 / 12.0).sum()) * values.shape[1]
-
-
-def loo_pass(exposed: Exposed, calibration: list[dict], ranges, per_channel: dict[str, bool]):
-    """Second pass over the calibration samples: LOO clipping / rounding and the widening errors."""
+def loo_ratios(runner, calibration: list[dict], ranges, per_channel: dict[str, bool]) -> dict[str, np.ndarray]:
+    """Second pass over the calibration samples: each one's clipping / rounding under the other samples' range."""
     ratio = {name: [] for name in ranges}
-    errors = {name: np.zeros(len(WIDENINGS)) for name in ranges if per_channel[name]}
     for index, sample in enumerate(calibration):
-        for name, values in exposed.run(sample).items():
-            lo, hi = other_range(*ranges[name], index, per_channel[name])
-            ratio[name].append(clipping_over_rounding(values, lo, hi))
-            if name in errors:
-                errors[name] += [widening_error(values, lo, hi, factor) for factor in WIDENINGS]
-    chosen = {name: WIDENINGS[int(np.argmin(error))] for name, error in errors.items()}
-    return {name: np.array(values) for name, values in ratio.items()}, chosen
+        for name, values in runner.run(sample).items():
+            ratio[name].append(clipping_over_rounding(values, *other_range(*ranges[name], index, per_channel[name])))
+    return {name: np.array(values) for name, values in ratio.items()}
 
 
-def judge_ratios(exposed: Exposed, samples: list[dict], ranges, per_channel) -> dict[str, np.ndarray]:
+def judge_ratios(runner, samples: list[dict], ranges, per_channel) -> dict[str, np.ndarray]:
     """Clipping / rounding of each of ``samples`` against the whole calibration range."""
     ratios = {name: [] for name in ranges}
     for sample in samples:
-        for name, values in exposed.run(sample).items():
+        for name, values in runner.run(sample).items():
             ratios[name].append(clipping_over_rounding(values, *other_range(*ranges[name], None, per_channel[name])))
     return {name: np.array(values) for name, values in ratios.items()}
 
@@ -237,6 +188,7 @@ def print_ranking(name: str, ratio, judges, per_channel, op_index, args) -> None
 
 
 def run_model(name: str, args, folder: Path) -> None:
+    from compiler_core.quantization.range_validation import TensorRunner, cross_validated_widenings
     from compiler_core.session import MbltSession
 
     started = time.perf_counter()
@@ -251,10 +203,12 @@ def run_model(name: str, args, folder: Path) -> None:
              if record.channel_axis is not None and tensor in base.tensors and base.params(tensor).bits == 8]
     per_channel = {tensor: base.params(tensor).axis is not None for tensor in names}
     op_index = {output: index for index, op in enumerate(base.ops) for output in op.outputs}
-    exposed = Exposed(session, names, {tensor: stats[tensor].channel_axis for tensor in names})
-    ranges = sample_ranges(exposed, calibration)
-    ratio, chosen = loo_pass(exposed, calibration, ranges, per_channel)
-    judges = {split: judge_ratios(exposed, splits[split], ranges, per_channel) for split in ("search", "held_out")}
+    axes = {tensor: stats[tensor].channel_axis for tensor in names}
+    runner = TensorRunner(session.graph, axes)
+    ranges = runner.sample_ranges(calibration)
+    ratio = loo_ratios(runner, calibration, ranges, per_channel)
+    chosen = cross_validated_widenings(session.graph, {t: axes[t] for t in names if per_channel[t]}, calibration)
+    judges = {split: judge_ratios(runner, splits[split], ranges, per_channel) for split in ("search", "held_out")}
     print(f"\n{name}: splits {context['sources']}")
     print_ranking(name, ratio, judges, per_channel, op_index, args)
     wide = {tensor: factor for tensor, factor in chosen.items() if factor > 1}
@@ -282,23 +236,25 @@ def run_model(name: str, args, folder: Path) -> None:
               f"{row['held_out']:.4f} {row['held_out_per_sample']} | int16 {row['int16_layers']} | "
               f"{100 * (row['latency_ms'] / base_latency - 1):+.1f} % | {time.perf_counter() - step:.0f} s", flush=True)
     if args.loo_judge:
-        loo_judge(name, session, stats, ranges, chosen, calibration, base_config)
+        loo_judge(name, session, stats, ranges, chosen, calibration, base_config, activation16, args.int16_ops)
     print(f"{name}: {time.perf_counter() - started:.0f} s")
 
 
-def loo_judge(name: str, session, stats, ranges, chosen, calibration, base_config) -> None:
+def loo_judge(name: str, session, stats, ranges, chosen, calibration, base_config, activation16, ops: str) -> None:
     references = quant_accuracy.ort_outputs(_model_bytes(session), calibration)
-    rows = {"base": [], "widened": []}
+    programs = {"base": ({}, base_config), "widened": (chosen, base_config)}
+    if activation16:
+        programs[f"int16 ops {ops}"] = ({}, config(name, False, activation16))
+    rows = {label: [] for label in programs}
     for index, sample in enumerate(calibration):
-        for label in rows:
-            factors = chosen if label == "widened" else {}
-            model = quantize(session, widened(left_out(stats, ranges, index), factors), base_config)
+        for label, (factors, compile_config) in programs.items():
+            model = quantize(session, widened(left_out(stats, ranges, index), factors), compile_config)
             test = [[np.reshape(t, np.shape(r)) for r, t in zip(references[index], outputs(model, [sample])[0])]]
             rows[label].append(quant_accuracy.worst_cosine([references[index]], test))
     print(f"\n{name}: each calibration sample judged by the program of the other samples' statistics")
     for label, values in rows.items():
         values = np.array(values)
-        print(f"  {label:8s} mean {values.mean():.4f}  per sample {np.round(values, 3).tolist()}")
+        print(f"  {label:16s} mean {values.mean():.4f}  per sample {np.round(values, 3).tolist()}")
 
 
 def _model_bytes(session) -> bytes:

@@ -44,7 +44,7 @@ def cross_validated_widenings(graph: ir.Model, axes: Mapping[str, int],
     """
     if len(samples) < 2 or not axes:
         return {name: 1.0 for name in axes}
-    runner = _Runner(graph, axes)
+    runner = TensorRunner(graph, axes)
     ranges = runner.sample_ranges(samples)
     errors = {name: np.zeros(len(WIDENINGS)) for name in ranges}
     for index, sample in enumerate(samples):
@@ -76,8 +76,11 @@ def widen(channel_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]],
             for name, (low, high) in channel_ranges.items()}
 
 
-class _Runner:
-    """The float graph in onnxruntime with the tensors of ``axes`` exposed, each returned as ``[channels, values]``."""
+class TensorRunner:
+    """The float graph in onnxruntime with the tensors of ``axes`` (name -> channel axis) exposed.
+
+    :meth:`run` returns each tensor of one sample as ``[channels, values]`` (float64).
+    """
 
     def __init__(self, graph: ir.Model, axes: Mapping[str, int]) -> None:
         options = ort.SessionOptions()
@@ -87,6 +90,7 @@ class _Runner:
         self.axes = axes
 
     def run(self, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The exposed tensors of ``sample``, each ``[channels, values]``."""
         feeds = {name: np.asarray(sample[name], dtype=np.float32) for name in self.inputs}
         values = {**dict(zip(self.exposed, self.session.run(self.exposed, feeds))), **feeds}
         return {name: _by_channel(values[name], axis) for name, axis in self.axes.items() if name in values}
