@@ -27,6 +27,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from compiler_core.calibration.statistics import session_with_outputs
+from compiler_core.progress import Reporter, as_reporter
 
 logger = logging.getLogger(__name__)
 
@@ -36,20 +37,26 @@ WIDENINGS = (1.0, 1.25, 1.5, 2.0, 3.0)
 _CACHE: dict[int, tuple[weakref.ref, tuple[str, ...], dict[str, float]]] = {}
 
 
-def cross_validated_widenings(graph: ir.Model, axes: Mapping[str, int],
-                              samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+def cross_validated_widenings(graph: ir.Model, axes: Mapping[str, int], samples: Sequence[Mapping[str, np.ndarray]],
+                              reporter: Reporter | None = None) -> dict[str, float]:
     """The cross-validated widening factor of each tensor in ``axes`` (name -> channel axis) over ``samples``.
 
-    Needs at least two samples (with one, every factor is 1).
+    Needs at least two samples (with one, every factor is 1). ``reporter``: progress (stage ``channel-ranges``, one
+    unit per sample and pass) and cancel.
     """
     if len(samples) < 2 or not axes:
         return {name: 1.0 for name in axes}
+    reporter = as_reporter(reporter)
     runner = TensorRunner(graph, axes)
-    ranges = runner.sample_ranges(samples)
-    errors = {name: np.zeros(len(WIDENINGS)) for name in ranges}
-    for index, sample in enumerate(samples):
-        for name, values in runner.run(sample).items():
-            errors[name] += _errors(values, *_others(*ranges[name], index))
+    with reporter.stage("channel-ranges", total=2 * len(samples),
+                        message=f"cross-validating {len(axes)} per-channel ranges over {len(samples)} samples"):
+        ranges = runner.sample_ranges(samples, reporter)
+        errors = {name: np.zeros(len(WIDENINGS)) for name in ranges}
+        for index, sample in enumerate(samples):
+            reporter.check()
+            for name, values in runner.run(sample).items():
+                errors[name] += _errors(values, *_others(*ranges[name], index))
+            reporter.advance()
     factors = {name: WIDENINGS[int(np.argmin(error))] for name, error in errors.items()}
     widened = {name: factor for name, factor in factors.items() if factor > 1}
     logger.info("bit.channelRanges crossValidated: %d of %d per-channel ranges widened (%s)", len(widened),
@@ -58,13 +65,13 @@ def cross_validated_widenings(graph: ir.Model, axes: Mapping[str, int],
 
 
 def cached_widenings(stats: object, graph: ir.Model, axes: Mapping[str, int],
-                     samples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+                     samples: Sequence[Mapping[str, np.ndarray]], reporter: Reporter | None = None) -> dict[str, float]:
     """:func:`cross_validated_widenings`, computed once per statistics set ``stats`` (while it lives) and tensors."""
     key, names = id(stats), tuple(sorted(axes))
     entry = _CACHE.get(key)
     if entry is not None and entry[0]() is stats and entry[1] == names:
         return entry[2]
-    factors = cross_validated_widenings(graph, axes, samples)
+    factors = cross_validated_widenings(graph, axes, samples, reporter)
     _CACHE[key] = (weakref.ref(stats, lambda _, key=key: _CACHE.pop(key, None)), names, factors)
     return factors
 
@@ -95,14 +102,17 @@ class TensorRunner:
         values = {**dict(zip(self.exposed, self.session.run(self.exposed, feeds))), **feeds}
         return {name: _by_channel(values[name], axis) for name, axis in self.axes.items() if name in values}
 
-    def sample_ranges(self, samples) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def sample_ranges(self, samples, reporter: Reporter | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per tensor, each sample's per-channel minima and maxima (zero included), ``[samples, channels]``."""
+        reporter = as_reporter(reporter)
         lows: dict[str, list[np.ndarray]] = {}
         highs: dict[str, list[np.ndarray]] = {}
         for sample in samples:
+            reporter.check()
             for name, values in self.run(sample).items():
                 lows.setdefault(name, []).append(np.minimum(values.min(axis=1), 0.0))
                 highs.setdefault(name, []).append(np.maximum(values.max(axis=1), 0.0))
+            reporter.advance()
         return {name: (np.array(lows[name]), np.array(highs[name])) for name in lows}
 
 

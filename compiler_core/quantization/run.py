@@ -135,7 +135,7 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
                            model_outputs=model_outputs, signal_rms=_signal_rms(stats),
                            feature_absmax=_feature_absmax(stats),
-                           channel_ranges=_feature_map_ranges(quantized, stats, config, chosen, collected),
+                           channel_ranges=_feature_map_ranges(quantized, stats, config, chosen, collected, reporter),
                            hessians=hessians)
     if config.bit.weight_rounding == "sequential":
         if chosen is None:
@@ -309,7 +309,7 @@ def _channel_ranges(stats: StatisticsSet) -> dict[str, tuple[np.ndarray, np.ndar
 
 
 def _feature_map_ranges(graph: ir.Model, stats: StatisticsSet, config: CompileConfig, samples: list | None,
-                        collected: StatisticsSet) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+                        collected: StatisticsSet, reporter: Reporter | None) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """The per-channel ranges of ``bit.activationScales: channel``, cross-validated with ``bit.channelRanges``
     (computed once per ``collected``, the statistics set as collected: a mixed-precision search's points share it)."""
     if config.bit.activation_scales != "channel":
@@ -324,7 +324,7 @@ def _feature_map_ranges(graph: ir.Model, stats: StatisticsSet, config: CompileCo
     from compiler_core.quantization.range_validation import cached_widenings, widen
 
     feature_maps = {name: 1 for name in ranges if len(stats[name].shape) == 4 and math.prod(stats[name].shape[2:]) > 1}
-    return widen(ranges, cached_widenings(collected, graph, feature_maps, samples))
+    return widen(ranges, cached_widenings(collected, graph, feature_maps, samples, reporter))
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:
