@@ -24,8 +24,11 @@ zero points, per-channel feature-map scales: the variant automatic mixed precisi
 Data: the splits of ``python bench/quant_accuracy.py --amp`` (``quant_accuracy.amp_splits``; ``--amp-holdout`` search
 samples), statistics of exactly the calibration split.
 
+5. ``--amp``: automatic mixed precision (target cosine 0.99, 25 %, +15 %) with each ``bit.channelRanges``, judged on the
+   held-out samples (:func:`amp_row`; use ``--amp-holdout 4``).
+
 Usage: ``python bench/loo_ranges.py [--models ppocr_det,ppocr_rec,ppocr_cls,mobilenet_v2] [--amp-holdout 8]
-[--top 16] [--refit] [--int16-ops 43-67] [--loo-judge] [--held-out-sample 2]``.
+[--top 16] [--refit] [--int16-ops 43-67] [--loo-judge] [--amp] [--held-out-sample 2]``.
 """
 
 from __future__ import annotations
@@ -235,6 +238,9 @@ def run_model(name: str, args, folder: Path) -> None:
         print(f"{name} {label:36s} search {row['search']:.4f} (min {min(row['search_per_sample']):.3f}) | held out "
               f"{row['held_out']:.4f} {row['held_out_per_sample']} | int16 {row['int16_layers']} | "
               f"{100 * (row['latency_ms'] / base_latency - 1):+.1f} % | {time.perf_counter() - step:.0f} s", flush=True)
+    if args.amp:
+        for rule in ("max", "crossValidated"):
+            amp_row(name, context, rule, references["held_out"], folder)
     if args.loo_judge:
         loo_judge(name, session, stats, ranges, chosen, calibration, base_config, activation16, args.int16_ops)
     print(f"{name}: {time.perf_counter() - started:.0f} s")
@@ -257,6 +263,41 @@ def loo_judge(name: str, session, stats, ranges, chosen, calibration, base_confi
         print(f"  {label:16s} mean {values.mean():.4f}  per sample {np.round(values, 3).tolist()}")
 
 
+def amp_row(name: str, context: dict, rule: str, references, folder: Path) -> None:
+    """Automatic mixed precision (target cosine 0.99 on the search samples, 25 % int16, +15 %) from the default config
+    with ``bit.channelRanges`` ``rule`` (and the uint8 input of a text detector), judged on the held-out samples. The
+    search split sits where the compiler's ``analysisHoldout`` takes it (with ``--amp-holdout 4`` the compiler holds out
+    exactly the search samples; more are capped at a quarter of the manifest)."""
+    from compiler_core.config import resolve_config
+    from compiler_core.progress import Reporter
+    from compiler_core.quantization.mixed_precision import choose_mixed_precision
+    from compiler_core.quantization.run import calibration_statistics, quantize_from_statistics
+    from compiler_core.session import MbltSession
+
+    splits = context["splits"]
+    manifest = quant_accuracy.amp_manifest(folder / f"{name}_{rule}_calib", splits["calibration"], splits["search"])
+    compile_config = resolve_config(
+        target_device="aries-rb", calib_data_path=str(manifest), analysis_holdout=len(splits["search"]),
+        calibration_config={"numSamples": len(splits["calibration"])}, bit_config={"channelRanges": rule},
+        mixed_precision_config={"apply": True, "target": {"kind": "cosine", "value": 0.99}, "maxInt16Fraction": 0.25,
+                                "latencyBudget": 0.15}, **quant_accuracy.uint8_input_config(name))
+    started = time.perf_counter()
+    session = MbltSession.open(context["mblt"])
+    result = choose_mixed_precision(session, compile_config, calib_data_path=str(manifest))
+    chosen = result.points[result.chosen]
+    calibration, _, stats, _ = calibration_statistics(session, result.config, calib_data_path=str(manifest),
+                                                      reporter=Reporter(None))
+    model = quantize_from_statistics(session.graph, stats, result.config, mblt_sha256=session.sha256,
+                                     reporter=Reporter(None), samples=calibration)[1]
+    test = [[np.reshape(t, np.shape(r)) for r, t in zip(ref, ours)]
+            for ref, ours in zip(references, outputs(model, splits["held_out"]))]
+    print(f"{name} AMP, channelRanges {rule:14s} search {chosen['metric']:.4f} (target met: {result.target_met}, "
+          f"{len(result.points)} points, zero points {chosen.get('zero_points')}, channel scales "
+          f"{chosen.get('channel_scales')}) | held out {quant_accuracy.worst_cosine(references, test):.4f} "
+          f"{[round(c, 3) for c in quant_accuracy._per_sample(references, test)]} | int16 {chosen['int16_layers']} | "
+          f"{100 * chosen['latency_increase']:+.1f} % | {time.perf_counter() - started:.0f} s", flush=True)
+
+
 def _model_bytes(session) -> bytes:
     import onnx_ir as ir
 
@@ -272,6 +313,7 @@ def main() -> None:
     parser.add_argument("--refit", action="store_true", help="also with bit.weightRounding: sequential")
     parser.add_argument("--int16-ops", default="", help="also with int16 activations on ops A-B (e.g. 43-67)")
     parser.add_argument("--loo-judge", action="store_true")
+    parser.add_argument("--amp", action="store_true", help="also automatic mixed precision with each channelRanges")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="loo-ranges-") as folder:
         for name in args.models.split(","):
