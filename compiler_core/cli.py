@@ -307,6 +307,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
 
     from compiler_core.runtime import Accelerator, Model, ModelConfig
     from compiler_core.runtime.inputs import class_scores, load_run_inputs, readable_inputs, top_k
+    from compiler_core.runtime.profile import cpu_parts
 
     if args.prompt is not None:
         return _run_prompt(args, out)
@@ -340,6 +341,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         results.append(entry)
     payload = {"command": "run", "device": model.artifact.device, "core_mode": model.core_mode,
                "estimate": model.estimate(), "results": results, "written": written,
+               "cpu_parts": cpu_parts(model.artifact.meta),
                "failed": [{"input": _display_path(name), "error": reason} for name, reason in failed.items()]}
     model.dispose()
     out.result(payload, _run_text(payload))
@@ -405,8 +407,12 @@ def _ms(value: float) -> str:
 
 def _run_text(payload: dict[str, Any]) -> str:
     estimate = payload["estimate"]
+    from compiler_core.runtime.profile import host_note
+
+    note = host_note(payload.get("cpu_parts") or [])
+    host = f" ({note})" if note else ""
     lines = [f"{payload['device']} ({payload['core_mode']}): estimated {_ms(estimate['latency_ms'])} ms per "
-             f"inference, {estimate['throughput_fps']:.0f} FPS on the device"]
+             f"inference, {estimate['throughput_fps']:.0f} FPS on the device{host}"]
     for entry in payload["results"]:
         for output in entry["outputs"]:
             top = ", ".join(f"{t.get('label', t['index'])} ({t['score']:.3f})" for t in output.get("top_k", []))

@@ -161,12 +161,9 @@ def _mixed_precision(session: MbltSession, config: CompileConfig, parts: Partiti
     """With ``mixedPrecision.apply``: the chosen int16 layers (the config the compile then uses), else ``None``."""
     if not config.mixed_precision.apply:
         return None
-    if parts is not None:
-        raise ConfigError("mixedPrecision does not work together with a CPU head or tail (cpu_offload, cpuLayers) "
-                          "yet.", hint="Turn one of them off, or list int16 layers in bit.layerOverrides yourself.")
     from compiler_core.quantization.mixed_precision import choose_mixed_precision
 
-    return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter)
+    return choose_mixed_precision(session, config, calib_data_path=calib_data_path, reporter=reporter, parts=parts)
 
 
 def _mixed_summary(mixed: dict[str, Any]) -> dict[str, Any]:

@@ -491,6 +491,7 @@ class MainWindow(QMainWindow):
             self.graph.load_mblt(loaded.mblt_path)
         self.details.clear()
         self.support.set_report(None)
+        self.support.clear_filter()  # "Log_0" typed for the previous model hid every node of the next one
         self.check_support()
         self.calibration.model_path = Path(self.project.model.path) if self.project.model else None  # its tokenizer
         self.calibration.set_context(self.project.calibration, self.project.settings, self.project.work_dir,

@@ -122,6 +122,9 @@ def test_mixed_precision_progress_shows_its_metric_for_people():
     assert format_metric("sqnrDb", 24.349) == "SQNR 24.3 dB"
     assert format_metric("top1", 0.975) == "top-1 97.5 %"
     assert format_metric("cosine", None) == "cosine -"
+    # near 1, enough digits to tell a value from 1 (a target of 0.99999 "not met" at "1.0000" reads as a bug)
+    assert format_metric("cosine", 0.99996) == "cosine 0.99996" and format_metric("cosine", 1.0) == "cosine 1.0000"
+    assert format_metric("cosine", 0.999994) == "cosine 0.99999" and format_metric("cosine", 0.9999996) == "cosine 1.000000"
 
 
 def test_a_probability_that_never_fires_on_the_held_out_samples_is_named():

@@ -157,3 +157,62 @@ def test_the_cli_check_shows_the_split_and_compile_takes_the_flags(log_model, tm
     assert run(["compile", "--model", str(model), "--target-device", "aries-rb", "--use-random-calib",
                 "--cpu-head", "relu", "--cpu-tail", "mul*", "--output", str(tmp_path / "no.mxq")]) != 0
     assert "cpuLayers cannot split the model" in capsys.readouterr().err
+
+
+def test_mixed_precision_searches_the_npu_body_between_a_cpu_head_and_tail(tmp_path):
+    """AMP with user-chosen CPU layers: the search quantizes the body, feeds it through the FP32 head and judges the
+    model's outputs through the FP32 tail (which also reads the head's ``a``), as the compile's own analysis does."""
+    from compiler_core.quantization.mixed_precision import target_metric
+
+    model = _chain_model(tmp_path / "chain.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(16):
+        np.save(calib / f"{index:03d}.npy", rng.normal(0, 1, SHAPE).astype(np.float32))
+    settings = {"apply": True, "target": {"kind": "sqnrDb", "value": 99.0}, "maxInt16Fraction": 1.0,
+                "latencyBudget": 10.0}
+    result = mxq_compile(model, "aries-rb", calib, tmp_path / "amp.mxq", analysis_holdout=6,
+                         cpu_layers={"head": ["b"], "tail": ["f"]}, mixed_precision_config=settings)
+    assert result.cpu_offload["head"] and result.cpu_offload["tail"]
+    mixed = result.mixed_precision
+    chosen = mixed["points"][mixed["chosen"]]
+    assert len(mixed["points"]) > 1 and chosen["int16_layers"] > 0  # 99 dB is out of int8's reach: it searched
+    assert target_metric(result.quantize.analysis, "sqnrDb") == pytest.approx(chosen["metric"])
+    body = {op.name for op in result.quantize.model.ops}
+    from qbstudio.state.runs import RunRecord
+
+    record = RunRecord.from_result(1, result.to_dict(), None, config={}, config_summary="")
+    assert record.int16_layers == chosen["int16_layers"]  # one count of int16 layers (it showed int16 tensors)
+    promoted = mixed["overrides"]["activation16Bits"] + mixed["overrides"]["weight16Bits"]
+    assert promoted and set(promoted) <= body, mixed["overrides"]  # the head's Conv_0 stays FP32 on the CPU
+
+
+def test_latency_figures_of_an_mxq_with_a_cpu_head_say_they_leave_the_host_part_out(log_model, tmp_path, capsys):
+    """With the Log on the CPU the NPU estimate drops to microseconds (millions of FPS): every place that prints it
+    (run, profile, the workbench's run record and comparison) says the CPU part is not counted."""
+    from compiler_core.cli import run
+    from compiler_core.runtime.profile import format_profile, profile_mxq
+    from qbstudio.state.compare import metric_rows
+    from qbstudio.state.runs import RunRecord
+
+    result = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], tmp_path / "head.mxq",
+                         cpu_layers={"head": ["log"]})
+    plain = mxq_compile(log_model["model"], "aries-rb", log_model["calib"], tmp_path / "plain.mxq")
+    note = "the NPU part; the CPU head runs on the host, not counted"
+    sample = tmp_path / "x.npy"
+    np.save(sample, _powers(1, 5)[0])
+    assert run(["run", "--mxq", str(tmp_path / "head.mxq"), "--input", str(sample)]) == 0
+    assert f"FPS on the device ({note})" in capsys.readouterr().out
+    assert run(["run", "--mxq", str(tmp_path / "plain.mxq"), "--input", str(sample)]) == 0
+    assert "not counted" not in capsys.readouterr().out
+    assert note in format_profile(profile_mxq(tmp_path / "head.mxq"))
+    assert "not counted" not in format_profile(profile_mxq(tmp_path / "plain.mxq"))
+    records = [RunRecord.from_result(index, compiled.to_dict(), None, config={}, config_summary="")
+               for index, compiled in enumerate((result, plain), 1)]
+    assert [record.cpu_parts for record in records] == [["head"], []]
+    assert RunRecord.from_dict(records[0].to_dict()).cpu_parts == ["head"]  # saved with the project
+    older = {key: value for key, value in records[0].to_dict().items() if key != "cpu_parts"}
+    older["config"] = {"cpuLayers": {"head": ["log"], "tail": []}}
+    assert RunRecord.from_dict(older).cpu_parts == ["head"]  # a project saved before: from the chosen layers
+    assert dict(metric_rows(records))["on the host CPU (not in the estimates)"] == ["head", "-"]

@@ -169,6 +169,17 @@ def test_mediapipe_only_custom_ops_are_all_listed_at_once() -> None:
                       "CUSTOM:TransformTensorBilinear": 3}
 
 
+def test_a_streaming_model_is_refused_saying_the_mxq_keeps_no_state() -> None:
+    """microWakeWord keeps its ring buffers in resource variables between calls: no operator list to replace, but a
+    stateless program; the refusal says what to convert instead."""
+    path = _model_path(_package_dir("pymicro_wakeword", "models"), "pymicro-wakeword==2.5.0", "alexa.tflite")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        load_tflite(path)
+    counts = {entry["op"]: entry["count"] for entry in caught.value.fields["ops"]}
+    assert counts["VAR_HANDLE"] == counts["READ_VARIABLE"] == counts["ASSIGN_VARIABLE"] == 6
+    assert "streaming model" in caught.value.hint and "non-streaming form" in caught.value.hint
+
+
 # -- broken files --------------------------------------------------------------------------------
 
 

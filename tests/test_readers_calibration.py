@@ -49,3 +49,20 @@ def test_an_image_with_huge_dimensions_is_refused_from_its_header(tmp_path):
     (tmp_path / "bomb.png").write_bytes(bytes(png))
     with pytest.raises(CalibrationError, match="9000x9000 pixels, more than the 64 megapixel limit"):
         open_calibration_data(tmp_path, [SPEC])
+
+
+def test_a_jpeg_over_the_limit_is_read_at_a_reduced_scale(tmp_path):
+    """A 108-megapixel phone photo was refused ("more than the 64 megapixel limit"): a JPEG decodes at 1/2, 1/4 or
+    1/8 of its size for little work, and the pipeline then resizes it as any other photo."""
+    from compiler_core.calibration.validate import probe_image
+
+    image = Image.new("L", (8200, 8000))  # 65.6 megapixels, a gradient so that the reduced decode has content
+    image.paste(Image.linear_gradient("L").resize((8200, 8000), Image.Resampling.NEAREST))
+    image.save(tmp_path / "large.jpg", quality=70)
+    assert probe_image(tmp_path / "large.jpg").size == (4000, 4100)  # the size the pipeline sees (half)
+    data = open_calibration_data(tmp_path, [SPEC], preprocessing={
+        "apply": True, "pipeline": [{"op": "resize", "height": 28, "width": 28}]})
+    sample = next(iter(data))["image"]
+    assert sample.shape == (1, 1, 28, 28)
+    column = sample[0, 0, :, 14]  # the gradient runs top (0) to bottom (255); a pipeline without normalize keeps 0-255
+    assert column[0] < 20 and column[-1] > 235 and np.all(np.diff(column) >= 0)

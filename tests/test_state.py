@@ -92,6 +92,21 @@ def test_preset_and_int16_overrides(tmp_path):
     assert "Conv_3" not in settings.int16_layers
 
 
+def test_the_run_summary_tells_runs_apart_by_cpu_layers_and_mixed_precision():
+    """Two runs of the log-mel front end, one with its Log on the CPU and automatic mixed precision, one all on the
+    NPU, had the same line in the runs table ("aries-rb · single · mode Max · method WChALayer")."""
+    settings = CompileSettings()
+    settings.set_device("aries-rb")
+    plain = settings.summary()
+    settings.set("cpuLayers", {"head": ["Log_0"], "tail": []})
+    settings.set("mixedPrecision.apply", True)
+    settings.set("mixedPrecision.target", {"kind": "cosine", "value": 0.999})
+    summary = settings.summary()
+    assert summary != plain and "CPU head: Log_0" in summary and "AMP cosine 0.9990" in summary
+    settings.set("cpuOffload", True)
+    assert settings.summary().endswith("CPU offload")
+
+
 def test_reset_undoes_layered_presets_and_keeps_the_target_and_the_data_pipeline():
     """Found under Xvfb: after a16w8 then a16w16 (presets layer over the current settings) nothing led back to the
     defaults; choosing another preset kept the int16 layers of the earlier ones."""
@@ -403,6 +418,27 @@ def test_tooltips_come_from_the_config_schema():
     assert "MaxPercentile" in field_description("calibration.maxPercentile.percentile")
     assert set(choice_descriptions("calibration.mode")) == {0, 1, 2, 3}
     assert set(choice_descriptions("imageChannels")) == {0, 1, 3}
+
+
+def test_replacing_the_model_drops_layers_chosen_by_name_and_keeps_patterns():
+    """Found under Xvfb: after importing another model into a project, its CPU head (`Log_0`) and int16 layers stayed
+    set: refused at compile ("matches no layer"), or worse, applied to another model's `Conv_3`."""
+    from qbstudio.state.model_fit import fit_to_model
+
+    settings = CompileSettings()
+    settings.set("cpuLayers", {"head": ["Log_0"], "tail": []})
+    settings.set("bit.layerOverrides.activation16Bits", ["Conv_3", "*Softmax*"])
+    settings.set("calibration.layerOverrides", {"Conv_1": {"mode": 1}, "*/head/*": {"mode": 2}})
+    source = CalibrationSource(path=None)
+    audio = [InputSpec("input", (1, 16000), np.dtype("float32"), "")]
+    image = [InputSpec("x", (1, 64, 64, 1), np.dtype("float32"), "NHWC")]
+    assert fit_to_model(settings, source, audio, audio) == []  # a project reopened as it was (no model imported)
+    notes = fit_to_model(settings, source, image, audio, source="/models/emotion.tflite")
+    assert settings.get("cpuLayers") == {"head": [], "tail": []}
+    assert settings.int16_layers == ["*Softmax*"]
+    assert list(settings.get("calibration.layerOverrides")) == ["*/head/*"]
+    assert any("Log_0" in note and "CPU head" in note for note in notes)
+    assert any("Conv_3" in note for note in notes) and any("Conv_1" in note for note in notes)
 
 
 def test_fit_to_model_resets_normalization_chosen_for_another_channel_count():

@@ -223,10 +223,36 @@ def image_channels_of_mode(mode: str) -> int:
     return 1 if mode in _GRAY_MODES else 3
 
 
+MAX_IMAGE_PIXELS = 64_000_000
+"""Largest image decoded at full size (about 200 MB as RGB); a larger JPEG is decoded at 1/2, 1/4 or 1/8 of its
+size (:func:`jpeg_reduction`), any other larger file is refused."""
+
+
+def jpeg_reduction(image: Image.Image) -> int:
+    """The JPEG DCT scale (1, 2, 4 or 8) that decodes ``image`` within :data:`MAX_IMAGE_PIXELS`; 0 when it is not a
+    JPEG over the limit that a reduced decode can bring under it."""
+    if image.width * image.height <= MAX_IMAGE_PIXELS:
+        return 1
+    if image.format != "JPEG":
+        return 0
+    return next((scale for scale in (2, 4, 8)
+                 if -(-image.width // scale) * -(-image.height // scale) <= MAX_IMAGE_PIXELS), 0)
+
+
+def reduce_jpeg(image: Image.Image) -> None:
+    """Decode a JPEG over :data:`MAX_IMAGE_PIXELS` at the scale :func:`jpeg_reduction` gives (a 108-megapixel phone
+    photo at 1/2: 54 megapixels); its ``size`` is then the reduced one. Nothing for other images."""
+    scale = jpeg_reduction(image)
+    if scale > 1:
+        image.draft(image.mode, (-(-image.width // scale), -(-image.height // scale)))
+
+
 def decode_image(path: str | os.PathLike, channels: int) -> Image.Image:
     """Read an image as ``L`` (``channels`` 1) or ``RGB`` (3), converting gray <-> colour as needed; a 16-bit gray
-    image is scaled to 8 bits first (its top byte)."""
+    image is scaled to 8 bits first (its top byte), a JPEG over :data:`MAX_IMAGE_PIXELS` decoded at a reduced
+    scale."""
     with Image.open(path) as image:
+        reduce_jpeg(image)
         if image.mode in _WIDE_GRAY_MODES:
             image = _top_byte(image)
         return image.convert("L" if channels == 1 else "RGB")

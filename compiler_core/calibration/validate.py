@@ -18,10 +18,13 @@ import numpy as np
 from PIL import Image
 
 from compiler_core.calibration.preprocess import (
+    MAX_IMAGE_PIXELS,
     image_channels_of_mode,
+    jpeg_reduction,
     normalize_channel_counts,
     pipeline_order,
     pipeline_output_size,
+    reduce_jpeg,
 )
 from compiler_core.calibration.specs import InputSpec
 from compiler_core.config import PreprocessOp
@@ -32,9 +35,6 @@ logger = logging.getLogger(__name__)
 
 MAX_LISTED_FILES = 5
 """How many file names one message spells out; the rest are counted."""
-
-MAX_IMAGE_PIXELS = 64_000_000
-"""Larger calibration images are refused from their header, before any pixel is decoded."""
 
 _TO_MODEL_LAYOUT = {("HWC", "NCHW"): (2, 0, 1), ("CHW", "NHWC"): (1, 2, 0)}
 
@@ -238,9 +238,11 @@ def probe_image(path: Path) -> ImageInfo:
         SyntaxError: Pillow found a damaged PNG chunk.
     """
     with Image.open(path) as image:
-        if image.width * image.height > MAX_IMAGE_PIXELS:  # read from the header: refused before decoding
+        if not jpeg_reduction(image):  # read from the header: refused before decoding
             raise ValueError(f"it is {image.width}x{image.height} pixels, more than the "
-                             f"{MAX_IMAGE_PIXELS // 1_000_000} megapixel limit")
+                             f"{MAX_IMAGE_PIXELS // 1_000_000} megapixel limit (only a JPEG is read at a reduced "
+                             "scale): re-save it smaller")
+        reduce_jpeg(image)  # the size the pipeline will see, as decode_image reads it
         info = ImageInfo(path, (image.height, image.width), image_channels_of_mode(image.mode))
         QUICK_CHECKS.get(image.format, Image.Image.load)(image)
     return info

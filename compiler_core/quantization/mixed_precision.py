@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -47,6 +47,9 @@ from compiler_core.config import CalibrationMethod, CompileConfig
 from compiler_core.errors import CalibrationError, ConfigError
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.program import QuantizedModel
+
+if TYPE_CHECKING:
+    from compiler_core.backend.partition import Partition
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +131,8 @@ def format_metric(kind: str, value: float | None) -> str:
         return f"SQNR {value:.1f} dB"
     if kind == "top1":
         return f"top-1 {100 * value:.1f} %"
-    return f"{kind} {value:.4f}"
+    digits = next((d for d in (4, 5) if value >= 1 or float(f"{value:.{d}f}") < 1), 6)  # 0.99996 is not 1.0000
+    return f"{kind} {value:.{digits}f}"
 
 
 def exact_pattern(name: str) -> str:
@@ -168,9 +172,8 @@ def with_channel_scales(config: CompileConfig) -> CompileConfig | None:
 
 
 def int16_layers(model: QuantizedModel) -> int:
-    """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor counts)."""
-    return sum(1 for op in model.ops if "16" in op.precision or
-               any(model.tensors[name].bits == 16 for name in op.outputs if name in model.tensors))
+    """Layers that compute in 16 bits (:meth:`QuantizedModel.int16_layers`)."""
+    return model.int16_layers()
 
 
 def counted_layers(model: QuantizedModel) -> int:
@@ -182,9 +185,10 @@ class _Evaluator:
     """Quantizes a config on the cached statistics and measures it bit-exactly on the held-out samples."""
 
     def __init__(self, graph: ir.Model, stats, holdout, device, mode: str, reporter: Reporter, sha256: str,
-                 calibration=None) -> None:
+                 calibration=None, tail: bytes | None = None, model_outputs: list[str] | None = None) -> None:
         self.graph, self.stats, self.holdout, self.calibration = graph, stats, holdout, calibration
         self.device, self.mode, self.reporter, self.sha256 = device, mode, reporter, sha256
+        self.tail, self.model_outputs = tail, model_outputs  # with a CPU tail: the model's outputs are compared
 
     def __call__(self, config: CompileConfig) -> tuple[ir.Model, QuantizedModel, dict[str, Any], float]:
         from compiler_core.analysis.compare import analyze
@@ -192,15 +196,17 @@ class _Evaluator:
         from compiler_core.runtime.cost import estimate
 
         quiet = Reporter(None, self.reporter.cancel_token)
+        outputs = frozenset(self.model_outputs) if self.model_outputs is not None else None
         float_graph, model = quantize_from_statistics(self.graph, self.stats, config, mblt_sha256=self.sha256,
-                                                      reporter=quiet, samples=self.calibration)
+                                                      reporter=quiet, samples=self.calibration, model_outputs=outputs)
         report = analyze(float_graph, model, self.holdout, num_samples=len(self.holdout), per_layer=False,
-                         reporter=quiet, log_warnings=False)  # the compile's own analysis says them once
+                         reporter=quiet, log_warnings=False,  # the compile's own analysis says them once
+                         tail=self.tail, model_outputs=self.model_outputs)
         return float_graph, model, report, estimate(model, self.device, self.mode).latency_ms
 
 
 def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: Any = None,
-                           reporter: Reporter | None = None) -> MixedPrecisionResult:
+                           reporter: Reporter | None = None, parts: Partition | None = None) -> MixedPrecisionResult:
     """Search int16 layers for ``config.mixed_precision`` (see the module docstring).
 
     Args:
@@ -208,12 +214,15 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
         config: the resolved config (its target device and first core mode price the latency).
         calib_data_path: calibration data (else the config's); statistics come from the cache.
         reporter: progress (stages ``mixed-precision`` and ``sensitivity``) and cancel.
+        parts: with a CPU head or tail (``cpu_offload``, ``cpuLayers``), the split the compile quantizes: the search
+            quantizes the NPU body, feeds it the samples through the FP32 head and judges the target on the model's
+            outputs (the body's run through the FP32 tail), as the compile's own analysis does.
 
     Raises:
         CalibrationError: no held-out samples to judge the target on.
         ConfigError: a ``top1`` target on a model without classifier outputs.
     """
-    from compiler_core.quantization.run import calibration_statistics
+    from compiler_core.quantization.run import calibration_statistics, through_head
     from compiler_core.session import MbltSession
     from compiler_core.targets import get_device, validate_inference_scheme
 
@@ -223,13 +232,20 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
     device = get_device(config.target_device)
     mode = validate_inference_scheme(device.name, config.inference_scheme)[0]
     calibration, holdout, stats, _ = calibration_statistics(session, config, calib_data_path=calib_data_path,
-                                                            reporter=reporter)
+                                                            reporter=reporter,
+                                                            body_path=parts.body if parts is not None else None)
     if not len(holdout):
         raise CalibrationError("Automatic mixed precision needs held-out samples to check its target.",
                                hint="Set analysisHoldout above 0 and give at least 8 calibration samples.")
-    holdout_samples = list(holdout)
-    evaluate = _Evaluator(session.graph, stats, holdout_samples, device, mode, reporter, session.sha256,
-                          calibration=_empirical_samples(config, calibration))
+    head = parts.head if parts is not None else None
+    holdout_samples = list(through_head(head, holdout))
+    empirical = _empirical_samples(config, calibration)
+    evaluate = _Evaluator(parts.body if parts is not None else session.graph, stats, holdout_samples, device, mode,
+                          reporter, session.sha256,
+                          calibration=list(through_head(head, empirical)) if empirical is not None else None,
+                          tail=parts.tail if parts is not None else None,
+                          model_outputs=[value.name for value in session.graph.graph.outputs]
+                          if parts is not None else None)
     settings = config.mixed_precision
     search = _Search(config, evaluate, settings.target.kind, settings.target.value, reporter)
     with reporter.stage("mixed-precision", total=0, message="int8 program on the held-out samples"):
@@ -242,7 +258,7 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
     sensitivity = None
     if not search.met():
         step = time.perf_counter()
-        samples = [sample for _, sample in zip(range(settings.sensitivity_samples), calibration)]
+        samples = [sample for _, sample in zip(range(settings.sensitivity_samples), through_head(head, calibration))]
         from compiler_core.analysis.sensitivity import analyze_sensitivity
 
         report = analyze_sensitivity(float_graph, base_model, samples, split=True, kept16=False,

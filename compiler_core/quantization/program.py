@@ -110,6 +110,12 @@ class QuantizedModel:
                          "output_scale": float(np.max(out.params.scale)) if out and out.params else None})
         return rows
 
+    def int16_layers(self) -> int:
+        """Layers that compute in 16 bits: an int16 input, output or weights (a layer reading a widened tensor
+        counts); what mixed precision's ``maxInt16Fraction`` and every "int16 layers" figure count."""
+        return sum(1 for op in self.ops if "16" in op.precision or
+                   any(self.tensors[name].bits == 16 for name in op.outputs if name in self.tensors))
+
     def summary(self) -> dict[str, Any]:
         """Counts and sizes for reports."""
         kinds: dict[str, int] = {}
@@ -117,5 +123,5 @@ class QuantizedModel:
             kinds[op.kind] = kinds.get(op.kind, 0) + 1
         bits = [record.bits for record in self.tensors.values()]
         return {"operations": len(self.ops), "kinds": kinds, "tensors": len(self.tensors),
-                "int16_tensors": sum(1 for b in bits if b == 16),
+                "int16_tensors": sum(1 for b in bits if b == 16), "int16_layers": self.int16_layers(),
                 "const_bytes": int(sum(a.nbytes for op in self.ops for a in op.consts.values()))}

@@ -81,14 +81,14 @@ def quantize_mblt(mblt_path: str | Path | MbltSession, config: CompileConfig, *,
     model_outputs = frozenset(v.name for v in graph.graph.outputs) if body_path is not None else None
     quantized, model = quantize_from_statistics(target, stats, config, mblt_sha256=session.sha256, reporter=reporter,
                                                 model_outputs=model_outputs,
-                                                samples=calibration if head is None else _through_head(head, calibration))
+                                                samples=through_head(head, calibration))
     timings["quantize"] = time.perf_counter() - started
     if before_analysis is not None:
         before_analysis(model)
     report = {}
     if analysis and len(holdout):
         started = time.perf_counter()
-        samples = holdout if head is None else _through_head(head, holdout)
+        samples = through_head(head, holdout)
         report = analyze(quantized, model, samples, num_samples=len(holdout), reporter=reporter,
                          sample_names=holdout.sources, tail=tail,
                          model_outputs=[value.name for value in graph.graph.outputs])
@@ -280,8 +280,12 @@ def _quantization_points(graph: ir.Model, body_path) -> list[str] | None:
             {v.name for v in graph.graph.inputs if not view.is_float(v)}]
 
 
-def _through_head(head: bytes, samples):
-    """Held-out samples -> the NPU body's inputs (CPU head outputs plus the inputs it passes through)."""
+def through_head(head: bytes | None, samples):
+    """Samples -> the NPU body's inputs (CPU head outputs plus the inputs it passes through); without a head, the
+    samples themselves."""
+    if head is None:
+        yield from samples
+        return
     import onnxruntime as ort
 
     session = ort.InferenceSession(head, providers=["CPUExecutionProvider"])

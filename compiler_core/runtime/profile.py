@@ -35,7 +35,7 @@ def profile_mxq(path: str | Path, modes: list[str] | None = None) -> dict[str, A
         raise ArgumentError(f"{Path(path).name} was not compiled for {', '.join(unknown)} "
                             f"(compiled: {', '.join(artifact.npu.commands)}).")
     report = {"file": str(path), "device": device.name, "arena_bytes": artifact.npu.arena_bytes,
-              "sram_bytes_per_core": device.sram_bytes_per_core, "modes": {}}
+              "sram_bytes_per_core": device.sram_bytes_per_core, "cpu_parts": cpu_parts(artifact.meta), "modes": {}}
     for mode in chosen:
         result = estimate(artifact.program, device, mode, artifact.npu)
         resident = artifact.npu.modes[mode].get("resident", {}).values()
@@ -48,6 +48,19 @@ def profile_mxq(path: str | Path, modes: list[str] | None = None) -> dict[str, A
     return report
 
 
+def cpu_parts(meta: dict[str, Any]) -> list[str]:
+    """``["head"]``, ``["tail"]``, both or none: the parts of an MXQ (its ``meta``) that run on the host CPU."""
+    offload = meta.get("cpu_offload") or {}
+    return [part for part in ("head", "tail") if offload.get(part)]
+
+
+def host_note(parts: list[str]) -> str:
+    """What an NPU latency estimate leaves out when the MXQ has CPU parts ("" when it has none)."""
+    if not parts:
+        return ""
+    return f"the NPU part; the CPU {' and '.join(parts)} run{'s' if len(parts) == 1 else ''} on the host, not counted"
+
+
 def format_profile(report: dict[str, Any], top: int | None = None) -> str:
     """Plain-text tables of a :func:`profile_mxq` report (``top``: only the slowest layers)."""
     lines = [f"{report['file']} on {report['device']}: activation arena {report['arena_bytes']:,} B, "
@@ -55,7 +68,9 @@ def format_profile(report: dict[str, Any], top: int | None = None) -> str:
     header = (f"{'layer':<28} {'unit':<6} {'tiles':>5} {'split':<8} {'w KiB':>7} {'act KiB':>8} {'lut KiB':>7} "
               f"{'peak KiB':>8} {'res KiB':>7} {'MMACs':>8} {'kcycles':>8} {'DRAM KiB':>9} {'util':>6} {'share':>6}")
     for mode, entry in report["modes"].items():
-        lines += ["", f"[{mode}] latency {entry['latency_ms']:.3f} ms, {entry['throughput_fps']:,.1f} FPS, "
+        note = host_note(report.get("cpu_parts") or [])
+        lines += ["", f"[{mode}] latency {entry['latency_ms']:.3f} ms{f' ({note})' if note else ''}, "
+                      f"{entry['throughput_fps']:,.1f} FPS, "
                       f"{entry['macs'] / 1e6:,.1f} MMACs, {entry['cycles']:,} cycles, DRAM {entry['dram_bytes'] / 1024:,.0f} KiB "
                       f"per input, SRAM peak {entry['sram_peak_bytes'] / 1024:,.0f} KiB", header]
         rows = entry["layers"]

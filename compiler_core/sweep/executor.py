@@ -88,9 +88,8 @@ def compile_point(task: PointTask, reporter: Reporter) -> dict[str, Any]:
     except Exception as error:  # a compiler bug on one point must not end the other points
         logger.debug("sweep point %s crashed", task.name, exc_info=True)
         return _failure(task, "failed", InternalError(f"Unexpected {type(error).__name__}: {error}."), started)
-    int16_layers = sum(1 for row in result.quantize.model.layer_table() if row["output_bits"] == 16)
     return {"index": task.index, "status": "ok", "seconds": time.perf_counter() - started,
-            "result": {**result.to_dict(), "int16_layers": int16_layers}}
+            "result": {**result.to_dict(), "int16_layers": result.quantize.model.int16_layers()}}
 
 
 def _failure(task: PointTask, status: str, error: QBCompilerError, started: float) -> dict[str, Any]:

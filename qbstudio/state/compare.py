@@ -134,6 +134,8 @@ def metric_rows(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
     for mode in modes:
         rows.append((f"{mode}: latency (ms, est.)", [run.estimate.get(mode, {}).get("latency_ms") for run in runs]))
         rows.append((f"{mode}: FPS (est.)", [run.estimate.get(mode, {}).get("throughput_fps") for run in runs]))
+    if any(run.cpu_parts for run in runs):  # the estimates above are the NPU's alone
+        rows.append(("on the host CPU (not in the estimates)", [", ".join(run.cpu_parts) or "-" for run in runs]))
     rows.append(("MXQ size (bytes)", [run.size_bytes for run in runs]))
     rows.append(("int16 layers", [run.int16_layers for run in runs]))
     rows.append(("compile time (s)", [round(run.duration_s, 2) for run in runs]))

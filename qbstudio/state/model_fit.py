@@ -66,8 +66,42 @@ def fit_to_model(settings: CompileSettings, calibration: CalibrationSource, spec
             calibration.path = None
     if source is not None:
         notes += _fit_folder_processor(settings, specs, source)
+    if source is not None and previous is not None:
+        notes += _fit_layer_choices(settings)
     for note in notes:
         logger.info("model changed: %s", note)
+    return notes
+
+
+LAYER_LISTS = {"cpuLayers.head": "CPU head", "cpuLayers.tail": "CPU tail",
+               "bit.layerOverrides.activation16Bits": "int16 activations", "bit.layerOverrides.weight16Bits":
+               "int16 weights", "bit.layerOverrides.weight8Bits": "int8 weights",
+               "bit.layerOverrides.weight4Bits": "int4 weights"}
+"""The settings that name layers: the node menu, mixed precision and the sensitivity table add exact names."""
+
+
+def _named_layer(entry: str) -> bool:
+    """An exact layer name (``Conv_12``), as against a pattern (``*Softmax*``: a preset's, fitting any model)."""
+    return not any(char in entry for char in "*?")
+
+
+def _fit_layer_choices(settings: CompileSettings) -> list[str]:
+    """Layers chosen by name for the replaced model (CPU layers, int16 layers, per-layer calibration): the new
+    model's nodes have other names, or the same generic ones (``Conv_3``) for other layers, so they are dropped;
+    patterns stay."""
+    notes = []
+    for path, label in LAYER_LISTS.items():
+        entries = list(settings.get(path) or [])
+        dropped = [entry for entry in entries if _named_layer(entry)]
+        if dropped:
+            settings.set(path, [entry for entry in entries if entry not in dropped])
+            notes.append(f"{label} cleared: {', '.join(dropped)} named the previous model's layers.")
+    overrides = dict(settings.get("calibration.layerOverrides") or {})
+    dropped = [name for name in overrides if _named_layer(name)]
+    if dropped:
+        settings.set("calibration.layerOverrides", {name: value for name, value in overrides.items()
+                                                    if name not in dropped})
+        notes.append(f"Per-layer calibration cleared: {', '.join(dropped)} named the previous model's layers.")
     return notes
 
 

@@ -71,7 +71,7 @@ def _record(run: RunRecord, settings: dict[str, Any], on_front: bool) -> dict[st
             "settings": settings, "outputs": run.outputs, "worst_sqnr_db": run.accuracy(),
             "latency_ms": run.latency_ms(), "estimate": run.estimate, "mxq": run.mxq_path,
             "mxq_size_bytes": run.size_bytes, "int16_layers": run.int16_layers, "compile_seconds": run.duration_s,
-            "pareto": on_front, "command": command}
+            "pareto": on_front, "command": command, "cpu_parts": run.cpu_parts}  # outside the latency estimate
 
 
 def write_report(runs: Sequence[RunRecord], path: str | Path, *, baseline: int = 0, order: Sequence[str] = (),

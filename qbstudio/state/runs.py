@@ -36,12 +36,14 @@ class RunRecord:
         samples: Calibration and held-out sample counts.
         model_sha256: SHA-256 of the MBLT the run compiled: the run belongs to that model only.
         estimate: Core mode -> ``{"latency_ms", "throughput_fps"}`` from the cost model (an estimate).
-        int16_layers: Activation tensors quantized to int16.
+        int16_layers: Layers that compute in 16 bits (``QuantizedModel.int16_layers``: the count mixed precision's
+            limit and summary use).
         calibration: ``{"path", "use_random"}``: the data the run calibrated on (to find its statistics).
         origin: ``compile`` (the Compile button) or the sweep point's name (``sweep 1 · point-03``).
         preset: The preset last applied to the settings ("" if none).
         suited_preset: The preset made for this kind of model (``CompileResult.suited_preset``).
         mixed_precision: The automatic mixed precision outcome (target, met, int16 layers, latency), if it ran.
+        cpu_parts: ``head`` / ``tail``: the parts that run on the host CPU (outside the NPU latency estimate).
     """
 
     run_id: int
@@ -66,6 +68,7 @@ class RunRecord:
     preset: str = ""
     suited_preset: dict[str, Any] = field(default_factory=dict)
     mixed_precision: dict[str, Any] = field(default_factory=dict)
+    cpu_parts: list[str] = field(default_factory=list)
 
     @classmethod
     def from_result(cls, run_id: int, result: dict[str, Any], analysis: dict[str, Any] | None, *,
@@ -73,6 +76,8 @@ class RunRecord:
                     duration_s: float = 0.0, model_sha256: str = "", calibration: dict[str, Any] | None = None,
                     preset: str = "") -> RunRecord:
         """Build a record from ``CompileResult.to_dict()`` and the analysis JSON beside the MXQ."""
+        from compiler_core.runtime.profile import cpu_parts
+
         rows = [{key: row.get(key) for key in _LAYER_KEYS} for row in (analysis or {}).get("layers", [])]
         estimate = {mode: {"latency_ms": row.get("latency_ms"), "throughput_fps": row.get("throughput_fps")}
                     for mode, row in (result.get("estimate") or {}).items()}
@@ -82,10 +87,11 @@ class RunRecord:
                    metrics=dict(result.get("analysis") or {}), outputs=dict(result.get("outputs") or {}),
                    layers=rows, precisions=dict(precisions or {}), duration_s=duration_s,
                    samples=dict(result.get("samples") or {}), model_sha256=model_sha256, estimate=estimate,
-                   int16_layers=int((result.get("program") or {}).get("int16_tensors", 0)),
+                   int16_layers=int((result.get("program") or {}).get("int16_layers", 0)),
                    calibration=dict(calibration or {}), preset=preset,
                    suited_preset=dict(result.get("suited_preset") or {}),
-                   mixed_precision=dict(result.get("mixed_precision") or {}))
+                   mixed_precision=dict(result.get("mixed_precision") or {}),
+                   cpu_parts=cpu_parts({"cpu_offload": result.get("cpu_offload")}))
 
     @classmethod
     def from_sweep_record(cls, run_id: int, record: dict[str, Any], *, model_sha256: str, origin: str,
@@ -153,6 +159,9 @@ class RunRecord:
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
         """Inverse of :meth:`to_dict` (unknown keys are ignored)."""
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        if "cpu_parts" not in known:  # saved before runs recorded it: the parts the user chose (cpuLayers)
+            chosen = (known.get("config") or {}).get("cpuLayers") or {}
+            known["cpu_parts"] = [part for part in ("head", "tail") if chosen.get(part)]
         return cls(**known)
 
 

@@ -193,6 +193,16 @@ class CompileSettings:
             parts.append(f"int16 x{len(self.int16_layers)}")
         if self._config.layer_bias_correction.apply:
             parts.append("bias corr.")
+        mixed = self._config.mixed_precision
+        if mixed.apply:
+            from compiler_core.quantization.mixed_precision import format_metric
+
+            parts.append(f"AMP {format_metric(mixed.target.kind, mixed.target.value)}")
+        chosen = self._config.cpu_layers
+        parts += [f"CPU {part}: {', '.join(names)}" for part, names in (("head", chosen.head), ("tail", chosen.tail))
+                  if names]
+        if self._config.cpu_offload:
+            parts.append("CPU offload")
         return " · ".join(parts)
 
 

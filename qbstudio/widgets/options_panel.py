@@ -13,6 +13,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -101,6 +102,10 @@ class OptionsPanel(QWidget):
             layout.addWidget(group)
         layout.addLayout(self._file_buttons())
         layout.addStretch(1)
+        for spin in self.findChildren(QAbstractSpinBox):
+            # A typed value is applied on Enter or on leaving the box: each edit refreshes the form, which rewrote
+            # the box under the cursor after the first keystroke ("0.9995" became 0.0).
+            spin.setKeyboardTracking(False)
         self.refresh()
 
     def set_llm(self, llm: bool) -> None:
@@ -336,7 +341,7 @@ class OptionsPanel(QWidget):
         mixed = config.mixed_precision
         self.mixed_check.setChecked(mixed.apply)
         self._select_data(self.mixed_kind, mixed.target.kind)
-        self.mixed_value.setDecimals(1 if mixed.target.kind == "sqnrDb" else 4)
+        self.mixed_value.setDecimals({"sqnrDb": 1, "cosine": 5}.get(mixed.target.kind, 4))  # cosine 0.99999
         self.mixed_value.setMaximum(200.0 if mixed.target.kind == "sqnrDb" else 1.0)
         self.mixed_value.setValue(mixed.target.value)
         self.mixed_fraction.setValue(mixed.max_int16_fraction)

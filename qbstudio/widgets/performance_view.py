@@ -108,7 +108,11 @@ class PerformanceView(QWidget):
                 self._bars.setOpts(x=[], height=[], brushes=[])
             return
         entry = self.report["modes"][self.mode.currentText()]
-        self.summary.setText(f"{entry['latency_ms']:.3f} ms per input, {entry['throughput_fps']:,.0f} FPS, "
+        from compiler_core.runtime.profile import host_note
+
+        note = host_note(self.report.get("cpu_parts") or [])
+        self.summary.setText(f"{entry['latency_ms']:.3f} ms per input{f' ({note})' if note else ''}, "
+                             f"{entry['throughput_fps']:,.0f} FPS, "
                              f"{entry['macs'] / 1e6:,.1f} MMACs, DRAM {entry['dram_bytes'] / 1e6:,.2f} MB per input, "
                              f"SRAM peak {entry['sram_peak_bytes'] / 1024:,.0f} KiB")
         index = self._index(rows)

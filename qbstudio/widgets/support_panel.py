@@ -196,6 +196,10 @@ class SupportPanel(QWidget):
             name = index.data(Qt.ItemDataRole.UserRole)
             self.node_context_requested.emit(name, self.table.viewport().mapToGlobal(position))
 
+    def clear_filter(self) -> None:
+        """Forget the text filter (typed for another model's node names)."""
+        self.filter_edit.clear()
+
     def set_report(self, report: dict[str, Any] | None) -> None:
         """Show ``SupportReport.to_dict()`` (or nothing)."""
         self.model.set_rows(report["nodes"] if report else [])

@@ -41,10 +41,12 @@ def _cosine(value: float | None) -> str:
 def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str] | None = None) -> str:
     """One table row per input and output: shape, cosine, SQNR, largest error, and the top classes of class scores."""
     rows = []
+    classes = any(output["fp32_top_k"] for entry in results for output in entry["outputs"])  # else no such column
     for entry in results:
         if entry.get("error"):  # a file that could not be read: the others ran
             rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td>"
-                        f"<td colspan='6' style='color:#c62828'>{html.escape(entry['error'])}</td></tr>")
+                        f"<td colspan='{6 if classes else 5}' style='color:#c62828'>{html.escape(entry['error'])}"
+                        "</td></tr>")
         for output in entry["outputs"]:
             top = ""
             if output["fp32_top_k"]:
@@ -54,9 +56,9 @@ def results_html(results: list[dict[str, Any]], run_label: str, labels: list[str
                        f"<small>FP32: {_classes(output['fp32_top_k'], labels or [])}</small>")
             rows.append(f"<tr><td title='{html.escape(entry['input'])}'>{html.escape(entry['label'])}</td><td>{html.escape(output['name'])}</td>"
                         f"<td>{output['shape']}</td><td>{_cosine(output['cosine'])}</td><td>{output['sqnr_db']:.1f}</td>"
-                        f"<td>{output['max_abs_error']:.4g}</td><td>{top}</td></tr>")
+                        f"<td>{output['max_abs_error']:.4g}</td>" + (f"<td>{top}</td>" if classes else "") + "</tr>")
     head = "".join(f"<th>{name}</th>" for name in ("input", "output", "shape", "cosine", "SQNR (dB)", "max |error|",
-                                                 "top classes, MXQ (FP32 below)"))
+                                                 "top classes, MXQ (FP32 below)")[:7 if classes else 6])
     return (f"<p><b>{html.escape(run_label)}</b>: the MXQ on the bit-exact simulator beside the FP32 graph, each input "
             "preprocessed as the calibration data was.</p>"
             f"<table border='1' cellspacing='0' cellpadding='3'><tr>{head}</tr>{''.join(rows)}</table>")

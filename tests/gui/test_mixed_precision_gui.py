@@ -102,3 +102,27 @@ def test_sensitivity_table_from_the_compile_menu_feeds_the_int16_list(qtbot, tmp
         window.close()
         window.deleteLater()
         QApplication.processEvents()
+
+
+@pytest.mark.parametrize(("box", "typed", "path", "expected"), [
+    ("mixed_value", "0.99995", "mixedPrecision.target.value", 0.99995),  # a cosine target with five decimals
+    ("mixed_fraction", "0.4", "mixedPrecision.maxInt16Fraction", 0.4),
+    ("mixed_budget", "0.12", "mixedPrecision.latencyBudget", 0.12),
+])
+def test_a_value_typed_into_a_settings_box_is_the_one_applied(qtbot, box, typed, path, expected):
+    """Each edit refreshed the whole form, which rewrote the box under the cursor after the first keystroke: typing
+    0.9995 as the target gave 0.0 (seen under Xvfb). Typed values apply on Enter or when the box loses focus."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    panel = OptionsPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.mixed_check.setChecked(True)
+    spin = getattr(panel, box)
+    spin.setFocus()
+    spin.selectAll()
+    QTest.keyClicks(spin, typed)
+    QTest.keyClick(spin, Qt.Key.Key_Return)
+    assert panel.settings.get(path) == pytest.approx(expected)
+    assert spin.value() == pytest.approx(expected)

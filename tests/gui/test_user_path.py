@@ -181,9 +181,13 @@ def test_runs_belong_to_their_model_and_a_new_model_rederives_settings(qtbot, ma
     assert "28.3 dB" in window.details.text()
 
     rgb = conv_classifier(tmp_path / "rgb_classifier.onnx")
+    window.support.filter_edit.setText("Gemm_0")  # typed for this model's nodes
+    window.project.settings.set_cpu_layer("Gemm_0", "tail")  # chosen by name on this model
     answers.import_choice = dialogs.IMPORT_REPLACE
     wait_model(qtbot, window, lambda: window.import_model(rgb))
     assert answers.asked == ["import rgb_classifier.onnx over model.onnx"]
+    assert window.support.filter_edit.text() == ""  # the filter hid the new model's nodes
+    assert window.project.settings.get("cpuLayers.tail") == [] and "CPU tail cleared" in window.model_label.text()
     assert window.session.model_sha256 != run.model_sha256
     assert len(window.project.runs) == 1 and len(window.session.runs) == 0  # kept in the file, not shown
     window.graph.node_selected.emit("Conv_0")
@@ -1341,6 +1345,21 @@ def test_a_run_tries_the_user_s_own_inputs_beside_fp32(qtbot, make_window, answe
     window.try_dialog.show_labels(SAMPLE_DIR / "labels.txt")  # Class names…: the labels file the CLI takes
     assert "Trouser" in window.try_dialog.browser.toPlainText()
     window.try_dialog.close()
+
+
+def test_try_results_have_no_class_column_when_no_output_holds_class_scores():
+    """A log-mel front end's [1, 1, 97, 32] output showed an empty "top classes" column beside every row."""
+    from qbstudio.widgets.try_inputs import results_html
+
+    output = {"name": "output", "shape": [1, 1, 97, 32], "cosine": 0.99999, "sqnr_db": 46.2, "max_abs_error": 0.599,
+              "fp32_top_k": [], "mxq_top_k": []}
+    results = [{"input": "/d/000.npy", "label": "000.npy", "outputs": [output]},
+               {"input": "/d/bad.npy", "label": "bad.npy", "error": "cannot be read", "outputs": []}]
+    text = results_html(results, "Run #1")
+    assert "top classes" not in text and "colspan='5'" in text
+    scores = {**output, "shape": [1, 10], "fp32_top_k": [{"index": 3, "score": 0.9}],
+              "mxq_top_k": [{"index": 3, "score": 0.8}]}
+    assert "top classes" in results_html([{"input": "/d/a.png", "label": "a.png", "outputs": [scores]}], "Run #2")
 
 
 def side_outputs_model(path: Path) -> Path:

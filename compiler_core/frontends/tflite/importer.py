@@ -141,6 +141,10 @@ def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
     return None
 
 
+STATE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"})
+"""TFLite operators of resource variables: state kept between calls (streaming models such as microWakeWord's)."""
+
+
 def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operator, str]]],
                        cut_at: list[str], keep_outputs: list[str]) -> UnsupportedOpsError:
     counts = Counter({name: len(entries) for name, entries in failures.items()})
@@ -153,7 +157,12 @@ def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operat
     hint = ("Replace these operators in the source model, or convert it to ONNX another way and use "
             "--backend onnx.")
     keep = "" if cut_at else keep_outputs_hint(keep_outputs, len(graph.outputs))
-    if cut_at:  # only post-processing fails: the rest of the model converts
+    if STATE_OPS & set(counts):  # a streaming model keeps buffers between calls in resource variables
+        hint = ("This is a streaming model: it keeps state between calls in resource variables "
+                f"({', '.join(sorted(STATE_OPS & set(counts)))}), and an MXQ program holds no state from one "
+                "inference to the next. Convert the model's non-streaming form (the whole input window in one "
+                "call), or export it with the states as extra inputs and outputs that your code carries over.")
+    elif cut_at:  # only post-processing fails: the rest of the model converts
         hint = (f"They only process the model's results: end the graph before them with --output-names "
                 f"{','.join(cut_at)} (Python: output_names=[...]) and run that step on the MXQ's outputs.")
     fields = {"cut_at": cut_at} if cut_at else {"keep_outputs": keep_outputs} if keep else {}
