@@ -275,11 +275,12 @@ def choose_mixed_precision(session, config: CompileConfig, *, calib_data_path: A
 
 
 def _empirical_samples(config: CompileConfig, calibration) -> list | None:
-    """The calibration samples the empirical bias correction and the GPTQ weight rounding of every point run on
-    (read once), if either is on."""
+    """The calibration samples the empirical bias correction, the GPTQ weight rounding and the cross-validated
+    channel ranges of every point run on (read once), if any of them is on."""
     correction = config.layer_bias_correction
     wanted = max(correction.empirical_samples if correction.apply and correction.empirical else 0,
-                 config.bit.weight_rounding_samples if config.bit.weight_rounding != "nearest" else 0)
+                 config.bit.weight_rounding_samples if config.bit.weight_rounding != "nearest" else 0,
+                 config.calibration.num_samples if config.bit.channel_ranges == "crossValidated" else 0)
     if not wanted:
         return None
     return [sample for _, sample in zip(range(wanted), calibration)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -115,10 +116,14 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
         ``(float graph, program)``: the float graph the program was quantized from (``target`` itself,
         or a smoothed / equalized copy; the FP32 reference of any comparison) and the integer program.
     """
+    collected = stats
     quantized, stats, equalized = _equalized(target, stats, config)
     correction = config.layer_bias_correction
     wanted = max(config.bit.weight_rounding_samples if config.bit.weight_rounding != "nearest" else 0,
                  correction.empirical_samples if correction.apply and correction.empirical else 0)
+    cross_validated = config.bit.activation_scales == "channel" and config.bit.channel_ranges == "crossValidated"
+    if cross_validated:
+        wanted = max(wanted, config.calibration.num_samples)
     chosen = None if samples is None else [sample for _, sample in zip(range(wanted), samples)]
     hessians = None
     if config.bit.weight_rounding == "gptq":
@@ -132,7 +137,7 @@ def quantize_from_statistics(target: ir.Model, stats: StatisticsSet, config: Com
                            channel_means=_channel_means(stats), mblt_sha256=mblt_sha256, reporter=reporter,
                            model_outputs=model_outputs, signal_rms=_signal_rms(stats),
                            feature_absmax=_feature_absmax(stats),
-                           channel_ranges=_channel_ranges(stats) if config.bit.activation_scales == "channel" else None,
+                           channel_ranges=_feature_map_ranges(quantized, stats, config, chosen, collected, reporter),
                            hessians=hessians)
     if config.bit.weight_rounding == "sequential":
         if chosen is None:
@@ -348,6 +353,25 @@ def _channel_ranges(stats: StatisticsSet) -> dict[str, tuple[np.ndarray, np.ndar
     return {name: (np.asarray(tensor.per_channel_min), np.asarray(tensor.per_channel_max))
             for name, tensor in stats.tensors.items()
             if tensor.channel_axis == 1 and getattr(tensor, "per_channel_max", None) is not None}
+
+
+def _feature_map_ranges(graph: ir.Model, stats: StatisticsSet, config: CompileConfig, samples: list | None,
+                        collected: StatisticsSet, reporter: Reporter | None) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """The per-channel ranges of ``bit.activationScales: channel``, cross-validated with ``bit.channelRanges``
+    (computed once per ``collected``, the statistics set as collected: a mixed-precision search's points share it)."""
+    if config.bit.activation_scales != "channel":
+        return None
+    ranges = _channel_ranges(stats)
+    if config.bit.channel_ranges != "crossValidated":
+        return ranges
+    if samples is None:
+        logger.warning("bit.channelRanges crossValidated needs the calibration samples here; the per-channel ranges "
+                       "are the calibrated ones.")
+        return ranges
+    from compiler_core.quantization.range_validation import cached_widenings, widen
+
+    feature_maps = {name: 1 for name in ranges if len(stats[name].shape) == 4 and math.prod(stats[name].shape[2:]) > 1}
+    return widen(ranges, cached_widenings(collected, graph, feature_maps, samples, reporter))
 
 
 def _channel_means(stats: StatisticsSet) -> dict[str, np.ndarray]:
