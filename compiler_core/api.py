@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
-from compiler_core.fileio import sha256_file
+from compiler_core.fileio import check_output_path, sha256_file
 from compiler_core.frontends import detect_backend, load_source
 from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize, frozen_heap
 from compiler_core.mblt.io import load_mblt, make_provenance, write_mblt
@@ -120,6 +120,7 @@ def mblt_compile(
     reporter = as_reporter(callback, cancel_token)
     if not mblt_save_path:
         raise ArgumentError("No output path given for the MBLT.", hint="Pass mblt_save_path / --output.")
+    check_output_path(mblt_save_path, "MBLT")
     device = _device(target_device)
     with frozen_heap():  # the load, the passes and the write (see frozen_heap)
         graph, provenance = _parse(model, backend=backend, input_shape_dict=input_shape_dict,
@@ -319,6 +320,7 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
     _compile_config(target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
                     **{key: value for key, value in kwargs.items() if key != "config_save_path"})
+    check_output_path(save_path, "MXQ")  # before the parse, not after the whole compile
     with tempfile.TemporaryDirectory(prefix="qbcompiler-parse-") as scratch:
         mblt = mblt_compile(model, Path(scratch) / "model.mblt", backend=backend, input_shape_dict=input_shape_dict,
                             constant_inputs=constant_inputs, output_names=output_names, callback=reporter,

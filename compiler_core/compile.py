@@ -30,7 +30,7 @@ from compiler_core.errors import (
     MxqFormatError,
     UnsupportedOpsError,
 )
-from compiler_core.fileio import atomic_write_text
+from compiler_core.fileio import atomic_write_text, check_output_path
 from compiler_core.mblt.io import describe_inputs
 from compiler_core.mxq import write_mxq
 from compiler_core.mxq.schema import validate_program
@@ -93,6 +93,7 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
         raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
     device = get_device(config.target_device)
     core_modes = validate_inference_scheme(device.name, config.inference_scheme)
+    check_output_path(save_path, "MXQ")  # before calibration, not after it
     session = MbltSession.open(mblt_path)  # the only read and hash of the MBLT in this compile
     graph = session.graph
     parts, support = _check_and_split(graph, device, config, reporter)

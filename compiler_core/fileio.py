@@ -25,6 +25,26 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def check_output_path(path: str | os.PathLike, kind: str) -> None:
+    """Refuse an output path that can never be written, before the work that would fill it (a compile can take
+    minutes): an existing folder, or a file in a folder that cannot be created or written. ``kind`` names the file
+    in the message ("MXQ", "MBLT").
+
+    Raises:
+        OutputWriteError: as :func:`atomic_write` would at the end.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise OutputWriteError(f"'{target}' is a folder, not a file to write the {kind} to.",
+                               hint=f"Give a file name in it, e.g. '{target / ('model.' + kind.lower())}'.",
+                               file=str(target))
+    folder = next((parent for parent in target.parents if parent.exists()), None)
+    if folder is not None and (not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK)):
+        raise OutputWriteError(f"Cannot write the {kind} to '{target.parent}': '{folder}' is "
+                               f"{'a file' if not folder.is_dir() else 'not writable'}.",
+                               hint="Choose a writable output folder.", file=str(target))
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Write a file through ``writer(temp_path)`` and rename it into place.
 

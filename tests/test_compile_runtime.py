@@ -773,3 +773,17 @@ def test_a_scalar_tensor_inside_the_model_is_compared_by_the_analysis(tmp_path):
     analysis = json.loads(result.mxq_path.with_suffix(".analysis.json").read_text())
     assert analysis["outputs"]["y"]["samples"] >= 1 and analysis["outputs"]["y"]["cosine_mean"] > 0.95
     assert any(row["op"] == "ReduceMax" for row in analysis["layers"])
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """`--output some/folder` compiled the whole model and then failed ("Is a directory. Check free disk space");
+    refused first now (the missing calibration folder proves nothing ran before: it would be the error otherwise)."""
+    from compiler_core.errors import OutputWriteError
+
+    (tmp_path / "plain_file").write_text("x")
+    for target, words in ((tmp_path, "is a folder"), (tmp_path / "plain_file" / "m.mxq", "is a file")):
+        with pytest.raises(OutputWriteError, match=words) as caught:
+            mxq_compile(SAMPLE, "aries-rb", tmp_path / "no such folder", target)
+        assert "e.g." in caught.value.hint or "writable" in caught.value.hint
+    with pytest.raises(OutputWriteError, match="is a folder"):
+        mblt_compile(SAMPLE, tmp_path)
