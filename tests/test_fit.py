@@ -88,17 +88,21 @@ def test_an_int16_preset_is_tiled_at_its_width(tmp_path, capsys):
     assert "source node Transpose16" in capsys.readouterr().err
 
 
-def test_every_layer_too_large_is_listed_and_flagged_in_the_report(tmp_path):
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="SmallConv"),
-             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2], name="FirstTranspose"),
-             helper.make_node("Conv", ["t", "w"], ["d"], name="OtherConv"),
-             helper.make_node("Transpose", ["d"], ["y"], perm=[0, 1, 3, 2], name="SecondTranspose")]
-    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 512, 512])],
+def _large_map_model(path: Path, nodes: list[onnx.NodeProto]):
+    """``nodes`` from ``x`` [1, 16, 512, 512] to ``y`` of the same shape (a 1x1 weight ``w``), parsed to an MBLT."""
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 512, 512])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 512, 512])],
                               [numpy_helper.from_array(np.full((16, 16, 1, 1), 0.1, np.float32), "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-              str(tmp_path / "two.onnx"))
-    model, _ = parse_model(str(tmp_path / "two.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), str(path))
+    return parse_model(str(path))[0]
+
+
+def test_every_layer_too_large_is_listed_and_flagged_in_the_report(tmp_path):
+    model = _large_map_model(tmp_path / "two.onnx", [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="SmallConv"),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2], name="FirstTranspose"),
+        helper.make_node("Conv", ["t", "w"], ["d"], name="OtherConv"),
+        helper.make_node("Transpose", ["d"], ["y"], perm=[0, 1, 3, 2], name="SecondTranspose")])
     failures = fit_failures(model, ARIES)
     with pytest.raises(DoesNotFitError) as caught:
         check_fit(model, ARIES)
@@ -186,15 +190,10 @@ def test_with_an_offloadable_tail_the_npu_body_is_checked(tmp_path):
     checked (the workbench flags it), the Softmax is not tiled."""
     from compiler_core.backend.fit import npu_fit_failures
 
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="SmallConv"),
-             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2], name="BigTranspose"),
-             helper.make_node("Softmax", ["t"], ["y"], axis=1, name="TailSoftmax")]
-    graph = helper.make_graph(nodes, "tail", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 512, 512])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 512, 512])],
-                              [numpy_helper.from_array(np.full((16, 16, 1, 1), 0.1, np.float32), "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-              str(tmp_path / "tail.onnx"))
-    model, _ = parse_model(str(tmp_path / "tail.onnx"))
+    model = _large_map_model(tmp_path / "tail.onnx", [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="SmallConv"),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2], name="BigTranspose"),
+        helper.make_node("Softmax", ["t"], ["y"], axis=1, name="TailSoftmax")])
     report = check_support(model, "regulus-ra")
     assert [entry.source_name for entry in report.blocking()] == ["TailSoftmax"]
     failures = npu_fit_failures(model, report, get_device("regulus-ra"))

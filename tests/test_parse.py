@@ -499,7 +499,6 @@ def test_conv_wider_than_the_npu_window_is_split_into_convs_that_fit(tmp_path, k
 ])
 def test_conv_with_a_stride_beyond_the_npu_reads_frames_as_channels(tmp_path, channels, length, kernel, stride, pads):
     from compiler_core.ops.constraints import MAX_STRIDE
-    from compiler_core.targets import check_support
 
     rng = np.random.default_rng(0)
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=[stride], kernel_shape=[kernel])
@@ -507,17 +506,26 @@ def test_conv_with_a_stride_beyond_the_npu_reads_frames_as_channels(tmp_path, ch
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(rng.standard_normal((5, channels, kernel)).astype(np.float32), "w"),
                                numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b")])
-    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-                   tmp_path / "strided.onnx")
+    strides = _strided_conv_compiled(tmp_path, graph, "strided.onnx", rng.standard_normal((1, channels, length)))
+    assert strides == [1] and max(strides) <= MAX_STRIDE
+
+
+def _strided_conv_compiled(tmp_path, graph: onnx.GraphProto, name: str, x: np.ndarray) -> list[int]:
+    """Parse the one-Conv ``graph``; check that the NPU supports every node of the MBLT and that it matches the source
+    on ``x`` in onnxruntime; return the strides of the MBLT's Conv."""
+    from compiler_core.targets import check_support
+
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), tmp_path / name)
     mblt = mblt_compile(source, tmp_path / "out.mblt")
     model = load_mblt(mblt)
     [conv] = [node for node in model.graph if node.op_type == "Conv"]
-    assert list(conv.attributes["strides"].as_ints()) == [1] and max(list(conv.attributes["strides"].as_ints())) <= MAX_STRIDE
     assert check_support(model, "aries-rb").counts()["unsupported"] == 0
-    feed = {"x": rng.standard_normal((1, channels, length)).astype(np.float32)}
+    feed = {"x": x.astype(np.float32)}
     (expected,) = ort.InferenceSession(str(source)).run(None, feed)
     (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
+    assert actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+    return list(conv.attributes["strides"].as_ints())
 
 
 @pytest.mark.parametrize(("shape", "kernel", "strides", "pads"), [
@@ -528,7 +536,6 @@ def test_conv_with_a_stride_beyond_the_npu_reads_frames_as_channels(tmp_path, ch
 def test_one_row_2d_conv_with_a_long_stride_reads_frames_as_channels(tmp_path, shape, kernel, strides, pads):
     """A 2-D Conv over a one-row input is a 1-D one: before, a kernel 1x256 at stride 256 stayed on the CPU
     (``kernel 1x256 exceeds the NPU limit``), as the split into 32-tap convolutions cannot take the stride."""
-    from compiler_core.targets import check_support
 
     rng = np.random.default_rng(0)
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=list(pads), strides=list(strides),
@@ -538,18 +545,7 @@ def test_one_row_2d_conv_with_a_long_stride_reads_frames_as_channels(tmp_path, s
                               [numpy_helper.from_array(rng.standard_normal((6, shape[1], *kernel)).astype(np.float32),
                                                        "w"),
                                numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
-    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-                   tmp_path / "strided2d.onnx")
-    mblt = mblt_compile(source, tmp_path / "out.mblt")
-    model = load_mblt(mblt)
-    [conv] = [node for node in model.graph if node.op_type == "Conv"]
-    assert set(conv.attributes["strides"].as_ints()) == {1}
-    assert check_support(model, "aries-rb").counts()["unsupported"] == 0
-    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
-    (expected,) = ort.InferenceSession(str(source)).run(None, feed)
-    (actual,) = ort.InferenceSession(str(mblt)).run(None, feed)
-    assert actual.shape == expected.shape
-    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+    assert set(_strided_conv_compiled(tmp_path, graph, "strided2d.onnx", rng.standard_normal(shape))) == {1}
 
 
 @pytest.mark.parametrize("bounds", ["top_db", "both_runtime", "runtime_low_constant_high"])
