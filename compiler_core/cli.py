@@ -724,6 +724,8 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
                   else "n/a (FP32 output near zero on every held-out sample)")
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
+        if metrics.get("padding_positions"):
+            note += f", compared at the tokens ({metrics['padding_positions']} padding positions left out)"
         quiet_note = " (a probability that stays near 0 on the held-out samples)" if metrics.get("quiet_probability") else ""
         lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk}{_error_text(metrics)} "
                      f"[{metrics['verdict']}]{quiet_note}")

@@ -1404,6 +1404,7 @@ def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
 
 
 def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
+    from compiler_core.analysis.metrics import at_tokens, token_positions
     from compiler_core.runtime import Accelerator, Model
 
     session = realdata.ort_session(mblt)
@@ -1412,10 +1413,11 @@ def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
     model.launch(Accelerator(DEVICE))
     reference, quantized = {n: [] for n in names}, {n: [] for n in names}
     for sample in samples:
+        keep = token_positions(sample)  # [1, S, ...] outputs at the tokens, as the compile's analysis compares them
         for name, value in zip(names, session.run(names, sample)):
-            reference[name].append(np.asarray(value))
+            reference[name].append(at_tokens(np.asarray(value), keep))
         for name, value in zip(names, model.infer(sample)):
-            quantized[name].append(np.asarray(value))
+            quantized[name].append(at_tokens(np.asarray(value), keep))
     return {name: _cosines(reference[name], quantized[name]) for name in names}
 
 

@@ -42,6 +42,8 @@ class TensorComparison:
     rms_floor: float = 0.0
     peak: float | None = None
     """The largest ``|reference|`` seen, when tracked (``TensorComparison(peak=0.0)``: the model's outputs)."""
+    padding: int = 0
+    """Positions left out as padding over all samples (:func:`at_tokens`)."""
 
     def add(self, reference: np.ndarray, quantized: np.ndarray, classifier: bool = False) -> None:
         """Accumulate one sample."""
@@ -116,6 +118,8 @@ class TensorComparison:
             result["reference_peak"] = self.peak
         if quiet:
             result["near_zero_samples"] = sorted(quiet)
+        if self.padding:
+            result["padding_positions"] = self.padding
         if self.cosines and all(math.isnan(value) for value in self.cosines):
             result["single_value"] = True  # why there is no cosine
         if classifier and self.samples:
@@ -244,6 +248,34 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int, nam
     if head_op in PROBABILITY_OPS:
         return shape[1] >= 2
     return head_op in LOGIT_OPS and model_outputs == 1 and shape[1] >= 10 and not EMBEDDING_NAME.search(name)
+
+
+PADDING_MASK_NAME = re.compile(r"(attention|input)_?mask", re.IGNORECASE)
+"""Inputs read as a token padding mask (1: a token, 0: padding), as HuggingFace and TF BERT name them."""
+
+
+def token_positions(sample: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The positions of one sample that hold tokens, from its padding mask input, or None.
+
+    A ``[1, S]`` input named like :data:`PADDING_MASK_NAME` whose values are all 0 or 1, with at least one 1
+    and one 0. Outputs of shape ``[1, S, ...]`` are compared at these positions only (:func:`at_tokens`): what a
+    model writes at padding is not used, and some models (DeBERTa-v2: layer norms of near-zero rows) make it
+    arbitrary there, so int8 cannot follow it (cosine 0.50 over all positions, 0.999 over the tokens).
+    """
+    for name, value in sample.items():
+        array = np.asarray(value)
+        if PADDING_MASK_NAME.search(name) and array.ndim == 2 and array.shape[0] == 1 and array.size:
+            keep = array[0] != 0
+            if np.isin(array, (0, 1)).all() and keep.any() and not keep.all():
+                return keep
+    return None
+
+
+def at_tokens(value: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """``value`` at the token positions (axis 1) when it is a ``[1, S, ...]`` tensor of rank >= 3; else as it is."""
+    if keep is None or np.ndim(value) < 3 or np.shape(value)[0] != 1 or np.shape(value)[1] != keep.size:
+        return value
+    return np.asarray(value)[:, keep]
 
 
 def _finite(value: float) -> float | None:
