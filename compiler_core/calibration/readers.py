@@ -21,10 +21,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from compiler_core.calibration.dataset import CalibrationDataset
-from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, default_pipeline
+from compiler_core.calibration.preprocess import IMAGE_FORMAT_NAMES, IMAGE_SUFFIXES, default_pipeline
 from compiler_core.calibration.sources import ImageSource, NpySource, RandomSource, Sample, Source
 from compiler_core.calibration.specs import InputSpec
 from compiler_core.calibration.validate import (
+    ImageInfo,
     check_npy_files,
     files_error,
     name_files,
@@ -32,6 +33,7 @@ from compiler_core.calibration.validate import (
     npy_header,
     plan_images,
     probe_images,
+    refuse_broken_links,
 )
 from compiler_core.config import PreprocessingConfig, PreprocessOp
 from compiler_core.config.messages import config_error_from_validation
@@ -223,6 +225,7 @@ def read_listing(path: Path, inputs: list[InputSpec]) -> Listing:
 
 def _read_folder(path: Path, inputs: list[InputSpec]) -> Listing:
     entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    refuse_broken_links(entries, (*IMAGE_SUFFIXES, ".npy"))
     files = [p for p in entries if p.is_file()]
     images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     arrays = [p for p in files if p.suffix.lower() == ".npy"]
@@ -498,7 +501,7 @@ def _build_column(files: list[tuple[Path, Path]], spec: InputSpec, options: Read
     if None in kinds:
         odd = [path for path, _ in files if _file_kind(path) is None]
         raise files_error(f"{len(odd)} calibration file(s) are neither .npy nor images: {name_files(odd)}.", odd,
-                          "List .npy files (or JPEG/PNG/BMP images).")
+                          f"List .npy files (or {IMAGE_FORMAT_NAMES} images).")
     by_kind: dict[str, list[int]] = {kind: [i for i, (p, _) in enumerate(files) if _file_kind(p) == kind]
                                      for kind in kinds}
     sources: list[Source | None] = [None] * len(files)
@@ -537,10 +540,22 @@ def _image_sources(files: list[tuple[Path, Path]], spec: InputSpec, options: Rea
         settings["notes"].append(f"default preprocessing for '{spec.name}': pixels / 255")
     if plan.converted:
         settings["notes"].append(f"{plan.converted} image(s) converted to {plan.channels} channel(s)")
+    settings["notes"].extend(_image_notes(infos))
     settings.setdefault("images", {})[spec.name] = {
         "pipeline": [op.model_dump(mode="json", by_alias=True) for op in plan.pipeline],
         "channels": plan.channels, "axes": plan.axes}
+    if any(info.turned for info in infos):  # statistics cached before EXIF orientations were applied are not reused
+        settings["images"][spec.name]["exifOrientation"] = "applied"
     return [ImageSource(spec, path, root, plan.pipeline, plan.channels, plan.axes) for path, root in files]
+
+
+def _image_notes(infos: list[ImageInfo]) -> list[str]:
+    """What was read differently from the stored pixels: photos turned upright by their EXIF orientation, animated or
+    multi-page files read at their first frame."""
+    turned = sum(info.turned for info in infos)
+    animated = sum(info.frames > 1 for info in infos)
+    return ([f"{turned} image(s) turned upright by their EXIF orientation"] if turned else []) + \
+        ([f"{animated} animated or multi-page image(s): first frame read"] if animated else [])
 
 
 COLUMN_BUILDERS: dict[str, Callable[..., list[Source]]] = {"npy": _npy_sources, "image": _image_sources}

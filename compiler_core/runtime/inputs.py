@@ -50,12 +50,14 @@ def readable_inputs(paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     Raises:
         CalibrationError: not one of the files can be read.
     """
+    from compiler_core.calibration.preprocess import IMAGE_FORMAT_NAMES
+
     failed = unreadable_inputs(paths)
     if failed and len(failed) == len(paths):
         listed = "; ".join(f"{Path(name).name}: {reason}" for name, reason in list(failed.items())[:5])
         raise CalibrationError(f"None of the {len(paths)} input file(s) can be read: {listed}"
                                f"{'; ...' if len(failed) > 5 else ''}.",
-                               hint="Give JPEG, PNG or BMP images, .npy arrays, a list or a manifest.",
+                               hint=f"Give {IMAGE_FORMAT_NAMES} images, .npy arrays, a list or a manifest.",
                                files=list(failed))
     return [name for name in paths if str(name) not in failed], failed
 
