@@ -352,7 +352,8 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         listed = "; ".join(f"{entry['input']}: {entry['error']}" for entry in payload["failed"][:5])
         raise CalibrationError(f"{len(failed)} of the {len(args.input)} input file(s) cannot be read and were not run "
                                f"(the others were): {listed}{'; ...' if len(failed) > 5 else ''}.",
-                               hint=f"Re-save or remove them; {IMAGE_FORMAT_NAMES} images and .npy arrays can be read.",
+                               hint=f"Re-save or remove them; {IMAGE_FORMAT_NAMES} images, .wav recordings and .npy arrays "
+                                    "can be read.",
                                files=list(failed))
     return payload
 

@@ -43,11 +43,6 @@ _FORMAT_NAMES = list(dict.fromkeys(IMAGE_FORMATS.values()))
 IMAGE_FORMAT_NAMES = ", ".join(_FORMAT_NAMES[:-1]) + " or " + _FORMAT_NAMES[-1]
 """``JPEG, PNG, BMP, WebP, TIFF or GIF``: the image formats named in messages."""
 
-
-def image_file_patterns() -> str:
-    """``*.jpg *.jpeg ...``: the image suffixes as file-dialog patterns."""
-    return " ".join(f"*{suffix}" for suffix in IMAGE_SUFFIXES)
-
 Pixels = Image.Image | np.ndarray
 Size = tuple[int, int]
 """(height, width) in pixels."""

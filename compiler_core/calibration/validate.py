@@ -164,14 +164,16 @@ def check_npy_files(paths: Sequence[Path], spec: InputSpec, auto_convert: bool,
         if not np.can_cast(dtype, spec.dtype, casting="same_kind"):
             bad_dtypes[dtype].append(path)
         axes.append(None if fit is False else fit)
-    _raise_unreadable(unreadable, "as .npy arrays", "Save each sample with numpy.save(path, array).")
+    raise_unreadable(unreadable, "as .npy arrays", "Save each sample with numpy.save(path, array).")
     _raise_bad_npy_shapes(bad_shapes, spec, auto_convert)
     _raise_bad_npy_dtypes(bad_dtypes, spec)
     _note_transposed(paths, axes, spec)
     return axes
 
 
-def _raise_unreadable(unreadable: dict[Path, str], what: str, hint: str) -> None:
+def raise_unreadable(unreadable: dict[Path, str], what: str, hint: str) -> None:
+    """One error naming every file that cannot be read ``what`` (e.g. "as images") with its reason; nothing when
+    ``unreadable`` is empty."""
     if not unreadable:
         return
     paths = list(unreadable)
@@ -283,7 +285,7 @@ def probe_images(paths: Sequence[Path], reporter: Reporter) -> list[ImageInfo]:
             infos.append(probe_image(path))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             unreadable[path] = str(error).rstrip(".") or type(error).__name__
-    _raise_unreadable(unreadable, "as images", f"Remove or re-save these files; only real {IMAGE_FORMAT_NAMES} "
+    raise_unreadable(unreadable, "as images", f"Remove or re-save these files; only real {IMAGE_FORMAT_NAMES} "
                                                "images may be in the folder.")
     return infos
 

@@ -476,7 +476,7 @@ class CalibrationPanel(QWidget):
         self.refresh_preview(report_errors=report_errors)
 
     def _on_choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Calibration images or .npy folder", self._start_dir())
+        path = QFileDialog.getExistingDirectory(self, "Calibration folder (images, .wav recordings or .npy files)", self._start_dir())
         if path:
             self.set_source(path)
 

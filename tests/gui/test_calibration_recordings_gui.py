@@ -1,0 +1,28 @@
+"""The Calibration tab previews a folder of .wav recordings for a waveform model: what it read, in its words."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+from test_user_path import TIMEOUT_MS, answers, make_window, wait_model  # noqa: E402, F401  (fixtures and helper)
+
+from tests.test_calibration_audio import LIBRIVOX, waveform_model  # noqa: E402
+
+
+def test_a_recording_folder_is_previewed_as_windows(qtbot, make_window, tmp_path):  # noqa: F811
+    if not any(LIBRIVOX.glob("*.wav")):
+        pytest.skip(f"{LIBRIVOX} is missing: apt-get install -y pocketsphinx-testdata")
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(waveform_model(tmp_path / "wave.onnx", 1600)))
+    panel = window.calibration
+    window.tabs.setCurrentWidget(panel)
+    with qtbot.waitSignal(panel.preview_ready, timeout=TIMEOUT_MS) as ready:
+        panel.set_source(LIBRIVOX)
+    preview = ready.args[0]
+    assert preview.kind == "wav" and preview.total == 245  # 71 + 29 + 53 + 60 + 32 windows of 0.1 s in 5 recordings
+    assert panel.count_label.text() == "245 sample(s), wav"
+    assert panel.preview_status.text().startswith(
+        "245 window(s) of 1600 samples (0.1 s) from 5 .wav file(s) at 16000 Hz")
+    assert preview.stats[0].source.endswith(".wav@0")
