@@ -4,6 +4,7 @@ files, odd Pillow modes and links, read the same way by calibration, ``make_cali
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,3 +143,17 @@ def test_a_link_to_a_photo_is_read(tmp_path, photo):
     (tmp_path / "data").mkdir()
     os.symlink(tmp_path / "a.png", tmp_path / "data" / "b.png")
     assert len(open_calibration_data(tmp_path / "data", [SPEC])) == 1
+
+
+def test_class_folders_linked_in_from_elsewhere_are_read_once_each(tmp_path, photo):
+    """A calibration folder assembled from links to class folders of a dataset read as "holds only subfolders
+    (cat, dog), with no files in them"; a link back up the tree must not loop."""
+    for name in ("cat", "dog"):
+        (tmp_path / "dataset" / name).mkdir(parents=True)
+        photo.save(tmp_path / "dataset" / name / "a.png")
+        (tmp_path / "calib").mkdir(exist_ok=True)
+        os.symlink(tmp_path / "dataset" / name, tmp_path / "calib" / name)
+    os.symlink(tmp_path / "calib", tmp_path / "dataset" / "cat" / "loop")
+    dataset = open_calibration_data(tmp_path / "calib", [SPEC])
+    assert [Path(source).relative_to(tmp_path / "calib").as_posix() for source in dataset.sources] == \
+        ["cat/a.png", "dog/a.png"]

@@ -300,9 +300,15 @@ def _by_kind(files: list[Path]) -> dict[str, list[Path]]:
 
 
 def _files_below(path: Path) -> list[Path]:
-    """Every file in the subfolders of ``path``, at any depth, sorted by path; hidden files and folders skipped."""
-    found = []
-    for folder, subfolders, names in os.walk(path):
+    """Every file in the subfolders of ``path``, at any depth, sorted by path; hidden files and folders skipped.
+    Linked folders are followed (class folders linked in from a dataset elsewhere), each real folder once."""
+    found, seen = [], set()
+    for folder, subfolders, names in os.walk(path, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            subfolders[:] = []
+            continue
+        seen.add(real)
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         if Path(folder) != path:
             found.extend(Path(folder) / name for name in sorted(names) if not name.startswith("."))
