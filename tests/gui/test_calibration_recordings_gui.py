@@ -26,3 +26,12 @@ def test_a_recording_folder_is_previewed_as_windows(qtbot, make_window, tmp_path
     assert panel.preview_status.text().startswith(
         "245 window(s) of 1600 samples (0.1 s) from 5 .wav file(s) at 16000 Hz")
     assert preview.stats[0].source.endswith(".wav@0")
+
+
+def test_try_on_inputs_offers_every_file_kind_the_reader_reads():
+    """The dialog's filter listed *.png *.jpg *.jpeg *.bmp *.npy by hand: WebP/TIFF photos and .wav recordings were
+    hidden under "All files"."""
+    from qbstudio.widgets.try_inputs import try_inputs_filter
+
+    first = try_inputs_filter(1).split(";;")[0]
+    assert all(f"*{suffix}" in first for suffix in (".webp", ".tif", ".gif", ".wav", ".npy", ".jpg"))
