@@ -3,7 +3,8 @@
 A model whose input is a waveform ([1, N], [1, 1, N], [1, N, 1] or [N], float) takes a folder of ``.wav`` files: each
 file is mixed to mono and cut into consecutive windows of N samples, each window one sample (the last, shorter part
 of a file is left out). Files at another sample rate than ``preprocessing.audio.sampleRate`` are refused, naming the
-rate found; nothing is resampled. Read with the standard library's ``wave`` (8, 16, 24 and 32-bit integer PCM).
+rate found, or resampled with ``resample: true``. Read with the standard library's ``wave`` (8, 16, 24 and 32-bit
+integer PCM).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class WavInfo:
         """Duration in seconds."""
         return self.frames / self.rate
 
+    def frames_at(self, rate: int) -> int:
+        """Samples per channel once resampled to ``rate`` (:func:`resample`)."""
+        return self.frames if rate == self.rate else round(self.frames * rate / self.rate)
+
 
 def wav_info(path: Path) -> WavInfo:
     """Read a ``.wav`` header.
@@ -70,22 +75,36 @@ def wav_info(path: Path) -> WavInfo:
     return info
 
 
-def read_wav(path: Path) -> np.ndarray:
-    """The recording as float32 mono in [-1, 1): channels averaged, integer PCM scaled by its full-scale value."""
+def read_wav(path: Path, rate: int | None = None) -> np.ndarray:
+    """The recording as float32 mono in [-1, 1): channels averaged, integer PCM scaled by its full-scale value;
+    resampled to ``rate`` when it is given and differs from the file's (:func:`resample`)."""
     stat = path.stat()
-    return _read_wav_cached(str(path), stat.st_size, stat.st_mtime_ns)
+    return _read_wav_cached(str(path), stat.st_size, stat.st_mtime_ns, rate)
 
 
 @lru_cache(maxsize=4)
-def _read_wav_cached(path: str, size: int, mtime_ns: int) -> np.ndarray:
+def _read_wav_cached(path: str, size: int, mtime_ns: int, rate: int | None) -> np.ndarray:
     """Keyed by size and mtime too, so that the windows of one file (read one after the other) decode it once."""
     with wave.open(path, "rb") as reader:
-        width, channels = reader.getsampwidth(), reader.getnchannels()
+        width, channels, file_rate = reader.getsampwidth(), reader.getnchannels(), reader.getframerate()
         data = reader.readframes(reader.getnframes())
     samples = _pcm_values(data, width) / float(1 << (8 * width - 1))
-    mono = samples.reshape(-1, channels).mean(axis=1).astype(np.float32)
+    mono = samples.reshape(-1, channels).mean(axis=1)
+    if rate is not None and rate != file_rate:
+        mono = resample(mono, file_rate, rate)
+    mono = mono.astype(np.float32)
     mono.flags.writeable = False  # shared by the windows of the file
     return mono
+
+
+def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """``samples`` at ``rate`` resampled to ``target`` Hz, band-limited: the FFT of the whole signal cut (or padded)
+    at the lower Nyquist frequency, as ``scipy.signal.resample`` does; the signal is taken as periodic, which
+    disturbs only its first and last milliseconds."""
+    count = round(len(samples) * target / rate)
+    spectrum = np.fft.rfft(samples)
+    kept = min(len(spectrum), count // 2 + 1)
+    return np.fft.irfft(spectrum[:kept], count) * (count / len(samples))
 
 
 def _pcm_values(data: bytes, width: int) -> np.ndarray:
@@ -108,15 +127,16 @@ def window_length(spec: InputSpec) -> int:
 
 @dataclass(frozen=True)
 class AudioSource(FileSource):
-    """One window of a recording: ``length`` samples from ``start``, times ``full_scale``."""
+    """One window of a recording: ``length`` samples from ``start`` (at ``rate`` Hz), times ``full_scale``."""
 
     start: int = 0
     full_scale: float = 1.0
+    rate: int | None = None
 
     def load(self) -> np.ndarray:
         """The window in the input's shape and dtype."""
         length = math.prod(self.spec.shape)
-        window = read_wav(self.path)[self.start:self.start + length] * self.full_scale
+        window = read_wav(self.path, self.rate)[self.start:self.start + length] * self.full_scale
         return np.ascontiguousarray(window.reshape(self.spec.shape), dtype=self.spec.dtype)
 
     def describe(self) -> str:
@@ -151,16 +171,18 @@ def window_starts(infos: Sequence[WavInfo], spec: InputSpec, audio: AudioConfig)
         CalibrationError: the input takes no waveform, files at another sample rate, or files shorter than a window.
     """
     length = _require_waveform_input(spec)
-    _refuse_other_rates(infos, audio.sample_rate)
-    short = [info for info in infos if info.frames < length]
+    if not audio.resample:
+        _refuse_other_rates(infos, audio.sample_rate)
+    rate = audio.sample_rate
+    short = [info for info in infos if info.frames_at(rate) < length]
     if short:
-        listed = ", ".join(f"{info.path.name} ({info.frames} samples)" for info in short[:5])
+        listed = ", ".join(f"{info.path.name} ({info.frames_at(rate)} samples)" for info in short[:5])
         raise CalibrationError(
             f"{len(short)} .wav file(s) are shorter than one window of model input '{spec.name}' ({length} samples, "
             f"{length / audio.sample_rate:.3g} s at {audio.sample_rate} Hz): {listed}.",
             hint="Give longer recordings or leave these out.", file=str(short[0].path),
             files=[str(info.path) for info in short])
-    return [list(range(0, info.frames - length + 1, length)) for info in infos]
+    return [list(range(0, info.frames_at(rate) - length + 1, length)) for info in infos]
 
 
 def _require_waveform_input(spec: InputSpec) -> int:
@@ -185,6 +207,7 @@ def _refuse_other_rates(infos: Sequence[WavInfo], expected: int) -> None:
                       + (f" and {len(group) - 3} more" if len(group) > 3 else "") for rate, group in by_rate.items())
     raise CalibrationError(
         f"{len(paths)} .wav file(s) are not at the model's {expected} Hz (preprocessing.audio.sampleRate): {found}.",
-        hint=f"Resample them to {expected} Hz (e.g. ffmpeg -i in.wav -ar {expected} out.wav, or sox in.wav -r "
-             f"{expected} out.wav), or set preprocessing.audio.sampleRate if the model takes another rate.",
+        hint=f"Set preprocessing.audio.resample to true to resample them to {expected} Hz as they are read, or "
+             f"resample the files (ffmpeg -i in.wav -ar {expected} out.wav); or set preprocessing.audio.sampleRate if "
+             "the model takes another rate.",
         file=str(paths[0]), files=[str(p) for p in paths])

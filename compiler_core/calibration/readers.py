@@ -625,11 +625,17 @@ def _audio_sources(files: list[FileRef], spec: InputSpec, options: ReadOptions, 
     settings["notes"].append(f"{len(files)} window(s) of {length} samples ({length / audio.sample_rate:.3g} s) from "
                              f"{len(paths)} .wav file(s) at {audio.sample_rate} Hz (full scale {audio.full_scale:g}); "
                              "the end of each file shorter than a window left out")
-    stereo = sum(info.channels > 1 for info in probe_wavs(paths))
+    infos = probe_wavs(paths)
+    stereo = sum(info.channels > 1 for info in infos)
     if stereo:
         settings["notes"].append(f"{stereo} .wav file(s) with several channels mixed to mono")
+    resampled = {info.rate for info in infos if info.rate != audio.sample_rate}
+    if resampled:
+        settings["notes"].append(f"{sum(info.rate in resampled for info in infos)} .wav file(s) at "
+                                 f"{', '.join(map(str, sorted(resampled)))} Hz resampled to {audio.sample_rate} Hz")
+    rate = audio.sample_rate if resampled else None
     reporter.advance(len(files))
-    return [AudioSource(spec, path, root, start or 0, audio.full_scale) for path, root, start in files]
+    return [AudioSource(spec, path, root, start or 0, audio.full_scale, rate) for path, root, start in files]
 
 
 COLUMN_BUILDERS: dict[str, Callable[..., list[Source]]] = {

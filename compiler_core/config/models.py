@@ -162,7 +162,11 @@ class AudioConfig(ConfigSection):
     """How ``.wav`` recordings become waveform samples (``preprocessing.audio``)."""
 
     sample_rate: int = Field(
-        16000, ge=1, description="Sample rate the model takes, in Hz; .wav files at another rate are refused.")
+        16000, ge=1, description="Sample rate the model takes, in Hz; .wav files at another rate are refused unless "
+                                 "resample is true.")
+    resample: bool = Field(
+        False, description="Resample .wav files at another rate to sampleRate (band-limited, through the FFT of "
+                           "the whole file) instead of refusing them.")
     full_scale: float = Field(
         1.0, gt=0, description="Value of a full-scale sample: 1.0 reads audio in [-1, 1) (soundfile, librosa, "
                                "torchaudio); 32768 reads int16 sample values (openWakeWord).")
