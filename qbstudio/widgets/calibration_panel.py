@@ -447,8 +447,7 @@ class CalibrationPanel(QWidget):
             return
         self._enable_rows()
         try:
-            preprocessing = self.form().to_preprocessing()
-            self.settings.set("preprocessing", preprocessing)
+            self._set_pipeline(self.form().to_preprocessing())
             self.settings.set("uint8Input.apply", self.uint8_check.isChecked())
         except (ValueError, QBCompilerError) as error:
             self.preview_status.setText(f"<span style='color:#c62828'>Invalid pipeline: {error}</span>")
@@ -457,10 +456,16 @@ class CalibrationPanel(QWidget):
         self.changed.emit()
         self.schedule_preview()
 
+    def _set_pipeline(self, preprocessing: dict[str, Any]) -> None:
+        """Set the image pipeline part of ``preprocessing``; its ``audio`` section (how .wav recordings are read),
+        which the form does not edit, stays as the settings have it."""
+        preprocessing["audio"] = self.settings.preprocessing.get("audio", preprocessing.get("audio"))
+        self.settings.set("preprocessing", preprocessing)
+
     def apply_preset(self, name: str) -> None:
         """Load preset ``name``'s pipeline (and its uint8 input choice) into the settings and the form."""
         preprocessing, uint8 = pipeline_preset(name)
-        self.settings.set("preprocessing", preprocessing)
+        self._set_pipeline(preprocessing)
         self.settings.set("uint8Input.apply", uint8)
         self.refresh()
         self.changed.emit()
@@ -585,7 +590,7 @@ class CalibrationPanel(QWidget):
             form.normalize, form.mean, form.std, form.scale = True, [0.0], [1.0], 1 / 255
         form.apply, form.resize, form.keep_aspect, form.crop, form.letterbox = True, True, False, False, False
         form.resize_height, form.resize_width = self._fix_size
-        self.settings.set("preprocessing", form.to_preprocessing())
+        self._set_pipeline(form.to_preprocessing())
         self._offer_size_fix(None)
         self.refresh()
         self.changed.emit()

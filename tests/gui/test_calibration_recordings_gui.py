@@ -35,3 +35,17 @@ def test_try_on_inputs_offers_every_file_kind_the_reader_reads():
 
     first = try_inputs_filter(1).split(";;")[0]
     assert all(f"*{suffix}" in first for suffix in (".webp", ".tif", ".gif", ".wav", ".npy", ".jpg"))
+
+
+def test_editing_the_image_pipeline_keeps_the_audio_settings(qtbot, make_window, tmp_path):  # noqa: F811
+    """The form wrote a whole ``preprocessing`` section: any pipeline edit reset ``audio`` (an openWakeWord project's
+    fullScale 32768 went back to 1.0 without a word)."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.import_model(waveform_model(tmp_path / "wave.onnx", 1600)))
+    panel = window.calibration
+    audio = {"sampleRate": 16000, "resample": True, "fullScale": 32768.0}
+    panel.settings.set("preprocessing.audio", audio)
+    panel.apply_preset("yolo_640")
+    assert panel.settings.preprocessing["audio"] == audio
+    panel.normalize_check.setChecked(not panel.normalize_check.isChecked())  # a form edit
+    assert panel.settings.preprocessing["audio"] == audio
