@@ -334,7 +334,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
                                      **(top_k(value, args.top_k, labels) if classes.get(spec.name) else {})})
             if args.output_dir:
-                target = Path(args.output_dir) / f"{Path(sample.sources[0].describe()).stem}.{spec.name}.npy"
+                target = Path(args.output_dir) / f"{_output_stem(sample.sources[0])}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 np.save(target, value)
                 written.append(str(target))
@@ -391,6 +391,14 @@ def _run_prompt(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     out.result(payload, f"{len(generation.tokens)} tokens; simulator prefill {timing['prefill_seconds']:.2f} s"
                         + (f", {per_token * 1e3:.0f} ms per decode step" if per_token else ""))
     return payload
+
+
+def _output_stem(source: Any) -> str:
+    """The file-name stem of a sample's saved outputs: its input file's stem, with a recording window's start (the
+    windows of one .wav file wrote one file, each over the last)."""
+    stem = Path(getattr(source, "path", source.describe())).stem
+    start = getattr(source, "start", None)
+    return stem if start is None else f"{stem}@{start}"
 
 
 def _display_path(name: str) -> str:

@@ -156,3 +156,17 @@ def test_compile_and_try_read_recordings_with_the_mxqs_audio_settings(tmp_path, 
     assert np.max(scale) > 10  # int8 steps of int16 values, not of [-1, 1)
     samples = [feeds["input"] for _, feeds in load_run_inputs(artifact, [str(recordings[-1])])]
     assert len(samples) == len(_samples(recordings[-1])) // 1600 and np.abs(samples[0]).max() > 100
+
+
+def test_qbcompiler_run_on_a_recording_saves_each_windows_outputs(tmp_path, recordings):
+    """``run --input speech.wav --output-dir out/`` wrote every window's outputs to one file, each over the last."""
+    from compiler_core.api import mxq_compile
+    from compiler_core.cli import run
+
+    model = waveform_model(tmp_path / "wave.onnx", 1600)
+    mxq_compile(str(model), "aries-rb", str(LIBRIVOX), tmp_path / "wave.mxq")
+    assert run(["run", "--mxq", str(tmp_path / "wave.mxq"), "--input", str(recordings[1]), "--output-dir",
+          str(tmp_path / "out")]) == 0
+    windows = len(_samples(recordings[1])) // 1600
+    assert len(list((tmp_path / "out").glob("*.npy"))) == windows == 29
+    assert (tmp_path / "out" / f"{recordings[1].stem}@1600.output.npy").is_file()
