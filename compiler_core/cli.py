@@ -1001,7 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an MXQ on the simulator (inputs: .npy files or images)")
     run.add_argument("--mxq", required=True, help="compiled model")
     run.add_argument("--input", action="append", metavar="PATH",
-                     help=".npy (NCHW/model layout), image file, or a folder of them (repeatable)")
+                     help=".npy (NCHW/model layout), image or .wav file, or a folder of them (repeatable)")
     run.add_argument("--output-dir", help="save each output as .npy here")
     run.add_argument("--top-k", type=int, default=5, help="top-k for classifier outputs (default 5)")
     run.add_argument("--labels", help="text file with one class name per line")

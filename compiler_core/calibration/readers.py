@@ -210,10 +210,20 @@ def _audio_windows(rows: list[Row], inputs: list[InputSpec], options: ReadOption
     recordings = list(dict.fromkeys(row.files[0] for row in rows if _file_kind(row.files[0]) == "audio"))
     if not recordings:
         return rows
-    _require_single_input(inputs, "a .wav recording")
+    _refuse_recordings_for_several_inputs(recordings, inputs)
     starts = dict(zip(recordings, window_starts(probe_wavs(recordings), inputs[0], options.audio)))
     return [replace(row, start=start) for row in rows
             for start in starts.get(row.files[0], [None])]
+
+
+def _refuse_recordings_for_several_inputs(recordings: list[Path], inputs: list[InputSpec]) -> None:
+    if len(inputs) > 1 and recordings:
+        names = ", ".join(spec.name for spec in inputs)
+        raise files_error(f".wav recordings feed a model with one waveform input; this model has {len(inputs)} inputs "
+                          f"({names}).", recordings,
+                          "Give the samples as .npy files, one per input, in a JSON manifest (see "
+                          "docs/calibration-data.md), or bind the other inputs with constant_inputs / --bind-input "
+                          "when they are fixed (a sample rate, a zero initial state).")
 
 
 def spread(items: list, count: int) -> list:
@@ -280,8 +290,9 @@ def _read_folder(path: Path, inputs: list[InputSpec]) -> Listing:
                           "Keep one kind per folder; pass several folders if you need both.")
     if not by_kind:
         _raise_no_usable_files(path, entries, files)
-    _require_single_input(inputs, f"the folder '{path.name}'")
     kind, used = next(iter(by_kind.items()))
+    _refuse_recordings_for_several_inputs(by_kind.get("audio", []), inputs)
+    _require_single_input(inputs, f"the folder '{path.name}'")
     return Listing(_LISTING_KINDS[kind], [Row((p,), path) for p in used])
 
 
@@ -352,6 +363,7 @@ def _read_txt(path: Path, inputs: list[InputSpec]) -> Listing:
 
 
 def _read_single(path: Path, inputs: list[InputSpec]) -> Listing:
+    _refuse_recordings_for_several_inputs([path] if _file_kind(path) == "audio" else [], inputs)
     _require_single_input(inputs, f"the file '{path.name}'")
     return Listing(_LISTING_KINDS[_file_kind(path)], [Row((path,), path.parent)])
 
