@@ -43,6 +43,7 @@ from compiler_core.calibration import (
     tokenizer_folder,
     write_folder_manifest,
 )
+from compiler_core.calibration.audio import window_length
 from compiler_core.errors import CalibrationError, QBCompilerError
 from compiler_core.progress import as_reporter
 from qbstudio import dialogs
@@ -180,6 +181,8 @@ class CalibrationPanel(QWidget):
         left.addWidget(self._source_group())
         self.pipeline_box = self._pipeline_group()
         left.addWidget(self.pipeline_box)
+        self.audio_box = self._audio_group()
+        left.addWidget(self.audio_box)
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
@@ -332,6 +335,43 @@ class CalibrationPanel(QWidget):
         self.fuse_check = self._checkbox("fuse into first layer")
         return self._row(self.scale_combo, self.fuse_check)
 
+    def _audio_group(self) -> QGroupBox:
+        """``preprocessing.audio``: how .wav recordings feed a waveform input (shown for such models only)."""
+        group = QGroupBox("Recordings (.wav)")
+        layout = QFormLayout(group)
+        self.rate_spin = QSpinBox(minimum=1, maximum=384_000, singleStep=1000, suffix=" Hz")
+        self.rate_spin.setToolTip("The sample rate the model takes; .wav files at another rate are refused unless "
+                                  "resampled.")
+        self.rate_spin.editingFinished.connect(self._on_audio_edited)
+        self.resample_check = QCheckBox("resample files at other rates")
+        self.resample_check.toggled.connect(self._on_audio_edited)
+        self.full_scale_combo = QComboBox()
+        self.full_scale_combo.addItem("-1 to 1 (soundfile, librosa, torchaudio)", 1.0)
+        self.full_scale_combo.addItem("int16 values, ±32768 (openWakeWord)", 32768.0)
+        self.full_scale_combo.currentIndexChanged.connect(self._on_audio_edited)
+        layout.addRow("Sample rate", self.rate_spin)
+        layout.addRow("", self.resample_check)
+        layout.addRow("Samples as", self.full_scale_combo)
+        return group
+
+    def _show_audio(self, audio: dict[str, Any]) -> None:
+        self.rate_spin.setValue(audio["sampleRate"])
+        self.resample_check.setChecked(audio["resample"])
+        index = self.full_scale_combo.findData(float(audio["fullScale"]))
+        if index < 0:  # another value from a config file
+            self.full_scale_combo.addItem(f"full scale {audio['fullScale']:g} (from the config)", float(audio["fullScale"]))
+            index = self.full_scale_combo.count() - 1
+        self.full_scale_combo.setCurrentIndex(index)
+
+    def _on_audio_edited(self) -> None:
+        if self._refreshing:
+            return
+        self.settings.set("preprocessing.audio", {"sampleRate": self.rate_spin.value(),
+                                                  "resample": self.resample_check.isChecked(),
+                                                  "fullScale": self.full_scale_combo.currentData()})
+        self.changed.emit()
+        self.schedule_preview()
+
     def _preview_group(self) -> QGroupBox:
         group = QGroupBox("Preview (preprocessed samples)")
         layout = QVBoxLayout(group)
@@ -366,6 +406,7 @@ class CalibrationPanel(QWidget):
         self.text_button.setVisible(token_input_roles(specs) is not None if specs else False)
         self.folders_button.setVisible(len(specs) > 1)
         self.pipeline_box.setVisible(not specs or any(spec.is_image for spec in specs))  # images feed none: no pipeline
+        self.audio_box.setVisible(len(specs) == 1 and window_length(specs[0]) > 0)  # what recordings can feed
         self._timer.stop()
         self._rerun_preview = False
         self.runner.cancel("preview")
@@ -385,6 +426,7 @@ class CalibrationPanel(QWidget):
             self.path_edit.setText(self.source.path or "")
             self.random_check.setChecked(self.source.use_random)
             self._show_form(PreprocessForm.from_preprocessing(self.settings.preprocessing))
+            self._show_audio(self.settings.preprocessing["audio"])
             self.preset_combo.setCurrentIndex(self.preset_combo.findData(matching_preset(self.settings.preprocessing)))
             self._enable_rows()
             self.uint8_check.setChecked(self.settings.config.uint8_input.apply)
