@@ -715,6 +715,15 @@ def _all_int16(program: dict[str, Any]) -> bool:
     return bool(program.get("tensors")) and program["int16_tensors"] >= program["tensors"]
 
 
+def _error_text(metrics: dict[str, Any]) -> str:
+    """The largest error in the output's own units beside its FP32 peak, for outputs that are not class scores: a
+    landmark or box regression reads cosine 0.999 with a 12-pixel error, which only this figure shows."""
+    error, peak = metrics.get("max_abs_error"), metrics.get("reference_peak")
+    if "top1_agreement" in metrics or error is None or not peak:
+        return ""
+    return f", largest error {error:.3g} (FP32 peak {peak:.3g})"
+
+
 def _metric_lines(outputs: dict[str, dict]) -> list[str]:
     lines = []
     for name, metrics in outputs.items():
@@ -726,8 +735,8 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
         quiet_note = " (a probability that stays near 0 on the held-out samples)" if metrics.get("quiet_probability") else ""
-        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]"
-                     f"{quiet_note}")
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk}{_error_text(metrics)} "
+                     f"[{metrics['verdict']}]{quiet_note}")
     return lines
 
 

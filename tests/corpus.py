@@ -1461,6 +1461,8 @@ def measure(name: str | CorpusEntry, scratch: Path | None = None) -> dict:
                     config_preset=entry.preset, cpu_offload=offload, analysis_holdout=0)
         row["compile_seconds"] = round(time.perf_counter() - started, 1)
         row["compile"] = {"code": "OK"}
+        row["mxq_mb"] = round((scratch / f"{name}.mxq").stat().st_size / 1e6, 2)
+        row["mblt_mb"] = round(mblt.stat().st_size / 1e6, 2)
         row["stage"] = "run"
         row["cosine"] = _accuracy(mblt, scratch / f"{name}.mxq", evaluation)
         row["stage"] = "done"

@@ -114,6 +114,19 @@ def test_the_cli_summary_says_when_an_output_has_no_cosine_or_left_samples_out()
     assert _summary(outputs, [])["mean_output_cosine"] == pytest.approx(0.999)
 
 
+def test_the_cli_summary_gives_a_regression_its_largest_error_in_its_own_units():
+    """A hand re-crop's box read cosine 0.999 with a 12-pixel error: the summary now says the error beside the peak."""
+    from compiler_core.cli import _metric_lines
+
+    outputs = {"box": {"sqnr_db": 30.2, "cosine_mean": 0.999, "verdict": "ok", "max_abs_error": 12.4,
+                       "reference_peak": 255.0},
+               "logits": {"sqnr_db": 25.0, "cosine_mean": 0.998, "verdict": "ok", "max_abs_error": 0.3,
+                          "reference_peak": 9.0, "top1_agreement": 1.0, "top5_agreement": 1.0}}
+    box, logits = _metric_lines(outputs)
+    assert "cosine 0.9990, largest error 12.4 (FP32 peak 255) [ok]" in box
+    assert "largest error" not in logits and "top-1 100.0%" in logits
+
+
 def test_mixed_precision_progress_shows_its_metric_for_people():
     """Found under Xvfb: the run panel showed "21 unit(s): cosine 0.7264826095456009, ..." cut off by the panel."""
     from compiler_core.quantization.mixed_precision import format_metric

@@ -69,7 +69,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
         outputs = {spec.name: TensorComparison(peak=0.0) for spec in body_outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
         count_outputs = len(body_outputs) + (len(cpu_tail.outputs) if cpu_tail else 0)
-        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs)
+        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs,
+                                                          spec.name)
                       for spec in body_outputs}
         if cpu_tail is not None:
             outputs.update({name: TensorComparison() for name in cpu_tail.outputs})
@@ -98,7 +99,7 @@ def class_score_outputs(model: QuantizedModel, output_specs: Sequence, tail: byt
     ``qbcompiler run`` and "Try on inputs" as for the analysis: ``output_specs`` are the whole model's outputs
     (``name``, ``shape``), written by the NPU body ``model`` or by the CPU ``tail``."""
     count = len(output_specs)
-    flags = {spec.name: is_classifier_output(list(spec.shape), _head_op(model, spec.name), count)
+    flags = {spec.name: is_classifier_output(list(spec.shape), _head_op(model, spec.name), count, spec.name)
              for spec in output_specs if spec.name in model.tensors}
     if tail is not None:
         flags.update(_CpuTail(tail, model, [spec.name for spec in output_specs]).classifier(count))
@@ -198,7 +199,8 @@ class _CpuTail:
                         for value in proto.graph.output}
 
     def classifier(self, count: int) -> dict[str, bool]:
-        return {name: is_classifier_output(self._shapes.get(name, []), head_op_type(name, self._producers), count)
+        return {name: is_classifier_output(self._shapes.get(name, []), head_op_type(name, self._producers), count,
+                                           name)
                 for name in self.outputs}
 
     def run(self, values: Mapping[str, np.ndarray], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
