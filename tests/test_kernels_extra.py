@@ -433,6 +433,20 @@ def test_matrix_product_einsum_becomes_matmul(tmp_path, equation, a, b):
 
 
 @pytest.mark.parametrize(("equation", "a", "b"), [
+    ("bhid,bhjd->bhij", [1, 1, 3136, 32], [1, 1, 784, 32]),  # CvT's first-stage attention scores
+    ("bhij,bhjd->bhid", [1, 2, 5, 6], [1, 2, 6, 4]),
+])
+def test_a_lowered_einsum_writes_no_reshape_that_keeps_the_shape(tmp_path, equation, a, b):
+    """The reshape after the MatMul was written even when it kept the shape: CvT's [1, 1, 3136, 784] scores got a
+    whole-tensor Reshape layer that did not fit the core SRAM (check said supported, compile DOES_NOT_FIT)."""
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    assert {node.op_type for node in graph.graph} <= {"Transpose", "MatMul"}
+
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
     ("ij,k->i", [5, 4], [3]),                # kept: an index summed within one operand
     ("bij,jk->bik", [2, 5, 4], [4, 3]),      # lowered: b is a free index of the first operand
     ("bij,bjk->bik", [2, 5, 4], [1, 4, 3]),  # kept: the batch index broadcasts
