@@ -1393,13 +1393,13 @@ def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
     The cosine of a one-element output is only its sign, so outputs with fewer than
     :data:`POOLED_BELOW` elements are compared as one vector over all samples (``pooled``).
     """
-    flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
-    flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
-    pooled = flat_ref.shape[1] < POOLED_BELOW
+    flat_ref = [r.astype(np.float64).ravel() for r in reference]  # lengths differ when compared at the tokens
+    flat_q = [q.astype(np.float64).ravel() for q in quantized]
+    pooled = min(r.size for r in flat_ref) < POOLED_BELOW
     if pooled:
-        flat_ref, flat_q = flat_ref.reshape(1, -1), flat_q.reshape(1, -1)
-    norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
-    values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
+        flat_ref, flat_q = [np.concatenate(flat_ref)], [np.concatenate(flat_q)]
+    values = np.array([r @ q / max(np.linalg.norm(r) * np.linalg.norm(q), 1e-30) if np.any(r) and np.any(q) else 0.0
+                       for r, q in zip(flat_ref, flat_q)])
     return {"mean": float(values.mean()), "min": float(values.min()), "pooled": pooled}
 
 
