@@ -48,9 +48,8 @@ def test_a_bound_value_of_another_shape_is_refused_by_name(tmp_path, opset):
         parse_model(_stateful(tmp_path / "cell.onnx", opset), constant_inputs={"state": np.zeros(3)})
 
 
-def test_a_folded_if_leaves_no_weights_of_its_other_branch(tmp_path):
-    """Silero's ifless export picks 8 kHz or 16 kHz weights with an If on ``sr``; bound to 16000, the 8 kHz weights
-    stayed in the MBLT (unused: onnxruntime warned about each on every session, 19 lines per compile)."""
+def _rates(path: Path) -> Path:
+    """Like Silero VAD's ifless export: an If on the ``sr`` input picks 16 kHz or 8 kHz weights."""
     def branch(name: str, weight: str) -> onnx.GraphProto:
         return helper.make_graph([helper.make_node("MatMul", ["x", weight], [f"{name}_y"])], name, [],
                                  [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [1, 3])])
@@ -65,9 +64,23 @@ def test_a_folded_if_leaves_no_weights_of_its_other_branch(tmp_path):
                               [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w16k"),
                                numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w8k"),
                                numpy_helper.from_array(np.array(16000, np.int64), "rate16k")])
-    path = tmp_path / "rates.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
-    model, _ = parse_model(path, constant_inputs={"sr": 16000})
+    return path
+
+
+def test_a_folded_if_leaves_no_weights_of_its_other_branch(tmp_path):
+    """Bound to 16000, Silero's 8 kHz weights stayed in the MBLT (unused: onnxruntime warned about each on every
+    session, 19 lines per compile)."""
+    model, _ = parse_model(_rates(tmp_path / "rates.onnx"), constant_inputs={"sr": 16000})
     used = {value.name for node in model.graph for value in node.inputs if value is not None}
     assert set(model.graph.initializers) <= used
     assert "If" not in {node.op_type for node in model.graph}
+
+
+def test_an_if_on_a_selector_input_says_which_input_to_bind(tmp_path):
+    """The refusal said "replace these operators"; binding ``sr`` is what folds Silero's If away."""
+    from compiler_core.errors import UnsupportedOpsError
+
+    with pytest.raises(UnsupportedOpsError) as caught:
+        parse_model(_rates(tmp_path / "rates.onnx"))
+    assert "depends only on the input(s) sr" in caught.value.hint and "--bind-input sr=VALUE" in caught.value.hint

@@ -1129,7 +1129,35 @@ def _check_mblt_ops(model: ir.Model) -> None:
             error.hint = (f"The unsupported nodes only compute the model's outputs: compile the graph before them "
                           f"with --output-names {','.join(cut)} (output_names=[...]) and run the rest on the CPU. "
                           + error.hint)
+        selectors = sorted({name for node in nodes if node.op_type == "If" for name in _selector_inputs(node)})
+        if selectors:
+            binds = " ".join(f"--bind-input {name}=VALUE" for name in selectors)
+            error.hint = (f"The If's condition depends only on the input(s) {', '.join(selectors)}: bind them to the "
+                          f"value you will run with ({binds}; constant_inputs in the API) and the If folds away. "
+                          + error.hint)
         raise error
+
+
+def _selector_inputs(node: ir.Node) -> list[str]:
+    """The graph inputs an ``If``'s condition is computed from, when all of them are small integer or bool inputs (a
+    sample rate, a mode flag: Silero VAD's ``sr``); empty when the condition also reads anything else at run time."""
+    found, pending, seen = [], [node.inputs[0]], set()
+    while pending:
+        value = pending.pop()
+        if value is None or value.name in seen or value.const_value is not None:
+            continue
+        seen.add(value.name)
+        if value.is_graph_input():
+            small = value.shape is not None and all(isinstance(d, int) for d in value.shape) and \
+                math.prod(value.shape) <= 4
+            if not small or value.dtype is None or not (value.dtype.is_integer() or value.dtype == ir.DataType.BOOL):
+                return []
+            found.append(value.name)
+        elif value.producer() is not None:
+            pending.extend(value.producer().inputs)
+        else:
+            return []
+    return found
 
 
 _TAIL_CUT_KEY = "mblt.tail_cut"
