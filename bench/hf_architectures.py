@@ -1,7 +1,7 @@
 """HuggingFace architectures the corpus has never seen, through the user's path (random weights).
 
 The real-model corpus (``bench/corpus.py``) holds trained models from pip packages; this bench adds breadth:
-37 ``transformers`` architectures (vision, text, audio) built from small configs with random weights, saved
+39 ``transformers`` architectures (vision, text, audio) built from small configs with random weights, saved
 as HF folders and given to ``mblt_compile`` as a user would, then checked, compiled for aries-rb on real
 inputs (photos, English sentences, LibriVox speech) and compared with FP32 on held-out inputs — the same
 ``tests/corpus.py`` measurement as the corpus. Random weights say nothing about a trained model's
@@ -78,7 +78,7 @@ def _configs() -> dict[str, tuple]:
         "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", dict(
             hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768, conv_dim=(64,) * 7),
             {"input_values": [1, 16000]}, "audio"),
-        # session 16: 22 more
+        # session 16: 24 more
         "deit": ("DeiTForImageClassification", "DeiTConfig", dict(_VIT_SMALL, num_labels=10), IMAGE, "image"),
         "dinov2": ("Dinov2Model", "Dinov2Config", dict(_VIT_SMALL, image_size=224, patch_size=14), IMAGE, "image"),
         "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(_VIT_SMALL, image_size=224, patch_size=32),
@@ -116,6 +116,16 @@ def _configs() -> dict[str, tuple]:
         "deberta_v2": ("DebertaV2Model", "DebertaV2Config", dict(_TEXT_SMALL), TEXT, "text"),
         "squeezebert": ("SqueezeBertModel", "SqueezeBertConfig", dict(_TEXT_SMALL, embedding_size=256), TEXT, "text"),
         "modernbert": ("ModernBertModel", "ModernBertConfig", dict(_TEXT_SMALL, intermediate_size=512), TEXT, "text"),
+        "detr": ("DetrForObjectDetection", "DetrConfig", dict(
+            use_timm_backbone=False, use_pretrained_backbone=False, backbone_config={
+                "model_type": "resnet", "depths": [1, 1, 1, 1], "hidden_sizes": [32, 64, 128, 256],
+                "embedding_size": 32, "out_features": ["stage4"]},
+            num_queries=20, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, num_labels=10), IMAGE, "image"),
+        "whisper_classifier": ("WhisperForAudioClassification", "WhisperConfig", dict(
+            num_mel_bins=80, d_model=192, encoder_layers=2, encoder_attention_heads=3, decoder_layers=1,
+            decoder_attention_heads=3, encoder_ffn_dim=768, decoder_ffn_dim=768, num_labels=5),
+            {"input_features": [1, 80, 3000]}, "mel"),
         "hubert": ("HubertModel", "HubertConfig", dict(
             hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768, conv_dim=(64,) * 7),
             {"input_values": [1, 16000]}, "audio"),
@@ -156,6 +166,19 @@ def _audio_feed(specs, split, index):
     return {spec.name: np.asarray(chunk, np.float32).reshape(spec.shape)}
 
 
+def _mel_feed(specs, split, index):
+    """Whisper's log-mel input (its own feature extractor) of 5 s of LibriVox speech, padded to 30 s as Whisper pads."""
+    import corpus
+    import transformers
+
+    spec = specs[0]
+    count = corpus.N_CALIB if split == "calib" else corpus.N_EVAL
+    chunk = np.asarray(corpus.speech_chunk(split, index, 5 * corpus.SAMPLE_RATE, count), np.float32)
+    extractor = transformers.WhisperFeatureExtractor(feature_size=spec.shape[1])
+    features = extractor(chunk, sampling_rate=corpus.SAMPLE_RATE, return_tensors="np")["input_features"]
+    return {spec.name: features.astype(np.float32).reshape(spec.shape)}
+
+
 def _register() -> None:
     """Add the architectures to the corpus registry (``tests/corpus.py``) under ``hf_<name>``."""
     import corpus
@@ -167,6 +190,8 @@ def _register() -> None:
             feed = corpus.image_feed(corpus.photos, "imagenet")
         elif kind == "text":
             feed = _text_feed(getattr(transformers, config_class)(**kwargs).vocab_size)
+        elif kind == "mel":
+            feed = _mel_feed
         else:
             feed = _audio_feed
         return corpus.CorpusEntry(f"hf_{name}", f"{spec[0]} (random weights)", f"transformers=={transformers.__version__}",
