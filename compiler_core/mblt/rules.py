@@ -1219,16 +1219,64 @@ class GatherCastIds(RewriteRuleClassBase):
         return op.Gather(table, ids, **dict(node.attributes.items()))
 
 
+class _GatherIndexWrap(RewriteRuleClassBase):
+    """``Gather(table, where(x < 0, x + n, x))`` -> ``Gather(table, x)`` where ``n`` is the gathered axis's size.
+
+    Keras 3's ``Embedding`` (``ops.take``) wraps negative ids by hand before its lookup; ONNX Gather wraps them itself
+    (indices in ``[-n, n)``), so the select is a no-op for every index Gather accepts. tf2onnx writes the select of
+    int32 ids as arithmetic (``cond * (x + n) + !cond * x``: slovorez's morpheme model), integer Casts, Mul and Add
+    that the NPU cannot run before a lookup it can.
+    """
+
+    def check(self, context, table, x, test, zero, size, y, **_) -> MatchResult:
+        result = MatchResult()
+        gather = y.producer()
+        axis = gather.attributes["axis"].value if "axis" in gather.attributes else 0
+        if test is not x and (test.producer() is None or test.producer().op_type != "Cast"
+                              or test.producer().inputs[0] is not x):
+            return result.fail("the sign test is not of the ids themselves")
+        if not _is_scalar(zero, 0.0, tolerance=0.0):
+            return result.fail("the ids are not compared with 0")
+        shape = table.shape
+        if shape is None or not shape.is_static() or not -len(shape) <= axis < len(shape):
+            return result.fail("the table's shape is unknown")
+        if not _is_scalar(size, float(shape[axis]), tolerance=0.0):
+            return result.fail("the added constant is not the gathered axis's size")
+        return result
+
+    def rewrite(self, op, table, x, y, **_):
+        return op.Gather(table, x, **dict(y.producer().attributes.items()))
+
+
+class GatherIndexWrapWhere(_GatherIndexWrap):
+    """The select as a ``Where``."""
+
+    def pattern(self, op, table, x, test, zero, size):
+        return op.Gather(table, op.Where(op.Less(test, zero), op.Add(x, size), x), _allow_other_attributes=True,
+                         _outputs=["y"])
+
+
+class GatherIndexWrapArithmetic(_GatherIndexWrap):
+    """The select as tf2onnx writes it for integers: ``Cast(less) * (x + n) + x * Cast(Not(less))``."""
+
+    def pattern(self, op, table, x, test, zero, size):
+        less = op.Less(test, zero)
+        negative = op.Mul(op.Cast(less, _allow_other_attributes=True), op.Add(x, size))
+        positive = op.Mul(x, op.Cast(op.Not(less), _allow_other_attributes=True))
+        return op.Gather(table, op.Add(negative, positive), _allow_other_attributes=True, _outputs=["y"])
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
-     WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
+     WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule(),
+     GatherIndexWrapArithmetic.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 
