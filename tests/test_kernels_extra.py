@@ -562,3 +562,23 @@ def test_equal_compares_a_quantized_count_with_a_constant_on_the_count_s_own_gri
         expected = reference.run(None, {"x": sample})[0]
         assert np.allclose(executor.run(model, {"x": sample})["y"], expected, atol=0.02)
         assert np.allclose(qdq.run(None, {"x": sample})[0], expected, atol=0.02)
+
+
+# -- A causal mask of -inf -------------------------------------------------------------------------
+
+
+def test_a_causal_mask_of_minus_infinity_added_to_scores_masks_the_softmax(tmp_path):
+    """torch's TorchScript export of ``scaled_dot_product_attention(is_causal=True)`` adds a constant ``[0 / -inf]``
+    mask to the scores: check said supported and the compile refused it ("holds inf or NaN values"). -inf saturates
+    like the -3.4e38 masks do: the masked entries get the smallest code, which the Softmax reads as -inf."""
+    size = 6
+    mask = np.triu(np.full((size, size), -np.inf, np.float32), k=1)
+    model = make_model([helper.make_node("Add", ["x", "mask"], ["scores"]),
+                        helper.make_node("Softmax", ["scores"], ["y"], axis=-1)],
+                       {"x": [1, 2, size, size]}, {"y": [1, 2, size, size]}, {"mask": mask})
+    _, program = quantized(tmp_path, model)
+    feeds = feeds_for(model)
+    actual = executor.run(program, feeds)["y"]
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert np.all(actual[..., np.isinf(mask)] == 0)  # the masked entries weigh nothing
+    assert np.abs(actual - expected).max() < 0.02  # the other entries: int8 codes of probabilities (1/255 a step)
