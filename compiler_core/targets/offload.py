@@ -284,4 +284,4 @@ def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:
         elif name in inner and _INNER_NOTE not in entry.reason:
             entry = replace(entry, reason=f"{entry.reason} ({_INNER_NOTE})")
         entries[name] = entry
-    return SupportReport(report.device, entries)
+    return replace(report, entries=entries)

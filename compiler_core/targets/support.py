@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from compiler_core.errors import UnsupportedOpsError
 from compiler_core.ops import op_for
+from compiler_core.ops.constraints import BATCH_REASON
 from compiler_core.targets.devices import DEVICES, DeviceProfile, get_device
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class SupportReport:
 
     device: str
     entries: dict[str, NodeSupport] = field(default_factory=dict)
+    batched_inputs: dict[str, list[int]] = field(default_factory=dict)
+    """Model inputs whose first dimension is a batch other than 1 (static), with their shapes: the refusal of a
+    ``batch N`` layer names the shape to give instead."""
 
     def flagged(self) -> list[NodeSupport]:
         """Every node that does not run on the NPU as is (including ``cpu_offloaded`` ones)."""
@@ -151,6 +155,22 @@ class SupportReport:
         )
 
     def _hint(self, groups: dict[str, list[NodeSupport]]) -> str:
+        entries = [entry for group in groups.values() for entry in group]
+        batched = [entry for entry in entries if entry.reason.startswith(BATCH_REASON)]
+        if batched:  # the CPU runs batch 1 parts too, and no op replacement changes the batch: the shape does
+            shapes = " ".join(f"{name}={','.join(map(str, [1, *shape[1:]]))}"
+                              for name, shape in self.batched_inputs.items())
+            batch_hint = ("The NPU runs one sample per inference: give the model batch 1"
+                          + (f" (--input-shape {shapes}, or input_shape_dict, when its batch is dynamic; "
+                             "re-export it with batch 1 when it is fixed)" if shapes else "")
+                          + " and run the MXQ once per sample")
+            if len(batched) == len(entries):
+                return batch_hint + "."
+            other = self._op_hint(groups)
+            return f"{batch_hint}; for the other layers: {other[0].lower()}{other[1:]}"
+        return self._op_hint(groups)
+
+    def _op_hint(self, groups: dict[str, list[NodeSupport]]) -> str:
         hint = "Compile with cpu_offload to run unsupported head/tail groups on the CPU"
         needs_mfu = any(
             entry.status == SupportStatus.NEEDS_MFU for group in groups.values() for entry in group
@@ -253,7 +273,10 @@ def check_support(model: ir.Model, target_device: str) -> SupportReport:
     entries = {
         name: node_support(node, name, profile) for name, node in zip(node_names(model.graph), model.graph)
     }
-    report = SupportReport(profile.name, entries)
+    batched = {value.name: list(value.shape) for value in model.graph.inputs
+               if value.shape is not None and len(value.shape) > 1 and isinstance(value.shape[0], int)
+               and value.shape[0] > 1}
+    report = SupportReport(profile.name, entries, batched)
     logger.debug("support check on %s: %s", profile.name, report.counts())
     return report
 
