@@ -102,9 +102,10 @@ S15_MODELS = ("malviz_resnet18", "voicefilter_embedder", "voicefilter_mask", "ta
 at parse before it)."""
 
 
-S16_MODELS = ("khmer_segmenter", "slovorez_morphemes", "open_nsfw", "fashion_int8_tflite", "fashion_branches")
+S16_MODELS = ("khmer_segmenter", "slovorez_morphemes", "open_nsfw", "fashion_int8_tflite", "fashion_branches",
+              "craft_text", "craft_refiner", "capspot_siamese", "price_gru")
 """Corpus entries of the third round (s16): kinds the corpus lacked (a transformer over characters with a padding mask,
-a tf2onnx char CNN with int32 ids, an NHWC Caffe-converted ResNet, a full-integer int8 TFLite model and the same\nKeras CNN's branches through tf2onnx)."""
+a tf2onnx char CNN with int32 ids, an NHWC Caffe-converted ResNet, a full-integer int8 TFLite model and the same\nKeras CNN's branches through tf2onnx, CRAFT's text detector and its two-input refiner, a siamese matcher, a GRU forecaster)."""
 
 
 def s15_entries() -> list[CorpusEntry]:

