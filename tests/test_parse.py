@@ -625,6 +625,30 @@ def test_a_select_that_adds_another_constant_than_the_table_size_is_kept(tmp_pat
     assert "Where" in {node.op_type for node in onnx.load(str(mblt)).graph.node}
 
 
+def test_a_padding_mask_input_tested_with_equal_is_compared_as_floats(tmp_path):
+    """A hand-written transformer's ``src_key_padding_mask=mask == 0`` (torch's dynamo export): ``Equal`` of the int64
+    mask input was refused ("int64 computed at run time"); compared as floats it runs on the NPU, same values."""
+    from compiler_core.targets import check_support
+
+    nodes = [helper.make_node("Equal", ["mask", "zero"], ["padded"]),
+             helper.make_node("Where", ["padded", "minus", "nothing"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, 8]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                               numpy_helper.from_array(np.array(-1e9, np.float32), "minus"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "nothing")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "mask.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"scores": np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32),
+            "mask": np.array([[[1, 1, 1, 2, 1, 0, 0, 0]]], np.int64)}
+    np.testing.assert_array_equal(_run(mblt, feed)[0], _run(source, feed)[0])
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

@@ -1219,6 +1219,36 @@ class GatherCastIds(RewriteRuleClassBase):
         return op.Gather(table, ids, **dict(node.attributes.items()))
 
 
+class EqualIntInputFloat(RewriteRuleClassBase):
+    """``Equal(ids, c)`` of an integer model input and an integer constant -> ``Equal(Cast(ids, float), float(c))``.
+
+    A padding mask given as an input and tested in the model (``src_key_padding_mask=mask == 0`` of a hand-written
+    transformer, torch's dynamo export) compared int64 run-time values, which the NPU does not take; as floats the
+    input becomes a float activation (BERT's ``attention_mask`` path) and the test is exact for values below 2**24.
+    """
+
+    _INTEGERS = (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8)
+
+    def pattern(self, op, ids, constant):
+        return op.Equal(ids, constant, _outputs=["y"])
+
+    def check(self, context, ids, constant, y) -> MatchResult:
+        result = MatchResult()
+        if not ids.is_graph_input() or ids.dtype not in self._INTEGERS:
+            return result.fail("the compared values are not an integer model input")
+        value = constant.const_value
+        if value is None or constant.dtype not in self._INTEGERS:
+            return result.fail("the other side is not an integer constant")
+        if value.size and int(np.abs(value.numpy()).max()) >= 2**24:
+            return result.fail("the constant is not exact in float32")
+        return result
+
+    def rewrite(self, op, ids, constant, y):
+        as_float = op.initializer(ir.tensor(constant.const_value.numpy().astype(np.float32)),
+                                  name=f"{y.producer().name}_float")
+        return op.Equal(op.Cast(ids, to=ir.DataType.FLOAT), as_float)
+
+
 class _GatherIndexWrap(RewriteRuleClassBase):
     """``Gather(table, where(x < 0, x + n, x))`` -> ``Gather(table, x)`` where ``n`` is the gathered axis's size.
 
@@ -1270,7 +1300,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
      WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule(),
-     GatherIndexWrapArithmetic.rule()],
+     GatherIndexWrapArithmetic.rule(), EqualIntInputFloat.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
