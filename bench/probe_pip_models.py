@@ -124,10 +124,10 @@ def s15_entries() -> list[CorpusEntry]:
 
 TEXTBOOK_EXPORTS = {"yolo": (("torchscript", 17), ("dynamo", 20)), "unetpp": (("torchscript", 17), ("dynamo", 20)),
                     "tcn": (("torchscript", 17), ("dynamo", 20)), "gpt": (("torchscript", 17), ("dynamo", 20)),
-                    "conformer": (("dynamo", 18), ("dynamo", 20))}
+                    "conformer": (("dynamo", 18), ("dynamo", 20)), "stft": (("dynamo", 18),)}
 """Exporter and opset per textbook architecture (``bench/textbook_models.py``; random weights). The Conformer has no
 TorchScript export: torch's exporter has no ONNX form of ``aten::_native_multi_head_attention`` (an eval-mode
-``nn.MultiheadAttention``)."""
+``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types")."""
 
 
 def _textbook_source(architecture: str, exporter: str, opset: int):
@@ -152,6 +152,13 @@ def _log_mels(mels: int):
     return feed
 
 
+def _speech(specs, split, index):
+    """A chunk of real speech of the input's length."""
+    spec = _only(specs)
+    chunk = speech_chunk(split, index, spec.shape[1], N_CALIB if split == "calib" else N_EVAL)
+    return {spec.name: chunk.reshape(spec.shape).astype(spec.dtype)}
+
+
 def _byte_ids(specs, split, index):
     """A real English sentence's UTF-8 bytes as token ids (the tiny GPT's vocabulary holds all 256), repeated to
     the pinned length."""
@@ -166,14 +173,15 @@ def textbook_entries() -> list[CorpusEntry]:
     import textbook_models
 
     feeds = {"yolo": corpus.image_feed(corpus._photo_set, "unit"), "unetpp": corpus.image_feed(corpus._photo_set, "unit"),
-             "tcn": _log_mels(40), "conformer": _log_mels(80), "gpt": _byte_ids}
+             "tcn": _log_mels(40), "conformer": _log_mels(80), "gpt": _byte_ids, "stft": _speech}
     data = {"yolo": "photos", "unetpp": "photos", "tcn": "speech (LibriVox)", "conformer": "speech (LibriVox)",
-            "gpt": "tokenized sentences"}
+            "gpt": "tokenized sentences", "stft": "speech (LibriVox)"}
     tasks = {"yolo": "YOLOv8-style detector (SiLU, C2f, SPPF, nearest Resize)",
              "unetpp": "UNet++ segmentation (nested skip Concats, bilinear Resize)",
              "tcn": "TCN (causal dilated Conv1d, weight norm) over 40 log-mels",
              "conformer": "Conformer encoder (subsampling, MHA, GLU, depthwise Conv1d) over 80 log-mels",
-             "gpt": "GPT-2-style decoder (causal attention, tied LM head) over bytes"}
+             "gpt": "GPT-2-style decoder (causal attention, tied LM head) over bytes",
+             "stft": "spectrogram classifier (torch.stft magnitudes, Conv1d) over a second of audio"}
     return [CorpusEntry(f"textbook_{name}_{exporter}{opset}", f"{tasks[name]}; random weights, {exporter} exporter, "
                         f"opset {opset}, dynamic batch", "torch (bench/textbook_models.py)", "-",
                         _textbook_source(name, exporter, opset), feeds[name], data[name],

@@ -4,7 +4,8 @@ For coverage of layer patterns the corpus's trained models lack, not for accurac
 a YOLOv8-style detector (SiLU, C2f split/concat, SPPF max-pool chain, nearest Resize, decoupled heads), UNet++
 (nested dense skip Concats, bilinear Resize), a TCN (causal dilated Conv1d with weight norm), a Conformer (Conv2d
 subsampling, macaron feed-forward, multi-head attention, GLU, depthwise Conv1d, BatchNorm1d) and a GPT-2-style
-decoder (learned positions, causal attention, tanh GELU, tied LM head). Each is exported with torch's TorchScript
+decoder (learned positions, causal attention, tanh GELU, tied LM head), and a spectrogram classifier (``torch.stft``
+magnitudes, Conv1d, mean over time; only the dynamo exporter writes ``torch.stft``: ONNX STFT). Each is exported with torch's TorchScript
 exporter (``dynamo=False``) or its dynamo exporter, at a given opset, with a dynamic batch dimension, and cached
 under ``build/testdata/``. ``bench/probe_pip_models.py`` measures them (``TEXTBOOK_MODELS``).
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 EXAMPLES = {"yolo": (1, 3, 256, 256), "unetpp": (1, 3, 128, 128), "tcn": (1, 100, 40), "conformer": (1, 100, 80),
-            "gpt": (1, 64)}
+            "gpt": (1, 64), "stft": (1, 16000)}
 """Example input shape per architecture (its static shape in the probe)."""
 GPT_VOCAB = 512
 
@@ -173,7 +174,18 @@ def _modules():
                 x = x + layer["out"](F.gelu(layer["fc"](layer["ln2"](x)), approximate="tanh"))
             return self.lnf(x) @ self.wte.weight.T
 
-    return {"yolo": TinyYolo, "unetpp": UNetPP, "tcn": TCN, "conformer": Conformer, "gpt": TinyGPT}
+    class StftNet(nn.Module):
+        def __init__(self, n_fft=512, hop=160, classes=8):
+            super().__init__()
+            self.n_fft, self.hop = n_fft, hop
+            self.conv, self.head = nn.Conv1d(n_fft // 2 + 1, 64, 3, padding=1), nn.Linear(64, classes)
+            self.register_buffer("window", torch.hann_window(n_fft))
+
+        def forward(self, audio):  # [B, samples]
+            spectrum = torch.stft(audio, self.n_fft, self.hop, window=self.window, return_complex=True).abs()
+            return self.head(F.relu(self.conv(spectrum)).mean(2))
+
+    return {"yolo": TinyYolo, "unetpp": UNetPP, "tcn": TCN, "conformer": Conformer, "gpt": TinyGPT, "stft": StftNet}
 
 
 def module(architecture: str):

@@ -649,6 +649,33 @@ def test_a_padding_mask_input_tested_with_equal_is_compared_as_floats(tmp_path):
     np.testing.assert_array_equal(_run(mblt, feed)[0], _run(source, feed)[0])
 
 
+@pytest.mark.parametrize(("window", "onesided"), [("hann", 1), ("none", 0)])
+def test_an_stft_of_a_real_signal_is_a_strided_convolution_on_the_npu(tmp_path, window, onesided):
+    """torch.stft through the dynamo exporter is an ONNX STFT, refused at parse ("not in the MBLT operator set"); as
+    the convolution with the windowed DFT basis it parses, runs on the NPU and gives the STFT's numbers."""
+    from compiler_core.targets import check_support
+
+    size, hop = 256, 128
+    inputs = ["signal", "hop", "window", ""] if window == "hann" else ["signal", "hop", "", "length"]
+    nodes = [helper.make_node("STFT", inputs, ["spectrum"], onesided=onesided),
+             helper.make_node("ReduceL2", ["spectrum", "last"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("signal", TensorProto.FLOAT, [1, 2048, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(hop, np.int64), "hop"),
+                               numpy_helper.from_array(np.hanning(size + 1)[:-1].astype(np.float32), "window"),
+                               numpy_helper.from_array(np.array(size, np.int64), "length"),
+                               numpy_helper.from_array(np.array([-1], np.int64), "last")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "stft.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert "STFT" not in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"signal": np.random.default_rng(0).standard_normal((1, 2048, 1)).astype(np.float32)}
+    (expected,), (actual,) = _run(source, feed), _run(mblt, feed)
+    assert actual.shape == expected.shape == (1, 15, size // 2 + 1 if onesided else size)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-3)
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

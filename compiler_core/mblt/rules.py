@@ -1219,6 +1219,54 @@ class GatherCastIds(RewriteRuleClassBase):
         return op.Gather(table, ids, **dict(node.attributes.items()))
 
 
+class StftToConv(RewriteRuleClassBase):
+    """``STFT`` of a real signal with a constant window and hop -> a strided ``Conv1d`` with the windowed DFT basis.
+
+    torch's dynamo exporter writes ``torch.stft`` as an ONNX STFT (opset 17), which has no NPU form; each frequency
+    bin is a dot product of a frame with ``window * cos`` and ``-window * sin``, which is what a convolution with
+    ``2 * bins`` output channels and a stride of the hop computes (the wide kernel and long stride are then split as
+    for Silero's STFT). Output ``[batch, frames, bins, 2]`` as the STFT's (real, imaginary).
+    """
+
+    def pattern(self, op, signal):
+        return op.STFT(signal, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, signal, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+        step, window, length = inputs[1], inputs[2], inputs[3]
+        if signal.shape is None or len(signal.shape) != 3 or signal.shape[2] != 1:
+            return result.fail("the signal is not real ([batch, samples, 1])")
+        if step is None or step.const_value is None:
+            return result.fail("the hop is not a constant")
+        present = [v for v in (window, length) if v is not None and v.name]
+        if not present or any(v.const_value is None for v in present):
+            return result.fail("the window or frame length is not a constant")
+        if window is not None and window.name and length is not None and length.name \
+                and int(length.const_value.numpy()) != window.const_value.size:
+            return result.fail("the frame length is not the window's")
+        return result
+
+    def rewrite(self, op, signal, y):
+        node = y.producer()
+        inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+        step = int(inputs[1].const_value.numpy())
+        if inputs[2] is not None and inputs[2].name:
+            window = inputs[2].const_value.numpy().astype(np.float64).ravel()
+        else:
+            window = np.ones(int(inputs[3].const_value.numpy()))
+        size = window.size
+        onesided = node.attributes["onesided"].value if "onesided" in node.attributes else 1
+        bins = size // 2 + 1 if onesided else size
+        angle = 2 * np.pi * np.outer(np.arange(bins), np.arange(size)) / size
+        basis = np.concatenate([window * np.cos(angle), -window * np.sin(angle)])[:, None, :].astype(np.float32)
+        weight = op.initializer(ir.tensor(basis), name=f"{node.name}_dft")
+        frames = op.Conv(op.Transpose(signal, perm=[0, 2, 1]), weight, strides=[step], kernel_shape=[size])
+        parts = op.initializer(ir.tensor(np.array([0, 2, bins, -1], np.int64)), name=f"{node.name}_parts")
+        return op.Transpose(op.Reshape(frames, parts), perm=[0, 3, 2, 1])
+
+
 class EqualIntInputFloat(RewriteRuleClassBase):
     """``Equal(ids, c)`` of an integer model input and an integer constant -> ``Equal(Cast(ids, float), float(c))``.
 
@@ -1306,7 +1354,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), StftToConv.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 
