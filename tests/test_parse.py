@@ -676,6 +676,36 @@ def test_an_stft_of_a_real_signal_is_a_strided_convolution_on_the_npu(tmp_path, 
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_an_adaptive_pool_written_as_gathered_windows_is_one_matmul(tmp_path, keepdims):
+    """torch's dynamo export of ``AdaptiveAvgPool2d((4, 4))`` over 10x10 (windows that overlap: 10 is not a multiple
+    of 4): a GatherND of every window's positions (rank 6, beyond the NPU's rank 5) and a mean over the window axes,
+    refused; as the pooling matrix times the flattened positions it runs on the NPU, with the same numbers."""
+    from compiler_core.targets import check_support
+
+    starts, size = [0, 2, 5, 7], 3  # floor(i * 10 / 4) .. ceil((i + 1) * 10 / 4): 3 rows each
+    rows = np.array([[start + k for k in range(size)] for start in starts])  # [4, 3]
+    index = np.stack(np.broadcast_arrays(rows[:, :, None, None], rows[None, None, :, :]), -1).astype(np.int64)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["hw_first"], perm=[2, 3, 0, 1]),
+             helper.make_node("GatherND", ["hw_first", "windows"], ["gathered"]),
+             helper.make_node("ReduceMean", ["gathered", "axes"], ["pooled"], keepdims=keepdims)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10, 10])],
+                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(index, "windows"),
+                               numpy_helper.from_array(np.array([1, 3], np.int64), "axes")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "pool.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert "GatherND" not in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+    if not keepdims:  # dynamo's form; with keepdims the output itself has rank 6
+        assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 3, 10, 10)).astype(np.float32)}
+    (expected,), (actual,) = _run(source, feed), _run(mblt, feed)
+    assert actual.shape == expected.shape == ((4, 1, 4, 1, 1, 3) if keepdims else (4, 4, 1, 3))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

@@ -1267,6 +1267,69 @@ class StftToConv(RewriteRuleClassBase):
         return op.Transpose(op.Reshape(frames, parts), perm=[0, 3, 2, 1])
 
 
+class GatheredWindowMean(RewriteRuleClassBase):
+    """``ReduceMean(GatherND(x, I), axes)`` with constant windows ``I`` -> one ``MatMul`` by the pooling matrix.
+
+    torch's dynamo exporter writes an adaptive average pool whose output does not divide its input
+    (``AdaptiveAvgPool2d((7, 7))`` of 64x64) as a GatherND of every window's positions (a rank-6 tensor, beyond the
+    NPU's rank 5) and a mean over the window axes. Each output is the mean of fixed input positions: a constant
+    ``[outputs, positions]`` matrix times ``x`` with its indexed axes flattened. Exact; at most
+    ``MAX_POOLING_MATRIX`` entries.
+    """
+
+    MAX_POOLING_MATRIX = 1 << 22
+
+    def pattern(self, op, x, indices, axes):
+        return op.ReduceMean(op.GatherND(x, indices, _allow_other_attributes=True), axes,
+                             _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, indices, axes, y) -> MatchResult:
+        result = MatchResult()
+        gather = y.producer().inputs[0].producer()
+        reduce = y.producer()
+        if gather.attributes.get("batch_dims") is not None and gather.attributes["batch_dims"].value != 0:
+            return result.fail("the GatherND has batch dimensions")
+        if reduce.attributes.get("noop_with_empty_axes") is not None \
+                and reduce.attributes["noop_with_empty_axes"].value:
+            return result.fail("the mean may be a no-op")
+        if indices.const_value is None or axes.const_value is None:
+            return result.fail("the windows or the axes are not constants")
+        if x.shape is None or not x.shape.is_static():
+            return result.fail("the input shape is not static")
+        index = indices.const_value.numpy()
+        depth, windows = index.shape[-1], index.ndim - 1
+        reduced = {int(a) % (windows + len(x.shape) - depth) for a in axes.const_value.numpy().ravel()}
+        if not reduced or max(reduced) >= windows:
+            return result.fail("the mean is not over window axes only")
+        positions = int(np.prod(list(x.shape)[:depth]))
+        outputs = int(np.prod([n for a, n in enumerate(index.shape[:-1]) if a not in reduced]))
+        if positions * outputs > self.MAX_POOLING_MATRIX:
+            return result.fail("the pooling matrix would be too large")
+        return result
+
+    def rewrite(self, op, x, indices, axes, y):
+        reduce = y.producer()
+        index = indices.const_value.numpy()
+        depth, windows = index.shape[-1], index.ndim - 1
+        shape = list(x.shape)
+        reduced = sorted({int(a) % (windows + len(shape) - depth) for a in axes.const_value.numpy().ravel()})
+        kept = [a for a in range(windows) if a not in reduced]
+        sizes = np.array(shape[:depth]).reshape((depth,) + (1,) * windows)
+        flat = np.ravel_multi_index(tuple(np.moveaxis(index, -1, 0) % sizes), shape[:depth])  # [*windows]
+        flat = np.transpose(flat, kept + reduced).reshape(-1, int(np.prod([index.shape[a] for a in reduced])))
+        positions = int(np.prod(shape[:depth]))
+        matrix = np.zeros((flat.shape[0], positions))  # each output row: 1/n at its window's n positions
+        np.add.at(matrix, (np.repeat(np.arange(flat.shape[0]), flat.shape[1]), flat.ravel()), 1.0 / flat.shape[1])
+        name = reduce.name
+        rows = op.Reshape(x, op.initializer(ir.tensor(np.array([positions, -1], np.int64)), name=f"{name}_positions"))
+        pooled = op.MatMul(op.initializer(ir.tensor(matrix.astype(np.float32)), name=f"{name}_pooling"), rows)
+        keepdims = reduce.attributes["keepdims"].value if "keepdims" in reduce.attributes else 1
+        window_dims = [1 if a in reduced else index.shape[a] for a in range(windows)] if keepdims else \
+            [index.shape[a] for a in kept]
+        out_shape = np.array(window_dims + shape[depth:], np.int64)
+        return op.Reshape(pooled, op.initializer(ir.tensor(out_shape), name=f"{name}_shape"))
+
+
 class EqualIntInputFloat(RewriteRuleClassBase):
     """``Equal(ids, c)`` of an integer model input and an integer constant -> ``Equal(Cast(ids, float), float(c))``.
 
@@ -1354,7 +1417,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), StftToConv.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 
