@@ -22,6 +22,7 @@ from compiler_core.backend.partition import Partition, partition
 from compiler_core.backend.program import check_tiles_fit, lower
 from compiler_core.backend.program import from_document as npu_from_document
 from compiler_core.backend.program import to_document as npu_to_document
+from compiler_core.calibration.specs import input_codes
 from compiler_core.config import CompileConfig
 from compiler_core.errors import (
     ArgumentError,
@@ -275,6 +276,7 @@ def _meta(session: MbltSession, device: DeviceProfile, core_modes: list[str], co
     return {"format": "qbstudio-mxq", "compiler_version": __version__, "device": device.name, "core_modes": core_modes,
             "provenance": session.provenance, "mblt_sha256": session.sha256,
             "config": config.model_dump(mode="json", by_alias=True), "inputs": inputs, "outputs": outputs,
+            "input_codes": input_codes(graph),  # quantized source inputs: `run` reads their integer codes too
             "layers": [{k: row[k] for k in ("name", "op_type", "kind", "precision")}
                        for row in result.model.layer_table()],
             "cpu_offload": parts.to_dict() if parts else {}, "analysis": result.analysis.get("summary", {}),
