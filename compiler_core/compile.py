@@ -218,7 +218,7 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
     if not config.cpu_offload and any(entry.blocking for name, entry in report.entries.items() if name not in chosen):
         error = report.unsupported_error()
         if plan.inner_unsupported:  # cpu_offload alone would be refused next: offer what compiles
-            error.hint = plan.inner_hint()
+            error.hint = plan.inner_hint(report.mfu_alternatives())
         raise error
     too_large = [error for error in failures if error.fields["layer"] in plan.inner_unsupported] if fit_checked else []
     if too_large:
@@ -227,7 +227,7 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
         error = report.unsupported_error()
         raise UnsupportedOpsError(f"{len(plan.inner_unsupported)} unsupported node(s) sit inside the NPU body, "
                                   f"where cpu_offload cannot move them: {error.message}",
-                                  hint=plan.inner_hint(),
+                                  hint=plan.inner_hint(report.mfu_alternatives()),
                                   ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
     if not body_computes(graph, plan) and plan.chosen:
         raise ConfigError(f"cpuLayers leaves nothing for the NPU of {device.name}: every computing layer would run "

@@ -27,6 +27,7 @@ chains the three parts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,11 +74,13 @@ class OffloadPlan:
         """True if the NPU body holds no blocking node."""
         return not self.inner_unsupported
 
-    def inner_hint(self) -> str:
+    def inner_hint(self, mfu_devices: Sequence[str] = ()) -> str:
         """What to do about unsupported layers inside the body: ``cpu_offload`` moves only a head or a tail, so
-        name the layers that make one (GridSample between Convs; the rank-6 GatherND of an adaptive pool)."""
+        name the layers that make one (GridSample between Convs; the rank-6 GatherND of an adaptive pool); a device
+        with the MFU first when the layers need it."""
         first, last = self.inner_unsupported[0], self.inner_unsupported[-1]
-        return (f"cpu_offload moves only a leading (head) or trailing (tail) group to the CPU. Run {first} and every "
+        device = f"Target a device with the MFU ({', '.join(mfu_devices)}). " if mfu_devices else ""
+        return (f"{device}cpu_offload moves only a leading (head) or trailing (tail) group to the CPU. Run {first} and every "
                 f"layer after it on the CPU (--cpu-tail {first}, cpuLayers.tail; the graph view's node menu: Run on "
                 f"the CPU with every layer after it), or {last} and every layer before it (--cpu-head {last}, "
                 "cpuLayers.head), or replace these ops in the source model.")

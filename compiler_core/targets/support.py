@@ -170,12 +170,14 @@ class SupportReport:
             return f"{batch_hint}; for the other layers: {other[0].lower()}{other[1:]}"
         return self._op_hint(groups)
 
+    def mfu_alternatives(self) -> list[str]:
+        """Devices with the MFU when a blocking node needs it (the first thing to offer), else none."""
+        needs_mfu = any(entry.status == SupportStatus.NEEDS_MFU for entry in self.blocking())
+        return mfu_devices(self.device) if needs_mfu else []
+
     def _op_hint(self, groups: dict[str, list[NodeSupport]]) -> str:
         hint = "Compile with cpu_offload to run unsupported head/tail groups on the CPU"
-        needs_mfu = any(
-            entry.status == SupportStatus.NEEDS_MFU for group in groups.values() for entry in group
-        )
-        alternatives = mfu_devices(self.device) if needs_mfu else []
+        alternatives = self.mfu_alternatives()
         if alternatives:
             hint += f", or target a device with the MFU ({', '.join(alternatives)})"
         return hint + ", or replace these ops in the source model."
