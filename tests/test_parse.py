@@ -706,6 +706,26 @@ def test_an_adaptive_pool_written_as_gathered_windows_is_one_matmul(tmp_path, ke
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_an_equal_of_ids_that_feeds_integer_arithmetic_stays_for_the_cpu_head(tmp_path):
+    """RoBERTa's position ids from its input ids (``cumsum(ids != pad) * mask + pad``): the test feeds integer
+    arithmetic the NPU cannot run, so it stays with it in the CPU head (on the NPU it would cut the head in two)."""
+    nodes = [helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+             helper.make_node("Not", ["is_pad"], ["real"]),
+             helper.make_node("Cast", ["real"], ["real_i"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["real_i", "axis"], ["positions"]),
+             helper.make_node("Gather", ["table", "positions"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(1, np.int64), "pad"),
+                               numpy_helper.from_array(np.array(1, np.int64), "axis"),
+                               numpy_helper.from_array(np.ones((10, 4), np.float32), "table")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "positions.onnx")
+    equal, = [node for node in onnx.load(str(mblt_compile(source, tmp_path / "out.mblt"))).graph.node
+              if node.op_type == "Equal"]
+    assert list(equal.input)[0] == "ids"
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

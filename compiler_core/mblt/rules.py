@@ -1352,7 +1352,30 @@ class EqualIntInputFloat(RewriteRuleClassBase):
             return result.fail("the other side is not an integer constant")
         if value.size and int(np.abs(value.numpy()).max()) >= 2**24:
             return result.fail("the constant is not exact in float32")
+        if not self._masks_only(y):
+            return result.fail("the test feeds integer arithmetic (RoBERTa's position ids): the CPU head takes it")
         return result
+
+    @staticmethod
+    def _masks_only(value: ir.Value) -> bool:
+        """True if the test's result selects or masks only (Where, bool logic, a Cast to float): an integer use
+        behind it (a cumulative sum of the mask) would be left on the CPU, fed by the NPU, which no split allows."""
+        pending, seen = [value], set()
+        while pending:
+            current = pending.pop()
+            for node, _ in current.uses():
+                if node in seen:
+                    continue
+                seen.add(node)
+                if node.op_type in ("Not", "And", "Or", "Xor"):
+                    pending.extend(node.outputs)
+                elif node.op_type == "Cast":
+                    target = node.attributes.get("to")
+                    if target is None or not ir.DataType(target.value).is_floating_point():
+                        return False
+                elif node.op_type != "Where":
+                    return False
+        return True
 
     def rewrite(self, op, ids, constant, y):
         as_float = op.initializer(ir.tensor(constant.const_value.numpy().astype(np.float32)),
