@@ -1277,7 +1277,7 @@ class GatheredWindowMean(RewriteRuleClassBase):
     ``MAX_POOLING_MATRIX`` entries.
     """
 
-    MAX_POOLING_MATRIX = 1 << 22
+    MAX_POOLING_MATRIX = 1 << 20
 
     def pattern(self, op, x, indices, axes):
         return op.ReduceMean(op.GatherND(x, indices, _allow_other_attributes=True), axes,
