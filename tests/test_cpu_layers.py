@@ -291,6 +291,11 @@ def test_a_refused_layer_inside_the_model_gets_the_cpu_head_or_tail_that_compile
     for hint in hints:
         assert "--cpu-tail GridSample_0" in hint and "--cpu-head GridSample_0" in hint
         assert not hint.startswith("Compile with cpu_offload")
+    from compiler_core.api import load_mblt, mblt_compile
+    from compiler_core.targets import check_support
+
+    report = check_support(load_mblt(mblt_compile(model, tmp_path / "warp.mblt")), "aries-rb")  # check, graph view
+    assert report.inner_unsupported == ["GridSample_0"] and report.unsupported_error().hint == hints[0]
     for choice in ({"tail": ["GridSample_0"]}, {"head": ["GridSample_0"]}):
         result = mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers=choice)
         assert result.support["cpu_offloaded"] >= 1

@@ -36,7 +36,7 @@ import onnx_ir as ir
 from compiler_core.config import CpuLayersConfig, layer_matches
 from compiler_core.errors import ConfigError
 from compiler_core.ops import SHAPE, op_for
-from compiler_core.targets.support import SupportReport, SupportStatus, node_names
+from compiler_core.targets.support import SupportReport, SupportStatus, inner_hint, node_names
 
 logger = logging.getLogger(__name__)
 
@@ -75,15 +75,8 @@ class OffloadPlan:
         return not self.inner_unsupported
 
     def inner_hint(self, mfu_devices: Sequence[str] = ()) -> str:
-        """What to do about unsupported layers inside the body: ``cpu_offload`` moves only a head or a tail, so
-        name the layers that make one (GridSample between Convs; the rank-6 GatherND of an adaptive pool); a device
-        with the MFU first when the layers need it."""
-        first, last = self.inner_unsupported[0], self.inner_unsupported[-1]
-        device = f"Target a device with the MFU ({', '.join(mfu_devices)}). " if mfu_devices else ""
-        return (f"{device}cpu_offload moves only a leading (head) or trailing (tail) group to the CPU. Run {first} and every "
-                f"layer after it on the CPU (--cpu-tail {first}, cpuLayers.tail; the graph view's node menu: Run on "
-                f"the CPU with every layer after it), or {last} and every layer before it (--cpu-head {last}, "
-                "cpuLayers.head), or replace these ops in the source model.")
+        """What to do about the unsupported layers inside the body (:func:`inner_hint`)."""
+        return inner_hint(self.inner_unsupported, mfu_devices)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""

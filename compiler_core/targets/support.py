@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -92,6 +93,9 @@ class SupportReport:
     batched_inputs: dict[str, list[int]] = field(default_factory=dict)
     """Model inputs whose first dimension is a batch other than 1 (static), with their shapes: the refusal of a
     ``batch N`` layer names the shape to give instead."""
+    inner_unsupported: list[str] = field(default_factory=list)
+    """Blocking nodes that a CPU-offload split would leave inside the NPU body (between NPU layers): the refusal
+    offers the CPU head or tail that takes them, not ``cpu_offload``."""
 
     def flagged(self) -> list[NodeSupport]:
         """Every node that does not run on the NPU as is (including ``cpu_offloaded`` ones)."""
@@ -176,11 +180,24 @@ class SupportReport:
         return mfu_devices(self.device) if needs_mfu else []
 
     def _op_hint(self, groups: dict[str, list[NodeSupport]]) -> str:
+        if self.inner_unsupported:
+            return inner_hint(self.inner_unsupported, self.mfu_alternatives())
         hint = "Compile with cpu_offload to run unsupported head/tail groups on the CPU"
         alternatives = self.mfu_alternatives()
         if alternatives:
             hint += f", or target a device with the MFU ({', '.join(alternatives)})"
         return hint + ", or replace these ops in the source model."
+
+
+def inner_hint(inner: Sequence[str], mfu_devices: Sequence[str] = ()) -> str:
+    """What to do about unsupported layers between NPU layers: ``cpu_offload`` moves only a head or a tail, so name
+    the layers that make one (a GridSample between Convs); a device with the MFU first when the layers need it."""
+    first, last = inner[0], inner[-1]
+    device = f"Target a device with the MFU ({', '.join(mfu_devices)}). " if mfu_devices else ""
+    return (f"{device}cpu_offload moves only a leading (head) or trailing (tail) group to the CPU. Run {first} and "
+            f"every layer after it on the CPU (--cpu-tail {first}, cpuLayers.tail; the graph view's node menu: Run on "
+            f"the CPU with every layer after it), or {last} and every layer before it (--cpu-head {last}, "
+            "cpuLayers.head), or replace these ops in the source model.")
 
 
 def _blocking_groups(entries: list[NodeSupport]) -> dict[str, list[NodeSupport]]:
@@ -279,6 +296,10 @@ def check_support(model: ir.Model, target_device: str) -> SupportReport:
                if value.shape is not None and len(value.shape) > 1 and isinstance(value.shape[0], int)
                and value.shape[0] > 1}
     report = SupportReport(profile.name, entries, batched)
+    if report.blocking():  # where a split would leave them: the refusal's hint depends on it
+        from compiler_core.targets.offload import plan_cpu_offload
+
+        report.inner_unsupported = plan_cpu_offload(model, report).inner_unsupported
     logger.debug("support check on %s: %s", profile.name, report.counts())
     return report
 
