@@ -133,7 +133,7 @@ def table(rows: dict[str, dict], names: list[str]) -> str:
 def markdown(rows: dict[str, dict], names: list[str]) -> str:
     """The docs/models.md table (cosine below the 0.99 target is marked)."""
     out = ["| model | task | package | licence | input | real data | check (aries-rb) | compile | "
-           "cosine mean / min | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "cosine mean / min | compile s | MBLT / MXQ MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         row = rows.get(name, {"name": name})
         mean, low = _cosine_cells(row)
@@ -144,8 +144,13 @@ def markdown(rows: dict[str, dict], names: list[str]) -> str:
         offload = " + cpu_offload" if row.get("cpu_offload") else ""
         out.append(f"| {name} | {row.get('task', '')} | {row.get('package', '')} | {row.get('licence', '')} | "
                    f"{inputs} | {row.get('data', '')} | {_check_cell(row)} | {_compile_cell(row)}{offload} | "
-                   f"{cosine} | {row.get('compile_seconds') or '-'} |")
+                   f"{cosine} | {row.get('compile_seconds') or '-'} | {_sizes_cell(row)} |")
     return "\n".join(out)
+
+
+def _sizes_cell(row: dict) -> str:
+    """MBLT and MXQ file sizes (MB), from rows that recorded them."""
+    return f"{row['mblt_mb']} / {row['mxq_mb']}" if "mxq_mb" in row else "-"
 
 
 def failures_markdown(rows: dict[str, dict], names: list[str]) -> str:
@@ -171,7 +176,8 @@ calibration samples: `ok` or the error code and the stage it stopped at. *cosine
 real samples: the worst output's mean and minimum over the samples. Entries below the 0.99 target
 are marked. *compile s* is the wall time of `mxq_compile` (calibration, quantization, scheduling,
 MXQ write) on this 2-core machine, each model in its own process with an empty statistics cache (a cold
-compile); other work shared the machine, so the times are rough.
+compile); other work shared the machine, so the times are rough. *MBLT / MXQ MB* are the parsed graph's
+and the compiled file's sizes.
 
 Measured at commit `{commit}`.
 """

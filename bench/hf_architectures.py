@@ -1,7 +1,7 @@
 """HuggingFace architectures the corpus has never seen, through the user's path (random weights).
 
 The real-model corpus (``bench/corpus.py``) holds trained models from pip packages; this bench adds breadth:
-15 ``transformers`` architectures (vision, text, audio) built from small configs with random weights, saved
+37 ``transformers`` architectures (vision, text, audio) built from small configs with random weights, saved
 as HF folders and given to ``mblt_compile`` as a user would, then checked, compiled for aries-rb on real
 inputs (photos, English sentences, LibriVox speech) and compared with FP32 on held-out inputs — the same
 ``tests/corpus.py`` measurement as the corpus. Random weights say nothing about a trained model's
@@ -10,7 +10,7 @@ accuracy; what this bench tests is that a model the graph calls supported compil
 some classifier heads) are marked instead of given a cosine.
 
 Each model runs in its own child process. Usage: ``python bench/hf_architectures.py [--models a,b]``
-(``make hf-architectures``); about 15-30 minutes on 2 cores.
+(``make hf-architectures``); about 40-80 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ FOLDERS = REPO_ROOT / "build" / "hf-architectures"
 SEQUENCE = 64
 IMAGE = {"pixel_values": [1, 3, 224, 224]}
 TEXT = {"input_ids": [1, SEQUENCE], "attention_mask": [1, SEQUENCE]}
+
+
+_VIT_SMALL = dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3, intermediate_size=768)
+_TEXT_SMALL = dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, intermediate_size=1024)
 
 
 def _configs() -> dict[str, tuple]:
@@ -72,6 +76,47 @@ def _configs() -> dict[str, tuple]:
         "t5_encoder": ("T5EncoderModel", "T5Config", dict(d_model=256, num_layers=3, num_heads=4, d_ff=1024, d_kv=64),
                        TEXT, "text"),
         "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", dict(
+            hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768, conv_dim=(64,) * 7),
+            {"input_values": [1, 16000]}, "audio"),
+        # session 16: 22 more
+        "deit": ("DeiTForImageClassification", "DeiTConfig", dict(_VIT_SMALL, num_labels=10), IMAGE, "image"),
+        "dinov2": ("Dinov2Model", "Dinov2Config", dict(_VIT_SMALL, image_size=224, patch_size=14), IMAGE, "image"),
+        "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(_VIT_SMALL, image_size=224, patch_size=32),
+                        IMAGE, "image"),
+        "siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", dict(_VIT_SMALL, image_size=224, patch_size=16),
+                          IMAGE, "image"),
+        "data2vec_vision": ("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                            dict(_VIT_SMALL, num_labels=10), IMAGE, "image"),
+        "yolos": ("YolosForObjectDetection", "YolosConfig", dict(
+            _VIT_SMALL, image_size=[224, 224], num_detection_tokens=20, num_labels=10), IMAGE, "image"),
+        "dpt": ("DPTForDepthEstimation", "DPTConfig", dict(
+            _VIT_SMALL, num_hidden_layers=4, image_size=224, backbone_out_indices=[0, 1, 2, 3],
+            neck_hidden_sizes=[24, 48, 96, 192], fusion_hidden_size=64), IMAGE, "image"),
+        "glpn": ("GLPNForDepthEstimation", "GLPNConfig", dict(
+            depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 160, 256], decoder_hidden_size=32),
+            {"pixel_values": [1, 3, 256, 256]}, "image"),
+        "mobilenet_v2_hf": ("MobileNetV2ForImageClassification", "MobileNetV2Config", dict(
+            depth_multiplier=0.5, num_labels=10), IMAGE, "image"),
+        "regnet": ("RegNetForImageClassification", "RegNetConfig", dict(
+            depths=[1, 1, 2, 1], hidden_sizes=[32, 64, 128, 256], num_labels=10), IMAGE, "image"),
+        "convnextv2": ("ConvNextV2ForImageClassification", "ConvNextV2Config", dict(
+            depths=[1, 1, 2, 1], hidden_sizes=[32, 64, 128, 256], num_labels=10), IMAGE, "image"),
+        "focalnet": ("FocalNetForImageClassification", "FocalNetConfig", dict(
+            embed_dim=32, depths=[1, 1, 2, 1], num_labels=10), IMAGE, "image"),
+        "cvt": ("CvtForImageClassification", "CvtConfig", dict(
+            embed_dim=[32, 64, 128], num_heads=[1, 2, 4], depth=[1, 2, 3], drop_path_rate=[0.0, 0.0, 0.0],
+            num_labels=10), IMAGE, "image"),
+        "pvt": ("PvtForImageClassification", "PvtConfig", dict(
+            hidden_sizes=[32, 64, 160, 256], depths=[1, 1, 1, 1], num_labels=10), IMAGE, "image"),
+        "bert_cls": ("BertForSequenceClassification", "BertConfig", dict(_TEXT_SMALL, num_labels=3), TEXT, "text"),
+        "gpt2": ("GPT2Model", "GPT2Config", dict(n_embd=256, n_layer=3, n_head=4), TEXT, "text"),
+        "electra_tokens": ("ElectraForTokenClassification", "ElectraConfig", dict(
+            _TEXT_SMALL, embedding_size=128, num_labels=9), TEXT, "text"),
+        "mpnet": ("MPNetModel", "MPNetConfig", dict(_TEXT_SMALL), TEXT, "text"),
+        "deberta_v2": ("DebertaV2Model", "DebertaV2Config", dict(_TEXT_SMALL), TEXT, "text"),
+        "squeezebert": ("SqueezeBertModel", "SqueezeBertConfig", dict(_TEXT_SMALL, embedding_size=256), TEXT, "text"),
+        "modernbert": ("ModernBertModel", "ModernBertConfig", dict(_TEXT_SMALL, intermediate_size=512), TEXT, "text"),
+        "hubert": ("HubertModel", "HubertConfig", dict(
             hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768, conv_dim=(64,) * 7),
             {"input_values": [1, 16000]}, "audio"),
     }

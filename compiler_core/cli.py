@@ -335,7 +335,7 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
             entry["outputs"].append({"name": spec.name, "shape": list(value.shape),
                                      **(top_k(value, args.top_k, labels) if classes.get(spec.name) else {})})
             if args.output_dir:
-                target = Path(args.output_dir) / f"{Path(sample.sources[0].describe()).stem}.{spec.name}.npy"
+                target = Path(args.output_dir) / f"{_output_stem(sample.sources[0])}.{spec.name}.npy"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 np.save(target, value)
                 written.append(str(target))
@@ -347,12 +347,14 @@ def cmd_run(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     model.dispose()
     out.result(payload, _run_text(payload))
     if failed:
+        from compiler_core.calibration.preprocess import IMAGE_FORMAT_NAMES
         from compiler_core.errors import CalibrationError
 
         listed = "; ".join(f"{entry['input']}: {entry['error']}" for entry in payload["failed"][:5])
         raise CalibrationError(f"{len(failed)} of the {len(args.input)} input file(s) cannot be read and were not run "
                                f"(the others were): {listed}{'; ...' if len(failed) > 5 else ''}.",
-                               hint="Re-save or remove them; JPEG, PNG and BMP images and .npy arrays can be read.",
+                               hint=f"Re-save or remove them; {IMAGE_FORMAT_NAMES} images, .wav recordings and .npy arrays "
+                                    "can be read.",
                                files=list(failed))
     return payload
 
@@ -390,6 +392,14 @@ def _run_prompt(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     out.result(payload, f"{len(generation.tokens)} tokens; simulator prefill {timing['prefill_seconds']:.2f} s"
                         + (f", {per_token * 1e3:.0f} ms per decode step" if per_token else ""))
     return payload
+
+
+def _output_stem(source: Any) -> str:
+    """The file-name stem of a sample's saved outputs: its input file's stem, with a recording window's start (the
+    windows of one .wav file wrote one file, each over the last)."""
+    stem = Path(getattr(source, "path", source.describe())).stem
+    start = getattr(source, "start", None)
+    return stem if start is None else f"{stem}@{start}"
 
 
 def _display_path(name: str) -> str:
@@ -706,6 +716,15 @@ def _all_int16(program: dict[str, Any]) -> bool:
     return bool(program.get("tensors")) and program["int16_tensors"] >= program["tensors"]
 
 
+def _error_text(metrics: dict[str, Any]) -> str:
+    """The largest error in the output's own units beside its FP32 peak, for outputs that are not class scores: a
+    landmark or box regression reads cosine 0.999 with a 12-pixel error, which only this figure shows."""
+    error, peak = metrics.get("max_abs_error"), metrics.get("reference_peak")
+    if "top1_agreement" in metrics or error is None or not peak:
+        return ""
+    return f", largest error {error:.3g} (FP32 peak {peak:.3g})"
+
+
 def _metric_lines(outputs: dict[str, dict]) -> list[str]:
     lines = []
     for name, metrics in outputs.items():
@@ -716,9 +735,11 @@ def _metric_lines(outputs: dict[str, dict]) -> list[str]:
                   else "n/a (FP32 output near zero on every held-out sample)")
         quiet = len(metrics.get("near_zero_samples", []))
         note = f", {quiet} near-zero sample(s) left out of the cosine" if quiet and metrics.get("cosine_mean") else ""
+        if metrics.get("padding_positions"):
+            note += f", compared at the tokens ({metrics['padding_positions']} padding positions left out)"
         quiet_note = " (a probability that stays near 0 on the held-out samples)" if metrics.get("quiet_probability") else ""
-        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk} [{metrics['verdict']}]"
-                     f"{quiet_note}")
+        lines.append(f"  {name}: SQNR {metrics['sqnr_db']:.1f} dB, cosine {cosine}{note}{topk}{_error_text(metrics)} "
+                     f"[{metrics['verdict']}]{quiet_note}")
     return lines
 
 
@@ -992,7 +1013,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an MXQ on the simulator (inputs: .npy files or images)")
     run.add_argument("--mxq", required=True, help="compiled model")
     run.add_argument("--input", action="append", metavar="PATH",
-                     help=".npy (NCHW/model layout), image file, or a folder of them (repeatable)")
+                     help=".npy (NCHW/model layout), image or .wav file, or a folder of them (repeatable)")
     run.add_argument("--output-dir", help="save each output as .npy here")
     run.add_argument("--top-k", type=int, default=5, help="top-k for classifier outputs (default 5)")
     run.add_argument("--labels", help="text file with one class name per line")

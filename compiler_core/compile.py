@@ -143,7 +143,8 @@ def suited_preset(model: ir.Model) -> dict[str, Any]:
                  for node in graph for output in node.outputs}
     outputs = [value for value in graph.outputs if value.shape is not None]
     class_scores = bool(outputs) and len(outputs) == len(graph.outputs) and all(
-        is_classifier_output([int(dim) for dim in value.shape], head_op_type(value.name, producers), len(outputs))
+        is_classifier_output([int(dim) for dim in value.shape], head_op_type(value.name, producers), len(outputs),
+                             value.name)
         for value in outputs)
     fit = suggest_preset({node.op_type for node in graph}, input_kind(input_specs(model)), class_scores)
     return {"name": fit.preset, "why": fit.why, "covers": sorted(fit.covers)} if fit is not None else {}

@@ -366,7 +366,7 @@ class MainWindow(QMainWindow):
         self.act_sensitivity = self._action("Analyze Layer &Sensitivity…", self.start_sensitivity, None,
                                             "Rank the layers by the accuracy each one loses (cached statistics)")
         self.act_try = self._action("&Try on Inputs…", self._on_try, "Ctrl+T",
-                                    "Run images or .npy files of your own through the shown run's MXQ")
+                                    "Run images, recordings or .npy files of your own through the shown run's MXQ")
         self.act_try.setEnabled(False)
         self.act_cancel.setEnabled(False)
         self.act_about = self._action("&About qb Studio", self.show_about)
@@ -1118,7 +1118,7 @@ class MainWindow(QMainWindow):
             return True
         self.tabs.setCurrentIndex(1)  # where the data is chosen
         dialogs.show_error(self, "No calibration data", "Choose calibration data first.\n\nIn the Calibration tab: "
-                           "Folder… (images or .npy files) or List/manifest…, or tick Random data for a smoke test.")
+                           "Folder… (images, .wav recordings or .npy files) or List/manifest…, or tick Random data for a smoke test.")
         return False
 
     def start_llm_compile(self) -> bool:

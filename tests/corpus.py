@@ -1650,17 +1650,18 @@ def _cosines(reference: list[np.ndarray], quantized: list[np.ndarray]) -> dict:
     The cosine of a one-element output is only its sign, so outputs with fewer than
     :data:`POOLED_BELOW` elements are compared as one vector over all samples (``pooled``).
     """
-    flat_ref = np.stack([r.astype(np.float64).ravel() for r in reference])
-    flat_q = np.stack([q.astype(np.float64).ravel() for q in quantized])
-    pooled = flat_ref.shape[1] < POOLED_BELOW
+    flat_ref = [r.astype(np.float64).ravel() for r in reference]  # lengths differ when compared at the tokens
+    flat_q = [q.astype(np.float64).ravel() for q in quantized]
+    pooled = min(r.size for r in flat_ref) < POOLED_BELOW
     if pooled:
-        flat_ref, flat_q = flat_ref.reshape(1, -1), flat_q.reshape(1, -1)
-    norms = np.linalg.norm(flat_ref, axis=1) * np.linalg.norm(flat_q, axis=1)
-    values = np.where(norms > 0, (flat_ref * flat_q).sum(1) / np.maximum(norms, 1e-30), 0.0)
+        flat_ref, flat_q = [np.concatenate(flat_ref)], [np.concatenate(flat_q)]
+    values = np.array([r @ q / max(np.linalg.norm(r) * np.linalg.norm(q), 1e-30) if np.any(r) and np.any(q) else 0.0
+                       for r, q in zip(flat_ref, flat_q)])
     return {"mean": float(values.mean()), "min": float(values.min()), "pooled": pooled}
 
 
 def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
+    from compiler_core.analysis.metrics import at_tokens, token_positions
     from compiler_core.runtime import Accelerator, Model
 
     session = realdata.ort_session(mblt)
@@ -1669,10 +1670,11 @@ def _accuracy(mblt: Path, mxq: Path, samples: list[dict]) -> dict:
     model.launch(Accelerator(DEVICE))
     reference, quantized = {n: [] for n in names}, {n: [] for n in names}
     for sample in samples:
+        keep = token_positions(sample)  # [1, S, ...] outputs at the tokens, as the compile's analysis compares them
         for name, value in zip(names, session.run(names, sample)):
-            reference[name].append(np.asarray(value))
+            reference[name].append(at_tokens(np.asarray(value), keep))
         for name, value in zip(names, model.infer(sample)):
-            quantized[name].append(np.asarray(value))
+            quantized[name].append(at_tokens(np.asarray(value), keep))
     return {name: _cosines(reference[name], quantized[name]) for name in names}
 
 
@@ -1718,6 +1720,8 @@ def measure(name: str | CorpusEntry, scratch: Path | None = None) -> dict:
                     config_preset=entry.preset, cpu_offload=offload, analysis_holdout=0)
         row["compile_seconds"] = round(time.perf_counter() - started, 1)
         row["compile"] = {"code": "OK"}
+        row["mxq_mb"] = round((scratch / f"{name}.mxq").stat().st_size / 1e6, 2)
+        row["mblt_mb"] = round(mblt.stat().st_size / 1e6, 2)
         row["stage"] = "run"
         row["cosine"] = _accuracy(mblt, scratch / f"{name}.mxq", evaluation)
         row["stage"] = "done"

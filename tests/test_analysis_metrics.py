@@ -114,6 +114,44 @@ def test_the_cli_summary_says_when_an_output_has_no_cosine_or_left_samples_out()
     assert _summary(outputs, [])["mean_output_cosine"] == pytest.approx(0.999)
 
 
+def test_the_cli_summary_gives_a_regression_its_largest_error_in_its_own_units():
+    """A hand re-crop's box read cosine 0.999 with a 12-pixel error: the summary now says the error beside the peak."""
+    from compiler_core.cli import _metric_lines
+
+    outputs = {"box": {"sqnr_db": 30.2, "cosine_mean": 0.999, "verdict": "ok", "max_abs_error": 12.4,
+                       "reference_peak": 255.0},
+               "logits": {"sqnr_db": 25.0, "cosine_mean": 0.998, "verdict": "ok", "max_abs_error": 0.3,
+                          "reference_peak": 9.0, "top1_agreement": 1.0, "top5_agreement": 1.0}}
+    box, logits = _metric_lines(outputs)
+    assert "cosine 0.9990, largest error 12.4 (FP32 peak 255) [ok]" in box
+    assert "largest error" not in logits and "top-1 100.0%" in logits
+
+
+def test_token_outputs_are_compared_at_the_tokens_not_at_padding():
+    """DeBERTa-v2 writes arbitrary values at padding (layer norms of near-zero rows): cosine 0.50 over all 64
+    positions, 0.999 over the 17-20 tokens. [1, S, ...] outputs are compared where attention_mask is 1."""
+    from compiler_core.analysis.metrics import at_tokens, token_positions
+
+    mask = np.array([[1, 1, 1, 0, 0]], np.int64)
+    keep = token_positions({"input_ids": np.array([[5, 9, 2, 0, 0]]), "attention_mask": mask})
+    assert keep.tolist() == [True, True, True, False, False]
+    hidden = np.arange(20, dtype=np.float32).reshape(1, 5, 4)
+    assert at_tokens(hidden, keep).shape == (1, 3, 4)
+    assert at_tokens(np.zeros((1, 5)), keep).shape == (1, 5)  # [1, S] may be a pooled vector: left whole
+    assert at_tokens(np.zeros((1, 6, 4)), keep).shape == (1, 6, 4)  # another length: not per token
+    assert token_positions({"attention_mask": np.ones((1, 5), np.int64)}) is None  # no padding
+    assert token_positions({"mask": np.array([[0.5, 1.0]])}) is None  # not a 0/1 padding mask by name or values
+    assert token_positions({"input_mask": np.array([[1, 0]])}).tolist() == [True, False]  # TF BERT's name
+
+
+def test_the_cli_summary_says_padding_was_left_out():
+    from compiler_core.cli import _metric_lines
+
+    line = _metric_lines({"last_hidden_state": {"sqnr_db": 27.5, "cosine_mean": 0.9991, "verdict": "ok",
+                                                "padding_positions": 180}})[0]
+    assert "compared at the tokens (180 padding positions left out)" in line
+
+
 def test_mixed_precision_progress_shows_its_metric_for_people():
     """Found under Xvfb: the run panel showed "21 unit(s): cosine 0.7264826095456009, ..." cut off by the panel."""
     from compiler_core.quantization.mixed_precision import format_metric

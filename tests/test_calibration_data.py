@@ -448,7 +448,7 @@ def test_listed_files_of_unknown_kind(tmp_path):
     (tmp_path / "list.txt").write_text("x.bin\n")
     with pytest.raises(CalibrationError) as excinfo:
         open_calibration_data(tmp_path / "list.txt", [FASHION])
-    assert_calibration_error(excinfo, "neither .npy nor images: x.bin", file="x.bin")
+    assert_calibration_error(excinfo, "neither .npy, images nor .wav: x.bin", file="x.bin")
 
 
 def test_mixed_sizes_name_sizes_and_files(photos):

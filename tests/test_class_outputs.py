@@ -36,6 +36,23 @@ def test_class_score_rule(shape, head, outputs, expected):
     assert is_classifier_output(shape, head, outputs) is expected
 
 
+@pytest.mark.parametrize(("shape", "head", "name", "expected"), [
+    ([1, 256], "Add", "embedding", False),            # voicefilter's speaker d-vector (a linear layer, no norm)
+    ([1, 384], "Gemm", "sentence_features", False),
+    ([1, 768], "Gemm", "pooler_output", False),         # a BERT pooler
+    ([1, 1000], "Gemm", "logits", True),
+    ([1, 1000], "Gemm", "", True),                      # no name known: the shape rule alone
+    ([1, 2], "Softmax", "feature_probs", True),         # probabilities stay class scores, whatever their name
+    ([1, 50, 128], "Sigmoid", "mask", False),           # voicefilter's time-frequency mask
+    ([1, 172, 88], "Sigmoid", "notes", False),          # basic-pitch's polyphonic note activations
+    ([1, 360], "Sigmoid", "pitch_bins", True),          # CREPE: one frame, its arg-max is the pitch
+])
+def test_embeddings_and_sigmoid_maps_are_not_class_scores(shape, head, name, expected):
+    """Found on the corpus: voicefilter's embedding got a top-1 figure, its mask and basic-pitch's notes a per-frame
+    top-1 of independent probabilities."""
+    assert is_classifier_output(shape, head, 1, name) is expected
+
+
 def _landmark_model(path: Path) -> Path:
     """Like a landmark network's head: one linear layer feeding 63 coordinates and a sigmoid presence score."""
     rng = np.random.default_rng(0)

@@ -433,6 +433,20 @@ def test_matrix_product_einsum_becomes_matmul(tmp_path, equation, a, b):
 
 
 @pytest.mark.parametrize(("equation", "a", "b"), [
+    ("bhid,bhjd->bhij", [1, 1, 3136, 32], [1, 1, 784, 32]),  # CvT's first-stage attention scores
+    ("bhij,bhjd->bhid", [1, 2, 5, 6], [1, 2, 6, 4]),
+])
+def test_a_lowered_einsum_writes_no_reshape_that_keeps_the_shape(tmp_path, equation, a, b):
+    """The reshape after the MatMul was written even when it kept the shape: CvT's [1, 1, 3136, 784] scores got a
+    whole-tensor Reshape layer that did not fit the core SRAM (check said supported, compile DOES_NOT_FIT)."""
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], {"a": a, "b": b},
+                       {"y": None})
+    onnx.save(model, str(tmp_path / "einsum.onnx"))
+    graph, _ = parse_model(tmp_path / "einsum.onnx", backend="onnx")
+    assert {node.op_type for node in graph.graph} <= {"Transpose", "MatMul"}
+
+
+@pytest.mark.parametrize(("equation", "a", "b"), [
     ("ij,k->i", [5, 4], [3]),                # kept: an index summed within one operand
     ("bij,jk->bik", [2, 5, 4], [4, 3]),      # lowered: b is a free index of the first operand
     ("bij,bjk->bik", [2, 5, 4], [1, 4, 3]),  # kept: the batch index broadcasts
@@ -562,6 +576,30 @@ def test_equal_compares_a_quantized_count_with_a_constant_on_the_count_s_own_gri
         expected = reference.run(None, {"x": sample})[0]
         assert np.allclose(executor.run(model, {"x": sample})["y"], expected, atol=0.02)
         assert np.allclose(qdq.run(None, {"x": sample})[0], expected, atol=0.02)
+
+
+def test_an_unrolled_lstm_stores_its_recurrent_weights_once_in_the_mxq(tmp_path, monkeypatch):
+    """Each unrolled step is its own MatMul with its own copy of the recurrent weights (and their requantization
+    tables); the MXQ keeps one copy that every step reads (a BiLSTM text model: 124 MB -> 24 MB)."""
+    from compiler_core.api import mxq_compile
+    from compiler_core.mxq.container import read_mxq
+    from compiler_core.runtime import Accelerator, Model
+
+    monkeypatch.setenv("QBCOMPILER_CACHE_DIR", str(tmp_path / "cache"))
+    model = lstm_model("bidirectional", 0, True, True, False, ("Y",))
+    result = mxq_compile(str(_as_path(model, tmp_path)), target_device="aries-rb", save_path=tmp_path / "lstm.mxq",
+                         use_random_calib=True)
+    mxq = read_mxq(result.mxq_path)
+    steps = [entry for entry in mxq.const_index if entry.dtype == "|i1" and entry.shape == (4 * HIDDEN, HIDDEN)]
+    assert len(steps) == 2 * SEQ  # per direction, every step reads R (h0 is an input)
+    assert len({(entry.offset, entry.nbytes) for entry in steps}) == 2  # one copy per direction
+    assert mxq.version == (2, 0)
+    feeds = feeds_for(model)
+    runtime = Model(result.mxq_path, input_layout="NCHW")  # the source layout
+    runtime.launch(Accelerator("aries-rb"))
+    ours = np.asarray(runtime.infer(feeds)[0], np.float64).ravel()
+    want = np.asarray(_run(model.SerializeToString(), feeds)[0], np.float64).ravel()
+    assert ours @ want / np.linalg.norm(ours) / np.linalg.norm(want) > 0.98  # every step reads the shared copy
 
 
 # -- A causal mask of -inf -------------------------------------------------------------------------

@@ -307,6 +307,26 @@ def test_masked_softmax_treats_the_saturated_mask_code_as_minus_infinity():
     assert run_softmax(op, [x])[0][1, 0] < 0.5 * 32767
 
 
+def test_a_row_with_every_entry_masked_is_uniform_as_in_fp32_in_both_executors():
+    """FP32 softmax of a row of equal -3.4e38 entries (a padded query under DeBERTa's query x key mask) is uniform;
+    ours gave zeros, and DeBERTa-v2's padded positions went to cosine -0.06."""
+    from types import SimpleNamespace
+
+    from compiler_core.quantization.kernels.softmax import run_softmax
+    from compiler_core.quantization.program import IntOp
+    from compiler_core.runtime.fastpath.normalization import build_softmax
+
+    table = np.round((1 << 20) * np.exp(-np.arange(400) * 0.05)).astype(np.int32)
+    x = np.array([[[30, -20, -40, -40], [-40, -40, -40, -40], [5, -40, 7, -40]]], np.int64)
+    op = IntOp("sm", "softmax", "Softmax", ["x"], ["y"], attrs={"axis": 2, "qmax": 127, "masked_code": -40},
+               consts={"exp_table": table})
+    golden = run_softmax(op, [x])[0]
+    assert golden[0, 1].tolist() == [32, 32, 32, 32]  # rdiv(127, 4)
+    assert golden[0, 0, 2:].tolist() == [0, 0] and golden[0, 2, 1] == 0
+    fast = build_softmax(op, SimpleNamespace(shape=lambda name: list(x.shape))).run([x.astype(np.float32)])[0]
+    np.testing.assert_array_equal(fast, golden)
+
+
 def test_cli_run_prompt_streams_the_generation(compiled, capsys):
     from compiler_core.cli import run
     from compiler_core.runtime.llm import LlmModel

@@ -162,7 +162,10 @@ def test_round_trip_restores_every_section(tmp_path, use_mmap):
     content["consts"] = arrays
     path = write_mxq(tmp_path / "m.mxq", **content)
     mxq = read_mxq(path, mmap=use_mmap)
-    assert (mxq.target_device, mxq.version, str(mxq.version)) == ("regulus-rb", (1, 0), "1.0")
+    # int8 and uint8 of -6..5 are the same bytes: stored once, which needs format 2.0
+    assert (mxq.target_device, mxq.version, str(mxq.version)) == ("regulus-rb", (2, 0), "2.0")
+    offsets = {entry.name: entry.offset for entry in mxq.const_index}
+    assert offsets["a_uint8"] == offsets["a_int8"] and len(set(offsets.values())) < len(offsets)
     assert (mxq.meta, mxq.program, mxq.calib, mxq.cpu) == (content["meta"], content["program"],
                                                            content["calib"], content["cpu"])
     assert list(mxq.consts) == list(arrays)
@@ -356,9 +359,49 @@ def test_trailing_bytes_are_detected(tmp_path, small_bytes, tail, case_log):
 
 def test_major_version_mismatch_names_both_versions(tmp_path, small_bytes):
     header, entries = parse_table(small_bytes)
-    data = rebuild(small_bytes, dataclasses.replace(header, major=2, minor=3), entries)
-    error = assert_rejected(tmp_path / "v2.mxq", data)
-    assert "2.3" in str(error) and "1.0" in str(error) and error.fields["version"] == "2.3"
+    data = rebuild(small_bytes, dataclasses.replace(header, major=3, minor=3), entries)
+    error = assert_rejected(tmp_path / "v3.mxq", data)
+    assert "3.3" in str(error) and "1.x and 2.x" in str(error) and error.fields["version"] == "3.3"
+
+
+def test_equal_arrays_are_stored_once_and_read_back_under_each_name(tmp_path):
+    """An unrolled LSTM's steps each carry the same recurrent weights: one copy in the file, every name reads it."""
+    content = small_sections()
+    step = (np.arange(256 * 64) % 251 - 125).astype(np.int8).reshape(256, 64)
+    content["consts"] = {f"op{index}.weight": step.copy() for index in range(20)}
+    content["consts"]["op0.bias"] = np.arange(256, dtype=np.int32)
+    content["consts"]["reinterpreted"] = step.view(np.uint8)  # same bytes, another dtype: shares them too
+    path = write_mxq(tmp_path / "lstm.mxq", **content)
+    assert path.stat().st_size < 2 * step.nbytes + 8192  # was 21 copies
+    mxq = read_mxq(path)
+    assert mxq.version == (2, 0)
+    for name, expected in content["consts"].items():
+        np.testing.assert_array_equal(mxq.consts[name], expected)
+        assert mxq.consts[name].dtype == expected.dtype
+    assert len({entry.offset for entry in mxq.const_index}) == 2
+    assert validate_mxq(path)["ok"]
+
+
+def test_a_file_without_shared_arrays_stays_version_1_0(small_file):
+    """1.x readers (qb Studio before format 2.0) keep reading every MXQ whose arrays all have their own bytes."""
+    assert read_mxq(small_file).version == (1, 0)
+
+
+def test_shared_bytes_are_corrupt_in_a_1_x_file_and_must_repeat_an_earlier_blob_exactly(tmp_path):
+    def container(blobs: list[dict], major: int) -> bytes:
+        path = write_raw(tmp_path / "raw.mxq", **valid_raw_sections(const=(Encoding.RAW, blob_section(blobs, bytes(range(8))))))
+        data = path.read_bytes()
+        header, entries = parse_table(data)
+        return rebuild(data, dataclasses.replace(header, major=major), entries)
+
+    blobs = [{"name": "a", "dtype": "|i1", "shape": [8], "offset": 0, "nbytes": 8},
+             {"name": "b", "dtype": "|u1", "shape": [2, 4], "offset": 0, "nbytes": 8}]
+    path = tmp_path / "shared.mxq"
+    path.write_bytes(container(blobs, 2))
+    assert read_mxq(path).consts["b"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert "overlaps" in str(assert_rejected(tmp_path / "v1.mxq", container(blobs, 1)))
+    inside = [blobs[0], {**blobs[1], "shape": [4], "nbytes": 4}]  # within an earlier blob, not its placement
+    assert "overlaps" in str(assert_rejected(tmp_path / "inside.mxq", container(inside, 2)))
 
 
 def test_higher_minor_version_is_accepted(tmp_path, small_bytes):

@@ -23,7 +23,14 @@ import numpy as np
 import onnx_ir as ir
 from threadpoolctl import threadpool_limits
 
-from compiler_core.analysis.metrics import WARN_SQNR_DB, TensorComparison, head_op_type, is_classifier_output
+from compiler_core.analysis.metrics import (
+    WARN_SQNR_DB,
+    TensorComparison,
+    at_tokens,
+    head_op_type,
+    is_classifier_output,
+    token_positions,
+)
 from compiler_core.calibration.statistics import session_with_outputs
 from compiler_core.mblt.io import load_mblt
 from compiler_core.progress import Reporter, as_reporter
@@ -69,7 +76,8 @@ def analyze(mblt_path: str | Path | ir.Model, model: QuantizedModel, samples: It
         outputs = {spec.name: TensorComparison(peak=0.0) for spec in body_outputs if spec.name in model.tensors}
         layers = {name: TensorComparison() for name in names if name in model.tensors} if per_layer else {}
         count_outputs = len(body_outputs) + (len(cpu_tail.outputs) if cpu_tail else 0)
-        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs)
+        classifier = {spec.name: is_classifier_output(spec.shape, _head_op(model, spec.name), count_outputs,
+                                                          spec.name)
                       for spec in body_outputs}
         if cpu_tail is not None:
             outputs.update({name: TensorComparison() for name in cpu_tail.outputs})
@@ -98,7 +106,7 @@ def class_score_outputs(model: QuantizedModel, output_specs: Sequence, tail: byt
     ``qbcompiler run`` and "Try on inputs" as for the analysis: ``output_specs`` are the whole model's outputs
     (``name``, ``shape``), written by the NPU body ``model`` or by the CPU ``tail``."""
     count = len(output_specs)
-    flags = {spec.name: is_classifier_output(list(spec.shape), _head_op(model, spec.name), count)
+    flags = {spec.name: is_classifier_output(list(spec.shape), _head_op(model, spec.name), count, spec.name)
              for spec in output_specs if spec.name in model.tensors}
     if tail is not None:
         flags.update(_CpuTail(tail, model, [spec.name for spec in output_specs]).classifier(count))
@@ -198,7 +206,8 @@ class _CpuTail:
                         for value in proto.graph.output}
 
     def classifier(self, count: int) -> dict[str, bool]:
-        return {name: is_classifier_output(self._shapes.get(name, []), head_op_type(name, self._producers), count)
+        return {name: is_classifier_output(self._shapes.get(name, []), head_op_type(name, self._producers), count,
+                                           name)
                 for name in self.outputs}
 
     def run(self, values: Mapping[str, np.ndarray], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -211,19 +220,31 @@ def _compare_sample(session, names, model: QuantizedModel, sample, quantized: di
     feeds = {spec.name: np.asarray(sample[spec.name]) for spec in model.inputs}
     session_inputs = {item.name for item in session.get_inputs()}
     reference = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in session_inputs})))
+    keep = token_positions(sample)  # outputs [1, S, ...] are compared at the tokens, not at padding
     if cpu_tail is not None:
         ours = {name: _tail_input(model, quantized, name, index, reference[name])
                 for name in cpu_tail.inputs if name in reference}
         tail_reference, tail_ours = cpu_tail.run(reference, sample), cpu_tail.run(ours, sample)
         for name in cpu_tail.outputs:
-            outputs[name].add(tail_reference[name], tail_ours[name], classifier[name])
+            outputs[name].add(at_tokens(tail_reference[name], keep), at_tokens(tail_ours[name], keep), classifier[name])
+            outputs[name].padding += _padding(tail_reference[name], keep)
     for name, comparison in outputs.items():
         if cpu_tail is not None and name in cpu_tail.outputs:
             continue
-        _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), classifier[name])
+        rows = _sample_rows(model, quantized, name, index)
+        if np.shape(rows) == np.shape(reference[name]):
+            _add(comparison, model, name, at_tokens(reference[name], keep), at_tokens(rows, keep), classifier[name])
+            comparison.padding += _padding(reference[name], keep)
+        else:
+            _add(comparison, model, name, reference[name], rows, classifier[name])
     for name, comparison in layers.items():
         if name in quantized and name in reference:
             _add(comparison, model, name, reference[name], _sample_rows(model, quantized, name, index), False)
+
+
+def _padding(value: np.ndarray, keep: np.ndarray | None) -> int:
+    """Positions of ``value`` left out as padding (:func:`at_tokens`)."""
+    return 0 if at_tokens(value, keep) is value else int((~keep).sum())
 
 
 def _tail_input(model: QuantizedModel, quantized: dict, name: str, index: int, reference: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ compares the reference's top-1 class with the quantized top-1 / top-5 (classifie
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ class TensorComparison:
     rms_floor: float = 0.0
     peak: float | None = None
     """The largest ``|reference|`` seen, when tracked (``TensorComparison(peak=0.0)``: the model's outputs)."""
+    padding: int = 0
+    """Positions left out as padding over all samples (:func:`at_tokens`)."""
 
     def add(self, reference: np.ndarray, quantized: np.ndarray, classifier: bool = False) -> None:
         """Accumulate one sample."""
@@ -115,6 +118,8 @@ class TensorComparison:
             result["reference_peak"] = self.peak
         if quiet:
             result["near_zero_samples"] = sorted(quiet)
+        if self.padding:
+            result["padding_positions"] = self.padding
         if self.cosines and all(math.isnan(value) for value in self.cosines):
             result["single_value"] = True  # why there is no cosine
         if classifier and self.samples:
@@ -189,6 +194,9 @@ LOGIT_OPS = frozenset({"Gemm", "MatMul", "Add", "Conv"})
 
 
 SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+EMBEDDING_NAME = re.compile(r"embed|feature|descriptor|vector|latent|hidden|pooler|encoding", re.IGNORECASE)
+"""Output names that say a linear output is an embedding, not logits (``embedding``, ``dvector``, ``features``,
+``last_hidden_state``, ``pooler_output``)."""
 
 
 def head_op_type(tensor: str, producers: Mapping[str, tuple[str, str | None]]) -> str:
@@ -206,7 +214,7 @@ def head_op_type(tensor: str, producers: Mapping[str, tuple[str, str | None]]) -
     return entry[0] if entry is not None else ""
 
 
-def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> bool:
+def is_classifier_output(shape: list[int], head_op: str, model_outputs: int, name: str = "") -> bool:
     """Whether an output holds class scores, so that top-1/top-5 agreement is reported for it.
 
     The one rule (every report, table and chart follows it): a ``[1, C]`` output is class scores when
@@ -218,14 +226,20 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> 
     recognizers such as PP-OCR rec or a CRNN, token taggers), follows the same rule on ``C`` and is
     compared per position: top-1 agreement is then the share of positions whose arg-max agrees. Scores with
     singleton dimensions around ``C`` (``[1, C, 1, 1]`` from a 1x1-convolution head, ``[1, 1, 1, C]`` in NHWC)
-    count as ``[1, C]``.
+    count as ``[1, C]``. Two kinds are never class scores: a ``Sigmoid`` sequence or map (each value its own
+    probability: a time-frequency mask, polyphonic note activations, where the arg-max of a frame picks nothing),
+    and a linear output the model names as an embedding (:data:`EMBEDDING_NAME`: a speaker d-vector, a face or
+    sentence embedding, whose arg-max is a meaningless coordinate).
 
     Args:
         shape: The output's shape.
         head_op: ONNX op type of the operation producing it (shape-only ops such as Reshape skipped).
         model_outputs: How many outputs the model has.
+        name: The output's name ("" when unknown).
     """
     if len(shape) == 3 and 1 in shape[:2] and max(shape[:2]) >= 2:  # [1, T, C] or [T, 1, C]: a sequence
+        if head_op == "Sigmoid":
+            return False
         shape = [1, shape[2]]
     elif len(shape) > 2 and shape[0] == 1 and sum(size != 1 for size in shape[1:]) == 1:
         shape = [1, max(shape[1:])]  # [1, C, 1, 1] or [1, 1, 1, C]: a 1x1-conv head (SqueezeNet, NHWC nets)
@@ -233,7 +247,35 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int) -> 
         return False
     if head_op in PROBABILITY_OPS:
         return shape[1] >= 2
-    return head_op in LOGIT_OPS and model_outputs == 1 and shape[1] >= 10
+    return head_op in LOGIT_OPS and model_outputs == 1 and shape[1] >= 10 and not EMBEDDING_NAME.search(name)
+
+
+PADDING_MASK_NAME = re.compile(r"(attention|input)_?mask", re.IGNORECASE)
+"""Inputs read as a token padding mask (1: a token, 0: padding), as HuggingFace and TF BERT name them."""
+
+
+def token_positions(sample: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The positions of one sample that hold tokens, from its padding mask input, or None.
+
+    A ``[1, S]`` input named like :data:`PADDING_MASK_NAME` whose values are all 0 or 1, with at least one 1
+    and one 0. Outputs of shape ``[1, S, ...]`` are compared at these positions only (:func:`at_tokens`): what a
+    model writes at padding is not used, and some models (DeBERTa-v2: layer norms of near-zero rows) make it
+    arbitrary there, so int8 cannot follow it (cosine 0.50 over all positions, 0.999 over the tokens).
+    """
+    for name, value in sample.items():
+        array = np.asarray(value)
+        if PADDING_MASK_NAME.search(name) and array.ndim == 2 and array.shape[0] == 1 and array.size:
+            keep = array[0] != 0
+            if np.isin(array, (0, 1)).all() and keep.any() and not keep.all():
+                return keep
+    return None
+
+
+def at_tokens(value: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """``value`` at the token positions (axis 1) when it is a ``[1, S, ...]`` tensor of rank >= 3; else as it is."""
+    if keep is None or np.ndim(value) < 3 or np.shape(value)[0] != 1 or np.shape(value)[1] != keep.size:
+        return value
+    return np.asarray(value)[:, keep]
 
 
 def _finite(value: float) -> float | None:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.analysis.metrics import TensorComparison
+from compiler_core.analysis.metrics import TensorComparison, at_tokens, token_positions
 from compiler_core.progress import Reporter, as_reporter
 from compiler_core.quantization.params import QuantParams, params_from_range
 from compiler_core.quantization.program import QuantizedModel
@@ -345,9 +345,10 @@ class ProxyRunner:
         """Worst output SQNR (dB) and worst mean cosine to FP32 over the samples under ``mask``."""
         comparisons = [TensorComparison() for _ in self.proxy.outputs]
         for feed, reference in zip(self.feeds, self.reference):
+            keep = token_positions(feed)  # at the tokens, as the compile's analysis compares
             for comparison, ref, test in zip(comparisons, reference, self.run(mask, feed)):
                 if np.issubdtype(ref.dtype, np.floating):
-                    comparison.add(ref, test)
+                    comparison.add(at_tokens(ref, keep), at_tokens(test, keep))
             if reporter is not None:
                 reporter.advance()
         rows = [c.to_dict() for c in comparisons if c.samples]

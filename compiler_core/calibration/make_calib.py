@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, pipeline_output_size, preprocess_image
 from compiler_core.calibration.specs import token_input_roles
-from compiler_core.calibration.validate import files_error, name_files, probe_images
+from compiler_core.calibration.validate import files_error, name_files, probe_images, refuse_broken_links
 from compiler_core.config import PreprocessingConfig, PreprocessOp
 from compiler_core.config.files import read_mapping
 from compiler_core.config.messages import config_error_from_validation
@@ -144,7 +144,8 @@ def make_calib(args_pre: Any, data_dir: PathLike, save_dir: PathLike, save_name:
     Args:
         args_pre: Vendor YAML path (``GetImage``, ``Pre-Order`` ...), a YAML/JSON file or mapping of
             our preprocessing config, or a :class:`PreprocessingConfig`.
-        data_dir: Folder of JPEG/PNG/BMP images (not searched recursively).
+        data_dir: Folder of images (:data:`~compiler_core.calibration.preprocess.IMAGE_SUFFIXES`; not searched
+            recursively).
         save_dir: Folder receiving ``save_name/`` and ``save_name.txt``.
         save_name: Name of the sample folder and of the list.
         max_size: The first ``max_size`` images by name; -1 for all.
@@ -202,8 +203,9 @@ def _list_files(data_dir: Path, suffixes: Sequence[str]) -> list[Path]:
     if not data_dir.is_dir():
         raise CalibrationError(f"Data folder '{data_dir}' does not exist.", hint="Check data_dir.",
                                file=str(data_dir))
-    files = sorted(p for p in data_dir.iterdir()
-                   if p.is_file() and p.suffix.lower() in suffixes and not p.name.startswith("."))
+    entries = sorted(p for p in data_dir.iterdir() if not p.name.startswith("."))
+    refuse_broken_links(entries, suffixes)
+    files = [p for p in entries if p.is_file() and p.suffix.lower() in suffixes]
     if not files:
         raise CalibrationError(f"Data folder '{data_dir}' has no {', '.join(suffixes)} files.",
                                hint="Subfolders are not scanned; point data_dir at the files.", file=str(data_dir))

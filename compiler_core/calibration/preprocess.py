@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image
 
 from compiler_core.config import (
     CenterCropOp,
@@ -29,8 +29,19 @@ from compiler_core.config import (
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+IMAGE_FORMATS: dict[str, str] = {
+    ".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".webp": "WebP", ".tif": "TIFF", ".tiff": "TIFF",
+    ".gif": "GIF",
+}
+"""Image file suffixes (compared case-insensitively) and the format each names: the one registry of what is read as an
+image. Animated GIF/WebP and multi-page TIFF files give their first frame."""
+
+IMAGE_SUFFIXES = tuple(IMAGE_FORMATS)
 """File suffixes read as images (compared case-insensitively)."""
+
+_FORMAT_NAMES = list(dict.fromkeys(IMAGE_FORMATS.values()))
+IMAGE_FORMAT_NAMES = ", ".join(_FORMAT_NAMES[:-1]) + " or " + _FORMAT_NAMES[-1]
+"""``JPEG, PNG, BMP, WebP, TIFF or GIF``: the image formats named in messages."""
 
 Pixels = Image.Image | np.ndarray
 Size = tuple[int, int]
@@ -247,12 +258,41 @@ def reduce_jpeg(image: Image.Image) -> None:
         image.draft(image.mode, (-(-image.width // scale), -(-image.height // scale)))
 
 
+ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""The transpose that turns stored pixels upright, per EXIF orientation (``PIL.ImageOps.exif_transpose``'s table;
+1 and invalid values: none)."""
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag of an opened image, read from its header without decoding the pixels (Pillow's own
+    ``PngImageFile.getexif`` decodes the whole PNG first); 1 (upright) when it has none or an invalid one."""
+    orientation = Image.Image.getexif(image).get(ExifTags.Base.Orientation, 1)
+    return orientation if orientation in ORIENTATION_TRANSPOSE else 1
+
+
+def upright_size(image: Image.Image) -> Size:
+    """(height, width) of the image as it is shown, after its EXIF orientation: a phone photo held upright is stored
+    sideways with orientation 6 or 8."""
+    if exif_orientation(image) in (5, 6, 7, 8):  # turned by 90 or 270 degrees
+        return image.width, image.height
+    return image.height, image.width
+
+
 def decode_image(path: str | os.PathLike, channels: int) -> Image.Image:
-    """Read an image as ``L`` (``channels`` 1) or ``RGB`` (3), converting gray <-> colour as needed; a 16-bit gray
-    image is scaled to 8 bits first (its top byte), a JPEG over :data:`MAX_IMAGE_PIXELS` decoded at a reduced
-    scale."""
+    """Read an image as ``L`` (``channels`` 1) or ``RGB`` (3), converting gray <-> colour as needed; the pixels are
+    turned upright by the EXIF orientation (as viewers and ``PIL.ImageOps.exif_transpose`` show them), a 16-bit gray
+    image is scaled to 8 bits (its top byte), a JPEG over :data:`MAX_IMAGE_PIXELS` decoded at a reduced scale;
+    alpha is dropped (the colour under it is kept, as ``convert("RGB")`` does) and an animated file gives its first
+    frame."""
     with Image.open(path) as image:
         reduce_jpeg(image)
+        orientation = exif_orientation(image)
+        if orientation != 1:
+            image = image.transpose(ORIENTATION_TRANSPOSE[orientation])
         if image.mode in _WIDE_GRAY_MODES:
             image = _top_byte(image)
         return image.convert("L" if channels == 1 else "RGB")

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from compiler_core.calibration.audio import AUDIO_SUFFIXES, AudioSource, probe_wavs, window_starts
 from compiler_core.calibration.dataset import CalibrationDataset
-from compiler_core.calibration.preprocess import IMAGE_SUFFIXES, default_pipeline
+from compiler_core.calibration.preprocess import IMAGE_FORMAT_NAMES, IMAGE_SUFFIXES, default_pipeline
 from compiler_core.calibration.sources import ImageSource, NpySource, RandomSource, Sample, Source
 from compiler_core.calibration.specs import InputSpec
 from compiler_core.calibration.validate import (
+    ImageInfo,
     check_npy_files,
     files_error,
     name_files,
@@ -32,8 +35,9 @@ from compiler_core.calibration.validate import (
     npy_header,
     plan_images,
     probe_images,
+    refuse_broken_links,
 )
-from compiler_core.config import PreprocessingConfig, PreprocessOp
+from compiler_core.config import AudioConfig, PreprocessingConfig, PreprocessOp
 from compiler_core.config.messages import config_error_from_validation
 from compiler_core.errors import ArgumentError, CalibrationError
 from compiler_core.progress import ProgressCallback, Reporter, as_reporter
@@ -46,13 +50,27 @@ DEFAULT_RANDOM_SAMPLES = 32
 MIN_RECOMMENDED_SAMPLES = 16
 """Fewer samples than this log a warning: the ranges will be noisy."""
 
-_NO_DATA_HINT = ("Pass calib_data_path / --calib-data-path (a folder of images or .npy files, a .txt list or a JSON "
-                 "manifest), or use_random_calib=True / --use-random-calib for a smoke test.")
-_FORMS_HINT = "calib_data_path may be a folder of images or .npy files, a .txt list or a .json manifest."
+FILE_KINDS: dict[str, str] = {".npy": "npy", **dict.fromkeys(IMAGE_SUFFIXES, "image"),
+                              **dict.fromkeys(AUDIO_SUFFIXES, "audio")}
+"""Kind of every sample file, keyed by its suffix (compared case-insensitively): the one list of what is read."""
+
+def file_patterns() -> str:
+    """``*.npy *.jpg ... *.wav``: every sample-file suffix as file-dialog patterns."""
+    return " ".join(f"*{suffix}" for suffix in FILE_KINDS)
+
+
+_KIND_NAMES = {"image": "images", "npy": ".npy files", "audio": ".wav recordings"}
+
+_NO_DATA_HINT = ("Pass calib_data_path / --calib-data-path (a folder of images, .wav recordings or .npy files, a .txt "
+                 "list or a JSON manifest), or use_random_calib=True / --use-random-calib for a smoke test.")
+_FORMS_HINT = ("calib_data_path may be a folder of images, .wav recordings or .npy files, a .txt list or a .json "
+               "manifest.")
 _MANIFEST_HINT = ('A manifest looks like {"info": {"input names": [...], "input shapes": [...]}, '
                   '"calib paths": [["in0.npy", "in1.npy"], ...]}.')
 
 PathLike = str | os.PathLike
+FileRef = tuple[Path, Path, int | None]
+"""A sample file of one input: (path, folder its name is relative to, window start of a recording)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,8 @@ class Row:
 
     files: tuple[Path, ...]
     root: Path
+    start: int | None = None
+    """The first sample of a recording's window (``.wav`` rows only; set by :func:`_audio_windows`)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,11 @@ class ReadOptions:
     def auto_convert(self) -> bool:
         """Whether HWC <-> CHW and gray <-> RGB conversions are allowed."""
         return self.preprocessing.auto_convert_format
+
+    @property
+    def audio(self) -> AudioConfig:
+        """How recordings are read."""
+        return self.preprocessing.audio
 
     @property
     def pipeline(self) -> list[PreprocessOp] | None:
@@ -162,7 +187,7 @@ def _path_list(value: PathLike | Sequence[PathLike] | None) -> list[Path]:
 def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptions,
                   max_samples: int | None, reporter: Reporter, for_calibration: bool = True) -> CalibrationDataset:
     listings = [read_listing(path, inputs) for path in paths]
-    rows = [row for listing in listings for row in listing.rows]
+    rows = _audio_windows([row for listing in listings for row in listing.rows], inputs, options)
     if max_samples is not None and 0 < max_samples < len(rows):
         rows = spread(rows, max_samples)
     with reporter.stage("check calibration data", total=len(rows) * len(inputs)):
@@ -173,6 +198,32 @@ def _file_dataset(paths: list[Path], inputs: list[InputSpec], options: ReadOptio
         _warn_if_few(len(samples))
     notes = settings.pop("notes")
     return CalibrationDataset(inputs, samples, kind, settings, notes)
+
+
+def _audio_windows(rows: list[Row], inputs: list[InputSpec], options: ReadOptions) -> list[Row]:
+    """Each ``.wav`` row becomes one row per window of the input's length (other rows stay as they are).
+
+    Raises:
+        CalibrationError: recordings for a model with several inputs, unreadable ``.wav`` files, or files the input's
+            window and sample rate do not fit (:func:`~compiler_core.calibration.audio.window_starts`).
+    """
+    recordings = list(dict.fromkeys(row.files[0] for row in rows if _file_kind(row.files[0]) == "audio"))
+    if not recordings:
+        return rows
+    _refuse_recordings_for_several_inputs(recordings, inputs)
+    starts = dict(zip(recordings, window_starts(probe_wavs(recordings), inputs[0], options.audio)))
+    return [replace(row, start=start) for row in rows
+            for start in starts.get(row.files[0], [None])]
+
+
+def _refuse_recordings_for_several_inputs(recordings: list[Path], inputs: list[InputSpec]) -> None:
+    if len(inputs) > 1 and recordings:
+        names = ", ".join(spec.name for spec in inputs)
+        raise files_error(f".wav recordings feed a model with one waveform input; this model has {len(inputs)} inputs "
+                          f"({names}).", recordings,
+                          "Give the samples as .npy files, one per input, in a JSON manifest (see "
+                          "docs/calibration-data.md), or bind the other inputs with constant_inputs / --bind-input "
+                          "when they are fixed (a sample rate, a zero initial state).")
 
 
 def spread(items: list, count: int) -> list:
@@ -223,31 +274,52 @@ def read_listing(path: Path, inputs: list[InputSpec]) -> Listing:
 
 def _read_folder(path: Path, inputs: list[InputSpec]) -> Listing:
     entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    refuse_broken_links(entries, tuple(FILE_KINDS))
     files = [p for p in entries if p.is_file()]
-    images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
-    arrays = [p for p in files if p.suffix.lower() == ".npy"]
-    if not images and not arrays and entries and not files:  # class subfolders (train/cat/*.jpg, ImageNet's)
+    by_kind = _by_kind(files)
+    if not by_kind and entries and not files:  # class subfolders (train/cat/*.jpg, ImageNet's)
         files = _files_below(path)
-        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
-        arrays = [p for p in files if p.suffix.lower() == ".npy"]
-        if images or arrays:
+        by_kind = _by_kind(files)
+        used = [p for group in by_kind.values() for p in group]
+        if used:
             logger.info("Calibration folder '%s' holds only subfolders: read %d file(s) from %d of them", path,
-                        len(images or arrays), len({p.parent for p in images or arrays}))
-    if images and arrays:
-        raise files_error(f"Calibration folder '{path}' holds both images ({len(images)}) and .npy files "
-                          f"({len(arrays)}).", images[:1] + arrays[:1],
+                        len(used), len({p.parent for p in used}))
+    if len(by_kind) > 1:
+        found = " and ".join(f"{_KIND_NAMES[kind]} ({len(group)})" for kind, group in by_kind.items())
+        raise files_error(f"Calibration folder '{path}' holds {found}.", [group[0] for group in by_kind.values()],
                           "Keep one kind per folder; pass several folders if you need both.")
-    if not images and not arrays:
+    if not by_kind:
         _raise_no_usable_files(path, entries, files)
+    kind, used = next(iter(by_kind.items()))
+    _refuse_recordings_for_several_inputs(by_kind.get("audio", []), inputs)
     _require_single_input(inputs, f"the folder '{path.name}'")
-    used = images or arrays
-    return Listing("images" if images else "npy", [Row((p,), path) for p in used])
+    return Listing(_LISTING_KINDS[kind], [Row((p,), path) for p in used])
+
+
+_LISTING_KINDS = {"image": "images", "npy": "npy", "audio": "wav"}
+"""The dataset ``kind`` of a folder or single file of each file kind."""
+
+
+def _by_kind(files: list[Path]) -> dict[str, list[Path]]:
+    """The sample files among ``files`` by kind, in :data:`FILE_KINDS` order; other files left out."""
+    groups: dict[str, list[Path]] = {}
+    for path in files:
+        kind = _file_kind(path)
+        if kind is not None:
+            groups.setdefault(kind, []).append(path)
+    return groups
 
 
 def _files_below(path: Path) -> list[Path]:
-    """Every file in the subfolders of ``path``, at any depth, sorted by path; hidden files and folders skipped."""
-    found = []
-    for folder, subfolders, names in os.walk(path):
+    """Every file in the subfolders of ``path``, at any depth, sorted by path; hidden files and folders skipped.
+    Linked folders are followed (class folders linked in from a dataset elsewhere), each real folder once."""
+    found, seen = [], set()
+    for folder, subfolders, names in os.walk(path, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            subfolders[:] = []
+            continue
+        seen.add(real)
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         if Path(folder) != path:
             found.extend(Path(folder) / name for name in sorted(names) if not name.startswith("."))
@@ -264,7 +336,8 @@ def _raise_no_usable_files(path: Path, entries: list[Path], files: list[Path]) -
     counts = Counter(p.suffix.lower() or "extension-less" for p in files)
     found = ", ".join(f"{n} {suffix} file{'s' if n > 1 else ''}" for suffix, n in counts.most_common())
     raise CalibrationError(
-        f"Calibration folder '{path}' has no usable files (images {', '.join(IMAGE_SUFFIXES)} or .npy): "
+        f"Calibration folder '{path}' has no usable files (images {', '.join(IMAGE_SUFFIXES)}, recordings "
+        f"{', '.join(AUDIO_SUFFIXES)} or .npy): "
         f"found {found}.", hint=_FORMS_HINT, file=str(path))
 
 
@@ -290,8 +363,9 @@ def _read_txt(path: Path, inputs: list[InputSpec]) -> Listing:
 
 
 def _read_single(path: Path, inputs: list[InputSpec]) -> Listing:
+    _refuse_recordings_for_several_inputs([path] if _file_kind(path) == "audio" else [], inputs)
     _require_single_input(inputs, f"the file '{path.name}'")
-    return Listing("images" if path.suffix.lower() in IMAGE_SUFFIXES else "npy", [Row((path,), path.parent)])
+    return Listing(_LISTING_KINDS[_file_kind(path)], [Row((path,), path.parent)])
 
 
 def _resolve(entry: str, base: Path) -> Path:
@@ -474,8 +548,7 @@ FORMS: dict[str, Callable[[Path, list[InputSpec]], Listing]] = {
     "folder": _read_folder,
     ".txt": _read_txt,
     ".json": _read_manifest,
-    ".npy": _read_single,
-    **{suffix: _read_single for suffix in IMAGE_SUFFIXES},
+    **dict.fromkeys(FILE_KINDS, _read_single),
 }
 """Reader of each calib_data_path form, keyed by ``folder`` or the file suffix."""
 
@@ -487,19 +560,19 @@ def _build_columns(rows: list[Row], inputs: list[InputSpec], options: ReadOption
                    reporter: Reporter) -> tuple[list[list[Source]], dict[str, Any]]:
     """Check the files of every input and make their sources; returns (columns, settings)."""
     settings: dict[str, Any] = {"notes": []}
-    columns = [_build_column([(row.files[i], row.root) for row in rows], spec, options, reporter, settings)
+    columns = [_build_column([(row.files[i], row.root, row.start) for row in rows], spec, options, reporter, settings)
                for i, spec in enumerate(inputs)]
     return columns, settings
 
 
-def _build_column(files: list[tuple[Path, Path]], spec: InputSpec, options: ReadOptions, reporter: Reporter,
+def _build_column(files: list[FileRef], spec: InputSpec, options: ReadOptions, reporter: Reporter,
                   settings: dict[str, Any]) -> list[Source]:
-    kinds = {_file_kind(path) for path, _ in files}
+    kinds = {_file_kind(path) for path, *_ in files}
     if None in kinds:
-        odd = [path for path, _ in files if _file_kind(path) is None]
-        raise files_error(f"{len(odd)} calibration file(s) are neither .npy nor images: {name_files(odd)}.", odd,
-                          "List .npy files (or JPEG/PNG/BMP images).")
-    by_kind: dict[str, list[int]] = {kind: [i for i, (p, _) in enumerate(files) if _file_kind(p) == kind]
+        odd = [path for path, *_ in files if _file_kind(path) is None]
+        raise files_error(f"{len(odd)} calibration file(s) are neither .npy, images nor .wav: {name_files(odd)}.", odd,
+                          f"List .npy files (or {IMAGE_FORMAT_NAMES} images, or .wav recordings).")
+    by_kind: dict[str, list[int]] = {kind: [i for i, (p, *_) in enumerate(files) if _file_kind(p) == kind]
                                      for kind in kinds}
     sources: list[Source | None] = [None] * len(files)
     for kind, indices in by_kind.items():
@@ -511,22 +584,21 @@ def _build_column(files: list[tuple[Path, Path]], spec: InputSpec, options: Read
 
 
 def _file_kind(path: Path) -> str | None:
-    suffix = path.suffix.lower()
-    return "npy" if suffix == ".npy" else "image" if suffix in IMAGE_SUFFIXES else None
+    return FILE_KINDS.get(path.suffix.lower())
 
 
-def _npy_sources(files: list[tuple[Path, Path]], spec: InputSpec, options: ReadOptions, reporter: Reporter,
+def _npy_sources(files: list[FileRef], spec: InputSpec, options: ReadOptions, reporter: Reporter,
                  settings: dict[str, Any]) -> list[Source]:
-    axes = check_npy_files([p for p, _ in files], spec, options.auto_convert, reporter)
+    axes = check_npy_files([p for p, *_ in files], spec, options.auto_convert, reporter)
     transposed = sum(a is not None for a in axes)
     if transposed:
         settings["notes"].append(f"{transposed} .npy file(s) transposed to {spec.layout} for '{spec.name}'")
-    return [NpySource(spec, path, root, a) for (path, root), a in zip(files, axes)]
+    return [NpySource(spec, path, root, a) for (path, root, _), a in zip(files, axes)]
 
 
-def _image_sources(files: list[tuple[Path, Path]], spec: InputSpec, options: ReadOptions, reporter: Reporter,
+def _image_sources(files: list[FileRef], spec: InputSpec, options: ReadOptions, reporter: Reporter,
                    settings: dict[str, Any]) -> list[Source]:
-    infos = probe_images([p for p, _ in files], reporter)
+    infos = probe_images([p for p, *_ in files], reporter)
     user = options.pipeline
     pipeline = user if user is not None else default_pipeline()
     plan = plan_images(infos, spec, pipeline, image_channels=options.image_channels,
@@ -537,11 +609,47 @@ def _image_sources(files: list[tuple[Path, Path]], spec: InputSpec, options: Rea
         settings["notes"].append(f"default preprocessing for '{spec.name}': pixels / 255")
     if plan.converted:
         settings["notes"].append(f"{plan.converted} image(s) converted to {plan.channels} channel(s)")
+    settings["notes"].extend(_image_notes(infos))
     settings.setdefault("images", {})[spec.name] = {
         "pipeline": [op.model_dump(mode="json", by_alias=True) for op in plan.pipeline],
         "channels": plan.channels, "axes": plan.axes}
-    return [ImageSource(spec, path, root, plan.pipeline, plan.channels, plan.axes) for path, root in files]
+    if any(info.turned for info in infos):  # statistics cached before EXIF orientations were applied are not reused
+        settings["images"][spec.name]["exifOrientation"] = "applied"
+    return [ImageSource(spec, path, root, plan.pipeline, plan.channels, plan.axes) for path, root, _ in files]
 
 
-COLUMN_BUILDERS: dict[str, Callable[..., list[Source]]] = {"npy": _npy_sources, "image": _image_sources}
-"""Check-and-build function of each file kind, keyed by ``npy`` / ``image``."""
+def _image_notes(infos: list[ImageInfo]) -> list[str]:
+    """What was read differently from the stored pixels: photos turned upright by their EXIF orientation, animated or
+    multi-page files read at their first frame."""
+    turned = sum(info.turned for info in infos)
+    animated = sum(info.frames > 1 for info in infos)
+    return ([f"{turned} image(s) turned upright by their EXIF orientation"] if turned else []) + \
+        ([f"{animated} animated or multi-page image(s): first frame read"] if animated else [])
+
+
+def _audio_sources(files: list[FileRef], spec: InputSpec, options: ReadOptions, reporter: Reporter,
+                   settings: dict[str, Any]) -> list[Source]:
+    """One source per recording window (:func:`_audio_windows` checked the files and set each row's start)."""
+    audio = options.audio
+    settings.setdefault("audio", {})[spec.name] = audio.model_dump(mode="json", by_alias=True)
+    paths = list(dict.fromkeys(path for path, *_ in files))
+    length = math.prod(spec.shape)
+    settings["notes"].append(f"{len(files)} window(s) of {length} samples ({length / audio.sample_rate:.3g} s) from "
+                             f"{len(paths)} .wav file(s) at {audio.sample_rate} Hz (full scale {audio.full_scale:g}); "
+                             "the end of each file shorter than a window left out")
+    infos = probe_wavs(paths)
+    stereo = sum(info.channels > 1 for info in infos)
+    if stereo:
+        settings["notes"].append(f"{stereo} .wav file(s) with several channels mixed to mono")
+    resampled = {info.rate for info in infos if info.rate != audio.sample_rate}
+    if resampled:
+        settings["notes"].append(f"{sum(info.rate in resampled for info in infos)} .wav file(s) at "
+                                 f"{', '.join(map(str, sorted(resampled)))} Hz resampled to {audio.sample_rate} Hz")
+    rate = audio.sample_rate if resampled else None
+    reporter.advance(len(files))
+    return [AudioSource(spec, path, root, start or 0, audio.full_scale, rate) for path, root, start in files]
+
+
+COLUMN_BUILDERS: dict[str, Callable[..., list[Source]]] = {
+    "npy": _npy_sources, "image": _image_sources, "audio": _audio_sources}
+"""Check-and-build function of each file kind, keyed by the kinds of :data:`FILE_KINDS`."""

@@ -18,13 +18,16 @@ import numpy as np
 from PIL import Image
 
 from compiler_core.calibration.preprocess import (
+    IMAGE_FORMAT_NAMES,
     MAX_IMAGE_PIXELS,
+    exif_orientation,
     image_channels_of_mode,
     jpeg_reduction,
     normalize_channel_counts,
     pipeline_order,
     pipeline_output_size,
     reduce_jpeg,
+    upright_size,
 )
 from compiler_core.calibration.specs import InputSpec
 from compiler_core.config import PreprocessOp
@@ -50,6 +53,20 @@ def files_error(message: str, paths: Sequence[Path | str], hint: str, **fields) 
     """A CalibrationError whose ``file`` is the first offender and ``files`` lists them all."""
     return CalibrationError(message, hint=hint, file=str(paths[0]) if paths else None,
                             files=[str(p) for p in paths], **fields)
+
+
+def refuse_broken_links(paths: Sequence[Path], suffixes: Sequence[str]) -> None:
+    """Refuse links among ``paths`` with one of ``suffixes`` whose target is missing: left out, they would shrink
+    the data without a word.
+
+    Raises:
+        CalibrationError: naming every such link.
+    """
+    broken = [p for p in paths if p.suffix.lower() in suffixes and p.is_symlink() and not p.exists()]
+    if broken:
+        raise files_error(f"{len(broken)} file(s) in '{broken[0].parent}' are links to files that do not exist: "
+                          f"{name_files(broken)}.",
+                          broken, "Restore the files they point to or remove the links.")
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -150,7 +167,7 @@ def check_npy_files(paths: Sequence[Path], spec: InputSpec, auto_convert: bool,
         elif not np.can_cast(dtype, spec.dtype, casting="same_kind"):
             bad_dtypes[dtype].append(path)
         axes.append(None if fit is False else fit)
-    _raise_unreadable(unreadable, "as .npy arrays", "Save each sample with numpy.save(path, array).")
+    raise_unreadable(unreadable, "as .npy arrays", "Save each sample with numpy.save(path, array).")
     _raise_bad_npy_shapes(bad_shapes, spec, auto_convert)
     _raise_bad_npy_dtypes(bad_dtypes, spec)
     _note_transposed(paths, axes, spec)
@@ -162,7 +179,9 @@ def check_npy_files(paths: Sequence[Path], spec: InputSpec, auto_convert: bool,
     return axes
 
 
-def _raise_unreadable(unreadable: dict[Path, str], what: str, hint: str) -> None:
+def raise_unreadable(unreadable: dict[Path, str], what: str, hint: str) -> None:
+    """One error naming every file that cannot be read ``what`` (e.g. "as images") with its reason; nothing when
+    ``unreadable`` is empty."""
     if not unreadable:
         return
     paths = list(unreadable)
@@ -208,11 +227,15 @@ def _note_transposed(paths: Sequence[Path], axes: Sequence[tuple[int, ...] | Non
 
 @dataclass(frozen=True)
 class ImageInfo:
-    """What the header of an image says: ``size`` is (height, width)."""
+    """What the header of an image says: ``size`` is (height, width) as shown (after the EXIF orientation),
+    ``turned`` whether the EXIF orientation turns or flips the stored pixels, ``frames`` how many frames or pages the
+    file holds (the first is read)."""
 
     path: Path
     size: tuple[int, int]
     channels: int
+    turned: bool = False
+    frames: int = 1
 
 
 @dataclass(frozen=True)
@@ -251,7 +274,8 @@ def probe_image(path: Path) -> ImageInfo:
                              f"{MAX_IMAGE_PIXELS // 1_000_000} megapixel limit (only a JPEG is read at a reduced "
                              "scale): re-save it smaller")
         reduce_jpeg(image)  # the size the pipeline will see, as decode_image reads it
-        info = ImageInfo(path, (image.height, image.width), image_channels_of_mode(image.mode))
+        info = ImageInfo(path, upright_size(image), image_channels_of_mode(image.mode), exif_orientation(image) != 1,
+                         getattr(image, "n_frames", 1))
         QUICK_CHECKS.get(image.format, Image.Image.load)(image)
     return info
 
@@ -269,7 +293,7 @@ def probe_images(paths: Sequence[Path], reporter: Reporter) -> list[ImageInfo]:
             infos.append(probe_image(path))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             unreadable[path] = str(error).rstrip(".") or type(error).__name__
-    _raise_unreadable(unreadable, "as images", "Remove or re-save these files; only real JPEG, PNG and BMP "
+    raise_unreadable(unreadable, "as images", f"Remove or re-save these files; only real {IMAGE_FORMAT_NAMES} "
                                                "images may be in the folder.")
     return infos
 

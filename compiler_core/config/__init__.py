@@ -7,6 +7,7 @@ docs/config.md.
 from compiler_core.config.messages import format_validation_error
 from compiler_core.config.models import (
     CONFIG_VERSION,
+    AudioConfig,
     BitConfig,
     BitLayerOverrides,
     CalibrationConfig,
@@ -74,6 +75,7 @@ __all__ = [
     "MaxPercentileConfig",
     "NormalizeOp",
     "PreprocessOp",
+    "AudioConfig",
     "PreprocessingConfig",
     "Preset",
     "ResizeOp",

@@ -158,14 +158,30 @@ PreprocessOp = Annotated[
 ]
 
 
+class AudioConfig(ConfigSection):
+    """How ``.wav`` recordings become waveform samples (``preprocessing.audio``)."""
+
+    sample_rate: int = Field(
+        16000, ge=1, description="Sample rate the model takes, in Hz; .wav files at another rate are refused unless "
+                                 "resample is true.")
+    resample: bool = Field(
+        False, description="Resample .wav files at another rate to sampleRate (band-limited, through the FFT of "
+                           "the whole file) instead of refusing them.")
+    full_scale: float = Field(
+        1.0, gt=0, description="Value of a full-scale sample: 1.0 reads audio in [-1, 1) (soundfile, librosa, "
+                               "torchaudio); 32768 reads int16 sample values (openWakeWord).")
+
+
 class PreprocessingConfig(ConfigSection):
-    """Preprocessing of raw calibration images (``preprocessing``)."""
+    """Preprocessing of raw calibration images and recordings (``preprocessing``)."""
 
     apply: bool = Field(False, description="Run the pipeline on raw calibration images.")
     auto_convert_format: bool = Field(
         True, description="Convert samples between HWC/CHW and gray/RGB to match the model input.")
     pipeline: list[PreprocessOp] = Field(
         default_factory=list, description="Ops in order; spatial ops must be repeated at run time.")
+    audio: AudioConfig = Field(
+        default_factory=AudioConfig, description="Reading .wav recordings into windows of the input's length.")
 
     @field_validator("pipeline")
     @classmethod

@@ -623,12 +623,18 @@ def _export_legacy_or_raise(module, args, input_names, output_names, dynamic_axe
 def _export_dynamo(model, args, input_names, output_names, dynamic_axes) -> ir.Model:
     import torch
 
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::roi_align" x3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
-        program = torch.onnx.export(
-            model, args, None, dynamo=True, opset_version=DYNAMO_OPSET, input_names=input_names,
-            output_names=output_names, dynamic_shapes=_dynamic_shapes(input_names, dynamic_axes),
-            optimize=False, verbose=False)
+        try:
+            program = torch.onnx.export(
+                model, args, None, dynamo=True, opset_version=DYNAMO_OPSET, input_names=input_names,
+                output_names=output_names, dynamic_shapes=_dynamic_shapes(input_names, dynamic_axes),
+                optimize=False, verbose=False)
+        finally:
+            registration.setLevel(level)
     return program.model
 
 

@@ -88,7 +88,8 @@ def _rewrite(graph: ir.Graph, node: ir.Node, a: str, b: str, out: str) -> None:
                          [size[i] for i in batch] + [_product(size, contracted), _product(size, free_b)])
     product = emit.op("MatMul", [left, right])
     unflat = batch + free_a + free_b
-    product = emit.reshape(product, [size[i] for i in unflat])
+    if [size[i] for i in batch] + [_product(size, free_a), _product(size, free_b)] != [size[i] for i in unflat]:
+        product = emit.reshape(product, [size[i] for i in unflat])  # not when it keeps the shape (CvT's attention)
     perm = [unflat.index(i) for i in out]
     if perm != list(range(len(perm))):
         product = emit.op("Transpose", [product], {"perm": perm})

@@ -7,6 +7,7 @@ writer can stream arrays as they are produced (see docs/mxq-format.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -95,6 +96,9 @@ def write_blob_store(sink: SectionSink, blobs: Iterable[tuple[str, np.ndarray]],
                      on_chunk=None) -> list[BlobEntry]:
     """Write ``blobs`` (already converted by :func:`as_blob_array`) then the index and its size.
 
+    A blob whose bytes equal an earlier blob's is not written again: its entry points at the earlier copy (an
+    unrolled LSTM's steps all read one recurrent weight). Such a store needs format 2.0 (:func:`shares_bytes`).
+
     Args:
         sink: The section being written.
         blobs: ``(name, array)`` pairs; consumed once.
@@ -105,13 +109,22 @@ def write_blob_store(sink: SectionSink, blobs: Iterable[tuple[str, np.ndarray]],
     """
     entries: list[BlobEntry] = []
     seen: set[str] = set()
+    copies: dict[tuple[int, bytes], int] = {}  # (byte count, digest of the bytes) -> offset of the copy written
     for name, array in blobs:
         if name in seen:
             raise ArgumentError(f"Two arrays are named '{name}'.", hint="Give every array a unique name.")
         seen.add(name)
+        raw = memoryview(array.reshape(-1).view(np.uint8))
+        key = (array.nbytes, hashlib.blake2b(raw, digest_size=32).digest())
+        if array.nbytes and key in copies:
+            entries.append(BlobEntry(name, array.dtype.str, tuple(array.shape), copies[key], array.nbytes))
+            if on_chunk is not None:
+                on_chunk(array.nbytes)  # counted as written: the progress total holds every blob's bytes
+            continue
         sink.pad_to(ALIGNMENT)
+        copies.setdefault(key, sink.position)
         entries.append(BlobEntry(name, array.dtype.str, tuple(array.shape), sink.position, array.nbytes))
-        _write_chunked(sink, array, on_chunk)
+        _write_chunked(sink, raw, on_chunk)
     index = json.dumps({"blobs": [entry.to_dict() for entry in entries]}, separators=(",", ":"),
                        ensure_ascii=False).encode("utf-8")
     sink.write(index)
@@ -119,8 +132,13 @@ def write_blob_store(sink: SectionSink, blobs: Iterable[tuple[str, np.ndarray]],
     return entries
 
 
-def _write_chunked(sink: SectionSink, array: np.ndarray, on_chunk) -> None:
-    raw = memoryview(array.reshape(-1).view(np.uint8))
+def shares_bytes(entries: Iterable[BlobEntry]) -> bool:
+    """Whether two entries of a store point at one copy of their bytes (format 2.0 and later)."""
+    placements = [(entry.offset, entry.nbytes) for entry in entries if entry.nbytes]
+    return len(set(placements)) < len(placements)
+
+
+def _write_chunked(sink: SectionSink, raw: memoryview, on_chunk) -> None:
     for start in range(0, len(raw), WRITE_CHUNK):
         chunk = raw[start:start + WRITE_CHUNK]
         sink.write(chunk)
@@ -131,7 +149,8 @@ def _write_chunked(sink: SectionSink, array: np.ndarray, on_chunk) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read_blob_index(section, *, section_name: str, section_offset: int, path: str) -> list[BlobEntry]:
+def read_blob_index(section, *, section_name: str, section_offset: int, path: str,
+                    shared: bool = False) -> list[BlobEntry]:
     """Parse and check the index of a blob store whose CRC has been verified.
 
     Args:
@@ -139,6 +158,7 @@ def read_blob_index(section, *, section_name: str, section_offset: int, path: st
         section_name: ``"const"`` or ``"cpu"``, for messages.
         section_offset: The section's file offset, for messages.
         path: The file, for messages.
+        shared: Entries may point at an earlier entry's bytes (exactly its offset and size; format 2.0).
 
     Raises:
         MxqFormatError: the footer, the JSON or an entry is inconsistent with the section.
@@ -154,7 +174,7 @@ def read_blob_index(section, *, section_name: str, section_offset: int, path: st
                       f"blob index, larger than the section ({size} bytes).", **where)
     raw_entries = _parse_index_json(section[data_end:size - FOOTER.size], section_name, where)
     entries = [_check_entry(raw, number, section_name, where) for number, raw in enumerate(raw_entries)]
-    _check_placement(entries, data_end, section_name, where)
+    _check_placement(entries, data_end, section_name, where, shared)
     return entries
 
 
@@ -200,20 +220,25 @@ def _check_entry(raw: Any, number: int, section_name: str, where: dict) -> BlobE
     return BlobEntry(raw["name"], dtype, tuple(shape), offset, nbytes)
 
 
-def _check_placement(entries: list[BlobEntry], data_end: int, section_name: str, where: dict) -> None:
-    previous_end, names = 0, set()
+def _check_placement(entries: list[BlobEntry], data_end: int, section_name: str, where: dict,
+                     shared: bool = False) -> None:
+    previous_end, names, copies = 0, set(), set()
     for entry in entries:
         label = f"blob {_short(entry.name)} of section '{section_name}' (section offset {entry.offset})"
         if entry.name in names:
             raise corrupt(f"{label} repeats a name.", **where)
         if entry.offset % ALIGNMENT:
             raise corrupt(f"{label} is not {ALIGNMENT}-byte aligned.", **where)
+        if shared and entry.nbytes and (entry.offset, entry.nbytes) in copies:
+            names.add(entry.name)  # reads the bytes of an earlier blob of the same size
+            continue
         if entry.offset < previous_end:
             raise corrupt(f"{label} overlaps the previous blob or is out of order.", **where)
         if entry.offset + entry.nbytes > data_end:
             raise corrupt(f"{label} with {entry.nbytes} bytes runs past the data area "
                           f"({data_end} bytes).", **where)
         names.add(entry.name)
+        copies.add((entry.offset, entry.nbytes))
         previous_end = entry.offset + entry.nbytes
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from compiler_core.errors import ArgumentError, MxqFormatError
 from compiler_core.mxq import blobstore
 from compiler_core.mxq.blobstore import BlobEntry
-from compiler_core.mxq.layout import Encoding, SectionInfo, corrupt
+from compiler_core.mxq.layout import PLAIN_MAJOR, Encoding, SectionInfo, corrupt
 from compiler_core.mxq.reader import ContainerReader, FormatVersion, load_bytes
 from compiler_core.mxq.schema import PROGRAM_ENCODING, validate_meta, validate_program
 from compiler_core.mxq.writer import SectionPayload, write_sections
@@ -170,7 +170,8 @@ def _read_json(reader: ContainerReader, info: SectionInfo) -> dict[str, Any]:
 def _read_blobs(reader: ContainerReader, info: SectionInfo,
                 bytes_only: bool = False) -> tuple[list[BlobEntry], dict[str, np.ndarray]]:
     entries = blobstore.read_blob_index(reader.section(info), section_name=info.name,
-                                        section_offset=info.offset, path=reader.path)
+                                        section_offset=info.offset, path=reader.path,
+                                        shared=reader.version.major > PLAIN_MAJOR)
     if bytes_only:
         bad = next((entry for entry in entries if entry.dtype != blobstore.BYTES_DTYPE or len(entry.shape) != 1),
                    None)

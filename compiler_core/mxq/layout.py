@@ -14,12 +14,16 @@ from compiler_core.errors import MxqFormatError
 logger = logging.getLogger(__name__)
 
 MAGIC = b"\x89MXQ\r\n\x1a\n"
-FORMAT_MAJOR = 1
+FORMAT_MAJOR = 2
 FORMAT_MINOR = 0
+PLAIN_MAJOR = 1
+"""A file whose blobs all have their own bytes is written as 1.0, which every 1.x reader reads; a file where two
+blobs share one copy of their bytes (an unrolled LSTM's steps) needs 2.0 (docs/mxq-format.md)."""
+READ_MAJORS = (1, 2)
 ALIGNMENT = 64
 HEADER_SIZE = 64
 ENTRY_SIZE = 48
-MAX_RECORD_SIZE = 4096  # upper bound for header_size / entry_size of any 1.x file
+MAX_RECORD_SIZE = 4096  # upper bound for header_size / entry_size of any 1.x or 2.x file
 NAME_FIELD_SIZE = 16
 DEVICE_FIELD_SIZE = 16
 RESERVED_SIZE = 8

@@ -21,6 +21,7 @@ from compiler_core.mxq.layout import (
     MAGIC,
     MAX_RECORD_SIZE,
     PREFIX_SIZE,
+    READ_MAJORS,
     Encoding,
     Header,
     SectionEntry,
@@ -139,7 +140,7 @@ class ContainerReader:
             raise self._fail(f"the file is only {self.size} bytes long; it is truncated.", offset=self.size)
         major, minor, header_size, _ = unpack_prefix(self.data)
         self.version = FormatVersion(major, minor)
-        if major != FORMAT_MAJOR:
+        if major not in READ_MAJORS:
             raise self._version_error()
         self._check_record_size("header size", header_size, HEADER_SIZE, offset=12)
         if self.size < header_size:
@@ -156,9 +157,10 @@ class ContainerReader:
     def _version_error(self) -> MxqFormatError:
         return MxqFormatError(
             f"{self.path}: MXQ format version {self.version} is not supported; this compiler reads "
-            f"version {FORMAT_MAJOR}.x (it writes {CURRENT_VERSION}).",
+            f"versions {' and '.join(f'{major}.x' for major in READ_MAJORS)} (it writes {CURRENT_VERSION}).",
             hint="Compile the model again with this compiler, or read it with the compiler that wrote it. "
-                 "If the file should be version 1.x, it is corrupt; compile it again.",
+                 f"If the file should be version {READ_MAJORS[0]}.x or {READ_MAJORS[-1]}.x, it is corrupt; compile "
+                 "it again.",
             file=self.path, offset=8, version=str(self.version), supported=str(CURRENT_VERSION))
 
     def _knows_minor(self) -> bool:

@@ -28,6 +28,7 @@ from compiler_core.mxq.layout import (
     FORMAT_MINOR,
     HEADER_SIZE,
     NAME_FIELD_SIZE,
+    PLAIN_MAJOR,
     Encoding,
     Header,
     SectionEntry,
@@ -77,7 +78,8 @@ class SectionPayload:
         def emit(sink, on_chunk: ChunkCallback) -> None:
             arrays = ((key, blobstore.as_blob_array(key, value, name))
                       for key, value in blobstore.iter_blobs(items))
-            blobstore.write_blob_store(sink, arrays, on_chunk)
+            entries = blobstore.write_blob_store(sink, arrays, on_chunk)
+            sink.shared_blobs = blobstore.shares_bytes(entries)
         return cls(name, Encoding.RAW, emit, known)
 
 
@@ -158,10 +160,12 @@ def _write_file(temp: Path, device: bytes, sections: list[SectionPayload], meter
     table_size = len(sections) * ENTRY_SIZE
     with open(temp, "wb") as handle:
         handle.write(bytes(HEADER_SIZE + table_size))  # zeros for now; rewritten once sizes and CRCs are known
-        entries = [_SectionSink(handle).write_section(section, meter) for section in sections]
+        sinks = [_SectionSink(handle) for _ in sections]
+        entries = [sink.write_section(section, meter) for sink, section in zip(sinks, sections)]
         file_size = handle.tell()
         table = b"".join(entry.pack() for entry in entries)
-        header = Header(FORMAT_MAJOR, FORMAT_MINOR, HEADER_SIZE, ENTRY_SIZE, device, len(entries),
+        major = FORMAT_MAJOR if any(sink.shared_blobs for sink in sinks) else PLAIN_MAJOR  # 1.x readers read 1.0
+        header = Header(major, FORMAT_MINOR, HEADER_SIZE, ENTRY_SIZE, device, len(entries),
                         0, file_size, zlib.crc32(table))
         handle.seek(0)
         handle.write(header.pack() + table)
@@ -174,6 +178,7 @@ class _SectionSink:
         self.handle = handle
         self.position = 0
         self.crc = 0
+        self.shared_blobs = False  # a blob store whose entries share bytes (format 2.0)
 
     def write(self, data) -> None:
         """Append ``data`` to the section."""

@@ -252,8 +252,7 @@ def _equalized(target: ir.Model, stats: StatisticsSet, config: CompileConfig):
 
 def _open_dataset(graph: ir.Model, config: CompileConfig, calib_data_path, reporter: Reporter) -> CalibrationDataset:
     paths = calib_data_path if calib_data_path is not None else (config.calib_data_paths or None)
-    preprocessing = config.preprocessing if config.preprocessing.apply else None
-    return open_calibration_data(paths, input_specs(graph), preprocessing=preprocessing,
+    return open_calibration_data(paths, input_specs(graph), preprocessing=config.preprocessing,
                                  image_channels=config.image_channels, use_random_calib=config.use_random_calib,
                                  reporter=reporter)
 

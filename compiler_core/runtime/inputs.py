@@ -32,16 +32,19 @@ def unreadable_inputs(paths: Sequence[str]) -> dict[str, str]:
     Running the others lets one bad file among many inputs cost only its own result."""
     from PIL import Image
 
-    from compiler_core.calibration.preprocess import IMAGE_SUFFIXES
+    from compiler_core.calibration.audio import wav_info
+    from compiler_core.calibration.readers import FILE_KINDS
     from compiler_core.calibration.validate import npy_header, probe_image
 
+    checks = {"npy": npy_header, "image": probe_image, "audio": wav_info}
     failed = {}
     for name in paths:
         path = Path(name)
-        if not path.is_file() or path.suffix.lower() not in (*IMAGE_SUFFIXES, ".npy"):
+        kind = FILE_KINDS.get(path.suffix.lower())
+        if not path.is_file() or kind is None:
             continue
         try:
-            npy_header(path) if path.suffix.lower() == ".npy" else probe_image(path)
+            checks[kind](path)
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             failed[str(name)] = str(error).rstrip(".") or type(error).__name__
     return failed
@@ -53,12 +56,14 @@ def readable_inputs(paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     Raises:
         CalibrationError: not one of the files can be read.
     """
+    from compiler_core.calibration.preprocess import IMAGE_FORMAT_NAMES
+
     failed = unreadable_inputs(paths)
     if failed and len(failed) == len(paths):
         listed = "; ".join(f"{Path(name).name}: {reason}" for name, reason in list(failed.items())[:5])
         raise CalibrationError(f"None of the {len(paths)} input file(s) can be read: {listed}"
                                f"{'; ...' if len(failed) > 5 else ''}.",
-                               hint="Give JPEG, PNG or BMP images, .npy arrays, a list or a manifest.",
+                               hint=f"Give {IMAGE_FORMAT_NAMES} images, .wav recordings, .npy arrays, a list or a manifest.",
                                files=list(failed))
     return [name for name in paths if str(name) not in failed], failed
 
@@ -67,8 +72,7 @@ def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterato
     """``(sample, feeds)`` per sample (its files: ``sample.describe()``), preprocessed exactly as the MXQ's calibration
     data was."""
     config = CompileConfig.model_validate(artifact.meta.get("config") or {})
-    preprocessing = config.preprocessing if config.preprocessing.apply else None
-    dataset = open_calibration_data(list(paths), input_specs_of(artifact), preprocessing=preprocessing,
+    dataset = open_calibration_data(list(paths), input_specs_of(artifact), preprocessing=config.preprocessing,
                                     image_channels=config.image_channels, for_calibration=False)
     for index in range(len(dataset)):
         yield dataset.samples[index], dataset.sample(index)

@@ -43,6 +43,7 @@ from compiler_core.calibration import (
     tokenizer_folder,
     write_folder_manifest,
 )
+from compiler_core.calibration.audio import window_length
 from compiler_core.errors import CalibrationError, QBCompilerError
 from compiler_core.progress import as_reporter
 from qbstudio import dialogs
@@ -180,6 +181,8 @@ class CalibrationPanel(QWidget):
         left.addWidget(self._source_group())
         self.pipeline_box = self._pipeline_group()
         left.addWidget(self.pipeline_box)
+        self.audio_box = self._audio_group()
+        left.addWidget(self.audio_box)
         left.addStretch(1)
         left_widget = QWidget()
         left_widget.setLayout(left)
@@ -332,6 +335,43 @@ class CalibrationPanel(QWidget):
         self.fuse_check = self._checkbox("fuse into first layer")
         return self._row(self.scale_combo, self.fuse_check)
 
+    def _audio_group(self) -> QGroupBox:
+        """``preprocessing.audio``: how .wav recordings feed a waveform input (shown for such models only)."""
+        group = QGroupBox("Recordings (.wav)")
+        layout = QFormLayout(group)
+        self.rate_spin = QSpinBox(minimum=1, maximum=384_000, singleStep=1000, suffix=" Hz")
+        self.rate_spin.setToolTip("The sample rate the model takes; .wav files at another rate are refused unless "
+                                  "resampled.")
+        self.rate_spin.editingFinished.connect(self._on_audio_edited)
+        self.resample_check = QCheckBox("resample files at other rates")
+        self.resample_check.toggled.connect(self._on_audio_edited)
+        self.full_scale_combo = QComboBox()
+        self.full_scale_combo.addItem("-1 to 1 (soundfile, librosa, torchaudio)", 1.0)
+        self.full_scale_combo.addItem("int16 values, ±32768 (openWakeWord)", 32768.0)
+        self.full_scale_combo.currentIndexChanged.connect(self._on_audio_edited)
+        layout.addRow("Sample rate", self.rate_spin)
+        layout.addRow("", self.resample_check)
+        layout.addRow("Samples as", self.full_scale_combo)
+        return group
+
+    def _show_audio(self, audio: dict[str, Any]) -> None:
+        self.rate_spin.setValue(audio["sampleRate"])
+        self.resample_check.setChecked(audio["resample"])
+        index = self.full_scale_combo.findData(float(audio["fullScale"]))
+        if index < 0:  # another value from a config file
+            self.full_scale_combo.addItem(f"full scale {audio['fullScale']:g} (from the config)", float(audio["fullScale"]))
+            index = self.full_scale_combo.count() - 1
+        self.full_scale_combo.setCurrentIndex(index)
+
+    def _on_audio_edited(self) -> None:
+        if self._refreshing:
+            return
+        self.settings.set("preprocessing.audio", {"sampleRate": self.rate_spin.value(),
+                                                  "resample": self.resample_check.isChecked(),
+                                                  "fullScale": self.full_scale_combo.currentData()})
+        self.changed.emit()
+        self.schedule_preview()
+
     def _preview_group(self) -> QGroupBox:
         group = QGroupBox("Preview (preprocessed samples)")
         layout = QVBoxLayout(group)
@@ -366,6 +406,7 @@ class CalibrationPanel(QWidget):
         self.text_button.setVisible(token_input_roles(specs) is not None if specs else False)
         self.folders_button.setVisible(len(specs) > 1)
         self.pipeline_box.setVisible(not specs or any(spec.is_image for spec in specs))  # images feed none: no pipeline
+        self.audio_box.setVisible(len(specs) == 1 and window_length(specs[0]) > 0)  # what recordings can feed
         self._timer.stop()
         self._rerun_preview = False
         self.runner.cancel("preview")
@@ -385,6 +426,7 @@ class CalibrationPanel(QWidget):
             self.path_edit.setText(self.source.path or "")
             self.random_check.setChecked(self.source.use_random)
             self._show_form(PreprocessForm.from_preprocessing(self.settings.preprocessing))
+            self._show_audio(self.settings.preprocessing["audio"])
             self.preset_combo.setCurrentIndex(self.preset_combo.findData(matching_preset(self.settings.preprocessing)))
             self._enable_rows()
             self.uint8_check.setChecked(self.settings.config.uint8_input.apply)
@@ -447,8 +489,7 @@ class CalibrationPanel(QWidget):
             return
         self._enable_rows()
         try:
-            preprocessing = self.form().to_preprocessing()
-            self.settings.set("preprocessing", preprocessing)
+            self._set_pipeline(self.form().to_preprocessing())
             self.settings.set("uint8Input.apply", self.uint8_check.isChecked())
         except (ValueError, QBCompilerError) as error:
             self.preview_status.setText(f"<span style='color:#c62828'>Invalid pipeline: {error}</span>")
@@ -457,10 +498,16 @@ class CalibrationPanel(QWidget):
         self.changed.emit()
         self.schedule_preview()
 
+    def _set_pipeline(self, preprocessing: dict[str, Any]) -> None:
+        """Set the image pipeline part of ``preprocessing``; its ``audio`` section (how .wav recordings are read),
+        which the form does not edit, stays as the settings have it."""
+        preprocessing["audio"] = self.settings.preprocessing.get("audio", preprocessing.get("audio"))
+        self.settings.set("preprocessing", preprocessing)
+
     def apply_preset(self, name: str) -> None:
         """Load preset ``name``'s pipeline (and its uint8 input choice) into the settings and the form."""
         preprocessing, uint8 = pipeline_preset(name)
-        self.settings.set("preprocessing", preprocessing)
+        self._set_pipeline(preprocessing)
         self.settings.set("uint8Input.apply", uint8)
         self.refresh()
         self.changed.emit()
@@ -476,7 +523,7 @@ class CalibrationPanel(QWidget):
         self.refresh_preview(report_errors=report_errors)
 
     def _on_choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Calibration images or .npy folder", self._start_dir())
+        path = QFileDialog.getExistingDirectory(self, "Calibration folder (images, .wav recordings or .npy files)", self._start_dir())
         if path:
             self.set_source(path)
 
@@ -585,7 +632,7 @@ class CalibrationPanel(QWidget):
             form.normalize, form.mean, form.std, form.scale = True, [0.0], [1.0], 1 / 255
         form.apply, form.resize, form.keep_aspect, form.crop, form.letterbox = True, True, False, False, False
         form.resize_height, form.resize_width = self._fix_size
-        self.settings.set("preprocessing", form.to_preprocessing())
+        self._set_pipeline(form.to_preprocessing())
         self._offer_size_fix(None)
         self.refresh()
         self.changed.emit()

@@ -154,7 +154,7 @@ class CompileSummary(QWidget):
         self.show_button = QPushButton("Show in folder", objectName="showInFolder")
         self.show_button.clicked.connect(self.show_in_folder)
         self.try_button = QPushButton("Try on inputs…", objectName="tryInputs")
-        self.try_button.setToolTip("Run images or .npy files of your own through this MXQ (the bit-exact simulator) "
+        self.try_button.setToolTip("Run images, recordings or .npy files of your own through this MXQ (the bit-exact simulator) "
                                    "and the FP32 graph, side by side")
         self.try_button.clicked.connect(lambda: self.run is not None and self.try_requested.emit(self.run))
         buttons = QHBoxLayout()

@@ -8,13 +8,14 @@ from typing import Any
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QTextBrowser, QVBoxLayout, QWidget
 
+from compiler_core.calibration.readers import file_patterns
 from compiler_core.progress import as_reporter
 
 
 def try_inputs_filter(input_count: int) -> str:
     """The file dialog filter of "Try on inputs…": one file per sample feeds one input; a model with several inputs
     needs a manifest (or a list of them), as its calibration data does."""
-    single = "Images or arrays (*.png *.jpg *.jpeg *.bmp *.npy)"
+    single = f"Images, recordings or arrays ({file_patterns()})"
     lists = "Calibration lists or manifests (*.txt *.json)"
     if input_count > 1:
         return f"Manifests, one entry per sample (*.json);;{lists};;All files (*)"

@@ -10,7 +10,8 @@ resolution instead of rounding to 0 with a fixed ``1/qmax`` step.
 A masked input (``Where(mask, x, -3.4e38)`` or ``x + mask`` with a -inf-like mask, constant or computed at
 run time from an ``attention_mask`` input) keeps the data's scale and saturates the masked entries to the
 smallest code ``masked_code``; those entries count as ``-inf`` (``e = 0``), not as the smallest data value.
-A row with every entry masked gives all zeros.
+A row with every entry masked is uniform, as in FP32, where its entries are all the same -3.4e38 (a padded
+query's row in DeBERTa's query x key mask); zeros there took DeBERTa-v2's output to cosine 0.55.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def run_softmax(op: IntOp, inputs: list[np.ndarray]) -> list[np.ndarray]:
     distance = np.minimum(x.max(axis=axis, keepdims=True) - x, len(table))
     exp = np.where(distance < len(table), table[np.minimum(distance, len(table) - 1)], 0)
     if "masked_code" in op.attrs:
-        exp = np.where(x == op.attrs["masked_code"], 0, exp)
+        masked = x == op.attrs["masked_code"]
+        exp = np.where(masked, 0, exp)
+        exp = np.where(masked.all(axis=axis, keepdims=True), table[0], exp)  # all masked: equal entries, uniform
     total = np.maximum(exp.sum(axis=axis, keepdims=True), 1)
     qmax = op.attrs["qmax"]
     return [np.minimum(rounding_divide(exp * (qmax << op.attrs.get("shift", 0)), total), qmax)]

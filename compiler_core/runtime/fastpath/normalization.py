@@ -38,8 +38,10 @@ def build_softmax(op: IntOp, context: PlanContext) -> Step | None:
     def run(inputs: list) -> list:
         x = inputs[0]
         distance = np.minimum(x.max(axis=axis, keepdims=True) - x, last)
-        if masked is not None:  # masked entries read the 0 past the table
-            distance = np.where(x == masked, last, distance)
+        if masked is not None:  # masked entries read the 0 past the table; a row of only masked ones is uniform
+            hidden = x == masked
+            distance = np.where(hidden, last, distance)
+            distance = np.where(hidden.all(axis=axis, keepdims=True), 0.0, distance)
         exp = np.take(extended, distance.astype(np.intp))
         total = np.maximum(exp.sum(axis=axis, keepdims=True), 1.0)
         return [np.minimum(np.floor((2 * multiplier * exp + total) / (2 * total)), qmax).astype(np.float32)]
