@@ -336,10 +336,31 @@ def _bind_constant_inputs_proto(graph: onnx.GraphProto, constant_inputs: Mapping
         if name not in inputs:
             raise ArgumentError(f"constant_inputs names '{name}', which is not a model input.",
                                 hint=f"The model's inputs are: {', '.join(sorted(inputs))}.")
-        elem_type = inputs[name].type.tensor_type.elem_type
-        dtype = ir.DataType(elem_type).numpy() if elem_type else None
+        tensor_type = inputs[name].type.tensor_type
+        dtype = ir.DataType(tensor_type.elem_type).numpy() if tensor_type.elem_type else None
+        dims = ([dim.dim_value if dim.HasField("dim_value") else None for dim in tensor_type.shape.dim]
+                if tensor_type.HasField("shape") else None)
+        bound = _bound_value(name, array, dtype, dims)
         _remove_inputs(graph, {name})
-        graph.initializer.append(ir.serde.serialize_tensor(ir.tensor(np.asarray(array, dtype=dtype), name=name)))
+        graph.initializer.append(ir.serde.serialize_tensor(ir.tensor(bound, name=name)))
+
+
+def _bound_value(name: str, array, dtype, dims: list[int | None] | None) -> np.ndarray:
+    """The value bound to input ``name``, as the input's dtype. A single value fills the input's static shape (``state=0``
+    for Silero's [2, 1, 128] state made the canonicalization fail with an IndexError); any other value must have
+    the input's shape when that is static.
+
+    Raises:
+        ArgumentError: the value's shape is neither one value nor the input's static shape.
+    """
+    value = np.asarray(array, dtype=dtype)
+    if dims is None or None in dims or list(value.shape) == dims:
+        return value
+    if value.size == 1:
+        return np.full(dims, value.reshape(()), dtype=value.dtype)
+    raise ArgumentError(f"Input '{name}' takes shape {dims}; the value bound to it has shape {list(value.shape)}.",
+                        hint="Bind one value (it fills the whole input, e.g. 0 for a zero initial state) or an array "
+                             "of the input's shape (constant_inputs).", input=name)
 
 
 def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
@@ -596,9 +617,10 @@ def _bind_constant_inputs(model: ir.Model, constant_inputs: Mapping[str, np.ndar
             raise ArgumentError(f"constant_inputs names '{name}', which is not a model input.",
                                     hint=f"The model's inputs are: {', '.join(sorted(inputs))}.")
         value = inputs[name]
+        dims = [dim if isinstance(dim, int) else None for dim in value.shape] if value.shape is not None else None
+        bound = _bound_value(name, array, value.dtype.numpy() if value.dtype else None, dims)
         model.graph.inputs.remove(value)
-        value.const_value = ir.tensor(np.asarray(array, dtype=value.dtype.numpy() if value.dtype else None),
-                                      name=name)
+        value.const_value = ir.tensor(bound, name=name)
         value.shape = value.const_value.shape
         model.graph.register_initializer(value)
 
@@ -1041,11 +1063,14 @@ def _failing_node(model: ir.Model, error: Exception) -> tuple[str | None, str | 
 
 
 def _remove_unused_initializers(model: ir.Model) -> None:
-    """Drop initializers left behind by discarded ``If`` branches (RemoveUnusedNodes keeps them), and those only
-    nodes already taken out of the graph still list as their input (an unrolled LSTM's folded initial state)."""
+    """Drop initializers left behind by discarded ``If`` branches (RemoveUnusedNodes keeps them; a folded branch's
+    nodes still read them: Silero's 8 kHz weights stayed in the MBLT, and every onnxruntime session on it warned
+    about each), and those only nodes already taken out of the graph still list as their input (an unrolled LSTM's
+    folded initial state)."""
     outputs = set(model.graph.outputs)
+    live = set(all_nodes(model.graph))  # the graph's nodes and those of the subgraphs it still holds
     for name, value in list(model.graph.initializers.items()):
-        if not any(user.graph is not None for user, _ in value.uses()) and value not in outputs:
+        if not any(user in live for user, _ in value.uses()) and value not in outputs:
             del model.graph.initializers[name]
 
 
@@ -1104,7 +1129,35 @@ def _check_mblt_ops(model: ir.Model) -> None:
             error.hint = (f"The unsupported nodes only compute the model's outputs: compile the graph before them "
                           f"with --output-names {','.join(cut)} (output_names=[...]) and run the rest on the CPU. "
                           + error.hint)
+        selectors = sorted({name for node in nodes if node.op_type == "If" for name in _selector_inputs(node)})
+        if selectors:
+            binds = " ".join(f"--bind-input {name}=VALUE" for name in selectors)
+            error.hint = (f"The If's condition depends only on the input(s) {', '.join(selectors)}: bind them to the "
+                          f"value you will run with ({binds}; constant_inputs in the API) and the If folds away. "
+                          + error.hint)
         raise error
+
+
+def _selector_inputs(node: ir.Node) -> list[str]:
+    """The graph inputs an ``If``'s condition is computed from, when all of them are small integer or bool inputs (a
+    sample rate, a mode flag: Silero VAD's ``sr``); empty when the condition also reads anything else at run time."""
+    found, pending, seen = [], [node.inputs[0]], set()
+    while pending:
+        value = pending.pop()
+        if value is None or value.name in seen or value.const_value is not None:
+            continue
+        seen.add(value.name)
+        if value.is_graph_input():
+            small = value.shape is not None and all(isinstance(d, int) for d in value.shape) and \
+                math.prod(value.shape) <= 4
+            if not small or value.dtype is None or not (value.dtype.is_integer() or value.dtype == ir.DataType.BOOL):
+                return []
+            found.append(value.name)
+        elif value.producer() is not None:
+            pending.extend(value.producer().inputs)
+        else:
+            return []
+    return found
 
 
 _TAIL_CUT_KEY = "mblt.tail_cut"
