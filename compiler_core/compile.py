@@ -22,6 +22,7 @@ from compiler_core.backend.partition import Partition, partition
 from compiler_core.backend.program import check_tiles_fit, lower
 from compiler_core.backend.program import from_document as npu_from_document
 from compiler_core.backend.program import to_document as npu_to_document
+from compiler_core.calibration.specs import input_codes
 from compiler_core.config import CompileConfig
 from compiler_core.errors import (
     ArgumentError,
@@ -214,9 +215,12 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
         reporter.advance()
     if report.all_supported and not chosen:
         return None, report.counts()
-    if not config.cpu_offload and any(entry.blocking for name, entry in report.entries.items() if name not in chosen):
-        raise report.unsupported_error()
     plan = plan_cpu_offload(graph, report, config.cpu_layers)
+    if not config.cpu_offload and any(entry.blocking for name, entry in report.entries.items() if name not in chosen):
+        error = report.unsupported_error()
+        if plan.inner_unsupported:  # cpu_offload alone would be refused next: offer what compiles
+            error.hint = plan.inner_hint(report.mfu_alternatives())
+        raise error
     too_large = [error for error in failures if error.fields["layer"] in plan.inner_unsupported] if fit_checked else []
     if too_large:
         raise fit_error(too_large)
@@ -224,7 +228,7 @@ def _check_and_split(graph: ir.Model, device: DeviceProfile, config: CompileConf
         error = report.unsupported_error()
         raise UnsupportedOpsError(f"{len(plan.inner_unsupported)} unsupported node(s) sit inside the NPU body, "
                                   f"where cpu_offload cannot move them: {error.message}",
-                                  hint="Only a leading (head) or trailing (tail) group can run on the CPU.",
+                                  hint=plan.inner_hint(report.mfu_alternatives()),
                                   ops=error.fields.get("ops"), nodes=plan.inner_unsupported[:10])
     if not body_computes(graph, plan) and plan.chosen:
         raise ConfigError(f"cpuLayers leaves nothing for the NPU of {device.name}: every computing layer would run "
@@ -273,6 +277,7 @@ def _meta(session: MbltSession, device: DeviceProfile, core_modes: list[str], co
     return {"format": "qbstudio-mxq", "compiler_version": __version__, "device": device.name, "core_modes": core_modes,
             "provenance": session.provenance, "mblt_sha256": session.sha256,
             "config": config.model_dump(mode="json", by_alias=True), "inputs": inputs, "outputs": outputs,
+            "input_codes": input_codes(graph),  # quantized source inputs: `run` reads their integer codes too
             "layers": [{k: row[k] for k in ("name", "op_type", "kind", "precision")}
                        for row in result.model.layer_table()],
             "cpu_offload": parts.to_dict() if parts else {}, "analysis": result.analysis.get("summary", {}),

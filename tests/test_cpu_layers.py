@@ -256,3 +256,46 @@ def test_uint8_input_behind_a_cpu_head_stays_float_on_the_npu(tmp_path, caplog):
     fp32 = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"image": sample})[0]
     got = npu.infer(sample)[0]
     assert np.corrcoef(got.ravel(), fp32.ravel())[0, 1] > 0.9
+
+
+def _grid_sample_between_convs(path: Path) -> Path:
+    """Conv -> (flow) GridSample -> Conv: the GridSample (no NPU kernel) sits between layers the NPU runs."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "wf"], ["flow_nchw"], name="flow", pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["flow_nchw"], ["flow_t"], name="flow_tanh"),
+             helper.make_node("Transpose", ["flow_t"], ["grid"], name="flow_nhwc", perm=[0, 2, 3, 1]),
+             helper.make_node("GridSample", ["x", "grid"], ["warped"], name="warp"),
+             helper.make_node("Conv", ["warped", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "warp", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (2, 3, 3, 3)).astype(np.float32), "wf"),
+         numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_refused_layer_inside_the_model_gets_the_cpu_head_or_tail_that_compiles(tmp_path):
+    """A GridSample between Convs (an optical-flow warp): the refusal offered cpu_offload, which was refused in turn
+    ("only a leading or trailing group"); both refusals now name the --cpu-tail / --cpu-head layer, and each
+    offered choice compiles."""
+    from compiler_core.errors import UnsupportedOpsError
+
+    model = _grid_sample_between_convs(tmp_path / "warp.onnx")
+    out = tmp_path / "warp.mxq"
+    hints = []
+    for offload in (False, True):
+        with pytest.raises(UnsupportedOpsError) as caught:
+            mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_offload=offload)
+        hints.append(caught.value.hint)
+    for hint in hints:
+        assert "--cpu-tail GridSample_0" in hint and "--cpu-head GridSample_0" in hint
+        assert not hint.startswith("Compile with cpu_offload")
+    from compiler_core.api import load_mblt, mblt_compile
+    from compiler_core.targets import check_support
+
+    report = check_support(load_mblt(mblt_compile(model, tmp_path / "warp.mblt")), "aries-rb")  # check, graph view
+    assert report.inner_unsupported == ["GridSample_0"] and report.unsupported_error().hint == hints[0]
+    for choice in ({"tail": ["GridSample_0"]}, {"head": ["GridSample_0"]}):
+        result = mxq_compile(model, "aries-rb", None, out, use_random_calib=True, cpu_layers=choice)
+        assert result.support["cpu_offloaded"] >= 1

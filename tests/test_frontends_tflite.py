@@ -729,3 +729,54 @@ def test_compare_select_broadcast_reverse_match_runtime(tmp_path: Path) -> None:
     model = _compare_with_runtime(path, 1e-6)
     assert {"Greater", "Expand", "Where", "Slice", "Not"} <= {node.op_type for node in model.graph}
     _supported_after_mblt(path, tmp_path)
+
+
+def test_the_int8_codes_of_a_full_integer_model_calibrate_and_run_as_its_values(tmp_path: Path) -> None:
+    """A full-integer TFLite model (int8 input and output, TFLiteConverter's inference_input_type=tf.int8): the MBLT
+    takes the input's real values, and the int8 arrays its users hold were read as values (-128..127 for an input
+    that spans 0..1: a compile calibrated on the wrong range, an MXQ whose `run` on the same arrays disagreed with the
+    TFLite model). They are now read as codes, (q - zero point) * scale, in calibration and in `run`."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from compiler_core.api import mblt_compile, mxq_compile
+    from compiler_core.runtime import Accelerator, Model
+    from compiler_core.runtime.inputs import load_run_inputs
+
+    weight_scale = np.array([0.02, 0.01, 0.03, 0.015], np.float32)
+    weights = np.random.default_rng(5).integers(-127, 128, (4, 3, 3, 2)).astype(np.int8)
+    input_scale, input_zero, output_scale = 1 / 255, -128, 0.05
+    int8 = tflite.TensorType.INT8
+    tensors = [
+        {"name": "x_q", "shape": [1, 6, 6, 2], "type": int8, "quant": ([input_scale], [input_zero], 0)},
+        {"name": "w", "shape": [4, 3, 3, 2], "type": int8, "data": weights, "quant": (weight_scale, [0] * 4, 0)},
+        {"name": "b", "shape": [4], "type": tflite.TensorType.INT32, "data": np.zeros(4, np.int32),
+         "quant": (weight_scale * input_scale, [0] * 4, 0)},
+        {"name": "y_q", "shape": [1, 6, 6, 4], "type": int8, "quant": ([output_scale], [0], 0)},
+    ]
+    operators = [{"op": "CONV_2D", "inputs": [0, 1, 2], "outputs": [3], "options": ("Conv2DOptions", {
+        "Padding": 0, "StrideW": 1, "StrideH": 1})}]
+    path = tmp_path / "int8_io.tflite"
+    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[3]))
+    rng = np.random.default_rng(0)
+    codes = [rng.integers(-128, 128, (1, 6, 6, 2)).astype(np.int8) for _ in range(13)]  # pixels 0..255 as int8
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index, sample in enumerate(codes[:12]):
+        np.save(calib / f"{index:03d}.npy", sample)
+    held_out = tmp_path / "held_out.npy"
+    np.save(held_out, codes[12])
+    mblt = mblt_compile(path, tmp_path / "m.mblt")
+    mxq = tmp_path / "m.mxq"
+    mxq_compile(mblt, "aries-rb", calib, mxq, analysis_holdout=0)
+    interpreter = Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], codes[12])
+    interpreter.invoke()
+    expected = interpreter.get_tensor(interpreter.get_output_details()[0]["index"]).astype(np.float32) * output_scale
+    model = Model(mxq, input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    (_, feeds), = load_run_inputs(model.artifact, [str(held_out)])  # as `qbcompiler run --input held_out.npy`
+    assert feeds["x_q"].min() >= 0 and feeds["x_q"].max() <= 1  # the values, not the codes
+    actual = np.asarray(model.infer(feeds)[0], np.float64).ravel()
+    cosine = float(actual @ expected.ravel() / np.linalg.norm(actual) / np.linalg.norm(expected))
+    assert cosine > 0.99

@@ -600,3 +600,23 @@ def test_an_unrolled_lstm_stores_its_recurrent_weights_once_in_the_mxq(tmp_path,
     ours = np.asarray(runtime.infer(feeds)[0], np.float64).ravel()
     want = np.asarray(_run(model.SerializeToString(), feeds)[0], np.float64).ravel()
     assert ours @ want / np.linalg.norm(ours) / np.linalg.norm(want) > 0.98  # every step reads the shared copy
+
+
+# -- A causal mask of -inf -------------------------------------------------------------------------
+
+
+def test_a_causal_mask_of_minus_infinity_added_to_scores_masks_the_softmax(tmp_path):
+    """torch's TorchScript export of ``scaled_dot_product_attention(is_causal=True)`` adds a constant ``[0 / -inf]``
+    mask to the scores: check said supported and the compile refused it ("holds inf or NaN values"). -inf saturates
+    like the -3.4e38 masks do: the masked entries get the smallest code, which the Softmax reads as -inf."""
+    size = 6
+    mask = np.triu(np.full((size, size), -np.inf, np.float32), k=1)
+    model = make_model([helper.make_node("Add", ["x", "mask"], ["scores"]),
+                        helper.make_node("Softmax", ["scores"], ["y"], axis=-1)],
+                       {"x": [1, 2, size, size]}, {"y": [1, 2, size, size]}, {"mask": mask})
+    _, program = quantized(tmp_path, model)
+    feeds = feeds_for(model)
+    actual = executor.run(program, feeds)["y"]
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert np.all(actual[..., np.isinf(mask)] == 0)  # the masked entries weigh nothing
+    assert np.abs(actual - expected).max() < 0.02  # the other entries: int8 codes of probabilities (1/255 a step)

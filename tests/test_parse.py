@@ -579,6 +579,153 @@ def test_clip_with_a_bound_computed_at_run_time_becomes_max_and_min(tmp_path, bo
                                       ort.InferenceSession(str(source)).run(None, feed)[0])
 
 
+def _index_wrap_model(form: str, size: int) -> onnx.ModelProto:
+    """An embedding lookup of int32 ids that wraps negative ids by hand (``where(x < 0, x + size, x)``), as Keras 3's
+    Embedding does and tf2onnx writes it (``arithmetic``: Casts, Mul, Add, Not) or as a ``Where``."""
+    nodes = [helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Less", ["ids_f", "zero"], ["negative"]),
+             helper.make_node("Add", ["ids", "size"], ["wrapped"])]
+    if form == "where":
+        nodes.append(helper.make_node("Where", ["negative", "wrapped", "ids"], ["index"]))
+    else:
+        nodes += [helper.make_node("Not", ["negative"], ["positive"]),
+                  helper.make_node("Cast", ["positive"], ["positive_i"], to=TensorProto.INT32),
+                  helper.make_node("Mul", ["ids", "positive_i"], ["kept"]),
+                  helper.make_node("Cast", ["negative"], ["negative_i"], to=TensorProto.INT32),
+                  helper.make_node("Mul", ["negative_i", "wrapped"], ["moved"]),
+                  helper.make_node("Add", ["moved", "kept"], ["index"])]
+    nodes += [helper.make_node("Gather", ["table", "index"], ["rows"], axis=0),
+              helper.make_node("Relu", ["rows"], ["y"])]
+    table = np.random.default_rng(0).standard_normal((12, 16)).astype(np.float32)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(table, "table"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                               numpy_helper.from_array(np.array(size, np.int32), "size")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("form", ["arithmetic", "where"])
+def test_an_embedding_that_wraps_negative_ids_itself_is_a_plain_lookup_on_the_npu(tmp_path, form):
+    """slovorez's Keras 3 Embedding via tf2onnx: the select of ``x + n`` for negative int32 ids was 7 unsupported
+    nodes (integer Casts, Mul, Add) before a lookup the NPU runs; ONNX Gather wraps negative indices the same way."""
+    from compiler_core.targets import check_support
+
+    source = _save(_index_wrap_model(form, 12), tmp_path / "wrap.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert [node.op_type for node in onnx.load(str(mblt)).graph.node] == ["Gather", "Relu"]
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    ids = np.array([[0, 3, 11, -1, -12, 5, -7, 2, 9, -3]], np.int32)
+    np.testing.assert_array_equal(_run(mblt, {"ids": ids})[0], _run(source, {"ids": ids})[0])
+
+
+def test_a_select_that_adds_another_constant_than_the_table_size_is_kept(tmp_path):
+    """``x + 13`` over a 12-row table is not the wrap Gather does: the select stays (and stays flagged)."""
+    mblt = mblt_compile(_save(_index_wrap_model("where", 13), tmp_path / "wrap.onnx"), tmp_path / "out.mblt")
+    assert "Where" in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+
+
+def test_a_padding_mask_input_tested_with_equal_is_compared_as_floats(tmp_path):
+    """A hand-written transformer's ``src_key_padding_mask=mask == 0`` (torch's dynamo export): ``Equal`` of the int64
+    mask input was refused ("int64 computed at run time"); compared as floats it runs on the NPU, same values."""
+    from compiler_core.targets import check_support
+
+    nodes = [helper.make_node("Equal", ["mask", "zero"], ["padded"]),
+             helper.make_node("Where", ["padded", "minus", "nothing"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4, 8]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                               numpy_helper.from_array(np.array(-1e9, np.float32), "minus"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "nothing")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "mask.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"scores": np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32),
+            "mask": np.array([[[1, 1, 1, 2, 1, 0, 0, 0]]], np.int64)}
+    np.testing.assert_array_equal(_run(mblt, feed)[0], _run(source, feed)[0])
+
+
+@pytest.mark.parametrize(("window", "onesided"), [("hann", 1), ("none", 0)])
+def test_an_stft_of_a_real_signal_is_a_strided_convolution_on_the_npu(tmp_path, window, onesided):
+    """torch.stft through the dynamo exporter is an ONNX STFT, refused at parse ("not in the MBLT operator set"); as
+    the convolution with the windowed DFT basis it parses, runs on the NPU and gives the STFT's numbers."""
+    from compiler_core.targets import check_support
+
+    size, hop = 256, 128
+    inputs = ["signal", "hop", "window", ""] if window == "hann" else ["signal", "hop", "", "length"]
+    nodes = [helper.make_node("STFT", inputs, ["spectrum"], onesided=onesided),
+             helper.make_node("ReduceL2", ["spectrum", "last"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("signal", TensorProto.FLOAT, [1, 2048, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(hop, np.int64), "hop"),
+                               numpy_helper.from_array(np.hanning(size + 1)[:-1].astype(np.float32), "window"),
+                               numpy_helper.from_array(np.array(size, np.int64), "length"),
+                               numpy_helper.from_array(np.array([-1], np.int64), "last")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "stft.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert "STFT" not in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+    assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"signal": np.random.default_rng(0).standard_normal((1, 2048, 1)).astype(np.float32)}
+    (expected,), (actual,) = _run(source, feed), _run(mblt, feed)
+    assert actual.shape == expected.shape == (1, 15, size // 2 + 1 if onesided else size)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_an_adaptive_pool_written_as_gathered_windows_is_one_matmul(tmp_path, keepdims):
+    """torch's dynamo export of ``AdaptiveAvgPool2d((4, 4))`` over 10x10 (windows that overlap: 10 is not a multiple
+    of 4): a GatherND of every window's positions (rank 6, beyond the NPU's rank 5) and a mean over the window axes,
+    refused; as the pooling matrix times the flattened positions it runs on the NPU, with the same numbers."""
+    from compiler_core.targets import check_support
+
+    starts, size = [0, 2, 5, 7], 3  # floor(i * 10 / 4) .. ceil((i + 1) * 10 / 4): 3 rows each
+    rows = np.array([[start + k for k in range(size)] for start in starts])  # [4, 3]
+    index = np.stack(np.broadcast_arrays(rows[:, :, None, None], rows[None, None, :, :]), -1).astype(np.int64)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["hw_first"], perm=[2, 3, 0, 1]),
+             helper.make_node("GatherND", ["hw_first", "windows"], ["gathered"]),
+             helper.make_node("ReduceMean", ["gathered", "axes"], ["pooled"], keepdims=keepdims)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10, 10])],
+                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(index, "windows"),
+                               numpy_helper.from_array(np.array([1, 3], np.int64), "axes")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "pool.onnx")
+    mblt = mblt_compile(source, tmp_path / "out.mblt")
+    assert "GatherND" not in {node.op_type for node in onnx.load(str(mblt)).graph.node}
+    if not keepdims:  # dynamo's form; with keepdims the output itself has rank 6
+        assert check_support(load_mblt(mblt), "aries-rb").counts()["unsupported"] == 0
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 3, 10, 10)).astype(np.float32)}
+    (expected,), (actual,) = _run(source, feed), _run(mblt, feed)
+    assert actual.shape == expected.shape == ((4, 1, 4, 1, 1, 3) if keepdims else (4, 4, 1, 3))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_equal_of_ids_that_feeds_integer_arithmetic_stays_for_the_cpu_head(tmp_path):
+    """RoBERTa's position ids from its input ids (``cumsum(ids != pad) * mask + pad``): the test feeds integer
+    arithmetic the NPU cannot run, so it stays with it in the CPU head (on the NPU it would cut the head in two)."""
+    nodes = [helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+             helper.make_node("Not", ["is_pad"], ["real"]),
+             helper.make_node("Cast", ["real"], ["real_i"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["real_i", "axis"], ["positions"]),
+             helper.make_node("Gather", ["table", "positions"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(1, np.int64), "pad"),
+                               numpy_helper.from_array(np.array(1, np.int64), "axis"),
+                               numpy_helper.from_array(np.ones((10, 4), np.float32), "table")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                   tmp_path / "positions.onnx")
+    equal, = [node for node in onnx.load(str(mblt_compile(source, tmp_path / "out.mblt"))).graph.node
+              if node.op_type == "Equal"]
+    assert list(equal.input)[0] == "ids"
+
+
 def test_a_tiny_constant_added_is_kept_and_an_exact_zero_is_dropped(tmp_path):
     """basic-pitch's ``Log(power + 1e-10)``: the library's ``x + 0`` rule matches within 1e-8 and dropped the floor,
     so silent bins came out at -124 dB instead of -100 dB (the MBLT's notes output at cosine 0.996 to the source)."""

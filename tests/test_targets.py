@@ -220,6 +220,14 @@ def test_batch_two_conv_is_flagged():
     assert entry.reason == "batch 2 not supported; NPU runs batch 1"
 
 
+def test_a_batch_refusal_names_the_shape_to_give_not_cpu_offload():
+    """slovorez pinned to 8 words a batch: the refusal offered cpu_offload (the CPU parts run batch 1 too) and
+    replacing the Convs; the batch is the input's shape, so the hint names the one to give."""
+    hint = check_support(_small_cnn(batch=2), "aries-rb").unsupported_error().hint
+    assert "--input-shape x=1,3,32,32" in hint and "once per sample" in hint
+    assert "cpu_offload" not in hint and "replace these ops" not in hint
+
+
 @pytest.mark.parametrize(
     ("attrs", "reason"),
     [

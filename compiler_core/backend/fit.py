@@ -121,7 +121,7 @@ def flag_fit_failures(report: SupportReport, failures: list[DoesNotFitError]) ->
         entry: NodeSupport | None = entries.get(error.fields["layer"])
         if entry is not None:
             entries[entry.node] = replace(entry, status=SupportStatus.UNSUPPORTED, reason=error.message)
-    return SupportReport(report.device, entries)
+    return replace(report, entries=entries)
 
 
 def _with_source(error: DoesNotFitError, source: str) -> DoesNotFitError:

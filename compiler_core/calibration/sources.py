@@ -78,9 +78,14 @@ class NpySource(FileSource):
 
     axes: tuple[int, ...] | None = None
 
+    def token(self) -> str:
+        """As a file's, and the codes it is read as (the same file gives other values as a quantized input's codes)."""
+        return super().token() + (f"\tcodes {self.spec.codes}" if self.spec.codes is not None else "")
+
     def load(self) -> np.ndarray:
-        """The file's array, transposed if needed, reshaped to the input shape and cast to its dtype."""
-        array = np.load(self.path, allow_pickle=False)
+        """The file's array (a quantized source input's codes dequantized), transposed if needed, reshaped to the
+        input shape and cast to its dtype."""
+        array = self.spec.real_values(np.load(self.path, allow_pickle=False))
         if self.axes is not None:
             array = array.reshape(array.shape[-3:]).transpose(self.axes)
         return np.ascontiguousarray(array.reshape(self.spec.shape), dtype=self.spec.dtype)

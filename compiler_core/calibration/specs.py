@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +23,21 @@ class InputSpec:
         shape: Static shape, batch dimension included.
         dtype: numpy dtype of the input.
         layout: Layout hint from the shape: ``NCHW``, ``NHWC``, ``NCW``, ``NC`` or ``""``.
+        codes: ``(dtype name, scale, zero point)`` when the source model took this input as quantized integers (a
+            full-integer TFLite model): arrays of that dtype are its codes, read as ``(q - zero point) * scale``.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
     layout: str
+    codes: tuple[str, float, int] | None = None
+
+    def real_values(self, array: np.ndarray) -> np.ndarray:
+        """``array`` as the input's values: the source's integer codes dequantized (:attr:`codes`), else as is."""
+        if self.codes is None or array.dtype.name != self.codes[0]:
+            return array
+        return (array.astype(np.float64) - self.codes[2]) * self.codes[1]
 
     @property
     def is_image(self) -> bool:
@@ -55,15 +65,30 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
     Raises:
         CalibrationError: an input has a dynamic dimension or no element type.
     """
-    return [_input_spec(value) for value in model.graph.inputs]
+    codes = input_codes(model)
+    return [_input_spec(value, codes.get(value.name)) for value in model.graph.inputs]
 
 
-def _input_spec(value: ir.Value) -> InputSpec:
+def input_codes(model: ir.Model) -> dict[str, tuple[str, float, int]]:
+    """Input name -> ``(dtype name, scale, zero point)`` of the inputs the source model took as per-tensor quantized
+    integers (the TFLite importer's calibration hints: the MBLT takes their real values)."""
+    from compiler_core.frontends.tflite.importer import CALIBRATION_HINTS_KEY
+
+    hints = json.loads(model.metadata_props.get(CALIBRATION_HINTS_KEY, "{}") or "{}")
+    names = {value.name for value in model.graph.inputs}
+    return {hint["onnx_value"]: (hint["dtype"].lower(), hint["scale"][0], hint["zero_point"][0])
+            for hint in hints.values()
+            if hint.get("onnx_value") in names and len(hint.get("scale", ())) == 1
+            and hint.get("dtype", "").lower() in ("int8", "uint8", "int16")}
+
+
+def _input_spec(value: ir.Value, codes: tuple[str, float, int] | None = None) -> InputSpec:
     dims = list(value.shape) if value.shape is not None else None
     if dims is None or any(not isinstance(d, int) for d in dims) or value.dtype is None:
         raise CalibrationError(f"Model input '{value.name}' has no static shape and type ({value.shape}).",
                                hint="Pin dynamic dimensions with input_shape_dict when parsing the model.")
-    return InputSpec(value.name, tuple(int(d) for d in dims), np.dtype(value.dtype.numpy()), layout_hint(list(dims)))
+    return InputSpec(value.name, tuple(int(d) for d in dims), np.dtype(value.dtype.numpy()), layout_hint(list(dims)),
+                     codes)
 
 
 

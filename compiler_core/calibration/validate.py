@@ -151,6 +151,7 @@ def check_npy_files(paths: Sequence[Path], spec: InputSpec, auto_convert: bool,
     bad_shapes: dict[tuple[int, ...], list[Path]] = defaultdict(list)
     bad_dtypes: dict[np.dtype, list[Path]] = defaultdict(list)
     axes: list[tuple[int, ...] | None] = []
+    codes = 0  # files holding a quantized source input's integer codes
     for path in paths:
         reporter.advance()
         try:
@@ -161,13 +162,20 @@ def check_npy_files(paths: Sequence[Path], spec: InputSpec, auto_convert: bool,
         fit = npy_axes(shape, spec, auto_convert)
         if fit is False:
             bad_shapes[shape].append(path)
-        if not np.can_cast(dtype, spec.dtype, casting="same_kind"):
+        if spec.codes is not None and dtype.name == spec.codes[0]:
+            codes += 1
+        elif not np.can_cast(dtype, spec.dtype, casting="same_kind"):
             bad_dtypes[dtype].append(path)
         axes.append(None if fit is False else fit)
     raise_unreadable(unreadable, "as .npy arrays", "Save each sample with numpy.save(path, array).")
     _raise_bad_npy_shapes(bad_shapes, spec, auto_convert)
     _raise_bad_npy_dtypes(bad_dtypes, spec)
     _note_transposed(paths, axes, spec)
+    if spec.codes is not None and codes:
+        dtype, scale, zero_point = spec.codes
+        logger.warning("%d %s .npy file(s) for input '%s' are read as the source model's %s codes: value = (q %s %d) "
+                       "* %.6g (the compiled model takes the values)", codes, dtype, spec.name, dtype,
+                       "-" if zero_point >= 0 else "+", abs(zero_point), scale)
     return axes
 
 

@@ -1219,16 +1219,228 @@ class GatherCastIds(RewriteRuleClassBase):
         return op.Gather(table, ids, **dict(node.attributes.items()))
 
 
+class StftToConv(RewriteRuleClassBase):
+    """``STFT`` of a real signal with a constant window and hop -> a strided ``Conv1d`` with the windowed DFT basis.
+
+    torch's dynamo exporter writes ``torch.stft`` as an ONNX STFT (opset 17), which has no NPU form; each frequency
+    bin is a dot product of a frame with ``window * cos`` and ``-window * sin``, which is what a convolution with
+    ``2 * bins`` output channels and a stride of the hop computes (the wide kernel and long stride are then split as
+    for Silero's STFT). Output ``[batch, frames, bins, 2]`` as the STFT's (real, imaginary).
+    """
+
+    def pattern(self, op, signal):
+        return op.STFT(signal, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, signal, y) -> MatchResult:
+        result = MatchResult()
+        node = y.producer()
+        inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+        step, window, length = inputs[1], inputs[2], inputs[3]
+        if signal.shape is None or len(signal.shape) != 3 or signal.shape[2] != 1:
+            return result.fail("the signal is not real ([batch, samples, 1])")
+        if step is None or step.const_value is None:
+            return result.fail("the hop is not a constant")
+        present = [v for v in (window, length) if v is not None and v.name]
+        if not present or any(v.const_value is None for v in present):
+            return result.fail("the window or frame length is not a constant")
+        if window is not None and window.name and length is not None and length.name \
+                and int(length.const_value.numpy()) != window.const_value.size:
+            return result.fail("the frame length is not the window's")
+        return result
+
+    def rewrite(self, op, signal, y):
+        node = y.producer()
+        inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+        step = int(inputs[1].const_value.numpy())
+        if inputs[2] is not None and inputs[2].name:
+            window = inputs[2].const_value.numpy().astype(np.float64).ravel()
+        else:
+            window = np.ones(int(inputs[3].const_value.numpy()))
+        size = window.size
+        onesided = node.attributes["onesided"].value if "onesided" in node.attributes else 1
+        bins = size // 2 + 1 if onesided else size
+        angle = 2 * np.pi * np.outer(np.arange(bins), np.arange(size)) / size
+        basis = np.concatenate([window * np.cos(angle), -window * np.sin(angle)])[:, None, :].astype(np.float32)
+        weight = op.initializer(ir.tensor(basis), name=f"{node.name}_dft")
+        frames = op.Conv(op.Transpose(signal, perm=[0, 2, 1]), weight, strides=[step], kernel_shape=[size])
+        parts = op.initializer(ir.tensor(np.array([0, 2, bins, -1], np.int64)), name=f"{node.name}_parts")
+        return op.Transpose(op.Reshape(frames, parts), perm=[0, 3, 2, 1])
+
+
+class GatheredWindowMean(RewriteRuleClassBase):
+    """``ReduceMean(GatherND(x, I), axes)`` with constant windows ``I`` -> one ``MatMul`` by the pooling matrix.
+
+    torch's dynamo exporter writes an adaptive average pool whose output does not divide its input
+    (``AdaptiveAvgPool2d((7, 7))`` of 64x64) as a GatherND of every window's positions (a rank-6 tensor, beyond the
+    NPU's rank 5) and a mean over the window axes. Each output is the mean of fixed input positions: a constant
+    ``[outputs, positions]`` matrix times ``x`` with its indexed axes flattened. Exact; at most
+    ``MAX_POOLING_MATRIX`` entries.
+    """
+
+    MAX_POOLING_MATRIX = 1 << 20
+
+    def pattern(self, op, x, indices, axes):
+        return op.ReduceMean(op.GatherND(x, indices, _allow_other_attributes=True), axes,
+                             _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, indices, axes, y) -> MatchResult:
+        result = MatchResult()
+        gather = y.producer().inputs[0].producer()
+        reduce = y.producer()
+        if gather.attributes.get("batch_dims") is not None and gather.attributes["batch_dims"].value != 0:
+            return result.fail("the GatherND has batch dimensions")
+        if reduce.attributes.get("noop_with_empty_axes") is not None \
+                and reduce.attributes["noop_with_empty_axes"].value:
+            return result.fail("the mean may be a no-op")
+        if indices.const_value is None or axes.const_value is None:
+            return result.fail("the windows or the axes are not constants")
+        if x.shape is None or not x.shape.is_static():
+            return result.fail("the input shape is not static")
+        index = indices.const_value.numpy()
+        depth, windows = index.shape[-1], index.ndim - 1
+        reduced = {int(a) % (windows + len(x.shape) - depth) for a in axes.const_value.numpy().ravel()}
+        if not reduced or max(reduced) >= windows:
+            return result.fail("the mean is not over window axes only")
+        positions = int(np.prod(list(x.shape)[:depth]))
+        outputs = int(np.prod([n for a, n in enumerate(index.shape[:-1]) if a not in reduced]))
+        if positions * outputs > self.MAX_POOLING_MATRIX:
+            return result.fail("the pooling matrix would be too large")
+        return result
+
+    def rewrite(self, op, x, indices, axes, y):
+        reduce = y.producer()
+        index = indices.const_value.numpy()
+        depth, windows = index.shape[-1], index.ndim - 1
+        shape = list(x.shape)
+        reduced = sorted({int(a) % (windows + len(shape) - depth) for a in axes.const_value.numpy().ravel()})
+        kept = [a for a in range(windows) if a not in reduced]
+        sizes = np.array(shape[:depth]).reshape((depth,) + (1,) * windows)
+        flat = np.ravel_multi_index(tuple(np.moveaxis(index, -1, 0) % sizes), shape[:depth])  # [*windows]
+        flat = np.transpose(flat, kept + reduced).reshape(-1, int(np.prod([index.shape[a] for a in reduced])))
+        positions = int(np.prod(shape[:depth]))
+        matrix = np.zeros((flat.shape[0], positions))  # each output row: 1/n at its window's n positions
+        np.add.at(matrix, (np.repeat(np.arange(flat.shape[0]), flat.shape[1]), flat.ravel()), 1.0 / flat.shape[1])
+        name = reduce.name
+        rows = op.Reshape(x, op.initializer(ir.tensor(np.array([positions, -1], np.int64)), name=f"{name}_positions"))
+        pooled = op.MatMul(op.initializer(ir.tensor(matrix.astype(np.float32)), name=f"{name}_pooling"), rows)
+        keepdims = reduce.attributes["keepdims"].value if "keepdims" in reduce.attributes else 1
+        window_dims = [1 if a in reduced else index.shape[a] for a in range(windows)] if keepdims else \
+            [index.shape[a] for a in kept]
+        out_shape = np.array(window_dims + shape[depth:], np.int64)
+        return op.Reshape(pooled, op.initializer(ir.tensor(out_shape), name=f"{name}_shape"))
+
+
+class EqualIntInputFloat(RewriteRuleClassBase):
+    """``Equal(ids, c)`` of an integer model input and an integer constant -> ``Equal(Cast(ids, float), float(c))``.
+
+    A padding mask given as an input and tested in the model (``src_key_padding_mask=mask == 0`` of a hand-written
+    transformer, torch's dynamo export) compared int64 run-time values, which the NPU does not take; as floats the
+    input becomes a float activation (BERT's ``attention_mask`` path) and the test is exact for values below 2**24.
+    """
+
+    _INTEGERS = (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8)
+
+    def pattern(self, op, ids, constant):
+        return op.Equal(ids, constant, _outputs=["y"])
+
+    def check(self, context, ids, constant, y) -> MatchResult:
+        result = MatchResult()
+        if not ids.is_graph_input() or ids.dtype not in self._INTEGERS:
+            return result.fail("the compared values are not an integer model input")
+        value = constant.const_value
+        if value is None or constant.dtype not in self._INTEGERS:
+            return result.fail("the other side is not an integer constant")
+        if value.size and int(np.abs(value.numpy()).max()) >= 2**24:
+            return result.fail("the constant is not exact in float32")
+        if not self._masks_only(y):
+            return result.fail("the test feeds integer arithmetic (RoBERTa's position ids): the CPU head takes it")
+        return result
+
+    @staticmethod
+    def _masks_only(value: ir.Value) -> bool:
+        """True if the test's result selects or masks only (Where, bool logic, a Cast to float): an integer use
+        behind it (a cumulative sum of the mask) would be left on the CPU, fed by the NPU, which no split allows."""
+        pending, seen = [value], set()
+        while pending:
+            current = pending.pop()
+            for node, _ in current.uses():
+                if node in seen:
+                    continue
+                seen.add(node)
+                if node.op_type in ("Not", "And", "Or", "Xor"):
+                    pending.extend(node.outputs)
+                elif node.op_type == "Cast":
+                    target = node.attributes.get("to")
+                    if target is None or not ir.DataType(target.value).is_floating_point():
+                        return False
+                elif node.op_type != "Where":
+                    return False
+        return True
+
+    def rewrite(self, op, ids, constant, y):
+        as_float = op.initializer(ir.tensor(constant.const_value.numpy().astype(np.float32)),
+                                  name=f"{y.producer().name}_float")
+        return op.Equal(op.Cast(ids, to=ir.DataType.FLOAT), as_float)
+
+
+class _GatherIndexWrap(RewriteRuleClassBase):
+    """``Gather(table, where(x < 0, x + n, x))`` -> ``Gather(table, x)`` where ``n`` is the gathered axis's size.
+
+    Keras 3's ``Embedding`` (``ops.take``) wraps negative ids by hand before its lookup; ONNX Gather wraps them itself
+    (indices in ``[-n, n)``), so the select is a no-op for every index Gather accepts. tf2onnx writes the select of
+    int32 ids as arithmetic (``cond * (x + n) + !cond * x``: slovorez's morpheme model), integer Casts, Mul and Add
+    that the NPU cannot run before a lookup it can.
+    """
+
+    def check(self, context, table, x, test, zero, size, y, **_) -> MatchResult:
+        result = MatchResult()
+        gather = y.producer()
+        axis = gather.attributes["axis"].value if "axis" in gather.attributes else 0
+        if test is not x and (test.producer() is None or test.producer().op_type != "Cast"
+                              or test.producer().inputs[0] is not x):
+            return result.fail("the sign test is not of the ids themselves")
+        if not _is_scalar(zero, 0.0, tolerance=0.0):
+            return result.fail("the ids are not compared with 0")
+        shape = table.shape
+        if shape is None or not shape.is_static() or not -len(shape) <= axis < len(shape):
+            return result.fail("the table's shape is unknown")
+        if not _is_scalar(size, float(shape[axis]), tolerance=0.0):
+            return result.fail("the added constant is not the gathered axis's size")
+        return result
+
+    def rewrite(self, op, table, x, y, **_):
+        return op.Gather(table, x, **dict(y.producer().attributes.items()))
+
+
+class GatherIndexWrapWhere(_GatherIndexWrap):
+    """The select as a ``Where``."""
+
+    def pattern(self, op, table, x, test, zero, size):
+        return op.Gather(table, op.Where(op.Less(test, zero), op.Add(x, size), x), _allow_other_attributes=True,
+                         _outputs=["y"])
+
+
+class GatherIndexWrapArithmetic(_GatherIndexWrap):
+    """The select as tf2onnx writes it for integers: ``Cast(less) * (x + n) + x * Cast(Not(less))``."""
+
+    def pattern(self, op, table, x, test, zero, size):
+        less = op.Less(test, zero)
+        negative = op.Mul(op.Cast(less, _allow_other_attributes=True), op.Add(x, size))
+        positive = op.Mul(x, op.Cast(op.Not(less), _allow_other_attributes=True))
+        return op.Gather(table, op.Add(negative, positive), _allow_other_attributes=True, _outputs=["y"])
+
+
 MBLT_REWRITE_RULES = RewriteRuleSet(
     [BatchNormToAffine.rule(), ErfGeluOuterHalf.rule(), ErfGeluInnerHalf.rule(), WholeWindowAveragePool.rule(),
      ConvMulChannel.rule(), ConvAddChannel.rule(), ConvTransposeMulChannel.rule(), ConvTransposeAddChannel.rule(),
-     WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule()],
+     WrittenOutLayerNormDiv.rule(), WrittenOutLayerNormReciprocal.rule(), LayerNormMul.rule(), LayerNormAdd.rule(),
+     GatherIndexWrapArithmetic.rule(), EqualIntInputFloat.rule()],
     commute=True).rules + [ConvSubChannel.rule(), ConvDivChannel.rule(), ConvTransposeSubChannel.rule(),
                            ConvTransposeDivChannel.rule(), SplitWideConvKernel.rule(), FramedStridedConv.rule(),
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 

@@ -86,6 +86,10 @@ def _fmt(values: Sequence[int]) -> str:
 # -- generic checks (driven by the fields of a rule) --------------------------------------------
 
 
+BATCH_REASON = "batch "
+"""How every batch verdict starts (the refusal's hint reads it)."""
+
+
 def batch_of(value: ir.Value | None, axis: int) -> str | None:
     """Check that dimension ``axis`` (the batch) of ``value`` is 1."""
     shape = dims(value)
@@ -93,8 +97,8 @@ def batch_of(value: ir.Value | None, axis: int) -> str | None:
         return None
     batch = shape[axis]
     if isinstance(batch, int):
-        return None if batch == 1 else f"batch {batch} not supported; NPU runs batch 1"
-    return f"batch dimension {batch} is dynamic; NPU runs batch 1 (pin it with input_shape_dict)"
+        return None if batch == 1 else f"{BATCH_REASON}{batch} not supported; NPU runs batch 1"
+    return f"{BATCH_REASON}dimension {batch} is dynamic; NPU runs batch 1 (pin it with input_shape_dict)"
 
 
 def rank_at_most(node: ir.Node, max_rank: int) -> str | None:

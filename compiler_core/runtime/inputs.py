@@ -18,8 +18,11 @@ from compiler_core.runtime.artifact import CompiledArtifact
 
 
 def input_specs_of(artifact: CompiledArtifact) -> list[InputSpec]:
-    """The model inputs as calibration-reader specs (model layout, batch included)."""
-    return [InputSpec(spec.name, tuple(spec.shape), np.dtype(spec.dtype), layout_hint(list(spec.shape)))
+    """The model inputs as calibration-reader specs (model layout, batch included; a quantized source input's
+    integer codes are read as its values, as in calibration)."""
+    codes = artifact.meta.get("input_codes") or {}
+    return [InputSpec(spec.name, tuple(spec.shape), np.dtype(spec.dtype), layout_hint(list(spec.shape)),
+                      tuple(codes[spec.name]) if spec.name in codes else None)
             for spec in artifact.input_specs]
 
 

@@ -27,6 +27,7 @@ chains the three parts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,7 +36,7 @@ import onnx_ir as ir
 from compiler_core.config import CpuLayersConfig, layer_matches
 from compiler_core.errors import ConfigError
 from compiler_core.ops import SHAPE, op_for
-from compiler_core.targets.support import SupportReport, SupportStatus, node_names
+from compiler_core.targets.support import SupportReport, SupportStatus, inner_hint, node_names
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ class OffloadPlan:
     def npu_ready(self) -> bool:
         """True if the NPU body holds no blocking node."""
         return not self.inner_unsupported
+
+    def inner_hint(self, mfu_devices: Sequence[str] = ()) -> str:
+        """What to do about the unsupported layers inside the body (:func:`inner_hint`)."""
+        return inner_hint(self.inner_unsupported, mfu_devices)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -284,4 +289,4 @@ def apply_offload(report: SupportReport, plan: OffloadPlan) -> SupportReport:
         elif name in inner and _INNER_NOTE not in entry.reason:
             entry = replace(entry, reason=f"{entry.reason} ({_INNER_NOTE})")
         entries[name] = entry
-    return SupportReport(report.device, entries)
+    return replace(report, entries=entries)

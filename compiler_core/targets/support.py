@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -16,6 +17,7 @@ import onnx_ir as ir
 
 from compiler_core.errors import UnsupportedOpsError
 from compiler_core.ops import op_for
+from compiler_core.ops.constraints import BATCH_REASON
 from compiler_core.targets.devices import DEVICES, DeviceProfile, get_device
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,12 @@ class SupportReport:
 
     device: str
     entries: dict[str, NodeSupport] = field(default_factory=dict)
+    batched_inputs: dict[str, list[int]] = field(default_factory=dict)
+    """Model inputs whose first dimension is a batch other than 1 (static), with their shapes: the refusal of a
+    ``batch N`` layer names the shape to give instead."""
+    inner_unsupported: list[str] = field(default_factory=list)
+    """Blocking nodes that a CPU-offload split would leave inside the NPU body (between NPU layers): the refusal
+    offers the CPU head or tail that takes them, not ``cpu_offload``."""
 
     def flagged(self) -> list[NodeSupport]:
         """Every node that does not run on the NPU as is (including ``cpu_offloaded`` ones)."""
@@ -151,14 +159,45 @@ class SupportReport:
         )
 
     def _hint(self, groups: dict[str, list[NodeSupport]]) -> str:
+        entries = [entry for group in groups.values() for entry in group]
+        batched = [entry for entry in entries if entry.reason.startswith(BATCH_REASON)]
+        if batched:  # the CPU runs batch 1 parts too, and no op replacement changes the batch: the shape does
+            shapes = " ".join(f"{name}={','.join(map(str, [1, *shape[1:]]))}"
+                              for name, shape in self.batched_inputs.items())
+            batch_hint = ("The NPU runs one sample per inference: give the model batch 1"
+                          + (f" (--input-shape {shapes}, or input_shape_dict, when its batch is dynamic; "
+                             "re-export it with batch 1 when it is fixed)" if shapes else "")
+                          + " and run the MXQ once per sample")
+            if len(batched) == len(entries):
+                return batch_hint + "."
+            other = self._op_hint(groups)
+            return f"{batch_hint}; for the other layers: {other[0].lower()}{other[1:]}"
+        return self._op_hint(groups)
+
+    def mfu_alternatives(self) -> list[str]:
+        """Devices with the MFU when a blocking node needs it (the first thing to offer), else none."""
+        needs_mfu = any(entry.status == SupportStatus.NEEDS_MFU for entry in self.blocking())
+        return mfu_devices(self.device) if needs_mfu else []
+
+    def _op_hint(self, groups: dict[str, list[NodeSupport]]) -> str:
+        if self.inner_unsupported:
+            return inner_hint(self.inner_unsupported, self.mfu_alternatives())
         hint = "Compile with cpu_offload to run unsupported head/tail groups on the CPU"
-        needs_mfu = any(
-            entry.status == SupportStatus.NEEDS_MFU for group in groups.values() for entry in group
-        )
-        alternatives = mfu_devices(self.device) if needs_mfu else []
+        alternatives = self.mfu_alternatives()
         if alternatives:
             hint += f", or target a device with the MFU ({', '.join(alternatives)})"
         return hint + ", or replace these ops in the source model."
+
+
+def inner_hint(inner: Sequence[str], mfu_devices: Sequence[str] = ()) -> str:
+    """What to do about unsupported layers between NPU layers: ``cpu_offload`` moves only a head or a tail, so name
+    the layers that make one (a GridSample between Convs); a device with the MFU first when the layers need it."""
+    first, last = inner[0], inner[-1]
+    device = f"Target a device with the MFU ({', '.join(mfu_devices)}). " if mfu_devices else ""
+    return (f"{device}cpu_offload moves only a leading (head) or trailing (tail) group to the CPU. Run {first} and "
+            f"every layer after it on the CPU (--cpu-tail {first}, cpuLayers.tail; the graph view's node menu: Run on "
+            f"the CPU with every layer after it), or {last} and every layer before it (--cpu-head {last}, "
+            "cpuLayers.head), or replace these ops in the source model.")
 
 
 def _blocking_groups(entries: list[NodeSupport]) -> dict[str, list[NodeSupport]]:
@@ -253,7 +292,14 @@ def check_support(model: ir.Model, target_device: str) -> SupportReport:
     entries = {
         name: node_support(node, name, profile) for name, node in zip(node_names(model.graph), model.graph)
     }
-    report = SupportReport(profile.name, entries)
+    batched = {value.name: list(value.shape) for value in model.graph.inputs
+               if value.shape is not None and len(value.shape) > 1 and isinstance(value.shape[0], int)
+               and value.shape[0] > 1}
+    report = SupportReport(profile.name, entries, batched)
+    if report.blocking():  # where a split would leave them: the refusal's hint depends on it
+        from compiler_core.targets.offload import plan_cpu_offload
+
+        report.inner_unsupported = plan_cpu_offload(model, report).inner_unsupported
     logger.debug("support check on %s: %s", profile.name, report.counts())
     return report
 

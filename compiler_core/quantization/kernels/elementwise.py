@@ -27,6 +27,7 @@ from compiler_core.quantization.program import IntOp
 
 ADD_FRACTION_BITS = 16  # operands are rescaled to Q16 of the output scale before adding
 CONST_BITS_QMAX = 32767  # constants added to activations are int16 codes
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _operand(ctx: LoweringContext, value, bounds: tuple[float, float] | None = None
@@ -34,7 +35,9 @@ def _operand(ctx: LoweringContext, value, bounds: tuple[float, float] | None = N
     """(input name or "", scale, zero point, constant codes) of one Add/Sub/Where operand.
 
     ``bounds`` clips a constant first (exact for Max/Min against an output of that range: ``max(x, -inf)``
-    is ``x``); a non-finite constant left after that has no integer form and is refused.
+    is ``x``). An infinite entry left is the float32 extreme of its sign: ``x + -inf`` saturates the output to its
+    smallest code as ``x + -3.4e38`` does (torch's TorchScript export of a causal attention writes its mask as
+    ``scores + [0 / -inf]``; the Softmax reads that code as -inf). A NaN has no integer form and is refused.
     """
     const = ctx.const(value)
     if const is None:
@@ -42,8 +45,10 @@ def _operand(ctx: LoweringContext, value, bounds: tuple[float, float] | None = N
         return value.name, scale, zero_point, None
     if bounds is not None:
         const = np.clip(const, *bounds)
-    if not np.isfinite(const).all():
-        raise KernelRefusal(f"constant '{value.name}' holds inf or NaN values, which have no integer code")
+    if np.isnan(const).any():
+        raise KernelRefusal(f"constant '{value.name}' holds NaN values, which have no integer code")
+    if np.isinf(const).any():
+        const = np.clip(const, -FLOAT32_MAX, FLOAT32_MAX)
     absmax = float(np.abs(const).max()) if const.size else 0.0
     scale = absmax / CONST_BITS_QMAX if absmax > 0 else 1.0
     return "", scale, 0, np.clip(round_half_away(const / scale), -CONST_BITS_QMAX, CONST_BITS_QMAX)
