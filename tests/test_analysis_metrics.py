@@ -140,7 +140,9 @@ def test_token_outputs_are_compared_at_the_tokens_not_at_padding():
     assert at_tokens(np.zeros((1, 5)), keep).shape == (1, 5)  # [1, S] may be a pooled vector: left whole
     assert at_tokens(np.zeros((1, 6, 4)), keep).shape == (1, 6, 4)  # another length: not per token
     assert token_positions({"attention_mask": np.ones((1, 5), np.int64)}) is None  # no padding
-    assert token_positions({"mask": np.array([[0.5, 1.0]])}) is None  # not a 0/1 padding mask by name or values
+    assert token_positions({"mask": np.array([[0.5, 1.0]])}) is None  # not 0/1 values: not a padding mask
+    assert token_positions({"mask_scale": np.array([[0, 1]])}) is None  # not named as a mask
+    assert token_positions({"mask": np.array([[True, False]])}).tolist() == [True, False]  # khmersm's bool mask
     assert token_positions({"input_mask": np.array([[1, 0]])}).tolist() == [True, False]  # TF BERT's name
 
 

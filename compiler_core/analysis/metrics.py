@@ -250,14 +250,15 @@ def is_classifier_output(shape: list[int], head_op: str, model_outputs: int, nam
     return head_op in LOGIT_OPS and model_outputs == 1 and shape[1] >= 10 and not EMBEDDING_NAME.search(name)
 
 
-PADDING_MASK_NAME = re.compile(r"(attention|input)_?mask", re.IGNORECASE)
-"""Inputs read as a token padding mask (1: a token, 0: padding), as HuggingFace and TF BERT name them."""
+PADDING_MASK_NAME = re.compile(r"mask$", re.IGNORECASE)
+"""Inputs read as a token padding mask (1: a token, 0: padding): ``attention_mask`` (HuggingFace), ``input_mask`` (TF
+BERT), ``mask`` (khmersm), when their values are 0/1 and their shape [1, S]."""
 
 
 def token_positions(sample: Mapping[str, np.ndarray]) -> np.ndarray | None:
     """The positions of one sample that hold tokens, from its padding mask input, or None.
 
-    A ``[1, S]`` input named like :data:`PADDING_MASK_NAME` whose values are all 0 or 1, with at least one 1
+    A ``[1, S]`` input named like :data:`PADDING_MASK_NAME` (bool or numbers) whose values are all 0 or 1, with at least one 1
     and one 0. Outputs of shape ``[1, S, ...]`` are compared at these positions only (:func:`at_tokens`): what a
     model writes at padding is not used, and some models (DeBERTa-v2: layer norms of near-zero rows) make it
     arbitrary there, so int8 cannot follow it (cosine 0.50 over all positions, 0.999 over the tokens).
