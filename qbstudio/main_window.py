@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
         self._outcomes: dict[str, str] = {}
         self._stop_agreed = False  # File > Quit asked already whether to stop the running job
         self._llm_request = None  # the last LLM compile dialog's answers, offered again
+        self._compile_run_id: int | None = None  # the run folder the running compile claimed
         self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
@@ -1094,7 +1095,11 @@ class MainWindow(QMainWindow):
         if not self._has_calibration_data():
             return False
         calibration = self.project.calibration
-        run_id = self.project.runs.next_id()
+        try:
+            run_id = self._compile_run_id = self.project.claim_run_dir()  # not another window's run folder
+        except QBCompilerError as error:
+            dialogs.show_error(self, "Cannot compile", error)
+            return False
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         worker = Worker("compile", run_in_process, COMPILE_TARGET, self.project.mblt_path, save_path,
                         self.project.settings.config, calibration.path, calibration.use_random)
@@ -1190,6 +1195,7 @@ class MainWindow(QMainWindow):
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
         config, summary, model_sha256, preset = self._compile_settings
+        self._compile_run_id = None  # the folder is the run's now
         run = RunRecord.from_result(run_id, outcome.result, outcome.analysis, config=config, config_summary=summary,
                                     precisions=outcome.precisions, duration_s=outcome.duration_s,
                                     model_sha256=model_sha256, calibration=self._compile_calibration, preset=preset)
@@ -1200,7 +1206,9 @@ class MainWindow(QMainWindow):
         self._outcomes["compile"] = "done"
 
     def _discard_run_dir(self) -> None:
-        run_dir = self.project.run_dir(self.project.runs.next_id())
+        if self._compile_run_id is None:  # an LLM compile (its child removed its own folder)
+            return
+        run_dir, self._compile_run_id = self.project.run_dir(self._compile_run_id), None
         if run_dir.exists():  # a fresh folder of this compile only (the child normally removed it)
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -1344,6 +1352,7 @@ class MainWindow(QMainWindow):
         try:
             if self.project.writable:
                 path = self.project.save()
+                self._show_adopted_runs()
             elif self.project.model is not None and (self._dirty or self._autosave_path().exists()):
                 path = self.project.write_copy(self._autosave_path())  # not for a sample opened and left as it is
                 if self.preferences.recent_projects[:1] != [str(path)]:
@@ -1358,6 +1367,15 @@ class MainWindow(QMainWindow):
         self._dirty = False
         self._update_title()
         return path
+
+    def _show_adopted_runs(self) -> None:
+        """Runs another window (the project open twice) saved in the project file are listed here too."""
+        adopted = self.project.adopted_run_ids
+        if adopted:
+            self.session.runs_changed.emit()
+            self.statusBar().showMessage(
+                f"{self.project.path.name} was also changed by another window: its run(s) "
+                f"{', '.join(f'#{run_id}' for run_id in adopted)} are kept and listed in Runs & Compare.", 15000)
 
     def save_project_as(self, path: str | Path) -> bool:
         """Save the project to ``path`` (its work folder moves beside it).

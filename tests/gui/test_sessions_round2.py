@@ -1,0 +1,53 @@
+"""Workbench sessions, round 2 (s16, under Xvfb): the same project open in two windows, the Preset box after an edit,
+long run names in the baseline selector.
+
+Each test drives the real window; dialogs are answered through ``qbstudio.dialogs`` (the fixtures of
+``test_user_path``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+from test_user_path import SAMPLE_PROJECT, TIMEOUT_MS, answers, make_window, wait_model  # noqa: E402, F401  (fixtures)
+
+from qbstudio.state.project import Project  # noqa: E402
+
+
+def compile_in(qtbot, window) -> None:
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS) as finished:
+        assert window.start_compile()
+    assert finished.args == ["done"]
+
+
+def test_two_windows_on_one_project_keep_each_other_s_runs(qtbot, make_window, answers, tmp_path):  # noqa: F811
+    first = make_window()
+    wait_model(qtbot, first, lambda: first.open_path(SAMPLE_PROJECT))
+    assert first.save_project_as(tmp_path / "shared.qbproj")
+    second = make_window()
+    wait_model(qtbot, second, lambda: second.open_path(tmp_path / "shared.qbproj"))
+
+    compile_in(qtbot, first)
+    assert first.autosave() is not None
+    first_mxq = Path(first.project.runs.latest.mxq_path)
+    first_bytes = first_mxq.read_bytes()
+    second.options.set_value("calibration.numSamples", 8)  # another setting: another MXQ
+    compile_in(qtbot, second)  # the second window never saw the first one's run
+    second_mxq = Path(second.project.runs.latest.mxq_path)
+    assert second_mxq != first_mxq and first_mxq.read_bytes() == first_bytes  # it was compiled over
+
+    assert second.autosave() is not None  # the file holds the first window's run: this save keeps it
+    assert second.project.adopted_run_ids == [1] and "another window" in second.statusBar().currentMessage()
+    assert [run.run_id for run in second.session.runs.runs] == [1, 2]
+    assert second.compare.table.rowCount() == 2
+    first.session.rename_run(1, "mine")
+    assert first.autosave() is not None and first.project.adopted_run_ids == [2]
+
+    reopened = Project.load(tmp_path / "shared.qbproj")
+    assert {run.run_id: Path(run.mxq_path) for run in reopened.runs.runs} == {1: first_mxq, 2: second_mxq}
+    assert reopened.runs.get(1).name == "mine" and all(path.is_file() for path in (first_mxq, second_mxq))
+    assert not answers.errors
