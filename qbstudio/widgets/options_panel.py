@@ -362,9 +362,21 @@ class OptionsPanel(QWidget):
         self.scheme_combo.clear()
         self.scheme_combo.addItems(allowed_schemes(device))
         self.scheme_combo.setCurrentText(self.settings.config.inference_scheme)
-        preset = self.settings.preset
+        self._refresh_preset()
+
+    def _refresh_preset(self) -> None:
+        """The preset applied last, marked "(edited)" once a setting was changed after it (the box read the preset's
+        name as if its settings were all still in effect)."""
+        preset, edited = self.settings.preset, self.settings.preset_edited
+        for index in range(1, self.preset_combo.count()):
+            name = self.preset_combo.itemData(index)
+            self.preset_combo.setItemText(index, f"{name} (edited)" if edited and name == preset else name)
         self._select_data(self.preset_combo, preset)
-        self.preset_label.setText(presets().get(preset, "") if preset else "")
+        description = presets().get(preset, "") if preset else ""
+        if edited:
+            description = (f"Settings were changed after the preset '{preset}' was applied; choose it again to apply "
+                           f"all of its settings. ({description})")
+        self.preset_label.setText(description)
 
     def _refresh_applicable(self) -> None:
         """Disable what the current choices ignore; show how the held-out count splits the data."""

@@ -16,6 +16,8 @@ pytest.importorskip("PySide6.QtWebEngineWidgets")
 from test_user_path import SAMPLE_PROJECT, TIMEOUT_MS, answers, make_window, wait_model  # noqa: E402, F401  (fixtures)
 
 from qbstudio.state.project import Project  # noqa: E402
+from qbstudio.state.settings import CompileSettings  # noqa: E402
+from qbstudio.widgets.options_panel import OptionsPanel  # noqa: E402
 
 
 def compile_in(qtbot, window) -> None:
@@ -51,3 +53,26 @@ def test_two_windows_on_one_project_keep_each_other_s_runs(qtbot, make_window, a
     assert {run.run_id: Path(run.mxq_path) for run in reopened.runs.runs} == {1: first_mxq, 2: second_mxq}
     assert reopened.runs.get(1).name == "mine" and all(path.is_file() for path in (first_mxq, second_mxq))
     assert not answers.errors
+
+
+def test_the_preset_box_says_edited_after_a_setting_it_set_is_changed(qtbot):
+    panel = OptionsPanel()
+    qtbot.addWidget(panel)
+    settings = CompileSettings()
+    panel.set_settings(settings)
+    panel.apply_preset("classification")
+    assert panel.preset_combo.currentText() == "classification"
+    panel.set_value("calibration.numSamples", 64)
+    assert panel.preset_combo.currentText() == "classification (edited)" and "(edited)" in settings.summary()
+    assert "Settings were changed after the preset 'classification'" in panel.preset_label.text()
+    panel.apply_preset("classification")  # choosing it again applies it again: no longer edited
+    assert panel.preset_combo.currentText() == "classification" and "changed" not in panel.preset_label.text()
+    panel.set_value("calibration.numSamples", 32)
+    panel.apply_preset("vision_transformer")  # another preset: only the one applied last is marked
+    texts = [panel.preset_combo.itemText(index) for index in range(panel.preset_combo.count())]
+    assert panel.preset_combo.currentText() == "vision_transformer"
+    assert not any("(edited)" in text for text in texts)
+    stored = {**settings.to_dict(), "presetEdited": True}  # as a project file keeps it
+    reopened = CompileSettings.from_dict(stored)
+    panel.set_settings(reopened)
+    assert panel.preset_combo.currentText() == "vision_transformer (edited)"
