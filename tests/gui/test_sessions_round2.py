@@ -13,7 +13,16 @@ import pytest
 
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
-from test_user_path import SAMPLE_PROJECT, TIMEOUT_MS, answers, make_window, wait_model  # noqa: E402, F401  (fixtures)
+from PySide6.QtCore import Qt  # noqa: E402
+from test_user_path import (  # noqa: E402, F401  (fixtures)
+    SAMPLE_PROJECT,
+    SCREENSHOTS,
+    TIMEOUT_MS,
+    answers,
+    fake_run,
+    make_window,
+    wait_model,
+)
 
 from qbstudio.state.project import Project  # noqa: E402
 from qbstudio.state.settings import CompileSettings  # noqa: E402
@@ -76,3 +85,35 @@ def test_the_preset_box_says_edited_after_a_setting_it_set_is_changed(qtbot):
     reopened = CompileSettings.from_dict(stored)
     panel.set_settings(reopened)
     assert panel.preset_combo.currentText() == "vision_transformer (edited)"
+
+
+def test_the_baseline_selector_shows_long_run_names_whole(qtbot, make_window, answers):  # noqa: F811
+    window = make_window()
+    window.resize(1024, 700)
+    wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
+    names = [
+        "percentile 0.9999 with bias correction, 128 samples",
+        "MSE per channel, int16 Softmax and LayerNorm",
+    ]
+    runs = [fake_run(window) for _ in names]
+    for run, name in zip(runs, names):
+        window.session.rename_run(run.run_id, name)
+    window.tabs.setCurrentIndex(3)
+    window.compare.set_picks([run.run_id for run in runs], baseline=runs[1].run_id)
+    combo = window.compare.baseline_combo
+    qtbot.waitUntil(lambda: combo.isVisible())
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(SCREENSHOTS / "s16_baseline_long_names.png"))
+    popup_width = combo.view().minimumWidth()
+    for index in range(combo.count()):  # the list shows every name whole, the tooltip too
+        assert combo.view().fontMetrics().horizontalAdvance(combo.itemText(index)) < popup_width
+        assert combo.itemData(index, Qt.ItemDataRole.ToolTipRole) == combo.itemText(index)
+    assert (
+        combo.fontMetrics().horizontalAdvance(combo.currentText()) < combo.width() - 20
+    )  # the box shows it whole
+    assert combo.currentText() in combo.toolTip()
+    header = window.compare.side.table.horizontalHeader()
+    assert header.textElideMode() == Qt.TextElideMode.ElideRight  # cut at its end with "…", not at both ends
+    first = window.compare.side.table.horizontalHeaderItem(0)
+    assert first.toolTip().startswith(runs[0].label)
+    assert window.width() <= 1024
