@@ -97,9 +97,9 @@ class Project:
         runs: Finished compiles.
         template: Opened from a template (never written back to ``template_path``).
         config_file: The config file the settings were loaded from, if any (informative).
-        file_run_ids: The run ids the project file held when this window last read or wrote it: a run in the file
-            outside this set was added by another window (kept on save), one in it but not in :attr:`runs` was
-            deleted here.
+        file_run_mxqs: The MXQ paths of the runs the project file held when this window last read or wrote it: a run in
+            the file outside this set was added by another window (kept on save), one in it but not in :attr:`runs`
+            was deleted here.
         adopted_run_ids: The runs the last :meth:`save` took over from the file (another window's compiles).
     """
 
@@ -112,7 +112,7 @@ class Project:
     runs: RunHistory = field(default_factory=RunHistory)
     template: bool = False
     config_file: str | None = None
-    file_run_ids: set[int] = field(default_factory=set, repr=False)
+    file_run_mxqs: set[Path] = field(default_factory=set, repr=False)
     adopted_run_ids: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -190,7 +190,7 @@ class Project:
             self.path, self.template = target, False
             self.name = target.stem
             atomic_write_text(target, json.dumps(self.to_dict(target.parent), indent=2) + "\n")
-            self.file_run_ids = {run.run_id for run in self.runs.runs}
+            self.file_run_mxqs = self._run_mxqs()
         except (OSError, QBCompilerError) as error:  # not saved: the project stays as it was (a read-only folder)
             self.path, self.template, self.name, self.work_dir, self.calibration.path, mxq_paths = before
             for run, mxq_path in zip(self.runs.runs, mxq_paths):
@@ -215,15 +215,20 @@ class Project:
         except (ProjectError, OSError) as error:  # gone or damaged: nothing to keep from it
             logger.info("not merging runs from %s: %s", target, error)
             return []
-        known = {run.run_id for run in self.runs.runs} | self.file_run_ids
-        adopted = [run for run in other.runs.runs if run.run_id not in known]
+        known = self._run_mxqs() | self.file_run_mxqs
+        adopted = [run for run in other.runs.runs if Path(run.mxq_path) not in known]
         for run in adopted:
+            if self.runs.get(run.run_id) is not None:  # both numbered a run alike (a sweep's points have no run folder)
+                run.run_id = self.runs.next_id()
             self.runs.add(run)
         self.runs.runs.sort(key=lambda run: run.run_id)
         if adopted:
             logger.warning("%s was changed by another window: kept its run(s) %s", target.name,
                            ", ".join(f"#{run.run_id}" for run in adopted))
         return [run.run_id for run in adopted]
+
+    def _run_mxqs(self) -> set[Path]:
+        return {Path(run.mxq_path) for run in self.runs.runs}
 
     def write_copy(self, path: str | os.PathLike) -> Path:
         """Write the project as it is to ``path`` (an autosave of an untitled project); state unchanged."""
@@ -288,7 +293,7 @@ class Project:
         self.runs = RunHistory.from_list([
             {**(checked := _typed(run, RunRecord, f"run {index + 1}")), "mxq_path": _resolve(checked["mxq_path"], base)}
             for index, run in enumerate(runs)])
-        self.file_run_ids = {run.run_id for run in self.runs.runs}
+        self.file_run_mxqs = self._run_mxqs()
 
 
 _DAMAGED_HINT = "The project file is damaged or was edited by hand; restore it from a backup."
