@@ -102,6 +102,8 @@ def _cell_text(value: Any) -> str:
     return str(value)
 
 
+USE_SETTINGS_TEXT = "Use These Settings for the Next Compile"
+"""The runs table's action that makes a run's settings (a sweep point's, say) the project's compile settings."""
 BASELINE_CHARS = 12
 """The baseline box's narrowest width, in characters; it widens into the row's free space (the list shows whole names)."""
 HEADER_TIP = "Right-click a run's header to copy it as a command or as Python"
@@ -250,6 +252,7 @@ class CompareView(QWidget):
     delete_confirmed = Signal(int)
     rename_confirmed = Signal(int, str)
     import_requested = Signal()
+    use_settings_requested = Signal(int)
 
     def __init__(self, runner: JobRunner | None = None, presets: dict[str, str] | None = None,
                  parent: QWidget | None = None) -> None:
@@ -485,6 +488,9 @@ class CompareView(QWidget):
         run = self.history.get(run_id)
         if run is not None:
             compare_export.add_copy_actions(menu, self, run)
+            use = menu.addAction(USE_SETTINGS_TEXT)
+            use.setObjectName(f"useSettings-{run_id}")
+            use.triggered.connect(lambda: self.use_settings_requested.emit(run_id))
         menu.addSeparator()
         menu.addAction("Export report of the compared runs…").triggered.connect(lambda: self.export_report())
         menu.addAction("Export per-layer CSV of the compared runs…").triggered.connect(lambda: self.export_csv())

@@ -452,6 +452,15 @@ class OptionsPanel(QWidget):
         """Layer preset ``name`` over the current settings."""
         self._apply(lambda: self.settings.apply_preset(name), "Cannot apply preset")
 
+    def use_run_settings(self, config: dict[str, Any]) -> bool:
+        """Take a run's recorded settings for the next compile (Runs & Compare); a device change is announced."""
+        device = self.settings.device
+        if not self._apply(lambda: self.settings.use_run_config(config), "Cannot use the run's settings"):
+            return False
+        if self.settings.device != device:
+            self.device_changed.emit(self.settings.device)
+        return True
+
     def add_int16_layer(self, name: str) -> None:
         """Add a layer (or pattern) to the int16 activation overrides."""
         if name.strip():

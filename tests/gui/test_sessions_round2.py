@@ -24,6 +24,7 @@ from test_user_path import (  # noqa: E402, F401  (fixtures)
     wait_model,
 )
 
+from qbstudio.state.compare import settings_diff  # noqa: E402
 from qbstudio.state.project import Project  # noqa: E402
 from qbstudio.state.settings import CompileSettings  # noqa: E402
 from qbstudio.widgets.options_panel import OptionsPanel  # noqa: E402
@@ -117,3 +118,30 @@ def test_the_baseline_selector_shows_long_run_names_whole(qtbot, make_window, an
     first = window.compare.side.table.horizontalHeaderItem(0)
     assert first.toolTip().startswith(runs[0].label)
     assert window.width() <= 1024
+
+
+def test_the_best_sweep_point_s_settings_are_used_for_the_next_compile(qtbot, make_window, answers, tmp_path):  # noqa: F811
+    """Runs & Compare had no way to make a sweep point's settings the project's: the user copied a command."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
+    assert window.save_project_as(tmp_path / "sweep.qbproj")
+    compare, panel = window.compare, window.compare.sweep
+    window.tabs.setCurrentWidget(compare)
+    panel.editor.set_checked([0, 2], bias=(False, True))
+    assert panel.point_count() == 4
+    panel.run_button.click()
+    qtbot.waitUntil(lambda: not window.runner.is_busy("sweep"), timeout=4 * TIMEOUT_MS)
+    assert panel.status.text().startswith("Sweep done: 4 points") and not answers.errors
+    best = max(window.session.runs.runs, key=lambda run: run.accuracy())
+    assert window.project.settings.config.to_dict() != best.config  # not the settings of the best point yet
+
+    menu = compare.run_menu(best.run_id)
+    [use] = [action for action in menu.actions() if action.objectName() == f"useSettings-{best.run_id}"]
+    use.trigger()
+    assert window.tabs.currentIndex() == 2 and best.label in window.statusBar().currentMessage()
+    assert window.options.preset_combo.currentData() is None
+    compile_in(qtbot, window)
+    compiled = window.session.runs.latest
+    swept = {key for key, _ in settings_diff(window.session.runs.runs[:4])}
+    assert swept and not [key for key, _ in settings_diff([best, compiled]) if key in swept]
+    assert compiled.accuracy() == pytest.approx(best.accuracy(), abs=1e-6)
