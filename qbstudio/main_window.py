@@ -177,7 +177,7 @@ class MainWindow(QMainWindow):
         self.fit_notes: list[str] = []
         self._fit_source: str | None = None
         self._support_report = None  # the graph shown's support report before the fit check flagged anything
-        self._shown_cpu_layers = None  # the cpuLayers the graph's colours show
+        self._shown_cpu_split = None  # the cpuLayers and cpuOffload the graph's colours show
         self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
         self._fit_again = False  # the settings or the graph changed while a fit check ran
         self.source_missing = False  # the project's source model is not where it was imported from
@@ -883,7 +883,7 @@ class MainWindow(QMainWindow):
         self.check_fit()
 
     def _show_report(self) -> None:
-        self._shown_cpu_layers = self.project.settings.config.cpu_layers
+        self._shown_cpu_split = self._cpu_split()
         report = self._with_cpu_layers(self.report)
         statuses, reasons = statuses_from_report(report)
         self.graph.set_support(statuses, reasons)
@@ -1039,11 +1039,17 @@ class MainWindow(QMainWindow):
                  None: "on the NPU"}[part]
         self.statusBar().showMessage(f"{name}: runs {where} in the next compile", 5000)
 
+    def _cpu_split(self) -> tuple:
+        config = self.project.settings.config
+        return config.cpu_layers.model_dump_json(), config.cpu_offload
+
     def _cpu_layer_plan(self, report):
-        """``(plan, error)``: the compile's CPU-offload split with ``cpuLayers`` on the graph shown (``(None, None)``
-        without cpuLayers), or the error that refuses it."""
-        cpu_layers = self.project.settings.config.cpu_layers
-        if report is None or not cpu_layers.patterns or self.shown_model is None:
+        """``(plan, error)``: the compile's CPU-offload split with ``cpuLayers`` and CPU offload on the graph shown
+        (``(None, None)`` with neither, or with nothing to offload), or the error that refuses it."""
+        config = self.project.settings.config
+        cpu_layers = config.cpu_layers
+        offload = config.cpu_offload and report is not None and not report.all_supported
+        if report is None or not (cpu_layers.patterns or offload) or self.shown_model is None:
             return None, None
         from compiler_core.errors import QBCompilerError
         from compiler_core.targets import plan_cpu_offload
@@ -1054,8 +1060,10 @@ class MainWindow(QMainWindow):
             return None, error
 
     def _with_cpu_layers(self, report):
-        """``report`` with the nodes ``cpuLayers`` puts on the CPU marked ``cpu_offloaded`` (the same split the compile
-        makes); a choice the split refuses leaves the report as is and says why in the status bar."""
+        """``report`` with the nodes the compile runs on the CPU marked ``cpu_offloaded``: those ``cpuLayers`` puts
+        there and, with CPU offload on, the unsupported head and tail (the same split the compile makes; the graph
+        and the Layer support list kept them "needs MFU"/"unsupported" and "not compilable" while the compile
+        offloaded them). A choice the split refuses leaves the report as is and says why in the status bar."""
         plan, error = self._cpu_layer_plan(report)
         if error is not None:
             self.statusBar().showMessage(f"cpuLayers: {error.message}", 10000)
@@ -1063,10 +1071,11 @@ class MainWindow(QMainWindow):
             return report
         from compiler_core.targets import OffloadPlan, apply_offload
 
-        chosen = set(plan.chosen)
-        return apply_offload(report, OffloadPlan(cpu_head=[n for n in plan.cpu_head if n in chosen],
-                                                 cpu_tail=[n for n in plan.cpu_tail if n in chosen],
-                                                 chosen=plan.chosen))
+        if not self.project.settings.config.cpu_offload:  # only cpuLayers' choice moves: the unsupported stay
+            chosen = set(plan.chosen)
+            plan = OffloadPlan(cpu_head=[n for n in plan.cpu_head if n in chosen],
+                               cpu_tail=[n for n in plan.cpu_tail if n in chosen], chosen=plan.chosen)
+        return apply_offload(report, plan)
 
     def _on_node_context(self, name: str, position: QPoint) -> None:
         self._on_graph_selection(name)
@@ -1475,8 +1484,8 @@ class MainWindow(QMainWindow):
     def _on_settings_changed(self) -> None:
         self.calibration.refresh()
         self.mark_dirty()
-        if self.report is not None and self._shown_cpu_layers != self.project.settings.config.cpu_layers:
-            self._show_report()  # a loaded config or preset changed cpuLayers: the graph shows the new split
+        if self.report is not None and self._shown_cpu_split != self._cpu_split():
+            self._show_report()  # cpuLayers or CPU offload changed (a loaded config, a preset): the graph shows the split
         if self.loaded is not None and self._fit_key() != self._fit_checked:
             self.check_fit()  # an int16 preset or override may make a layer too large
 

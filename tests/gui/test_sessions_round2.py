@@ -19,6 +19,7 @@ from test_user_path import (  # noqa: E402, F401  (fixtures)
     SCREENSHOTS,
     TIMEOUT_MS,
     answers,
+    conv_classifier,
     fake_run,
     make_window,
     wait_model,
@@ -145,3 +146,31 @@ def test_the_best_sweep_point_s_settings_are_used_for_the_next_compile(qtbot, ma
     swept = {key for key, _ in settings_diff(window.session.runs.runs[:4])}
     assert swept and not [key for key, _ in settings_diff([best, compiled]) if key in swept]
     assert compiled.accuracy() == pytest.approx(best.accuracy(), abs=1e-6)
+
+
+def test_cpu_offload_colours_the_offloaded_tail(qtbot, make_window, answers, tmp_path):  # noqa: F811
+    """With CPU offload on, regulus-ra (no MFU) kept Softmax "needs MFU" and "not compilable as is" while the compile
+    ran it on the CPU; the colours and the list now show the compile's split, and follow the switch both ways."""
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.open_path(conv_classifier(tmp_path / "m.onnx", softmax=True)))
+    window.project.calibration.use_random = True
+    window.options.set_device("regulus-ra")
+    assert (
+        window.graph._statuses["Softmax_0"] == "needs_mfu"
+        and "not compilable" in window.support.summary.text()
+    )
+    window.enable_cpu_offload()
+    assert window.graph._statuses["Softmax_0"] == "cpu_offloaded"
+    assert (
+        "not compilable" not in window.support.summary.text()
+        and "1 cpu offloaded" in window.support.summary.text()
+    )
+    compile_in(qtbot, window)
+    assert window.session.runs.latest.cpu_parts == ["tail"]
+    window.options.set_value("cpuOffload", False)
+    assert (
+        window.graph._statuses["Softmax_0"] == "needs_mfu"
+        and "not compilable" in window.support.summary.text()
+    )
+    window.options.set_device("aries-rb")
+    assert set(window.graph._statuses.values()) == {"supported"}
