@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QByteArray, QPoint, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QLockFile, QPoint, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
@@ -52,7 +52,7 @@ from qbstudio.session import Session
 from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to_model
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
-from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
+from qbstudio.state.project import PROJECT_LOCK_NAME, PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import devices, presets
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
@@ -171,6 +171,7 @@ class MainWindow(QMainWindow):
         self._stop_agreed = False  # File > Quit asked already whether to stop the running job
         self._llm_request = None  # the last LLM compile dialog's answers, offered again
         self._compile_run_id: int | None = None  # the run folder the running compile claimed
+        self._project_lock: QLockFile | None = None  # held on the open project's work folder
         self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
@@ -468,6 +469,33 @@ class MainWindow(QMainWindow):
         self.fit_notes = []
         self.source_missing = False
         self.session.set_project(project)
+        self._hold_project_lock()
+
+    def _hold_project_lock(self) -> None:
+        """Lock the project's work folder while it is open here (released on a switch or close). When another window
+        holds it, say what happens when both save (two windows silently overwrote each other's settings)."""
+        if self._project_lock is not None:
+            self._project_lock.unlock()
+            self._project_lock = None
+        if not self.project.writable:
+            return
+        lock = QLockFile(str(self.project.work_dir / PROJECT_LOCK_NAME))
+        try:
+            self.project.work_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:  # a read-only place: no lock (saving says why it cannot)
+            return
+        if lock.tryLock(0):
+            self._project_lock = lock
+            return
+        if lock.error() != QLockFile.LockError.LockFailedError:
+            return  # not writable: no lock, and no other window either
+        info = lock.getLockInfo()  # (pid, host name, application name)
+        pid, host = (info[0], info[1]) if isinstance(info, tuple) and len(info) >= 2 else ("?", "")
+        dialogs.show_info(self, "Project open in another window",
+                          f"{self.project.path.name} is already open in another qb Studio window (process {pid} on "
+                          f"{host or 'this computer'}).\n\nBoth windows save to it: the runs compiled in either are "
+                          "kept, but the compile settings and calibration saved last replace the other window's. Edit "
+                          "in one window, or close the project in the other.")
 
     def _on_project_changed(self) -> None:
         """Every panel starts over from the session's (new) project: nothing of the previous one stays."""
@@ -1402,6 +1430,7 @@ class MainWindow(QMainWindow):
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
+        self._hold_project_lock()  # the new place's (Save As to a project open elsewhere says so)
         self._show_moved_runs()
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
@@ -1749,6 +1778,8 @@ class MainWindow(QMainWindow):
             return
         self.runner.shutdown()
         self.autosave()
+        if self._project_lock is not None:
+            self._project_lock.unlock()
         self._store_layout()
         self._save_preferences()
         logging.getLogger().removeHandler(self.log_handler)

@@ -29,6 +29,8 @@ PROJECT_FORMAT = "qbstudio-project"
 PROJECT_VERSION = 1
 WORK_SUFFIX = ".qbstudio"
 MBLT_NAME = "model.mblt"
+PROJECT_LOCK_NAME = "open.lock"
+"""The lock file in the work folder of a project open in a window (the workbench's QLockFile)."""
 
 
 class ProjectError(QBCompilerError):
@@ -240,7 +242,7 @@ class Project:
         if old.resolve() == new_work_dir.resolve():
             return
         if old.is_dir():
-            shutil.copytree(old, new_work_dir, dirs_exist_ok=True)
+            shutil.copytree(old, new_work_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECT_LOCK_NAME))
         for run in self.runs.runs:
             run.mxq_path = _rebase(run.mxq_path, old, new_work_dir)
         if self.calibration.path:

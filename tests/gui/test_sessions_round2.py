@@ -41,8 +41,11 @@ def test_two_windows_on_one_project_keep_each_other_s_runs(qtbot, make_window, a
     first = make_window()
     wait_model(qtbot, first, lambda: first.open_path(SAMPLE_PROJECT))
     assert first.save_project_as(tmp_path / "shared.qbproj")
+    assert answers.asked == []
     second = make_window()
     wait_model(qtbot, second, lambda: second.open_path(tmp_path / "shared.qbproj"))
+    # "already open in another qb Studio window": the settings saved last win
+    assert answers.asked == ["info"]
 
     compile_in(qtbot, first)
     assert first.autosave() is not None
@@ -63,6 +66,14 @@ def test_two_windows_on_one_project_keep_each_other_s_runs(qtbot, make_window, a
     reopened = Project.load(tmp_path / "shared.qbproj")
     assert {run.run_id: Path(run.mxq_path) for run in reopened.runs.runs} == {1: first_mxq, 2: second_mxq}
     assert reopened.runs.get(1).name == "mine" and all(path.is_file() for path in (first_mxq, second_mxq))
+    second.close()
+    third = make_window()  # the other window closed: no question
+    wait_model(qtbot, third, lambda: third.open_path(tmp_path / "shared.qbproj"))
+    assert answers.asked == ["info", "info"]  # the first window still has it open
+    first.close()
+    assert third.new_project()
+    wait_model(qtbot, third, lambda: third.open_path(tmp_path / "shared.qbproj"))
+    assert answers.asked == ["info", "info"]
     assert not answers.errors
 
 
