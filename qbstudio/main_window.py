@@ -482,13 +482,13 @@ class MainWindow(QMainWindow):
         lock = QLockFile(str(self.project.work_dir / PROJECT_LOCK_NAME))
         try:
             self.project.work_dir.mkdir(parents=True, exist_ok=True)
-        except OSError:  # a read-only place: no lock (saving says why it cannot)
-            return
+        except OSError:
+            return self._say_read_only()
         if lock.tryLock(0):
             self._project_lock = lock
             return
         if lock.error() != QLockFile.LockError.LockFailedError:
-            return  # not writable: no lock, and no other window either
+            return self._say_read_only()  # no lock, and no other window either
         info = lock.getLockInfo()  # (pid, host name, application name)
         pid, host = (info[0], info[1]) if isinstance(info, tuple) and len(info) >= 2 else ("?", "")
         dialogs.show_info(self, "Project open in another window",
@@ -1404,6 +1404,14 @@ class MainWindow(QMainWindow):
         self._dirty = False
         self._update_title()
         return path
+
+    def _say_read_only(self) -> None:
+        """The project's folder cannot be written (a read-only share or medium): say so on open, not only when a compile
+        or the autosave fails."""
+        text = (f"{self.project.path.parent} cannot be written: compiles and saves need a copy elsewhere (File › Save "
+                "Project As…).")
+        logger.warning("%s", text)
+        dialogs.show_info(self, "Read-only project", f"{text}\n\nYou can look at its graph, settings and runs here.")
 
     def _show_adopted_runs(self) -> None:
         """Runs another window (the project open twice) saved in the project file are listed here too."""

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("PySide6.QtWebEngineWidgets")
 
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QLockFile, Qt  # noqa: E402
 from test_user_path import (  # noqa: E402, F401  (fixtures)
     SAMPLE_PROJECT,
     SCREENSHOTS,
@@ -25,6 +25,7 @@ from test_user_path import (  # noqa: E402, F401  (fixtures)
     wait_model,
 )
 
+from qbstudio import dialogs, main_window  # noqa: E402
 from qbstudio.state.compare import settings_diff  # noqa: E402
 from qbstudio.state.project import Project  # noqa: E402
 from qbstudio.state.settings import CompileSettings  # noqa: E402
@@ -185,3 +186,32 @@ def test_cpu_offload_colours_the_offloaded_tail(qtbot, make_window, answers, tmp
     )
     window.options.set_device("aries-rb")
     assert set(window.graph._statuses.values()) == {"supported"}
+
+
+class ReadOnlyLock:
+    """QLockFile on a read-only file system (a root test process cannot make a folder read-only by its mode)."""
+
+    LockError = QLockFile.LockError
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def tryLock(self, timeout: int) -> bool:  # noqa: N802 (Qt's name)
+        return False
+
+    def error(self):
+        return QLockFile.LockError.PermissionError
+
+
+def test_a_read_only_project_says_so_when_opened(qtbot, make_window, answers, tmp_path, monkeypatch):  # noqa: F811
+    window = make_window()
+    wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
+    assert window.save_project_as(tmp_path / "shared" / "p.qbproj")
+    assert window.new_project()
+    monkeypatch.setattr(main_window, "QLockFile", ReadOnlyLock)
+    told: list[str] = []
+    monkeypatch.setattr(dialogs, "show_info", lambda _parent, title, text: told.append(f"{title}: {text}"))
+    wait_model(qtbot, window, lambda: window.open_path(tmp_path / "shared" / "p.qbproj"))
+    [message] = told
+    assert message.startswith(f"Read-only project: {tmp_path / 'shared'} cannot be written")
+    assert "Save Project As" in message
