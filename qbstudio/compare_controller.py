@@ -61,6 +61,7 @@ class CompareController(QObject):
         self.compare.delete_confirmed.connect(self._on_delete)
         self.compare.rename_confirmed.connect(self._on_rename)
         self.compare.import_requested.connect(self._ask_import)
+        self.compare.use_settings_requested.connect(self.use_run_settings)
         self.compare.sweep.sweep_requested.connect(self.start_sweep)
         self.compare.sweep.cancel_requested.connect(self.cancel_sweep)
         self.graph.colouring_changed.connect(self.apply_colouring)
@@ -157,6 +158,18 @@ class CompareController(QObject):
         window.statusBar().showMessage(f"Imported {added} run(s) from {Path(path).name}"
                                        f"{f'; {skipped} point(s) had not compiled' if skipped else ''}", 8000)
         return added
+
+    def use_run_settings(self, run_id: int) -> bool:
+        """Make run ``run_id``'s settings the compile settings (the best point of a sweep, to compile for the project)
+        and show them in the Compile tab."""
+        window = self.window
+        run = window.session.runs.get(run_id)
+        if run is None or not window.options.use_run_settings(run.config):
+            return False
+        window.tabs.setCurrentIndex(2)
+        window.statusBar().showMessage(f"The compile settings are now those of {run.label}: press Compile to compile "
+                                       "them for the project.", 10000)
+        return True
 
     # -- sweeps -----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QByteArray, QPoint, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QLockFile, QPoint, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
@@ -52,7 +52,7 @@ from qbstudio.session import Session
 from qbstudio.state.model_fit import CALIBRATION_NOTE, compile_readiness, fit_to_model
 from qbstudio.state.performance import CYCLES_COLOURING
 from qbstudio.state.preferences import AppDirs, Preferences
-from qbstudio.state.project import PROJECT_SUFFIX, ModelRef, Project
+from qbstudio.state.project import PROJECT_LOCK_NAME, PROJECT_SUFFIX, ModelRef, Project
 from qbstudio.state.runs import RunHistory, RunRecord
 from qbstudio.state.settings import devices, presets
 from qbstudio.widgets.graph_view import GraphView, statuses_from_report
@@ -170,13 +170,15 @@ class MainWindow(QMainWindow):
         self._outcomes: dict[str, str] = {}
         self._stop_agreed = False  # File > Quit asked already whether to stop the running job
         self._llm_request = None  # the last LLM compile dialog's answers, offered again
+        self._compile_run_id: int | None = None  # the run folder the running compile claimed
+        self._project_lock: QLockFile | None = None  # held on the open project's work folder
         self.sensitivity_dialog = None  # created on the first sensitivity analysis
         self._pending_model: ModelRef | None = None
         self._previous_specs: list | None = None
         self.fit_notes: list[str] = []
         self._fit_source: str | None = None
         self._support_report = None  # the graph shown's support report before the fit check flagged anything
-        self._shown_cpu_layers = None  # the cpuLayers the graph's colours show
+        self._shown_cpu_split = None  # the cpuLayers and cpuOffload the graph's colours show
         self._fit_checked: tuple | None = None  # what the last fit check started on (_fit_key)
         self._fit_again = False  # the settings or the graph changed while a fit check ran
         self.source_missing = False  # the project's source model is not where it was imported from
@@ -467,6 +469,33 @@ class MainWindow(QMainWindow):
         self.fit_notes = []
         self.source_missing = False
         self.session.set_project(project)
+        self._hold_project_lock()
+
+    def _hold_project_lock(self) -> None:
+        """Lock the project's work folder while it is open here (released on a switch or close). When another window
+        holds it, say what happens when both save (two windows silently overwrote each other's settings)."""
+        if self._project_lock is not None:
+            self._project_lock.unlock()
+            self._project_lock = None
+        if not self.project.writable:
+            return
+        lock = QLockFile(str(self.project.work_dir / PROJECT_LOCK_NAME))
+        try:
+            self.project.work_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return self._say_read_only()
+        if lock.tryLock(0):
+            self._project_lock = lock
+            return
+        if lock.error() != QLockFile.LockError.LockFailedError:
+            return self._say_read_only()  # no lock, and no other window either
+        info = lock.getLockInfo()  # (pid, host name, application name)
+        pid, host = (info[0], info[1]) if isinstance(info, tuple) and len(info) >= 2 else ("?", "")
+        dialogs.show_info(self, "Project open in another window",
+                          f"{self.project.path.name} is already open in another qb Studio window (process {pid} on "
+                          f"{host or 'this computer'}).\n\nBoth windows save to it: the runs compiled in either are "
+                          "kept, but the compile settings and calibration saved last replace the other window's. Edit "
+                          "in one window, or close the project in the other.")
 
     def _on_project_changed(self) -> None:
         """Every panel starts over from the session's (new) project: nothing of the previous one stays."""
@@ -882,7 +911,7 @@ class MainWindow(QMainWindow):
         self.check_fit()
 
     def _show_report(self) -> None:
-        self._shown_cpu_layers = self.project.settings.config.cpu_layers
+        self._shown_cpu_split = self._cpu_split()
         report = self._with_cpu_layers(self.report)
         statuses, reasons = statuses_from_report(report)
         self.graph.set_support(statuses, reasons)
@@ -1038,11 +1067,17 @@ class MainWindow(QMainWindow):
                  None: "on the NPU"}[part]
         self.statusBar().showMessage(f"{name}: runs {where} in the next compile", 5000)
 
+    def _cpu_split(self) -> tuple:
+        config = self.project.settings.config
+        return config.cpu_layers.model_dump_json(), config.cpu_offload
+
     def _cpu_layer_plan(self, report):
-        """``(plan, error)``: the compile's CPU-offload split with ``cpuLayers`` on the graph shown (``(None, None)``
-        without cpuLayers), or the error that refuses it."""
-        cpu_layers = self.project.settings.config.cpu_layers
-        if report is None or not cpu_layers.patterns or self.shown_model is None:
+        """``(plan, error)``: the compile's CPU-offload split with ``cpuLayers`` and CPU offload on the graph shown
+        (``(None, None)`` with neither, or with nothing to offload), or the error that refuses it."""
+        config = self.project.settings.config
+        cpu_layers = config.cpu_layers
+        offload = config.cpu_offload and report is not None and not report.all_supported
+        if report is None or not (cpu_layers.patterns or offload) or self.shown_model is None:
             return None, None
         from compiler_core.errors import QBCompilerError
         from compiler_core.targets import plan_cpu_offload
@@ -1053,8 +1088,10 @@ class MainWindow(QMainWindow):
             return None, error
 
     def _with_cpu_layers(self, report):
-        """``report`` with the nodes ``cpuLayers`` puts on the CPU marked ``cpu_offloaded`` (the same split the compile
-        makes); a choice the split refuses leaves the report as is and says why in the status bar."""
+        """``report`` with the nodes the compile runs on the CPU marked ``cpu_offloaded``: those ``cpuLayers`` puts
+        there and, with CPU offload on, the unsupported head and tail (the same split the compile makes; the graph
+        and the Layer support list kept them "needs MFU"/"unsupported" and "not compilable" while the compile
+        offloaded them). A choice the split refuses leaves the report as is and says why in the status bar."""
         plan, error = self._cpu_layer_plan(report)
         if error is not None:
             self.statusBar().showMessage(f"cpuLayers: {error.message}", 10000)
@@ -1062,10 +1099,11 @@ class MainWindow(QMainWindow):
             return report
         from compiler_core.targets import OffloadPlan, apply_offload
 
-        chosen = set(plan.chosen)
-        return apply_offload(report, OffloadPlan(cpu_head=[n for n in plan.cpu_head if n in chosen],
-                                                 cpu_tail=[n for n in plan.cpu_tail if n in chosen],
-                                                 chosen=plan.chosen))
+        if not self.project.settings.config.cpu_offload:  # only cpuLayers' choice moves: the unsupported stay
+            chosen = set(plan.chosen)
+            plan = OffloadPlan(cpu_head=[n for n in plan.cpu_head if n in chosen],
+                               cpu_tail=[n for n in plan.cpu_tail if n in chosen], chosen=plan.chosen)
+        return apply_offload(report, plan)
 
     def _on_node_context(self, name: str, position: QPoint) -> None:
         self._on_graph_selection(name)
@@ -1094,7 +1132,11 @@ class MainWindow(QMainWindow):
         if not self._has_calibration_data():
             return False
         calibration = self.project.calibration
-        run_id = self.project.runs.next_id()
+        try:
+            run_id = self._compile_run_id = self.project.claim_run_dir()  # not another window's run folder
+        except QBCompilerError as error:
+            dialogs.show_error(self, "Cannot compile", error)
+            return False
         save_path = self.project.run_dir(run_id) / f"{Path(self.project.model.path).stem}.mxq"
         worker = Worker("compile", run_in_process, COMPILE_TARGET, self.project.mblt_path, save_path,
                         self.project.settings.config, calibration.path, calibration.use_random)
@@ -1190,6 +1232,7 @@ class MainWindow(QMainWindow):
 
     def _on_compiled(self, run_id: int, outcome: CompileOutcome) -> None:
         config, summary, model_sha256, preset = self._compile_settings
+        self._compile_run_id = None  # the folder is the run's now
         run = RunRecord.from_result(run_id, outcome.result, outcome.analysis, config=config, config_summary=summary,
                                     precisions=outcome.precisions, duration_s=outcome.duration_s,
                                     model_sha256=model_sha256, calibration=self._compile_calibration, preset=preset)
@@ -1200,7 +1243,9 @@ class MainWindow(QMainWindow):
         self._outcomes["compile"] = "done"
 
     def _discard_run_dir(self) -> None:
-        run_dir = self.project.run_dir(self.project.runs.next_id())
+        if self._compile_run_id is None:  # an LLM compile (its child removed its own folder)
+            return
+        run_dir, self._compile_run_id = self.project.run_dir(self._compile_run_id), None
         if run_dir.exists():  # a fresh folder of this compile only (the child normally removed it)
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -1344,6 +1389,7 @@ class MainWindow(QMainWindow):
         try:
             if self.project.writable:
                 path = self.project.save()
+                self._show_adopted_runs()
             elif self.project.model is not None and (self._dirty or self._autosave_path().exists()):
                 path = self.project.write_copy(self._autosave_path())  # not for a sample opened and left as it is
                 if self.preferences.recent_projects[:1] != [str(path)]:
@@ -1358,6 +1404,23 @@ class MainWindow(QMainWindow):
         self._dirty = False
         self._update_title()
         return path
+
+    def _say_read_only(self) -> None:
+        """The project's folder cannot be written (a read-only share or medium): say so on open, not only when a compile
+        or the autosave fails."""
+        text = (f"{self.project.path.parent} cannot be written: compiles and saves need a copy elsewhere (File › Save "
+                "Project As…).")
+        logger.warning("%s", text)
+        dialogs.show_info(self, "Read-only project", f"{text}\n\nYou can look at its graph, settings and runs here.")
+
+    def _show_adopted_runs(self) -> None:
+        """Runs another window (the project open twice) saved in the project file are listed here too."""
+        adopted = self.project.adopted_run_ids
+        if adopted:
+            self.session.runs_changed.emit()
+            self.statusBar().showMessage(
+                f"{self.project.path.name} was also changed by another window: its run(s) "
+                f"{', '.join(f'#{run_id}' for run_id in adopted)} are kept and listed in Runs & Compare.", 15000)
 
     def save_project_as(self, path: str | Path) -> bool:
         """Save the project to ``path`` (its work folder moves beside it).
@@ -1375,6 +1438,7 @@ class MainWindow(QMainWindow):
         self.preferences.add_recent_project(saved)
         self._remember("project", saved)
         self.calibration.work_dir = self.project.work_dir
+        self._hold_project_lock()  # the new place's (Save As to a project open elsewhere says so)
         self._show_moved_runs()
         self._update_title()
         self.statusBar().showMessage(f"Saved {saved}", 5000)
@@ -1457,8 +1521,8 @@ class MainWindow(QMainWindow):
     def _on_settings_changed(self) -> None:
         self.calibration.refresh()
         self.mark_dirty()
-        if self.report is not None and self._shown_cpu_layers != self.project.settings.config.cpu_layers:
-            self._show_report()  # a loaded config or preset changed cpuLayers: the graph shows the new split
+        if self.report is not None and self._shown_cpu_split != self._cpu_split():
+            self._show_report()  # cpuLayers or CPU offload changed (a loaded config, a preset): the graph shows the split
         if self.loaded is not None and self._fit_key() != self._fit_checked:
             self.check_fit()  # an int16 preset or override may make a layer too large
 
@@ -1722,6 +1786,8 @@ class MainWindow(QMainWindow):
             return
         self.runner.shutdown()
         self.autosave()
+        if self._project_lock is not None:
+            self._project_lock.unlock()
         self._store_layout()
         self._save_preferences()
         logging.getLogger().removeHandler(self.log_handler)

@@ -646,6 +646,23 @@ def test_one_unreadable_input_among_many_costs_only_its_own_result(sample_cli, s
         compare_with_fp32(sample_cli["mxq"], sample_mblt, inputs[1::2])
 
 
+def test_an_input_that_does_not_fit_the_model_costs_only_its_own_result(sample_cli, sample_mblt, tmp_path):
+    """Found under Xvfb (s16): in Try on Inputs, one .npy of the wrong shape among good inputs refused them all. Each
+    input that does not fit is a row saying why; the others run. None fitting is still refused, naming the first."""
+    from compiler_core.runtime.inputs import compare_with_fp32
+
+    good = [str(path) for path in sorted((SAMPLE_DIR / "test").glob("*.png"))[:2]]
+    np.save(tmp_path / "wrong.npy", np.zeros((3, 5), np.float32))
+    np.save(tmp_path / "flat.npy", np.zeros((784,), np.float32))
+    inputs = [good[0], str(tmp_path / "wrong.npy"), good[1]]
+    results = compare_with_fp32(sample_cli["mxq"], sample_mblt, inputs, k=3)
+    assert [entry["label"] for entry in results] == [Path(good[0]).name, Path(good[1]).name, "wrong.npy"]
+    assert all(entry["outputs"][0]["cosine"] > 0.99 for entry in results[:2])
+    assert "got [3, 5] in wrong.npy" in results[2]["error"] and results[2]["outputs"] == []
+    with pytest.raises(CalibrationError, match="None of the 2 input file.* fits the model; the first: .*wrong.npy"):
+        compare_with_fp32(sample_cli["mxq"], sample_mblt, [str(tmp_path / "wrong.npy"), str(tmp_path / "flat.npy")])
+
+
 def test_landmarks_beside_a_score_get_no_top_k_but_class_scores_do(tmp_path, capsys):
     """`qbcompiler run` and "Try on inputs" ranked any [1, N] output as classes (a face mesh's 1,404 coordinates got
     "top-k: 457 (147.4), 445 (147.4)"); they follow the analysis's rule now: a linear [1, N] output beside others is a

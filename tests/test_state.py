@@ -529,3 +529,24 @@ def test_an_imported_transformers_folder_brings_its_image_processor_as_the_pipel
     pinned = [InputSpec("pixel_values", (1, 3, 96, 96), np.dtype("float32"), "NCHW")]
     notes = fit_to_model(other, CalibrationSource(), pinned, None, source=str(tmp_path))
     assert not other.preprocessing["apply"] and "another size" in notes[0]
+
+
+def test_a_project_open_twice_keeps_both_windows_runs_numbered_apart(tmp_path):
+    """Two windows on one project (s16): a sweep point of one and a compile of the other both took id 1 (a sweep's
+    points have no run folder to claim); each save keeps the other's run under a free id, once, and a run deleted
+    here is not taken back from the file."""
+    Project.new("p", tmp_path / "p.qbstudio").save(tmp_path / "p.qbproj")
+    first, second = Project.load(tmp_path / "p.qbproj"), Project.load(tmp_path / "p.qbproj")
+    first.runs.add(RunRecord(1, "t", "aries-rb", ["single"], str(tmp_path / "sweeps/a.mxq"), 1, {}))
+    first.save()
+    second.runs.add(RunRecord(first.runs.next_id() - 1, "t", "regulus-rb", ["single"], str(first.run_dir(1)), 1, {}))
+    second.save()
+    assert second.adopted_run_ids == [2]
+    assert [(run.run_id, run.device) for run in second.runs.runs] == [(1, "regulus-rb"), (2, "aries-rb")]
+    first.save()
+    assert first.adopted_run_ids == [2] and len(first.runs) == 2
+    second.save()
+    assert second.adopted_run_ids == [] and len(Project.load(tmp_path / "p.qbproj").runs) == 2
+    second.runs.remove(2)
+    second.save()
+    assert second.adopted_run_ids == [] and len(Project.load(tmp_path / "p.qbproj").runs) == 1

@@ -78,6 +78,39 @@ def load_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]) -> Iterato
         yield dataset.samples[index], dataset.sample(index)
 
 
+def fitting_run_inputs(artifact: CompiledArtifact, paths: Sequence[str]
+                       ) -> tuple[list[tuple[Sample, dict[str, np.ndarray]]], dict[str, str]]:
+    """(:func:`load_run_inputs` of ``paths``, {file: why it does not fit the model}).
+
+    Opened together first; when they do not fit the model together and each path is one image or ``.npy`` file, each
+    is opened on its own, so that a wrong-shape ``.npy`` or an image of another size among good inputs costs only its
+    own result (it refused them all).
+
+    Raises:
+        CalibrationError: the inputs do not fit and none of them fits on its own (or a list, manifest or folder is
+            among them: its own error).
+    """
+    from compiler_core.calibration.preprocess import IMAGE_SUFFIXES
+
+    try:
+        return list(load_run_inputs(artifact, paths)), {}
+    except CalibrationError:
+        one_each = all(Path(name).is_file() and Path(name).suffix.lower() in (*IMAGE_SUFFIXES, ".npy")
+                       for name in paths)
+        if len(paths) < 2 or not one_each:
+            raise
+    samples, misfits = [], {}
+    for name in paths:
+        try:
+            samples += load_run_inputs(artifact, [name])
+        except CalibrationError as error:
+            misfits[str(name)] = str(error)
+    if not samples:
+        raise CalibrationError(f"None of the {len(paths)} input file(s) fits the model; the first: "
+                               f"{next(iter(misfits.values()))}", files=list(misfits))
+    return samples, misfits
+
+
 def class_scores(artifact: CompiledArtifact) -> dict[str, bool]:
     """Which of the MXQ's outputs hold class scores, by the analysis's rule
     (:func:`compiler_core.analysis.compare.class_score_outputs`): only those get a top-k."""
@@ -111,10 +144,11 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
     Returns:
         Per input ``{"input" (its files), "label" (a short name), "outputs": [{"name", "shape", "cosine", "sqnr_db", "max_abs_error", "fp32_top_k",
         "mxq_top_k"}]}`` (the top-k lists only for class scores; ``cosine`` None for a one-element output); a file that cannot be read (:func:`unreadable_inputs`)
-        is ``{"input", "label", "error" (why), "outputs": []}``, after the others.
+        or does not fit the model (:func:`fitting_run_inputs`) is ``{"input", "label", "error" (why), "outputs": []}``,
+        after the others.
 
     Raises:
-        CalibrationError: no input can be read, or the readable ones do not fit the model.
+        CalibrationError: no input can be read, or none of the readable ones fits the model.
     """
     import onnxruntime as ort
 
@@ -128,7 +162,7 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
     names = [output.name for output in session.get_outputs()]
     classes = class_scores(model.artifact)
     reporter = as_reporter(reporter)
-    samples = list(load_run_inputs(model.artifact, paths))
+    samples, misfits = fitting_run_inputs(model.artifact, paths)
     results = []
     try:
         with reporter.stage("run", total=len(samples)):
@@ -149,5 +183,6 @@ def compare_with_fp32(mxq_path: str | Path, mblt_path: str | Path, paths: Sequen
                 reporter.advance()
     finally:
         model.dispose()
-    return results + [{"input": name, "label": Path(name).name, "error": f"cannot be read: {reason}", "outputs": []}
-                      for name, reason in failed.items()]
+    reasons = {name: f"cannot be read: {reason}" for name, reason in failed.items()} | misfits
+    return results + [{"input": name, "label": Path(name).name, "error": reason, "outputs": []}
+                      for name, reason in reasons.items()]

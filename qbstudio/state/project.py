@@ -29,6 +29,8 @@ PROJECT_FORMAT = "qbstudio-project"
 PROJECT_VERSION = 1
 WORK_SUFFIX = ".qbstudio"
 MBLT_NAME = "model.mblt"
+PROJECT_LOCK_NAME = "open.lock"
+"""The lock file in the work folder of a project open in a window (the workbench's QLockFile)."""
 
 
 class ProjectError(QBCompilerError):
@@ -97,6 +99,10 @@ class Project:
         runs: Finished compiles.
         template: Opened from a template (never written back to ``template_path``).
         config_file: The config file the settings were loaded from, if any (informative).
+        file_run_mxqs: The MXQ paths of the runs the project file held when this window last read or wrote it: a run in
+            the file outside this set was added by another window (kept on save), one in it but not in :attr:`runs`
+            was deleted here.
+        adopted_run_ids: The runs the last :meth:`save` took over from the file (another window's compiles).
     """
 
     name: str
@@ -108,6 +114,8 @@ class Project:
     runs: RunHistory = field(default_factory=RunHistory)
     template: bool = False
     config_file: str | None = None
+    file_run_mxqs: set[Path] = field(default_factory=set, repr=False)
+    adopted_run_ids: list[int] = field(default_factory=list, repr=False)
 
     @property
     def mblt_path(self) -> Path:
@@ -122,6 +130,25 @@ class Project:
     def run_dir(self, run_id: int) -> Path:
         """Folder of run ``run_id`` inside the work folder."""
         return self.work_dir / "runs" / f"run-{run_id:03d}"
+
+    def claim_run_dir(self) -> int:
+        """The id of a new run whose folder is created now: the next id whose folder nobody holds (another window
+        compiling in this project, a run deleted from the list whose files stay).
+
+        Raises:
+            OutputWriteError: the work folder cannot be written.
+        """
+        run_id = self.runs.next_id()
+        while True:
+            try:
+                self.run_dir(run_id).mkdir(parents=True)
+                return run_id
+            except FileExistsError:
+                run_id += 1
+            except OSError as error:
+                raise OutputWriteError(f"Cannot create the run folder in '{self.work_dir}': "
+                                       f"{error.strerror or error}.", hint="Save the project to a folder you can "
+                                       "write to (File › Save Project As…).", file=str(self.run_dir(run_id))) from error
 
     @property
     def writable(self) -> bool:
@@ -161,9 +188,11 @@ class Project:
         try:
             if target != self.path or self.template:
                 self._relocate(new_work_dir)
+            self.adopted_run_ids = self._adopt_runs_saved_elsewhere(target) if target == self.path else []
             self.path, self.template = target, False
             self.name = target.stem
             atomic_write_text(target, json.dumps(self.to_dict(target.parent), indent=2) + "\n")
+            self.file_run_mxqs = self._run_mxqs()
         except (OSError, QBCompilerError) as error:  # not saved: the project stays as it was (a read-only folder)
             self.path, self.template, self.name, self.work_dir, self.calibration.path, mxq_paths = before
             for run, mxq_path in zip(self.runs.runs, mxq_paths):
@@ -178,6 +207,31 @@ class Project:
         logger.info("project saved to %s", target)
         return target
 
+    def _adopt_runs_saved_elsewhere(self, target: Path) -> list[int]:
+        """Take over the runs that another window (the same project open twice) wrote to ``target`` since this one
+        last read or wrote it, so that this save does not drop them; returns their ids."""
+        try:
+            data = _read_json(target)
+            other = Project(name=self.name, work_dir=self.work_dir)
+            other._load_parts(data, target.parent)
+        except (ProjectError, OSError) as error:  # gone or damaged: nothing to keep from it
+            logger.info("not merging runs from %s: %s", target, error)
+            return []
+        known = self._run_mxqs() | self.file_run_mxqs
+        adopted = [run for run in other.runs.runs if Path(run.mxq_path) not in known]
+        for run in adopted:
+            if self.runs.get(run.run_id) is not None:  # both numbered a run alike (a sweep's points have no run folder)
+                run.run_id = self.runs.next_id()
+            self.runs.add(run)
+        self.runs.runs.sort(key=lambda run: run.run_id)
+        if adopted:
+            logger.warning("%s was changed by another window: kept its run(s) %s", target.name,
+                           ", ".join(f"#{run.run_id}" for run in adopted))
+        return [run.run_id for run in adopted]
+
+    def _run_mxqs(self) -> set[Path]:
+        return {Path(run.mxq_path) for run in self.runs.runs}
+
     def write_copy(self, path: str | os.PathLike) -> Path:
         """Write the project as it is to ``path`` (an autosave of an untitled project); state unchanged."""
         target = Path(path).absolute()
@@ -188,7 +242,7 @@ class Project:
         if old.resolve() == new_work_dir.resolve():
             return
         if old.is_dir():
-            shutil.copytree(old, new_work_dir, dirs_exist_ok=True)
+            shutil.copytree(old, new_work_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECT_LOCK_NAME))
         for run in self.runs.runs:
             run.mxq_path = _rebase(run.mxq_path, old, new_work_dir)
         if self.calibration.path:
@@ -241,6 +295,7 @@ class Project:
         self.runs = RunHistory.from_list([
             {**(checked := _typed(run, RunRecord, f"run {index + 1}")), "mxq_path": _resolve(checked["mxq_path"], base)}
             for index, run in enumerate(runs)])
+        self.file_run_mxqs = self._run_mxqs()
 
 
 _DAMAGED_HINT = "The project file is damaged or was edited by hand; restore it from a backup."

@@ -162,6 +162,17 @@ class CompileSettings:
         self._config = CompileConfig.from_dict(kept, source="defaults")
         self.preset, self.preset_edited = None, False
 
+    def use_run_config(self, config: dict[str, Any]) -> None:
+        """Take the settings a run was compiled with (its recorded config) for the next compile; no preset is named
+        (the run's settings are explicit). A config without a device keeps the current one.
+
+        Raises:
+            ConfigError: the recorded config is not valid; the settings are left unchanged.
+        """
+        loaded = CompileConfig.from_dict(copy.deepcopy(config), source="the run's settings")
+        self._config = loaded if loaded.target_device else loaded.model_copy(update={"target_device": self.device})
+        self.preset, self.preset_edited = None, False
+
     def load(self, path: str | os.PathLike) -> None:
         """Replace the settings with a JSON/YAML config file (the CLI's schema).
 

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -101,6 +102,13 @@ def _cell_text(value: Any) -> str:
     return str(value)
 
 
+USE_SETTINGS_TEXT = "Use These Settings for the Next Compile"
+"""The runs table's action that makes a run's settings (a sweep point's, say) the project's compile settings."""
+BASELINE_CHARS = 12
+"""The baseline box's narrowest width, in characters; it widens into the row's free space (the list shows whole names)."""
+HEADER_TIP = "Right-click a run's header to copy it as a command or as Python"
+
+
 class SideBySide(QWidget):
     """The picked runs as columns: the settings that differ (or the full resolved config) and the metrics."""
 
@@ -116,7 +124,7 @@ class SideBySide(QWidget):
         header = self.table.horizontalHeader()
         header.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         header.customContextMenuRequested.connect(self._on_header_menu)
-        header.setToolTip("Right-click a run's header to copy it as a command or as Python")
+        header.setTextElideMode(Qt.TextElideMode.ElideRight)  # it cut a long run name at both ends
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.full_config)
@@ -147,10 +155,11 @@ class SideBySide(QWidget):
         self.table.clear()
         self.table.clearSpans()
         self.table.setColumnCount(len(runs))
-        self.table.setHorizontalHeaderLabels([f"{run.label}{'  ★ baseline' if i == self._baseline else ''}"
+        self.table.setHorizontalHeaderLabels([f"{'★ baseline: ' if i == self._baseline else ''}{run.label}"
                                               for i, run in enumerate(runs)])
-        for i in range(len(runs)):
+        for i, run in enumerate(runs):  # a long run name is elided at its end, whole in the tooltip
             self.table.horizontalHeaderItem(i).setForeground(QBrush(QColor(RUN_COLOURS[i % len(RUN_COLOURS)])))
+            self.table.horizontalHeaderItem(i).setToolTip(f"{run.label}\n\n{HEADER_TIP}")
         rows: list[tuple[str, list[Any] | None]] = [(settings_title, None), *settings, ("Metrics", None), *metrics]
         self.table.setRowCount(len(rows))
         labels = []
@@ -243,6 +252,7 @@ class CompareView(QWidget):
     delete_confirmed = Signal(int)
     rename_confirmed = Signal(int, str)
     import_requested = Signal()
+    use_settings_requested = Signal(int)
 
     def __init__(self, runner: JobRunner | None = None, presets: dict[str, str] | None = None,
                  parent: QWidget | None = None) -> None:
@@ -254,7 +264,9 @@ class CompareView(QWidget):
         self.picks: list[int] = []
         self.table = self._make_table()
         self.baseline_combo = QComboBox(objectName="baselineRun")
-        self.baseline_combo.setToolTip("The run the others are compared with (pinned)")
+        self.baseline_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.baseline_combo.setMinimumContentsLength(BASELINE_CHARS)  # not the first names' width, kept for ever
+        self.baseline_combo.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.baseline_combo.currentIndexChanged.connect(self._on_baseline)
         self.delete_button = QPushButton("Delete run…", objectName="deleteRun", enabled=False)
         self.delete_button.clicked.connect(self.ask_delete)
@@ -318,13 +330,13 @@ class CompareView(QWidget):
     def _build(self) -> None:
         # two rows, so that the tab fits a 1024-pixel window beside the layers dock (in one row the buttons made the
         # window's minimum width 1,167 pixels, and a 1024-pixel screen cut off the Compile tab's run panel)
+        # the baseline box has a row of its own for long run names (beside four buttons it had 6 letters at 1024 px)
         picks = QHBoxLayout()
-        picks.addWidget(self.picks_label, 1)
+        picks.addWidget(QLabel("Baseline"))
+        picks.addWidget(self.baseline_combo, 1)
         picks.addWidget(self.import_button)
         controls = QHBoxLayout()
-        controls.addStretch(1)
-        controls.addWidget(QLabel("Baseline"))
-        controls.addWidget(self.baseline_combo)
+        controls.addWidget(self.picks_label, 1)
         controls.addWidget(self.delete_button)
         controls.addWidget(self.copy_button)
         controls.addWidget(self.report_button)
@@ -381,13 +393,19 @@ class CompareView(QWidget):
         self._fill_baseline(wanted)
 
     def _fill_baseline(self, wanted: int | None) -> None:
-        self.baseline_combo.blockSignals(True)
-        self.baseline_combo.clear()
+        combo = self.baseline_combo
+        combo.blockSignals(True)
+        combo.clear()
         for run_id in self.picks:
-            self.baseline_combo.addItem(self.history.get(run_id).label, run_id)
+            combo.addItem(self.history.get(run_id).label, run_id)
+            combo.setItemData(combo.count() - 1, self.history.get(run_id).label, Qt.ItemDataRole.ToolTipRole)
         if wanted is not None:
-            self.baseline_combo.setCurrentIndex(self.picks.index(wanted))
-        self.baseline_combo.blockSignals(False)
+            combo.setCurrentIndex(self.picks.index(wanted))
+        combo.blockSignals(False)
+        metrics = combo.view().fontMetrics()  # the list shows whole names, however narrow the box
+        combo.view().setMinimumWidth(max((metrics.horizontalAdvance(combo.itemText(i)) for i in range(combo.count())),
+                                         default=0) + 3 * metrics.averageCharWidth())
+        self._show_baseline_tip()
         for button in (self.delete_button, self.copy_button, self.report_button, self.csv_button):
             button.setEnabled(bool(self.picks))
         self._refresh_views()
@@ -411,7 +429,13 @@ class CompareView(QWidget):
         return self.picks.index(self.baseline_id) if self.baseline_id in self.picks else 0
 
     def _on_baseline(self) -> None:
+        self._show_baseline_tip()
         self._refresh_views()
+
+    def _show_baseline_tip(self) -> None:
+        label = self.baseline_combo.currentText()
+        self.baseline_combo.setToolTip(f"{label}: the run the others are compared with (pinned)" if label else
+                                       "The run the others are compared with (pinned)")
 
     def _refresh_views(self) -> None:
         runs, baseline = self.picked_runs, self._baseline_index()
@@ -464,6 +488,9 @@ class CompareView(QWidget):
         run = self.history.get(run_id)
         if run is not None:
             compare_export.add_copy_actions(menu, self, run)
+            use = menu.addAction(USE_SETTINGS_TEXT)
+            use.setObjectName(f"useSettings-{run_id}")
+            use.triggered.connect(lambda: self.use_settings_requested.emit(run_id))
         menu.addSeparator()
         menu.addAction("Export report of the compared runs…").triggered.connect(lambda: self.export_report())
         menu.addAction("Export per-layer CSV of the compared runs…").triggered.connect(lambda: self.export_csv())

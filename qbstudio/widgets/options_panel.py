@@ -362,9 +362,21 @@ class OptionsPanel(QWidget):
         self.scheme_combo.clear()
         self.scheme_combo.addItems(allowed_schemes(device))
         self.scheme_combo.setCurrentText(self.settings.config.inference_scheme)
-        preset = self.settings.preset
+        self._refresh_preset()
+
+    def _refresh_preset(self) -> None:
+        """The preset applied last, marked "(edited)" once a setting was changed after it (the box read the preset's
+        name as if its settings were all still in effect)."""
+        preset, edited = self.settings.preset, self.settings.preset_edited
+        for index in range(1, self.preset_combo.count()):
+            name = self.preset_combo.itemData(index)
+            self.preset_combo.setItemText(index, f"{name} (edited)" if edited and name == preset else name)
         self._select_data(self.preset_combo, preset)
-        self.preset_label.setText(presets().get(preset, "") if preset else "")
+        description = presets().get(preset, "") if preset else ""
+        if edited:
+            description = (f"Settings were changed after the preset '{preset}' was applied; choose it again to apply "
+                           f"all of its settings. ({description})")
+        self.preset_label.setText(description)
 
     def _refresh_applicable(self) -> None:
         """Disable what the current choices ignore; show how the held-out count splits the data."""
@@ -439,6 +451,15 @@ class OptionsPanel(QWidget):
     def apply_preset(self, name: str) -> None:
         """Layer preset ``name`` over the current settings."""
         self._apply(lambda: self.settings.apply_preset(name), "Cannot apply preset")
+
+    def use_run_settings(self, config: dict[str, Any]) -> bool:
+        """Take a run's recorded settings for the next compile (Runs & Compare); a device change is announced."""
+        device = self.settings.device
+        if not self._apply(lambda: self.settings.use_run_config(config), "Cannot use the run's settings"):
+            return False
+        if self.settings.device != device:
+            self.device_changed.emit(self.settings.device)
+        return True
 
     def add_int16_layer(self, name: str) -> None:
         """Add a layer (or pattern) to the int16 activation overrides."""
