@@ -661,6 +661,12 @@ def test_an_input_that_does_not_fit_the_model_costs_only_its_own_result(sample_c
     assert "got [3, 5] in wrong.npy" in results[2]["error"] and results[2]["outputs"] == []
     with pytest.raises(CalibrationError, match="None of the 2 input file.* fits the model; the first: .*wrong.npy"):
         compare_with_fp32(sample_cli["mxq"], sample_mblt, [str(tmp_path / "wrong.npy"), str(tmp_path / "flat.npy")])
+    from PIL import Image
+
+    Image.new("L", (56, 56)).save(tmp_path / "large.png")  # Try's row said "Calibration images are 56x56 ..."
+    (large,) = [entry for entry in compare_with_fp32(sample_cli["mxq"], sample_mblt, [good[0], str(tmp_path / "large.png")])
+                if entry["label"] == "large.png"]
+    assert large["error"].startswith("The images are 56x56") and "Calibration" not in large["error"]
 
 
 def test_landmarks_beside_a_score_get_no_top_k_but_class_scores_do(tmp_path, capsys):

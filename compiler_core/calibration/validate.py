@@ -394,7 +394,7 @@ def _raise_mixed_sizes(infos: Sequence[ImageInfo], spec: InputSpec, default: boo
         groups += f"; and {len(ranked) - MIXED_SIZES_LISTED} more size(s)"
     what = "no preprocessing pipeline is given" if default else "the preprocessing does not bring them to one size"
     paths = [p for _, group in ranked for p in group]
-    raise files_error(f"Calibration images have {len(by_size)} different sizes (width x height) and {what}; "
+    raise files_error(f"The images have {len(by_size)} different sizes (width x height) and {what}; "
                       f"model input '{spec.name}' takes {_size_text(spec.spatial_size)}: {groups}.", paths,
                       _resize_hint(spec), resize_to=list(spec.spatial_size))
 
@@ -403,7 +403,7 @@ def _raise_wrong_size(output: tuple[int, int], group: Sequence[ImageInfo], spec:
     paths = [info.path for info in group]
     after = "" if default else " after preprocessing"
     raise files_error(
-        f"Calibration images are {_size_text(output)}{after} but model input '{spec.name}' takes "
+        f"The images are {_size_text(output)}{after} but model input '{spec.name}' takes "
         f"{_size_text(spec.spatial_size)} (width x height): {name_files(paths)}.", paths, _resize_hint(spec),
         resize_to=list(spec.spatial_size))
 
