@@ -421,3 +421,20 @@ def test_the_exporter_does_not_tell_users_about_torchvision():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Gemm" in done.stdout or "MatMul" in done.stdout
     assert "torchvision" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_detector_s_modeloutput_exports_its_boxes_beside_its_logits():
+    """DETR and YOLOS return logits and pred_boxes; only the logits were exported (the boxes are half the answer)."""
+    from transformers.models.detr.modeling_detr import DetrObjectDetectionOutput
+
+    class Detector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classes, self.boxes = torch.nn.Linear(8, 5), torch.nn.Linear(8, 4)
+
+        def forward(self, queries):
+            return DetrObjectDetectionOutput(logits=self.classes(queries), pred_boxes=self.boxes(queries).sigmoid(),
+                                             last_hidden_state=queries)
+
+    model = load_torch(Detector().eval(), input_shape_dict={"queries": [1, 20, 8]})
+    assert [value.name for value in model.graph.outputs] == ["logits", "pred_boxes"]

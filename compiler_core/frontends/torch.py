@@ -11,8 +11,9 @@ parameter; Python scalars (``int``, ``float``, ``bool``) are passed through as c
 
 Outputs: a tensor is exported as ``output``; a tuple or list as its tensors in order (``output_0``,
 ...; ``None`` and nested containers flattened); a mapping such as a transformers ``ModelOutput`` as
-its ``logits``, else its ``last_hidden_state`` (a warning names the tensor entries left out), else all its
-tensor entries, each named after its key; a mapping of the user's own (a ``dict``) as all its tensor entries.
+its ``logits`` (with a detector's ``pred_boxes`` / a segmenter's ``pred_masks``), else its
+``last_hidden_state`` (a warning names the tensor entries left out), else all its tensor entries, each named after
+its key; a mapping of the user's own (a ``dict``) as all its tensor entries.
 
 Every node's ``mblt.source_name`` metadata is set to the path of the module that produced it
 (``features.3.conv.0``), read from the exporter's name scopes.
@@ -48,6 +49,9 @@ LEGACY_OPSET = 20  # the highest opset the TorchScript exporter supports (torch 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 _WRAPPED = "model"  # attribute under which the export wrapper holds the user's module
 _HF_PRIMARY_OUTPUTS = ("logits", "last_hidden_state")
+_HF_COMPANION_OUTPUTS = ("pred_boxes", "pred_masks")
+"""Exported beside a ModelOutput's ``logits``: a detector's boxes (DETR, YOLOS) and a segmenter's masks are half of its
+answer (only the class logits were exported)."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -427,7 +431,8 @@ def _output_tensors(outputs: Any) -> tuple[list[str], tuple]:
     if isinstance(outputs, Mapping):
         tensors = [key for key, value in outputs.items() if isinstance(value, torch.Tensor)]
         primary = next((key for key in _HF_PRIMARY_OUTPUTS if key in tensors), None) if _is_model_output(outputs) else None
-        keys = [primary] if primary else tensors
+        companions = [key for key in _HF_COMPANION_OUTPUTS if key in tensors] if primary == "logits" else []
+        keys = [primary, *companions] if primary else tensors
         return [str(key) for key in keys], tuple(outputs[key] for key in keys)
     flat = tuple(_flatten_tensors(outputs))
     if len(flat) == 1:
@@ -500,7 +505,7 @@ def export_module(module: Any, feed_dict: Mapping[str, Any], *, dynamic_axes: Ma
                              hint="Check the shapes and dtypes in feed_dict.") from error
     if dropped := _dropped_outputs(outputs):
         logger.warning("%s returns a %s: exporting its %s only, not %s; wrap the model to return the outputs you need.",
-                       type(module).__name__, type(outputs).__name__, output_names[0], ", ".join(dropped))
+                       type(module).__name__, type(outputs).__name__, " and ".join(output_names), ", ".join(dropped))
     wrapper = _make_wrapper(module, list(tensors), constants)
     args, name = tuple(tensors.values()), type(module).__name__
     previous = _use_eager_attention(module)
