@@ -1045,3 +1045,99 @@ def test_batchnorm_fusion_applied_directly_gives_the_library_s_graph(case, fused
     assert count == rewriter.RewriteRuleSet([library_rule]).apply_to_model(library) == int(fused)
     assert ir.serde.serialize_model(ours).SerializeToString() == ir.serde.serialize_model(library).SerializeToString()
     assert ("BatchNormalization" not in [node.op_type for node in ours.graph]) is fused
+
+
+def _conv_batchnorm_source(path, case: str) -> None:
+    """Opset 11: Conv (weights in a large Constant, or an initializer) -> BatchNormalization -> Relu, with what keeps
+    the protobuf fusion from applying in some cases."""
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)  # 1152 elements: set apart as a large weight
+    params = [rng.uniform(0.5, 1.5, 16).astype(np.float32) for _ in range(4)]
+    if case == "float_data parameters":
+        stats = [helper.make_tensor(n, TensorProto.FLOAT, [16], p.tolist()) for p, n in zip(params, "sbmv")]
+    else:
+        stats = [numpy_helper.from_array(p, n) for p, n in zip(params, "sbmv")]
+    conv_inputs, initializers = ["x", "w"], list(stats)
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(weights), name="weights")]
+    if case == "weights in an initializer":
+        nodes, initializers = [], [*stats, numpy_helper.from_array(weights, "w")]
+    if case in ("bias", "zero bias"):
+        bias = np.zeros(16, np.float32) if case == "zero bias" else rng.standard_normal(16).astype(np.float32)
+        conv_inputs.append("cb")
+        initializers.append(numpy_helper.from_array(bias, "cb"))
+    attributes = {"auto_pad": "SAME_UPPER"} if case == "auto_pad" else {"pads": [1, 1, 1, 1]}
+    source = "x"
+    if case == "pad before":
+        nodes.append(helper.make_node("Pad", ["x", "p"], ["xp"], name="pad"))
+        initializers.append(numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "p"))
+        source, attributes = "xp", {}
+    if case == "constant input":
+        nodes.append(helper.make_node("Relu", ["k"], ["kr"], name="constant relu"))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((1, 8, 8, 8)).astype(np.float32), "k"))
+        nodes.append(helper.make_node("Conv", ["x", "w3"], ["xk"], name="variable conv"))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "w3"))
+        source = "kr"
+    conv_inputs[0] = source
+    nodes += [helper.make_node("Conv", conv_inputs, ["c"], name="conv", **attributes),
+              helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn", epsilon=1e-3)]
+    last = "bn"
+    if case == "conv output read twice":
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["side"], name="side"))
+        nodes.append(helper.make_node("Add", ["bn", "side"], ["both"], name="both"))
+        last = "both"
+    if case == "two batchnorms":
+        nodes.append(helper.make_node("BatchNormalization", ["bn", "s", "b", "m", "v"], ["bn2"], name="bn2"))
+        last = "bn2"
+    if case == "shared parameters":
+        nodes.append(helper.make_node("Conv", [last, "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2"))
+        nodes.append(helper.make_node("BatchNormalization", ["c2", "s2", "b2", "m", "v2"], ["bn2"], name="bn2"))
+        initializers += [numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), n) for n in
+                         ("s2", "b2", "v2")]  # the mean is both BatchNorms'
+        last = "bn2"
+    nodes.append(helper.make_node("Relu", [last], ["y"], name="relu"))
+    if case == "constant input":
+        nodes.append(helper.make_node("Add", ["y", "xk"], ["y2"], name="add"))
+    output = "y2" if case == "constant input" else "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6), str(path))
+
+
+@pytest.mark.parametrize(("case", "fused_on_proto"), [
+    ("plain", 1), ("bias", 1), ("float_data parameters", 1), ("weights in an initializer", 1), ("two batchnorms", 1),
+    ("shared parameters", 2), ("zero bias", 0), ("auto_pad", 0), ("pad before", 0), ("conv output read twice", 0),
+    ("constant input", 0)])
+def test_batchnorms_fused_on_the_protobuf_give_the_graph_the_rewrite_pass_gives(case, fused_on_proto, tmp_path,
+                                                                                monkeypatch):
+    """Conv -> BatchNormalization of an old-opset source is fused on the protobuf, before deserialization, where no
+    other rule could act on the pair first: then onnx-ir never holds that BatchNorm, and the MBLT is the same, byte for
+    byte, as with the optimizer's fusion; elsewhere the optimizer fuses it as before."""
+    from compiler_core.mblt import rule_index
+
+    _conv_batchnorm_source(tmp_path / "m.onnx", case)
+    deserialized, fused = [], []
+    original_to_ir, original_fuse = canonicalize.CheckedModelProto.to_ir, canonicalize.fuse_batchnorms_proto
+
+    def fuse(graph, tensors, large):
+        before = sum(node.op_type == "BatchNormalization" for node in graph.node)
+        result = original_fuse(graph, tensors, large)
+        fused.append(before - sum(node.op_type == "BatchNormalization" for node in graph.node))
+        return result
+
+    monkeypatch.setattr(canonicalize.CheckedModelProto, "to_ir",
+                        lambda self: deserialized.append(original_to_ir(self)) or deserialized[-1])
+    monkeypatch.setattr(canonicalize, "fuse_batchnorms_proto", fuse)
+    waiting = []  # biases still waiting after the optimizer: its first rewrite pass should have given them all
+    original_give = canonicalize.give_fused_biases
+    monkeypatch.setattr(canonicalize, "give_fused_biases",
+                        lambda model: waiting.append(rule_index.FUSED_BIASES in model.meta) or original_give(model))
+    options = {"input_shape_dict": {"x": [1, 8, 8, 8]}}
+    on_proto = ir.serde.serialize_model(parse_model(tmp_path / "m.onnx", **options)[0]).SerializeToString()
+    assert fused == [fused_on_proto]
+    monkeypatch.setattr(canonicalize, "fuse_batchnorms_proto", lambda graph, tensors, large: {})
+    on_ir = ir.serde.serialize_model(parse_model(tmp_path / "m.onnx", **options)[0]).SerializeToString()
+    assert on_proto == on_ir
+    assert waiting == [False, False] and rule_index.FUSED_BIASES not in deserialized[0].meta
+    canonical = onnx.load_from_string(on_proto)
+    assert "BatchNormalization" not in [node.op_type for node in canonical.graph.node]

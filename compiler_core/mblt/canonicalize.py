@@ -63,6 +63,7 @@ from compiler_core.mblt.rule_index import (
     apply_rules,
     default_rules,
     fuse_batchnorms_proto,
+    give_fused_biases,
     holds_graph,
     indexed_rule_set,
     merge_equal_weights,
@@ -658,6 +659,7 @@ def _optimize(model: ir.Model) -> None:
     with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
         optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
                  should_fold=_should_fold)
+    give_fused_biases(model)  # its first rewrite pass gave them (kept for an optimizer that does not)
     _remove_unused_initializers(model)
 
 
