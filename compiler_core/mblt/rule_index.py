@@ -736,6 +736,8 @@ def _epsilon(batchnorm: onnx.NodeProto) -> float:
     """The BatchNorm's epsilon as onnx-ir reads it (``Attr.as_float``), 1e-5 if not given."""
     for attribute in batchnorm.attribute:
         if attribute.name == "epsilon":
+            if attribute.type == onnx.AttributeProto.FLOAT:
+                return attribute.f
             return ir.serde.deserialize_attribute(attribute).as_float()
     return 1e-5
 
