@@ -614,12 +614,12 @@ def fuse_batchnorms_proto(graph: onnx.GraphProto, tensors: dict[str, ir.Tensor],
     producer: dict[str, onnx.NodeProto] = {}
     reads: Counter[str] = Counter()
     variable = set(graph_inputs) - initializers.keys()
-    for node in graph.node:
-        reads.update(node.input)
-        if node.op_type in _VARIABLE_OPS and node.domain in ("", "ai.onnx") and any(name in variable
-                                                                                      for name in node.input):
-            variable.update(node.output)
-        for name in node.output:
+    for node in graph.node:  # standard-domain nodes only (the protobuf path's graphs)
+        inputs, node_outputs = node.input, node.output
+        reads.update(inputs)
+        if node.op_type in _VARIABLE_OPS and not variable.isdisjoint(inputs):
+            variable.update(node_outputs)
+        for name in node_outputs:
             producer[name] = node
     fusion = _FuseBatchNormIntoConv()
     removed: set[str] = set()  # the fused Convs' outputs
