@@ -1141,3 +1141,28 @@ def test_batchnorms_fused_on_the_protobuf_give_the_graph_the_rewrite_pass_gives(
     assert waiting == [False, False] and rule_index.FUSED_BIASES not in deserialized[0].meta
     canonical = onnx.load_from_string(on_proto)
     assert "BatchNormalization" not in [node.op_type for node in canonical.graph.node]
+
+
+def test_folding_creates_one_reference_op_per_op_and_attributes(tmp_path, monkeypatch):
+    """PP-OCR cls folds 18 Reshapes of biases to ``[1, C, 1, 1]`` in one pass: one ``onnx.reference`` instance runs them
+    all (creating one builds a node and reads a schema each time); the MBLT is the one the library's evaluator gives
+    (:func:`test_folding_builds_no_reference_op_registry`). Attributes that differ (``-0.0`` and ``0.0``) or that are
+    not numbers and strings get an instance each."""
+    from onnx.reference.op_run import OpRun
+
+    from compiler_core.api import mblt_compile
+
+    source, shapes, constants = realmodels.real_models()["ppocr_cls"]()
+    created, ran = [], []
+    library_create, library_run = OpRun.create.__func__, OpRun.run
+    monkeypatch.setattr(OpRun, "create", classmethod(lambda cls, *a, **k: created.append(cls.__name__)
+                                                     or library_create(cls, *a, **k)))
+    monkeypatch.setattr(OpRun, "run", lambda self, *a, **k: ran.append(type(self).__name__) or library_run(self, *a, **k))
+    mblt_compile(source, tmp_path / "m.mblt", input_shape_dict=shapes or None, constant_inputs=constants)
+    reshapes = [name for name in ran if name.startswith("Reshape")]
+    assert len(reshapes) == 18 and created.count(reshapes[0]) == 1
+    from compiler_core.mblt.rule_index import _attribute_key
+
+    assert _attribute_key({"alpha": 0.0}) != _attribute_key({"alpha": -0.0})
+    assert _attribute_key({"axes": [1, 2]}) != _attribute_key({"axes": [1.0, 2.0]})
+    assert _attribute_key({"value": np.zeros(2)}) is None
