@@ -582,7 +582,8 @@ def test_topological_sort_sorts_as_the_library_pass_does_and_leaves_a_sorted_gra
 
 def test_a_read_once_tensor_reads_its_protobuf_once_and_hands_out_what_the_library_does(monkeypatch):
     """Shape, dtype and a small array are read from the protobuf on the first call only; a writable array (typed data)
-    comes as a fresh copy each time, a read-only one (raw data) as the library's; the tensor serializes as before."""
+    comes as a fresh copy each time, a read-only one (raw data, read without the library's look-ups) as the library's;
+    the tensor serializes as before."""
     from compiler_core.mblt.rule_index import ReadOnceTensor
 
     reads = []
@@ -594,13 +595,32 @@ def test_a_read_once_tensor_reads_its_protobuf_once_and_hands_out_what_the_libra
         reads.clear()
         tensor = ReadOnceTensor(proto)
         first, second = tensor.numpy(), tensor.numpy()
-        assert len(reads) == 1 and first.flags.writeable == second.flags.writeable == writable
+        assert len(reads) == int(writable) and first.flags.writeable == second.flags.writeable == writable
         np.testing.assert_array_equal(first, ir.serde.TensorProtoTensor(proto).numpy())
+        assert first.dtype == ir.serde.TensorProtoTensor(proto).numpy().dtype
         if writable:
             first[0] = 0.0
             assert tensor.numpy()[0] == 1.5  # a caller's change stays its own
         assert tensor.shape == ir.Shape([2]) and tensor.dtype == ir.serde.TensorProtoTensor(proto).dtype
         assert ir.serde.serialize_tensor(tensor).SerializeToString() == proto.SerializeToString()
+
+
+def test_a_read_once_tensor_reads_raw_data_of_every_type_as_the_library_does():
+    """Every data type whose ``raw_data`` the read-once tensor reads itself: the library's array (values, dtype with its
+    byte order, shape, read-only), and the other types (sub-byte, string) are left to the library."""
+    from compiler_core.mblt.rule_index import _RAW_DTYPES, ReadOnceTensor
+
+    rng = np.random.default_rng(3)
+    for data_type in ir.DataType:
+        proto = onnx.TensorProto(name="t", data_type=int(data_type), dims=[2, 3])
+        if int(data_type) not in _RAW_DTYPES:  # undefined, string, 2/4/6-bit: the library's read
+            assert data_type in (ir.DataType.UNDEFINED, ir.DataType.STRING) or data_type.bitwidth in (2, 4, 6)
+            continue
+        proto.raw_data = rng.integers(0, 256, int(6 * data_type.itemsize), dtype=np.uint8).tobytes()
+        ours, library = ReadOnceTensor(proto).numpy(), ir.serde.TensorProtoTensor(proto).numpy()
+        assert ours.dtype == library.dtype and ours.dtype.byteorder == library.dtype.byteorder
+        assert ours.shape == library.shape and ours.tobytes() == library.tobytes()
+        assert not ours.flags.writeable and not library.flags.writeable
 
 
 def test_shape_merging_reads_each_distinct_inferred_type_once(monkeypatch):
@@ -1025,3 +1045,124 @@ def test_batchnorm_fusion_applied_directly_gives_the_library_s_graph(case, fused
     assert count == rewriter.RewriteRuleSet([library_rule]).apply_to_model(library) == int(fused)
     assert ir.serde.serialize_model(ours).SerializeToString() == ir.serde.serialize_model(library).SerializeToString()
     assert ("BatchNormalization" not in [node.op_type for node in ours.graph]) is fused
+
+
+def _conv_batchnorm_source(path, case: str) -> None:
+    """Opset 11: Conv (weights in a large Constant, or an initializer) -> BatchNormalization -> Relu, with what keeps
+    the protobuf fusion from applying in some cases."""
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)  # 1152 elements: set apart as a large weight
+    params = [rng.uniform(0.5, 1.5, 16).astype(np.float32) for _ in range(4)]
+    if case == "float_data parameters":
+        stats = [helper.make_tensor(n, TensorProto.FLOAT, [16], p.tolist()) for p, n in zip(params, "sbmv")]
+    else:
+        stats = [numpy_helper.from_array(p, n) for p, n in zip(params, "sbmv")]
+    conv_inputs, initializers = ["x", "w"], list(stats)
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(weights), name="weights")]
+    if case == "weights in an initializer":
+        nodes, initializers = [], [*stats, numpy_helper.from_array(weights, "w")]
+    if case in ("bias", "zero bias"):
+        bias = np.zeros(16, np.float32) if case == "zero bias" else rng.standard_normal(16).astype(np.float32)
+        conv_inputs.append("cb")
+        initializers.append(numpy_helper.from_array(bias, "cb"))
+    attributes = {"auto_pad": "SAME_UPPER"} if case == "auto_pad" else {"pads": [1, 1, 1, 1]}
+    source = "x"
+    if case == "pad before":
+        nodes.append(helper.make_node("Pad", ["x", "p"], ["xp"], name="pad"))
+        initializers.append(numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "p"))
+        source, attributes = "xp", {}
+    if case == "constant input":
+        nodes.append(helper.make_node("Relu", ["k"], ["kr"], name="constant relu"))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((1, 8, 8, 8)).astype(np.float32), "k"))
+        nodes.append(helper.make_node("Conv", ["x", "w3"], ["xk"], name="variable conv"))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "w3"))
+        source = "kr"
+    conv_inputs[0] = source
+    nodes += [helper.make_node("Conv", conv_inputs, ["c"], name="conv", **attributes),
+              helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], name="bn", epsilon=1e-3)]
+    last = "bn"
+    if case == "conv output read twice":
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["side"], name="side"))
+        nodes.append(helper.make_node("Add", ["bn", "side"], ["both"], name="both"))
+        last = "both"
+    if case == "two batchnorms":
+        nodes.append(helper.make_node("BatchNormalization", ["bn", "s", "b", "m", "v"], ["bn2"], name="bn2"))
+        last = "bn2"
+    if case == "shared parameters":
+        nodes.append(helper.make_node("Conv", [last, "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]))
+        initializers.append(numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2"))
+        nodes.append(helper.make_node("BatchNormalization", ["c2", "s2", "b2", "m", "v2"], ["bn2"], name="bn2"))
+        initializers += [numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), n) for n in
+                         ("s2", "b2", "v2")]  # the mean is both BatchNorms'
+        last = "bn2"
+    nodes.append(helper.make_node("Relu", [last], ["y"], name="relu"))
+    if case == "constant input":
+        nodes.append(helper.make_node("Add", ["y", "xk"], ["y2"], name="add"))
+    output = "y2" if case == "constant input" else "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6), str(path))
+
+
+@pytest.mark.parametrize(("case", "fused_on_proto"), [
+    ("plain", 1), ("bias", 1), ("float_data parameters", 1), ("weights in an initializer", 1), ("two batchnorms", 1),
+    ("shared parameters", 2), ("zero bias", 0), ("auto_pad", 0), ("pad before", 0), ("conv output read twice", 0),
+    ("constant input", 0)])
+def test_batchnorms_fused_on_the_protobuf_give_the_graph_the_rewrite_pass_gives(case, fused_on_proto, tmp_path,
+                                                                                monkeypatch):
+    """Conv -> BatchNormalization of an old-opset source is fused on the protobuf, before deserialization, where no
+    other rule could act on the pair first: then onnx-ir never holds that BatchNorm, and the MBLT is the same, byte for
+    byte, as with the optimizer's fusion; elsewhere the optimizer fuses it as before."""
+    from compiler_core.mblt import rule_index
+
+    _conv_batchnorm_source(tmp_path / "m.onnx", case)
+    deserialized, fused = [], []
+    original_to_ir, original_fuse = canonicalize.CheckedModelProto.to_ir, canonicalize.fuse_batchnorms_proto
+
+    def fuse(graph, tensors, large):
+        before = sum(node.op_type == "BatchNormalization" for node in graph.node)
+        result = original_fuse(graph, tensors, large)
+        fused.append(before - sum(node.op_type == "BatchNormalization" for node in graph.node))
+        return result
+
+    monkeypatch.setattr(canonicalize.CheckedModelProto, "to_ir",
+                        lambda self: deserialized.append(original_to_ir(self)) or deserialized[-1])
+    monkeypatch.setattr(canonicalize, "fuse_batchnorms_proto", fuse)
+    waiting = []  # biases still waiting after the optimizer: its first rewrite pass should have given them all
+    original_give = canonicalize.give_fused_biases
+    monkeypatch.setattr(canonicalize, "give_fused_biases",
+                        lambda model: waiting.append(rule_index.FUSED_BIASES in model.meta) or original_give(model))
+    options = {"input_shape_dict": {"x": [1, 8, 8, 8]}}
+    on_proto = ir.serde.serialize_model(parse_model(tmp_path / "m.onnx", **options)[0]).SerializeToString()
+    assert fused == [fused_on_proto]
+    monkeypatch.setattr(canonicalize, "fuse_batchnorms_proto", lambda graph, tensors, large: {})
+    on_ir = ir.serde.serialize_model(parse_model(tmp_path / "m.onnx", **options)[0]).SerializeToString()
+    assert on_proto == on_ir
+    assert waiting == [False, False] and rule_index.FUSED_BIASES not in deserialized[0].meta
+    canonical = onnx.load_from_string(on_proto)
+    assert "BatchNormalization" not in [node.op_type for node in canonical.graph.node]
+
+
+def test_folding_creates_one_reference_op_per_op_and_attributes(tmp_path, monkeypatch):
+    """PP-OCR cls folds 18 Reshapes of biases to ``[1, C, 1, 1]`` in one pass: one ``onnx.reference`` instance runs them
+    all (creating one builds a node and reads a schema each time); the MBLT is the one the library's evaluator gives
+    (:func:`test_folding_builds_no_reference_op_registry`). Attributes that differ (``-0.0`` and ``0.0``) or that are
+    not numbers and strings get an instance each."""
+    from onnx.reference.op_run import OpRun
+
+    from compiler_core.api import mblt_compile
+
+    source, shapes, constants = realmodels.real_models()["ppocr_cls"]()
+    created, ran = [], []
+    library_create, library_run = OpRun.create.__func__, OpRun.run
+    monkeypatch.setattr(OpRun, "create", classmethod(lambda cls, *a, **k: created.append(cls.__name__)
+                                                     or library_create(cls, *a, **k)))
+    monkeypatch.setattr(OpRun, "run", lambda self, *a, **k: ran.append(type(self).__name__) or library_run(self, *a, **k))
+    mblt_compile(source, tmp_path / "m.mblt", input_shape_dict=shapes or None, constant_inputs=constants)
+    reshapes = [name for name in ran if name.startswith("Reshape")]
+    assert len(reshapes) == 18 and created.count(reshapes[0]) == 1
+    from compiler_core.mblt.rule_index import _attribute_key
+
+    assert _attribute_key({"alpha": 0.0}) != _attribute_key({"alpha": -0.0})
+    assert _attribute_key({"axes": [1, 2]}) != _attribute_key({"axes": [1.0, 2.0]})
+    assert _attribute_key({"value": np.zeros(2)}) is None

@@ -54,6 +54,7 @@ from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
 from compiler_core.mblt.recurrent import decompose_recurrent
 from compiler_core.mblt.rule_index import (
+    FUSED_BIASES,
     LiftConstants,
     RemoveUnusedNodes,
     RemoveUnusedOpsets,
@@ -61,6 +62,8 @@ from compiler_core.mblt.rule_index import (
     all_nodes,
     apply_rules,
     default_rules,
+    fuse_batchnorms_proto,
+    give_fused_biases,
     holds_graph,
     indexed_rule_set,
     merge_equal_weights,
@@ -392,13 +395,16 @@ def _convert_opset_proto(source: CheckedModelProto) -> tuple[ir.Model, bool]:
     if any(node.name and not node.metadata_props for node in converted.graph.node):
         _restore_node_metadata(converted.graph, graph)
     weights = _lift_constants_proto(converted.graph, pending)
+    biases = fuse_batchnorms_proto(converted.graph, weights, large) if inferred else {}
     value_info = _take_value_info(converted.graph)
     model = CheckedModelProto(converted, source.path).to_ir()
     for name, tensor in large.items():  # the converted model holds stubs of the large initializers
         if name in model.graph.initializers:
             model.graph.initializers[name].const_value = ir.serde.deserialize_tensor(tensor)
-    for name, array in weights.items():  # and of the lifted Constant weights
+    for name, array in weights.items():  # and of the lifted Constant weights and the fused Conv weights
         model.graph.initializers[name].const_value = array
+    if biases:
+        model.meta[FUSED_BIASES] = {node: biases[node.name] for node in model.graph if node.name in biases}
     read_once(model.graph)
     _merge_types(model, {info.name: info.type for info in value_info})
     ir.passes.Sequential(RemoveUnusedNodes(), RemoveUnusedOpsets())(model)
@@ -675,6 +681,7 @@ def _optimize(model: ir.Model) -> None:
     with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
         optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
                  should_fold=_should_fold)
+    give_fused_biases(model)  # its first rewrite pass gave them (kept for an optimizer that does not)
     _remove_unused_initializers(model)
 
 

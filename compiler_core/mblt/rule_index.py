@@ -380,7 +380,8 @@ class IndexedRuleSet(RewriteRuleSet):
         return self._by_op_type.get(op_type, self._any_op_type)
 
     def _apply_to_graph_or_function(self, model: ir.Model, graph_or_function: ir.Graph | ir.Function, *,
-                                    verbose: int | None, tracer=None) -> int:
+                                    verbose: int | None, tracer=None,
+                                    fused_biases: dict[ir.Node, ir.Value] | None = None) -> int:
         if tracer is not None or self._library_path:
             return super()._apply_to_graph_or_function(model, graph_or_function, verbose=verbose, tracer=tracer)
         for rule in self.rules:
@@ -388,6 +389,10 @@ class IndexedRuleSet(RewriteRuleSet):
                 rule.graph_pre_visitor()
         count = 0
         for node in graph_or_function:
+            if fused_biases:
+                bias = fused_biases.pop(node, None)
+                if bias is not None:
+                    _give_fused_bias(graph_or_function, node, bias)
             for rule, direct, prefilter in self._candidates(node.op_type):
                 if direct is not None:
                     if direct(graph_or_function, node):
@@ -421,6 +426,7 @@ class IndexedRuleSet(RewriteRuleSet):
     def apply_to_model(self, model: ir.Model, *, verbose: int | None = None, tracer=None) -> int:
         """Apply the rules to the main graph and the model's functions; returns how many rewrites were made."""
         if tracer is not None or self._library_path:
+            give_fused_biases(model)
             return super().apply_to_model(model, verbose=verbose, tracer=tracer)
         return self.apply_and_tell_clean(model, verbose=verbose)[0]
 
@@ -431,10 +437,15 @@ class IndexedRuleSet(RewriteRuleSet):
         a :class:`RemoveUnusedNodes` run next would change nothing.
         """
         if self._library_path:
+            give_fused_biases(model)
             return super().apply_to_model(model, verbose=verbose), False
         onnxscript_optimizer.basic_constant_propagation(model.graph)
         functions = list(model.functions.values())  # not the ones the rewrites add
-        count = self._apply_to_graph_or_function(model, model.graph, verbose=verbose)
+        fused_biases = model.meta.pop(FUSED_BIASES, None)
+        count = self._apply_to_graph_or_function(model, model.graph, verbose=verbose, fused_biases=fused_biases)
+        for node, bias in (fused_biases or {}).items():  # a node the pass removed before its turn needs none
+            if node.graph is model.graph:
+                _give_fused_bias(model.graph, node, bias)
         for function in functions:
             onnxscript_optimizer.basic_constant_propagation(function)
             count += self._apply_to_graph_or_function(model, function, verbose=verbose)
@@ -473,19 +484,29 @@ class _BatchNormFusionRewrite:
         batchnorm = batchnorm_out.producer()
         gamma, beta, mean, variance = (value.const_value.numpy() for value in batchnorm.inputs[1:])
         epsilon = batchnorm.attributes.get("epsilon", ir.Attr("epsilon", ir.AttributeType.FLOAT, 1e-5)).as_float()
-        scale = gamma / np.sqrt(variance + epsilon)
         inbound = inbound_out.producer()
-        weights = self._scale_weights(inbound.inputs[1].const_value.numpy(), scale, inbound.attributes)
         attributes = dict(inbound.attributes)
         gemm_beta = attributes.pop("beta", None)  # Gemm scales its bias by beta: folded in here
         bias_scale = gemm_beta.as_float() if gemm_beta is not None else 1.0
-        if len(inbound.inputs) > 2:
-            bias, bias_name = inbound.inputs[2].const_value.numpy(), inbound.inputs[2].name
-        else:
-            bias, bias_name = np.zeros_like(mean), inbound.inputs[1].name + "_bias"
-        fused_bias = (bias_scale * bias - mean) * scale + beta
+        has_bias = len(inbound.inputs) > 2
+        weights, fused_bias = self.fused(inbound.inputs[1].const_value.numpy(),
+                                         inbound.inputs[2].const_value.numpy() if has_bias else None, bias_scale,
+                                         (gamma, beta, mean, variance), epsilon, inbound.attributes)
+        bias_name = inbound.inputs[2].name if has_bias else inbound.inputs[1].name + "_bias"
         return op.op(self.op_type, x, op.initializer(ir.Tensor(weights), name=inbound.inputs[1].name),
                      op.initializer(ir.Tensor(fused_bias), name=bias_name), **attributes)
+
+    def fused(self, weights: np.ndarray, bias: np.ndarray | None, bias_scale: float,
+              parameters: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], epsilon: float,
+              attributes) -> tuple[np.ndarray, np.ndarray]:
+        """(fused weights, fused bias) of the inbound op's ``weights`` and ``bias`` (None: zeros) and the BatchNorm's
+        (scale, shift, mean, variance) and epsilon: the library's arithmetic."""
+        gamma, beta, mean, variance = parameters
+        scale = gamma / np.sqrt(variance + epsilon)
+        weights = self._scale_weights(weights, scale, attributes)
+        if bias is None:
+            bias = np.zeros_like(mean)
+        return weights, (bias_scale * bias - mean) * scale + beta
 
 
     def apply_directly(self, graph_or_function: ir.Graph | ir.Function, batchnorm: ir.Node, rule_name: str) -> bool:
@@ -542,6 +563,216 @@ class _FuseBatchNormIntoConvTranspose(_BatchNormFusionRewrite, _fuse_batchnorm.F
 
 class _FuseBatchNormIntoGemm(_BatchNormFusionRewrite, _fuse_batchnorm.FuseBatchNormIntoGemm):
     pass
+
+
+FUSED_BIASES = "mblt.fused_biases"
+"""``model.meta`` key: fused Conv node -> the bias initializer :func:`fuse_batchnorms_proto` computed for it, which the
+first indexed rule set pass registers and gives the node when it reaches it (see :func:`fuse_batchnorms_proto`)."""
+
+_FLOAT_CODE = int(ir.DataType.FLOAT)
+_FLOAT_TENSOR_FIELDS = frozenset({"dims", "data_type", "name", "raw_data", "float_data"})
+_VARIABLE_OPS = frozenset({
+    "Conv", "ConvTranspose", "BatchNormalization", "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish",
+    "Tanh", "Clip", "Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "GlobalMaxPool", "Concat", "Reshape", "Transpose", "Flatten", "Softmax", "Resize", "Upsample", "Pad", "Identity"})
+"""Ops whose outputs the constant folder never makes constants while an input is not constant (no shape-only read
+such as ``Shape``/``Size``/``CastLike``, no selection such as ``Where``)."""
+
+
+def fuse_batchnorms_proto(graph: onnx.GraphProto, tensors: dict[str, ir.Tensor],
+                          large: dict[str, onnx.TensorProto]) -> dict[str, ir.Value]:
+    """Fuse each ``Conv -> BatchNormalization`` of a converted source protobuf as the optimizer's first rewrite pass
+    would, before the graph is deserialized: the BatchNorm and its four parameters are never deserialized, matched or
+    replaced in onnx-ir (PP-OCR cls: 35 of them, a tenth of its parse).
+
+    Only a pair where nothing else could act first is fused here (else the optimizer fuses it as before): the library
+    rule's conditions (:meth:`_BatchNormFusionRewrite.apply_directly`: the Conv's output read only by the BatchNorm,
+    its weights and bias initializers read only by it, the BatchNorm's parameters initializers), float32 tensors, no
+    tag of an earlier rewrite, and none of the default rules at a Conv applying to it, before or after: no
+    ``auto_pad``, no ``Pad`` before it, a bias (given or fused) that is not all zeros. Its input must not be a value
+    the constant folding before that pass could turn into a constant (the folder would fold the Conv itself). The
+    fused Conv replaces the BatchNorm node in place, with the rule's arithmetic (:meth:`_BatchNormFusionRewrite.fused`),
+    metadata (the rule's tag, then the BatchNorm's and the Conv's merged) and attributes; its weights (and a given
+    bias) keep their initializers' places, as stubs whose tensors are set in ``tensors`` (name -> the ``ir.Tensor`` the
+    caller gives the deserialized initializer), and the parameters no node reads any more are dropped. A bias the Conv
+    did not have is a new initializer, which the rule set appends when it reaches the node (after the folding's
+    initializers): it is returned by the fused node's name, for :data:`FUSED_BIASES`.
+
+    Args:
+        graph: The converted graph, after the constants were lifted to initializers (modified in place).
+        tensors: Tensors of initializers that are stubs in ``graph`` (extended in place).
+        large: Other initializers held apart from ``graph`` (those whose weights change are removed).
+
+    Returns:
+        Fused node name -> its new bias initializer.
+    """
+    if not rewrite_rule_module.merge_metadata:
+        return {}
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    graph_inputs = {info.name for info in graph.input}
+    outputs = {info.name for info in graph.output}
+    producer: dict[str, onnx.NodeProto] = {}
+    reads: Counter[str] = Counter()
+    variable = set(graph_inputs) - initializers.keys()
+    for node in graph.node:  # standard-domain nodes only (the protobuf path's graphs)
+        inputs, node_outputs = node.input, node.output
+        reads.update(inputs)
+        if node.op_type in _VARIABLE_OPS and not variable.isdisjoint(inputs):
+            variable.update(node_outputs)
+        for name in node_outputs:
+            producer[name] = node
+    fusion = _FuseBatchNormIntoConv()
+    removed: set[str] = set()  # the fused Convs' outputs
+    parameters: set[str] = set()
+    biases: dict[str, ir.Value] = {}
+    taken = {*initializers, *graph_inputs, *producer}
+    names = Counter(node.name for node in graph.node)
+    fused_names: set[str] = set()
+    for batchnorm in graph.node:
+        if batchnorm.op_type != "BatchNormalization" or not batchnorm.name or names[batchnorm.name] != 1:
+            continue
+        plan = _proto_fusion_plan(batchnorm, producer, reads, outputs, initializers, graph_inputs, variable, taken,
+                                  tensors, large)
+        if plan is None or plan[0].name in fused_names:
+            continue
+        conv, arrays, bias_name = plan
+        weights, bias = fusion.fused(arrays[0], arrays[1], 1.0, arrays[2:], _epsilon(batchnorm), {})
+        if not bias.any():
+            continue
+        parameters.update(batchnorm.input[1:])
+        removed.add(conv.output[0])
+        fused_names.add(batchnorm.name)
+        _write_fused_conv(batchnorm, conv)
+        for name, array in ((conv.input[1], weights), (bias_name if len(conv.input) > 2 else None, bias)):
+            if name is None:
+                continue
+            stub = initializers[name]
+            stub.ClearField("raw_data")
+            stub.ClearField("float_data")
+            tensors[name] = ir.Tensor(array)
+            large.pop(name, None)
+        if len(conv.input) <= 2:
+            tensor = ir.Tensor(bias)
+            biases[batchnorm.name] = ir.Value(name=bias_name, shape=ir.Shape(list(tensor.shape.dims)),
+                                              type=ir.TensorType(tensor.dtype), const_value=tensor)
+            taken.add(bias_name)
+    if not removed:
+        return {}
+    for index in reversed([i for i, node in enumerate(graph.node)
+                           if node.op_type == "Conv" and node.output[0] in removed]):
+        del graph.node[index]
+    for index in reversed([i for i, info in enumerate(graph.value_info) if info.name in removed]):
+        del graph.value_info[index]
+    read = {name for node in graph.node for name in node.input}
+    for index in reversed([i for i, tensor in enumerate(graph.initializer)
+                           if tensor.name in parameters and tensor.name not in read and tensor.name not in outputs]):
+        del graph.initializer[index]
+    return biases
+
+
+def _proto_fusion_plan(batchnorm: onnx.NodeProto, producer: dict[str, onnx.NodeProto], reads: Counter[str],
+                       outputs: set[str], initializers: dict[str, onnx.TensorProto], graph_inputs: set[str],
+                       variable: set[str], taken: set[str], tensors: dict[str, ir.Tensor],
+                       large: dict[str, onnx.TensorProto]) -> tuple[onnx.NodeProto, list, str] | None:
+    """(the Conv, [weights, bias or None, scale, shift, mean, variance], the fused bias's name) where
+    :func:`fuse_batchnorms_proto` fuses ``batchnorm``, else None."""
+    if batchnorm.domain not in ("", "ai.onnx") or len(batchnorm.input) != 5 or not all(batchnorm.input) \
+            or len(batchnorm.output) != 1 or _has_rule_tag(batchnorm):
+        return None
+    conv = producer.get(batchnorm.input[0])
+    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1 \
+            or not 2 <= len(conv.input) <= 3 or not all(conv.input) or conv.input[0] not in variable \
+            or _has_rule_tag(conv) or any(attribute.name == "auto_pad" for attribute in conv.attribute):
+        return None
+    before = producer.get(conv.input[0])
+    if (before is not None and before.op_type == "Pad") or reads[conv.output[0]] != 1 or conv.output[0] in outputs:
+        return None
+    own = list(conv.input[1:])
+    if any(reads[name] != 1 or name in outputs for name in own):
+        return None
+    arrays = []
+    for name in (*own, *batchnorm.input[1:]):
+        if name not in initializers or name in graph_inputs:
+            return None
+        array = _float_array(name, initializers[name], tensors, large)
+        if array is None:
+            return None
+        arrays.append(array)
+    if len(own) == 1:
+        bias_name = own[0] + "_bias"
+        if bias_name in taken:
+            return None
+        arrays.insert(1, None)
+    else:
+        bias_name = own[1]
+        if not arrays[1].any():  # a zero bias: the default rules take it out of the Conv first
+            return None
+    return conv, arrays, bias_name
+
+
+def _float_array(name: str, stub: onnx.TensorProto, tensors: dict[str, ir.Tensor],
+                 large: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    """The float32 array of an initializer, as its deserialized tensor reads it, or None if it is not float32 or
+    holds more than its data (its stub is then rewritten as the onnx-ir fusion writes a new tensor)."""
+    if stub.data_type != _FLOAT_CODE or any(field.name not in _FLOAT_TENSOR_FIELDS for field, _ in stub.ListFields()):
+        return None
+    tensor = tensors.get(name)
+    if tensor is not None:
+        return tensor.numpy() if tensor.dtype == ir.DataType.FLOAT else None
+    proto = large.get(name, stub)
+    if proto is not stub and (proto.data_type != _FLOAT_CODE or any(
+            field.name not in _FLOAT_TENSOR_FIELDS for field, _ in proto.ListFields())):
+        return None
+    if proto.HasField("raw_data"):
+        return np.frombuffer(proto.raw_data, dtype=_RAW_DTYPES[_FLOAT_CODE]).reshape(proto.dims)
+    return np.array(proto.float_data, dtype=np.float32).reshape(proto.dims)  # the same numbers as the library's read
+
+
+def _has_rule_tag(node: onnx.NodeProto) -> bool:
+    return any(entry.key == rewrite_rule_module.RULE_NAME_TAG for entry in node.metadata_props)
+
+
+def _epsilon(batchnorm: onnx.NodeProto) -> float:
+    """The BatchNorm's epsilon as onnx-ir reads it (``Attr.as_float``), 1e-5 if not given."""
+    for attribute in batchnorm.attribute:
+        if attribute.name == "epsilon":
+            if attribute.type == onnx.AttributeProto.FLOAT:
+                return attribute.f
+            return ir.serde.deserialize_attribute(attribute).as_float()
+    return 1e-5
+
+
+def _write_fused_conv(batchnorm: onnx.NodeProto, conv: onnx.NodeProto) -> None:
+    """Make the BatchNorm node the fused Conv (as the rule set writes it: the Conv's inputs and attributes, the
+    BatchNorm's output, the rule's tag and the two nodes' metadata merged, BatchNorm first); its name stays, as the
+    handle :func:`fuse_batchnorms_proto` returns the bias by."""
+    metadata = {rewrite_rule_module.RULE_NAME_TAG: "FuseBatchNormIntoConv"}
+    merger = rewrite_rule_module._default_metadata_merger
+    for node in (batchnorm, conv):
+        merger.update_dict(metadata, {entry.key: entry.value for entry in node.metadata_props})
+    output = batchnorm.output[0]
+    name = batchnorm.name
+    batchnorm.Clear()
+    batchnorm.op_type, batchnorm.name = "Conv", name
+    batchnorm.input.extend(conv.input)
+    batchnorm.output.append(output)
+    batchnorm.attribute.extend(conv.attribute)
+    for key, value in metadata.items():
+        batchnorm.metadata_props.add(key=key, value=value)
+
+
+def _give_fused_bias(graph: ir.Graph | ir.Function, node: ir.Node, bias: ir.Value) -> None:
+    """Register the bias :func:`fuse_batchnorms_proto` computed for ``node`` and make it the node's third input."""
+    graph.initializers[bias.name] = bias
+    node.resize_inputs(3)
+    node.replace_input_with(2, bias)
+
+
+def give_fused_biases(model: ir.Model) -> None:
+    """Give every fused Conv still waiting for it its bias (:data:`FUSED_BIASES`), now."""
+    for node, bias in model.meta.pop(FUSED_BIASES, {}).items():
+        if node.graph is model.graph:
+            _give_fused_bias(model.graph, node, bias)
 
 
 def _quick_library_rules() -> dict[str, RewriteRule]:
@@ -662,11 +893,57 @@ class _ReferenceOps(_constant_folding.ReferenceEvaluator):
     call: an ``issubclass`` with the ``OpRun`` ABC for every name in ``onnx.reference.ops``, where each name that is not
     an op walks all 400 subclasses (7-9 ms, once per process). An op it does not find takes the library's way."""
 
+    def __init__(self) -> None:
+        self._instances: dict[tuple, object] = {}
+
     def get_evaluator(self, domain: str, op: str, version: int) -> Callable | None:
         implementation = _reference_op(domain, op, version)
         if implementation is None:
             return super().get_evaluator(domain, op, version)
         return implementation.eval
+
+    def evaluate(self, domain: str, op: str, version: int, *args, **kwargs):
+        """The library's ``evaluate`` (``OpRun.eval``: the op's instance created from its attributes, then run), with
+        one instance per op class, input count and attributes while the folding runs (:meth:`forget`): creating one
+        builds a NodeProto and reads the op's schema, about 0.1 ms, and a model folds many alike (PP-OCR cls: 18
+        Reshapes to ``[1, C, 1, 1]``); ``onnx.reference``'s own evaluator runs each node's instance again and again.
+        Attributes other than numbers, strings and lists of them take the library's way."""
+        implementation = _reference_op(domain, op, version)
+        attributes = _attribute_key(kwargs) if implementation is not None else None
+        if attributes is None:
+            return super().evaluate(domain, op, version, *args, **kwargs)
+        key = (implementation, len(args), attributes)
+        try:
+            instance = self._instances.get(key)
+            if instance is None:
+                instance = self._instances[key] = implementation.create(len(args), **kwargs)
+            results = instance.run(*args)
+        except Exception as error:  # noqa: BLE001 - as the library's evaluate: logged, nothing folded
+            _constant_folding.logger.warning("Evaluation failed: %s", error)
+            return None
+        return results[0] if len(results) == 1 else results
+
+    def forget(self) -> None:
+        """Drop the op instances (at the end of a folding pass)."""
+        self._instances.clear()
+
+
+_KEY_SCALARS = (int, float, str)
+
+
+def _attribute_key(attributes: dict) -> tuple | None:
+    """A key telling the attribute values apart by type and ``repr`` (``0.0`` and ``-0.0`` differ), or None when one
+    is not a number, a string or a list of them."""
+    key = []
+    for name in sorted(attributes):
+        value = attributes[name]
+        if type(value) in _KEY_SCALARS:
+            key.append((name, type(value), repr(value)))
+        elif type(value) in (list, tuple) and all(type(item) in _KEY_SCALARS for item in value):
+            key.append((name, type(value), tuple((type(item), repr(item)) for item in value)))
+        else:
+            return None
+    return tuple(key)
 
 
 @functools.cache
@@ -705,11 +982,13 @@ def _quick_reference_ops():
     """Fold with :class:`_ReferenceOps` (onnxscript's folder evaluates through its module's evaluator): the same
     implementations, so the same folded values."""
     saved = _constant_folding._reference_evaluator
-    _constant_folding._reference_evaluator = _QUICK_REFERENCE_OPS
+    evaluator = _constant_folding._reference_evaluator = _QUICK_REFERENCE_OPS
     try:
         yield
     finally:
         _constant_folding._reference_evaluator = saved
+        if isinstance(evaluator, _ReferenceOps):
+            evaluator.forget()
 
 
 def _is_function(graph_or_function: ir.Graph | ir.Function) -> bool:
@@ -783,13 +1062,41 @@ class ReadOnceTensor(ir.serde.TensorProtoTensor):
         kept = self._array
         if kept is not None:  # read-only: handed out as the library hands it out, a writable array as a fresh copy
             return kept.copy() if self._writable else kept
-        array = super().numpy()
+        array = self._raw_array() if self._proto.HasField("raw_data") else None
+        if array is None:
+            array = super().numpy()
         if array.size <= _KEPT_ELEMENTS:
             self._writable = array.flags.writeable
             self._array = array.copy() if self._writable else array
         return array
 
 
+    def _raw_array(self) -> np.ndarray | None:
+        """What the library's ``numpy()`` gives for data in ``raw_data`` of a whole-byte numeric type (a read-only
+        array over the bytes, in the library's little-endian dtype), without its per-call look-ups; None for any other
+        tensor (sub-byte, string, external), which the library reads."""
+        proto = self._proto
+        dtype = _RAW_DTYPES.get(proto.data_type)
+        if dtype is None or proto.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return np.frombuffer(proto.raw_data, dtype=dtype).reshape(proto.dims)
+
+
+def _raw_dtypes() -> dict[int, np.dtype]:
+    """ONNX data type code -> the numpy dtype the library reads ``raw_data`` as (``dtype.numpy().newbyteorder("<")``),
+    for the types it reads that way: whole bytes per element, not strings."""
+    dtypes = {}
+    for data_type in ir.DataType:
+        if data_type in (ir.DataType.UNDEFINED, ir.DataType.STRING) or data_type.bitwidth not in (8, 16, 32, 64, 128):
+            continue
+        try:
+            dtypes[int(data_type)] = data_type.numpy().newbyteorder("<")
+        except (TypeError, ValueError):  # no numpy type for it: the library raises, so leave it to the library
+            continue
+    return dtypes
+
+
+_RAW_DTYPES = _raw_dtypes()
 _KEPT_ELEMENTS = 4096
 """Largest array a :class:`ReadOnceTensor` keeps (a weight read once, by a fusion, is not worth its memory)."""
 
