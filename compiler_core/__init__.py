@@ -19,10 +19,14 @@ _LAZY = {
     "mblt_compile_with_callback": "compiler_core.api",
     "mxq_compile": "compiler_core.api",
     "mxq_compile_with_callback": "compiler_core.api",
+    "mxq_compile_from_source": "compiler_core.api",
+    "mxq_compile_from_mblt": "compiler_core.api",
     "parse_model": "compiler_core.api",
     "quantize": "compiler_core.api",
     "read_provenance": "compiler_core.api",
     "CompileConfig": "compiler_core.config.models",
+    "list_presets": "compiler_core.config",
+    "dump_default_config": "compiler_core.config",
 }
 
 __all__ = ["QBCompilerError", "__version__", *_LAZY]

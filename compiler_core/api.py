@@ -52,6 +52,7 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
     """:func:`parse_model`; ``keep_checked`` keeps the checker's protobuf in the graph's ``meta`` (see
     :func:`~compiler_core.mblt.canonicalize.canonicalize`)."""
     is_path = isinstance(model, (str, Path))
+    in_dformats = _vendor_parse_options(frontend_options)
     backend = backend or (detect_backend(model) if is_path else "torch")
     constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
     if backend in ("torch", "torchscript") and constants:  # bound arguments are forward() arguments there
@@ -76,6 +77,7 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
                                   hint="This is probably a compiler bug. Please report it with the model.",
                                   stage=VERIFY_STAGE)
             raise _blame_source(crash, model, backend) from error
+    _check_in_dformats(in_dformats, graph)
     provenance = make_provenance(
         source_path=str(Path(model).resolve()) if is_path else None,
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
@@ -85,6 +87,50 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
                         **({"output_names": list(output_names)} if output_names else {})},
     )
     return graph, provenance
+
+
+FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
+"""Keyword arguments of the compile functions that go to the frontend (the parse), not to the CompileConfig."""
+
+PARSE_HOSTS = ("cpu", "gpu")
+LAYOUT_NAMES = ("NCHW", "NHWC")
+
+
+def _vendor_parse_options(options: dict[str, Any]) -> dict[str, str]:
+    """Take the vendor's parse arguments that are not frontend options out of ``options``; refuse unknown names.
+
+    ``device`` (the compile host) and ``cpu_offload`` are accepted as the vendor's ``mblt_compile`` takes them; the
+    parse runs on the CPU and the offload is decided by the compile. Returns ``in_dformats``, checked after the parse.
+    """
+    device = options.pop("device", None)
+    if device is not None and device not in PARSE_HOSTS:
+        raise ArgumentError(f"device must be one of {', '.join(PARSE_HOSTS)} (the compile host), got {device!r}.",
+                            hint="The NPU is chosen with target_device (aries-rb ...).")
+    if options.pop("cpu_offload", None):
+        logger.warning("cpu_offload is decided when compiling, not at the parse: pass cpu_offload=True to "
+                       "mxq_compile / mxq_compile_from_mblt (or --cpu-offload) with this MBLT.")
+    in_dformats = options.pop("in_dformats", None) or {}
+    unknown = sorted(set(options) - {*FRONTEND_OPTIONS, "output_names"})
+    if unknown:
+        raise ArgumentError(f"Unknown parse argument(s): {', '.join(unknown)}.",
+                            hint="Valid arguments: backend, target_device, input_shape_dict, constant_inputs, "
+                                 f"output_names, device, cpu_offload, in_dformats, {', '.join(FRONTEND_OPTIONS)}.")
+    return dict(in_dformats)
+
+
+def _check_in_dformats(in_dformats: Mapping[str, str], graph: ir.Model) -> None:
+    """``in_dformats`` names model inputs and a layout each; the MBLT keeps the model's own layout either way."""
+    names = [value.name for value in graph.graph.inputs]
+    unknown = sorted(set(in_dformats) - set(names))
+    if unknown:
+        raise ArgumentError(f"in_dformats names input(s) the model does not have: {', '.join(unknown)}.",
+                            hint=f"The model's inputs are: {', '.join(names)}.")
+    bad = {name: layout for name, layout in in_dformats.items() if str(layout).upper() not in LAYOUT_NAMES}
+    if bad:
+        raise ArgumentError(f"in_dformats: {bad} is not a layout; use one of {', '.join(LAYOUT_NAMES)}.")
+    if in_dformats:
+        logger.info("in_dformats: the MBLT keeps each input's layout as the model declares it; the layout of the "
+                    "arrays you run is Model(..., input_layout='NCHW' or 'NHWC').")
 
 
 def mblt_compile(
@@ -302,10 +348,6 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
                         **kwargs)
 
 
-FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
-"""Keyword arguments of the compile functions that go to the frontend (the parse), not to the CompileConfig."""
-
-
 def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
                             save_path: str | Path = "./tmp.mxq", backend: str | None = None,
                             input_shape_dict: Mapping[str, Sequence[int]] | None = None,
@@ -316,7 +358,7 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     import tempfile
 
     reporter = as_reporter(callback, cancel_token)
-    frontend_options = {key: kwargs.pop(key) for key in FRONTEND_OPTIONS if key in kwargs}
+    frontend_options = {key: kwargs.pop(key) for key in (*FRONTEND_OPTIONS, "in_dformats") if key in kwargs}
     backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
     _compile_config(target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
                     **{key: value for key, value in kwargs.items() if key != "config_save_path"})
@@ -404,6 +446,9 @@ def _compile_config(*, target_device: str | None, calib_data_path: Any, save_pat
     if not config.target_device:
         raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
     get_device(config.target_device)
+    if config.device == "gpu":
+        logger.warning("device='gpu': this version calibrates with onnxruntime on the CPU; the setting is kept in the "
+                       "config only.")
     return config
 
 

@@ -461,7 +461,7 @@ def cmd_quantize(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     started = time.perf_counter()
     result = quantize(args.mblt, args.calib_data_path, compile_config=args.compile_config,
                       config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
-                      target_device=args.target_device, callback=out.progress)
+                      target_device=args.target_device, device=args.device, callback=out.progress)
     elapsed = time.perf_counter() - started
     written = []
     if args.qdq_output:
@@ -502,7 +502,7 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
                              save_path=args.output, compile_config=args.compile_config,
                              config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
                              cpu_offload=args.cpu_offload, cpu_layers=_cpu_layers(args),
-                             inference_scheme=args.inference_scheme,
+                             inference_scheme=args.inference_scheme, device=args.device,
                              config_save_path=args.config_save_path, mixed_precision_config=_mixed_precision_option(args),
                              callback=out.progress, **options)
     payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict(),
@@ -887,6 +887,8 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
                         help="with --calib-text: the model's tokenizer folder or tokenizer.json (default: the model's "
                              "own folder)")
     parser.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
+    parser.add_argument("--device", choices=["cpu", "gpu"],
+                        help="compile host for calibration (the config's device; the NPU is --target-device)")
     parser.add_argument("--config-preset", help="preset name (see `qbcompiler presets`)")
     parser.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig")
     parser.add_argument("--config-save-path", metavar="FILE", help="write the resolved config here")

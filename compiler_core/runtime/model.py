@@ -37,6 +37,10 @@ class Accelerator:
     """
 
     def __init__(self, device: str | int = 0) -> None:
+        if isinstance(device, (int, np.integer)) and not isinstance(device, bool) and device != 0:
+            raise ArgumentError(f"Accelerator({device}): the simulator has one device per target string; device "
+                                "number 0 is aries-rb.",
+                                hint="Pass 0, or a device string: Accelerator('regulus-rb') ...")
         self.profile = get_device("aries-rb" if device == 0 else str(device))
 
     @property
@@ -103,6 +107,8 @@ class Model:
         self._accelerator: Accelerator | None = None
         self.core_mode: str | None = None
         self.host_io: str | None = None
+        self._code_specs: dict[str, Any] | None = None  # inputs a full-integer source model took as codes
+        self._code_warned: set[str] = set()
 
     @property
     def program(self) -> QuantizedModel:
@@ -136,9 +142,11 @@ class Model:
 
         Args:
             inputs: one array per model input (a list, a dict by name, or a single array).
-                Float arrays are quantized on the way in; arrays of exactly the input's code dtype
-                (``int8``/``int16``/``uint8``) are taken as codes and must lie in its code range;
-                any other dtype is an :class:`ArgumentError`.
+                Float arrays are quantized on the way in. An input a full-integer source model (TFLite
+                ``inference_input_type=tf.int8``) took as integers takes arrays of that dtype as the source's codes,
+                ``(q - zero point) * scale``, as ``qbcompiler run`` and calibration read them (with a warning).
+                Otherwise arrays of exactly the input's NPU code dtype (``int8``/``int16``/``uint8``) are taken as
+                codes and must lie in its code range; any other dtype is an :class:`ArgumentError`.
                 A model compiled for batch 1 also takes N samples stacked on the leading axis;
                 the outputs then hold N samples too (same codes as N single inferences).
             raw: return the NPU output codes instead of float32 values.
@@ -164,7 +172,26 @@ class Model:
         if len(inputs) != len(specs):
             raise ArgumentError(f"The model takes {len(specs)} input(s), {len(inputs)} given.",
                                 hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
-        return {spec.name: self._convert(spec, np.asarray(array)) for spec, array in zip(specs, inputs)}
+        return {spec.name: self._convert(spec, self._source_values(spec.name, np.asarray(array)))
+                for spec, array in zip(specs, inputs)}
+
+    def _source_values(self, name: str, array: np.ndarray) -> np.ndarray:
+        """A full-integer source model's input codes (a TFLite model's int8 input) as its values, as ``qbcompiler run``
+        and calibration read them; other arrays as they are."""
+        if self._code_specs is None:
+            from compiler_core.runtime.inputs import input_specs_of
+
+            self._code_specs = {spec.name: spec for spec in input_specs_of(self.artifact) if spec.codes is not None}
+        spec = self._code_specs.get(name)
+        if spec is None or array.dtype.name != spec.codes[0]:
+            return array
+        if name not in self._code_warned:
+            self._code_warned.add(name)
+            dtype, scale, zero_point = spec.codes
+            logger.warning("%s input '%s' is read as the source model's %s codes: value = (q %s %d) * %.6g (pass "
+                           "float32 values to give the values themselves)", dtype, name, dtype,
+                           "-" if zero_point >= 0 else "+", abs(zero_point), scale)
+        return spec.real_values(array).astype(np.float32)
 
     def _convert(self, spec, array: np.ndarray) -> np.ndarray:
         expected = list(spec.shape)
