@@ -109,7 +109,14 @@ def _vendor_parse_options(options: dict[str, Any]) -> dict[str, str]:
     if options.pop("cpu_offload", None):
         logger.warning("cpu_offload is decided when compiling, not at the parse: pass cpu_offload=True to "
                        "mxq_compile / mxq_compile_from_mblt (or --cpu-offload) with this MBLT.")
+    feed_dict = options.get("feed_dict")
+    if feed_dict is not None and not isinstance(feed_dict, Mapping):
+        raise ArgumentError(f"feed_dict must be a dict keyed by forward's argument names, got a "
+                            f"{type(feed_dict).__name__}.", hint="e.g. feed_dict={'x': torch.randn(1, 3, 224, 224)}.")
     in_dformats = options.pop("in_dformats", None) or {}
+    if not isinstance(in_dformats, Mapping):
+        raise ArgumentError(f"in_dformats must be a dict of input name -> layout, got a {type(in_dformats).__name__}.",
+                            hint="e.g. in_dformats={'input': 'NCHW'}.")
     unknown = sorted(set(options) - {*FRONTEND_OPTIONS, "output_names"})
     if unknown:
         raise ArgumentError(f"Unknown parse argument(s): {', '.join(unknown)}.",

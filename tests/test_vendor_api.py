@@ -281,3 +281,38 @@ def test_model_infer_reads_a_full_integer_tflite_models_int8_codes_as_qbcompiler
     actual = np.asarray(from_codes, np.float64).ravel()
     cosine = float(actual @ expected.ravel() / np.linalg.norm(actual) / np.linalg.norm(expected))
     assert cosine > 0.99
+
+
+def test_a_feed_dict_that_is_not_a_dict_is_an_argument_error(tmp_path: Path) -> None:
+    """``feed_dict=(x,)`` (positional example inputs) was an AttributeError traceback ('tuple' has no 'items')."""
+    import torch
+
+    from compiler_core import mblt_compile
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    with pytest.raises(
+        ArgumentError, match="feed_dict must be a dict keyed by forward's argument names, got a tuple"
+    ):
+        mblt_compile(module, tmp_path / "m.mblt", backend="torch", feed_dict=(torch.zeros(1, 3, 8, 8),))
+
+
+def test_the_cores_a_model_config_chooses_are_checked_and_counted(sample_mxq) -> None:
+    """``set_single_core_mode(cores=[0, 1])`` estimated the throughput of all eight cores, and core 8 (there are 8,
+    numbered 0-7) was accepted."""
+    from compiler_core.runtime import Accelerator, Model, ModelConfig
+
+    def launched(config: ModelConfig) -> Model:
+        model = Model(sample_mxq, config)
+        model.launch(Accelerator("aries-rb"))
+        return model
+
+    everything = launched(ModelConfig()).estimate()
+    config = ModelConfig()
+    config.set_single_core_mode(cores=[0, 1])
+    two = launched(config).estimate()
+    assert (everything["instances"], two["instances"]) == (8, 2)
+    assert two["throughput_fps"] == pytest.approx(everything["throughput_fps"] / 4, abs=0.1)
+    assert two["latency_ms"] == everything["latency_ms"]
+    config.set_single_core_mode(cores=[0, 8])
+    with pytest.raises(ArgumentError, match=r"has 8 core\(s\), numbered 0-7; \[8\] do not exist"):
+        launched(config)

@@ -122,6 +122,7 @@ class Model:
                 f"{self.path.name} was compiled for {self.artifact.device}, not {accelerator.device}.",
                 hint=f"Use Accelerator('{self.artifact.device}') or compile for {accelerator.device}.")
         self.core_mode = self._resolve_mode()
+        self._check_cores(accelerator.profile)
         self.host_io = host_io(accelerator.device, accelerator.profile.float_io)  # "float32" or "quantized"
         self._accelerator = accelerator
 
@@ -135,6 +136,29 @@ class Model:
                 f"(compiled modes: {', '.join(compiled)}).",
                 hint="Pick one of those modes, or compile again with inference_scheme covering it.")
         return self.config.core_mode
+
+    def _check_cores(self, device) -> None:
+        """The cores (single) or clusters (multi, global4) chosen in the ModelConfig exist on ``device``."""
+        cores = self.config.cores
+        if not cores or self.core_mode not in ("single", "multi", "global4"):
+            return
+        unit, count = ("core", device.total_cores) if self.core_mode == "single" else ("cluster", device.clusters)
+        outside = sorted({index for index in cores if not 0 <= index < count})
+        if outside or len(set(cores)) != len(cores):
+            raise ArgumentError(
+                f"ModelConfig.set_{self.core_mode}_core_mode({cores}): {device.name} has {count} {unit}(s), numbered "
+                f"0-{count - 1}" + (f"; {outside} do not exist." if outside else "; each may be given once."),
+                hint=f"Pick {unit}s among 0-{count - 1}, or leave them out to use every {unit}.")
+
+    def _instances_used(self, device) -> tuple[int, int]:
+        """(inputs in flight on the cores or clusters chosen, inputs in flight on the whole device)."""
+        from compiler_core.targets import CORE_MODES as modes
+
+        everything = modes[self.core_mode].instances(device.total_cores)
+        if not self.config.cores or self.core_mode not in ("single", "multi", "global4"):
+            return everything, everything
+        per_unit = 1 if self.core_mode == "single" else everything // device.clusters
+        return len(self.config.cores) * per_unit, everything
 
     def infer(self, inputs: np.ndarray | Sequence[np.ndarray] | Mapping[str, np.ndarray], *,
               raw: bool = False) -> list[np.ndarray]:
@@ -211,10 +235,19 @@ class Model:
         return np.ascontiguousarray(array)
 
     def estimate(self) -> dict[str, Any]:
-        """Estimated latency and throughput of the launched core mode on its device (cost model)."""
+        """Estimated latency and throughput of the launched core mode on its device (cost model).
+
+        Throughput counts the cores (single) or clusters (multi, global4) the ModelConfig chose: two of the eight
+        cores in single mode give a quarter of the whole device's (``instances``: inputs in flight).
+        """
         device = get_device(self.artifact.device)
         mode = self.core_mode or self.artifact.core_modes[0]
-        return estimate(self.program, device, mode, self.artifact.npu).to_dict()
+        result = estimate(self.program, device, mode, self.artifact.npu).to_dict()
+        if self.core_mode is not None:  # launched: on the cores the ModelConfig chose
+            used, everything = self._instances_used(device)
+            result["throughput_fps"] = round(result["throughput_fps"] * used / everything, 1)
+            result["instances"] = used
+        return result
 
     def dispose(self) -> None:
         """Release the device binding (the MXQ can be launched again)."""
