@@ -316,3 +316,36 @@ def test_the_cores_a_model_config_chooses_are_checked_and_counted(sample_mxq) ->
     config.set_single_core_mode(cores=[0, 8])
     with pytest.raises(ArgumentError, match=r"has 8 core\(s\), numbered 0-7; \[8\] do not exist"):
         launched(config)
+
+
+def test_float_pixels_given_to_a_uint8_input_model_are_warned_about(tmp_path: Path, caplog) -> None:
+    """An MXQ with uint8 input (normalization fused) given the image as float32 0..255 read them as normalized values
+    (every one saturated) and answered without a word; the reference's runtime takes uint8 pixels for such a model."""
+    from PIL import Image
+
+    from compiler_core import mxq_compile
+    from compiler_core.runtime import Accelerator, Model
+
+    mxq = tmp_path / "u8.mxq"
+    normalize = {"op": "normalize", "mean": [0.286041], "std": [0.353024], "fuseIntoFirstLayer": True}
+    mxq_compile(
+        SAMPLE,
+        "aries-rb",
+        SAMPLE_DIR / "calib",
+        mxq,
+        compile_config=SAMPLE_CONFIG,
+        uint8_input_config={"apply": True},
+        preprocessing_config={"apply": True, "pipeline": [normalize]},
+        analysis_holdout=0,
+    )
+    pixels = np.asarray(Image.open(sorted((SAMPLE_DIR / "test").glob("*.png"))[0]).convert("L"))[
+        None, ..., None
+    ]
+    model = Model(mxq)
+    model.launch(Accelerator("aries-rb"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="compiler_core.runtime.checks"):
+        model.infer([pixels])
+        assert not caplog.text
+        model.infer([pixels.astype(np.float32)])
+    assert "far outside" in caplog.text and "pass the image as a uint8 array" in caplog.text
