@@ -349,3 +349,25 @@ def test_float_pixels_given_to_a_uint8_input_model_are_warned_about(tmp_path: Pa
         assert not caplog.text
         model.infer([pixels.astype(np.float32)])
     assert "far outside" in caplog.text and "pass the image as a uint8 array" in caplog.text
+
+
+def test_config_save_path_writes_yaml_for_a_yaml_name(sample_mblt, tmp_path: Path) -> None:
+    """``config_save_path="resolved.yaml"`` got JSON text; it is YAML now (and reproduces the config)."""
+    import yaml
+
+    from compiler_core import CompileConfig
+    from compiler_core.api import mxq_compile_from_mblt
+
+    saved = tmp_path / "resolved.yaml"
+    mxq_compile_from_mblt(
+        sample_mblt,
+        target_device="aries-rb",
+        calib_data_path=SAMPLE_DIR / "calib",
+        save_path=tmp_path / "m.mxq",
+        compile_config=SAMPLE_CONFIG,
+        config_save_path=saved,
+        analysis_holdout=0,
+    )
+    text = saved.read_text()
+    assert not text.lstrip().startswith("{") and yaml.safe_load(text)["targetDevice"] == "aries-rb"
+    assert CompileConfig.from_file(saved).preprocessing.pipeline[0].op == "normalize"
