@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 from compiler_core.errors import QBCompilerError  # noqa: E402
 
 _LAZY = {
+    "get_body_subgraph": "compiler_core.api",
     "mblt_compile": "compiler_core.api",
     "mblt_compile_with_callback": "compiler_core.api",
     "mxq_compile": "compiler_core.api",

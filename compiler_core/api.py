@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
+from compiler_core.errors import (
+    ArgumentError,
+    InternalError,
+    InvalidModelError,
+    QBCompilerError,
+    UnsupportedOpsError,
+)
 from compiler_core.fileio import check_output_path, sha256_file
 from compiler_core.frontends import detect_backend, load_source
 from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize, frozen_heap
@@ -22,7 +28,7 @@ from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "mxq_compile", "mxq_compile_from_mblt",
+__all__ = ["get_body_subgraph", "load_mblt", "mblt_compile", "mblt_compile_with_callback", "mxq_compile", "mxq_compile_from_mblt",
            "mxq_compile_from_source", "mxq_compile_with_callback", "parse_model", "quantize", "read_provenance"]
 
 
@@ -198,6 +204,41 @@ def mblt_compile_with_callback(model: Any, mblt_save_path: str | Path, callback:
 def read_provenance(mblt_path: str | Path) -> dict[str, Any]:
     """The provenance record of an MBLT: source path and sha256, backend, compiler version, options."""
     return _read_provenance(mblt_path)
+
+
+def get_body_subgraph(mblt_path: str | Path, output_path: str | Path, target_device: str = "aries-rb") -> Path:
+    """Write an MBLT holding only the NPU body of ``mblt_path`` (vendor ``get_body_subgraph``).
+
+    The body is what ``cpu_offload`` leaves on the NPU of ``target_device``: the graph without its leading and
+    trailing groups of layers the device cannot run (the largest subgraph the NPU runs in one piece). Its inputs and
+    outputs are the tensors at the cut; node names are the MBLT's. An MBLT the device runs whole is written unchanged.
+
+    Raises:
+        UnsupportedOpsError: a layer the device cannot run sits between NPU layers, or nothing is left for the NPU.
+    """
+    from compiler_core.backend.partition import partition
+    from compiler_core.targets import body_computes, check_support, get_device, plan_cpu_offload
+
+    device = get_device(target_device)
+    check_output_path(output_path, "MBLT")
+    graph = load_mblt(mblt_path)
+    report = check_support(graph, device.name)
+    plan = plan_cpu_offload(graph, report)
+    if plan.inner_unsupported or not body_computes(graph, plan):
+        error = report.unsupported_error()
+        where = "sit between NPU layers" if plan.inner_unsupported else "leave no layer for the NPU"
+        raise UnsupportedOpsError(f"No NPU body to extract for {device.name}: unsupported layers {where}. "
+                                  f"{error.message if error else ''}".strip(),
+                                  hint=plan.inner_hint(report.mfu_alternatives()) if plan.inner_unsupported else
+                                  "Check the model with `qbcompiler check` for the reasons.",
+                                  nodes=(plan.inner_unsupported or plan.cpu_head + plan.cpu_tail)[:10])
+    body = partition(graph, plan).body if plan.has_cpu_parts else graph
+    logger.info("NPU body on %s: %d node(s); %d head and %d tail node(s) left out", device.name, len(plan.npu_body),
+                len(plan.cpu_head), len(plan.cpu_tail))
+    provenance = {**_read_provenance(mblt_path),
+                  "body_of": {"mblt_sha256": sha256_file(mblt_path), "target_device": device.name,
+                              "cpu_head": plan.cpu_head, "cpu_tail": plan.cpu_tail}}
+    return write_mblt(body, output_path, provenance)
 
 
 def _device(target_device: str | None):

@@ -263,6 +263,19 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     return payload
 
 
+def cmd_extract_body(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.api import get_body_subgraph, read_provenance
+
+    path = get_body_subgraph(args.mblt, args.output, args.target_device)
+    summary = _mblt_summary(path)
+    cut = read_provenance(path).get("body_of") or {}
+    payload = {"command": "extract-body", "output": str(path), **summary,
+               "cpu_head": cut.get("cpu_head", []), "cpu_tail": cut.get("cpu_tail", [])}
+    out.result(payload, f"Wrote {path} ({summary['nodes']} nodes; left out {len(payload['cpu_head'])} head and "
+                        f"{len(payload['cpu_tail'])} tail node(s) that {args.target_device} cannot run)")
+    return payload
+
+
 def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     path = Path(args.file)
     if path.suffix.lower() == ".mxq":
@@ -1023,6 +1036,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt", help="text prompt for a compiled LLM (--mxq X.llm.json); tokens are streamed")
     run.add_argument("--max-new-tokens", type=int, default=32, help="with --prompt: tokens to generate (default 32)")
     run.set_defaults(handler=cmd_run)
+
+    body = sub.add_parser("extract-body", help="write an MBLT of only the NPU body (without the CPU head/tail layers)")
+    body.add_argument("--mblt", required=True, help="parsed MBLT file")
+    body.add_argument("--output", "-o", required=True, help="output .mblt")
+    body.add_argument("--target-device", default="aries-rb", help="the device whose support decides (default aries-rb)")
+    body.set_defaults(handler=cmd_extract_body)
 
     presets = sub.add_parser("presets", help="list configuration presets")
     presets.set_defaults(handler=cmd_presets)

@@ -371,3 +371,55 @@ def test_config_save_path_writes_yaml_for_a_yaml_name(sample_mblt, tmp_path: Pat
     text = saved.read_text()
     assert not text.lstrip().startswith("{") and yaml.safe_load(text)["targetDevice"] == "aries-rb"
     assert CompileConfig.from_file(saved).preprocessing.pipeline[0].op == "normalize"
+
+
+def test_get_body_subgraph_and_extract_body_leave_out_what_the_device_cannot_run(
+    tmp_path: Path, capsys
+) -> None:
+    """The reference's ``get_body_subgraph(mblt_path, output_path)`` and ``qbcompiler extract-body`` did not exist.
+    The sample CNN with a Softmax after its logits, for regulus-ra (no MFU: Softmax unsupported): the body ends at the
+    logits, which equal the whole model's in onnxruntime; aries-rb runs the model whole."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from compiler_core import get_body_subgraph, mblt_compile, read_provenance
+    from compiler_core.cli import run
+
+    source = onnx.load(SAMPLE)
+    logits = source.graph.output[0].name
+    source.graph.node.append(helper.make_node("Softmax", [logits], ["probs"], name="softmax", axis=-1))
+    source.graph.output.append(helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, [1, 10]))
+    onnx.save(source, tmp_path / "with_softmax.onnx")
+    mblt = mblt_compile(tmp_path / "with_softmax.onnx", tmp_path / "m.mblt")
+    body = get_body_subgraph(mblt, tmp_path / "body.mblt", "regulus-ra")
+    body_model = onnx.load(body)
+    assert [value.name for value in body_model.graph.output] == [logits]
+    assert "Softmax" not in {node.op_type for node in body_model.graph.node}
+    assert read_provenance(body)["body_of"]["cpu_tail"]
+    image = np.random.default_rng(0).normal(size=(1, 1, 28, 28)).astype(np.float32)
+    whole = ort.InferenceSession(str(mblt)).run([logits], {"image": image})[0]
+    np.testing.assert_allclose(
+        ort.InferenceSession(str(body)).run(None, {"image": image})[0], whole, rtol=1e-6
+    )
+    assert len(onnx.load(get_body_subgraph(mblt, tmp_path / "whole.mblt")).graph.node) == len(
+        onnx.load(mblt).graph.node
+    )
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = run(
+            [
+                "extract-body",
+                "--mblt",
+                str(mblt),
+                "--output",
+                str(tmp_path / "cli.mblt"),
+                "--target-device",
+                "regulus-ra",
+            ]
+        )
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert code == 0 and "left out 0 head and 1 tail node(s)" in capsys.readouterr().out
