@@ -149,9 +149,9 @@ def _check_in_dformats(in_dformats: Mapping[str, str], graph: ir.Model) -> None:
 def mblt_compile(
     model: Any,
     mblt_save_path: str | Path,
-    *,
     backend: str | None = None,
     target_device: str | None = None,
+    *,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, Any] | None = None,
     output_names: Sequence[str] | None = None,
@@ -396,8 +396,8 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
                         **kwargs)
 
 
-def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
-                            save_path: str | Path = "./tmp.mxq", backend: str | None = None,
+def mxq_compile_from_source(model: Any, target_device: str | None = None, calib_data_path: Any = None,
+                            save_path: str | Path = "./tmp.mxq", *, backend: str | None = None,
                             input_shape_dict: Mapping[str, Sequence[int]] | None = None,
                             constant_inputs: Mapping[str, Any] | None = None,
                             output_names: Sequence[str] | None = None, callback: ProgressCallback | None = None,
@@ -461,8 +461,8 @@ def _parse_options_from_config(kwargs: Mapping[str, Any], backend: str | None,
     return backend or config.backend, input_shape_dict or (dict(config.input_shape_dict) or None)
 
 
-def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None, calib_data_path: Any = None,
-                          save_path: str | Path = "./tmp.mxq", compile_config: Any = None,
+def mxq_compile_from_mblt(mblt: str | Path, target_device: str | None = None, calib_data_path: Any = None,
+                          save_path: str | Path = "./tmp.mxq", *, compile_config: Any = None,
                           config_preset: str | None = None, config_save_path: str | Path | None = None,
                           callback: ProgressCallback | None = None, cancel_token: CancelToken | None = None,
                           **config_args: Any):

@@ -423,3 +423,20 @@ def test_get_body_subgraph_and_extract_body_leave_out_what_the_device_cannot_run
         root.handlers[:] = handlers
         root.setLevel(level)
     assert code == 0 and "left out 0 head and 1 tail node(s)" in capsys.readouterr().out
+
+
+def test_the_reference_argument_order_works_positionally(sample_mblt, tmp_path: Path) -> None:
+    """``mblt_compile(model, mblt_save_path, backend, target_device)`` and ``mxq_compile_from_mblt(mblt, target_device,
+    calib_data_path, save_path)`` in the reference's order were TypeErrors (keyword-only arguments)."""
+    from compiler_core import mblt_compile, mxq_compile_from_mblt
+
+    assert mblt_compile(SAMPLE, tmp_path / "m.mblt", "onnx", "aries-rb").is_file()
+    result = mxq_compile_from_mblt(
+        sample_mblt,
+        "aries-rb",
+        SAMPLE_DIR / "calib",
+        tmp_path / "m.mxq",
+        compile_config=SAMPLE_CONFIG,
+        analysis_holdout=0,
+    )
+    assert result.device == "aries-rb"
