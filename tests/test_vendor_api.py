@@ -440,3 +440,15 @@ def test_the_reference_argument_order_works_positionally(sample_mblt, tmp_path: 
         analysis_holdout=0,
     )
     assert result.device == "aries-rb"
+
+
+def test_the_vendors_hessian_quant_config_names_what_to_pass_here() -> None:
+    """``hessian_quant_config=`` (a reference sub-config) was only "Unknown config argument(s)"; the message now names
+    this compiler's GPTQ setting, which the config accepts."""
+    from compiler_core.config import resolve_config
+
+    with pytest.raises(
+        ArgumentError, match=r"for hessian_quant_config pass bit_config=\{'weightRounding': 'gptq'\}"
+    ):
+        resolve_config(hessian_quant_config={"apply": True})
+    assert resolve_config(bit_config={"weightRounding": "gptq"}).bit.weight_rounding == "gptq"
