@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -488,6 +489,9 @@ def _compile_config(*, target_device: str | None, calib_data_path: Any, save_pat
     from compiler_core.targets import get_device
 
     paths = [calib_data_path] if isinstance(calib_data_path, (str, Path)) else calib_data_path
+    if paths is not None and not (isinstance(paths, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in paths)):
+        raise ArgumentError(f"calib_data_path must be a path or a list of paths, got {calib_data_path!r}.",
+                            hint="A folder of images or .npy files, a .txt list or a JSON manifest.")
     config = resolve_config(compile_config=compile_config, config_preset=config_preset, target_device=target_device,
                             save_path=[str(save_path)], calib_data_path=[str(p) for p in paths] if paths else None,
                             **config_args)

@@ -452,3 +452,32 @@ def test_the_vendors_hessian_quant_config_names_what_to_pass_here() -> None:
     ):
         resolve_config(hessian_quant_config={"apply": True})
     assert resolve_config(bit_config={"weightRounding": "gptq"}).bit.weight_rounding == "gptq"
+
+
+def test_runtime_arguments_of_the_wrong_kind_are_argument_errors(sample_mxq) -> None:
+    """Each was a Python traceback naming our internals (AttributeError 'str' has no 'core_mode' / 'device', TypeError
+    'NoneType' has no len(), '<=' between int and str, expected str ... not NoneType)."""
+    from compiler_core.runtime import Accelerator, Model, ModelConfig, get_model_summary
+
+    with pytest.raises(ArgumentError, match="model_config must be a ModelConfig, got a str"):
+        Model(sample_mxq, "multi")
+    with pytest.raises(ArgumentError, match="launch takes an Accelerator, got a str"):
+        Model(sample_mxq).launch("aries-rb")
+    model = Model(sample_mxq)
+    model.launch(Accelerator(0))
+    with pytest.raises(ArgumentError, match="infer takes a list of arrays .* got NoneType"):
+        model.infer(None)
+    config = ModelConfig()
+    config.set_single_core_mode(cores="01")
+    with pytest.raises(ArgumentError, match="core and cluster numbers are integers"):
+        Model(sample_mxq, config).launch(Accelerator(0))
+    with pytest.raises(ArgumentError, match="An MXQ path is needed, got NoneType"):
+        get_model_summary(None)
+
+
+def test_a_calibration_path_of_the_wrong_kind_is_an_argument_error(tmp_path: Path) -> None:
+    """``calib_data_path=123`` was a TypeError ('int' object is not iterable) from inside the config resolution."""
+    from compiler_core import mxq_compile
+
+    with pytest.raises(ArgumentError, match="calib_data_path must be a path or a list of paths, got 123"):
+        mxq_compile(SAMPLE, "aries-rb", 123, tmp_path / "m.mxq")

@@ -8,6 +8,7 @@ and runs inferences: CPU head (onnxruntime) -> NPU body (the bit-exact integer p
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,10 @@ class Model:
     def __init__(self, path: str | Path, model_config: ModelConfig | None = None, *, input_layout: str = "NHWC"):
         if input_layout not in LAYOUTS:
             raise ArgumentError(f"input_layout must be one of {', '.join(LAYOUTS)}, got {input_layout!r}.")
-        self.path = Path(path)
+        if model_config is not None and not isinstance(model_config, ModelConfig):
+            raise ArgumentError(f"model_config must be a ModelConfig, got a {type(model_config).__name__}.",
+                                hint="e.g. config = ModelConfig(); config.set_multi_core_mode(); Model(path, config).")
+        self.path = _mxq_path(path)
         self.config = model_config or ModelConfig()
         self.input_layout = input_layout
         self.artifact: CompiledArtifact = load_artifact(self.path)
@@ -117,6 +121,9 @@ class Model:
 
     def launch(self, accelerator: Accelerator) -> None:
         """Bind to a device; the MXQ must target it and have been compiled for the core mode."""
+        if not isinstance(accelerator, Accelerator):
+            raise ArgumentError(f"launch takes an Accelerator, got a {type(accelerator).__name__}.",
+                                hint=f"model.launch(Accelerator('{self.artifact.device}')).")
         if accelerator.device != self.artifact.device:
             raise ArgumentError(
                 f"{self.path.name} was compiled for {self.artifact.device}, not {accelerator.device}.",
@@ -142,6 +149,9 @@ class Model:
         cores = self.config.cores
         if not cores or self.core_mode not in ("single", "multi", "global4"):
             return
+        if not all(isinstance(index, (int, np.integer)) and not isinstance(index, bool) for index in cores):
+            raise ArgumentError(f"ModelConfig.set_{self.core_mode}_core_mode: core and cluster numbers are integers, "
+                                f"got {cores!r}.", hint="e.g. set_multi_core_mode([0, 1]).")
         unit, count = ("core", device.total_cores) if self.core_mode == "single" else ("cluster", device.clusters)
         outside = sorted({index for index in cores if not 0 <= index < count})
         if outside or len(set(cores)) != len(cores):
@@ -185,6 +195,10 @@ class Model:
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         specs = self.artifact.input_specs
+        if not isinstance(inputs, (np.ndarray, Mapping, Sequence)) or isinstance(inputs, str):
+            raise ArgumentError(f"infer takes a list of arrays (one per input), a dict by input name or one array; "
+                                f"got {type(inputs).__name__}.",
+                                hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, Mapping):
@@ -257,7 +271,13 @@ class Model:
 
 def get_model_summary(path: str | Path) -> dict[str, Any]:
     """Device, core modes, inputs/outputs (shape, dtype, layout, scale, zero point), layers, sizes, provenance."""
-    return load_artifact(Path(path)).summary()
+    return load_artifact(_mxq_path(path)).summary()
+
+
+def _mxq_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"An MXQ path is needed, got {type(path).__name__}.", hint="Pass the .mxq file's path.")
+    return Path(path)
 
 
 def run_inputs_for(program: QuantizedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
