@@ -75,16 +75,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         uint8_mxq, float_mxq = Path(folder) / "uint8.mxq", Path(folder) / "float.mxq"
         mxq_compile(onnx_path, "aries-rb", calib, uint8_mxq, config_preset="classification_torchvision")
-        mxq_compile(onnx_path, "aries-rb", calib, float_mxq, config_preset="classification",
-                    preprocessing_config=realdata.IMAGENET_PREPROCESSING)
+        mxq_compile(
+            onnx_path,
+            "aries-rb",
+            calib,
+            float_mxq,
+            config_preset="classification",
+            preprocessing_config=realdata.IMAGENET_PREPROCESSING,
+        )
         uint8_model, float_model = _launched(uint8_mxq), _launched(float_mxq)
         rows = {"float MXQ, normalized floats": [0, 0], "uint8 MXQ, float32 pixels": [0, 0]}
         files = realdata.image_files(held_out)
         for path in files:
             pixels = _pixels(path)
             reference = int(uint8_model.infer([pixels])[0].argmax())
-            runs = {"float MXQ, normalized floats": (float_model, ((pixels / 255 - MEAN) / STD).astype(np.float32)),
-                    "uint8 MXQ, float32 pixels": (uint8_model, pixels.astype(np.float32))}
+            runs = {
+                "float MXQ, normalized floats": (
+                    float_model,
+                    ((pixels / 255 - MEAN) / STD).astype(np.float32),
+                ),
+                "uint8 MXQ, float32 pixels": (uint8_model, pixels.astype(np.float32)),
+            }
             for name, (model, array) in runs.items():
                 checks._WARNED_RANGES.clear()  # warned once per model: count per photo
                 warnings.count = 0
