@@ -162,9 +162,7 @@ class Model:
 
     def _instances_used(self, device) -> tuple[int, int]:
         """(inputs in flight on the cores or clusters chosen, inputs in flight on the whole device)."""
-        from compiler_core.targets import CORE_MODES as modes
-
-        everything = modes[self.core_mode].instances(device.total_cores)
+        everything = _MODES[self.core_mode].instances(device.total_cores)
         if not self.config.cores or self.core_mode not in ("single", "multi", "global4"):
             return everything, everything
         per_unit = 1 if self.core_mode == "single" else everything // device.clusters
