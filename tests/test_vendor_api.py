@@ -481,3 +481,15 @@ def test_a_calibration_path_of_the_wrong_kind_is_an_argument_error(tmp_path: Pat
 
     with pytest.raises(ArgumentError, match="calib_data_path must be a path or a list of paths, got 123"):
         mxq_compile(SAMPLE, "aries-rb", 123, tmp_path / "m.mxq")
+
+
+def test_a_wrong_input_count_lists_the_shapes_in_the_layout_arrays_are_passed_in(sample_mxq) -> None:
+    """The hint listed the model's NCHW shape ([1, 1, 28, 28]) to a Model taking NHWC arrays ([1, 28, 28, 1])."""
+    from compiler_core.runtime import Accelerator, Model
+
+    for layout, shape in (("NHWC", "[1, 28, 28, 1]"), ("NCHW", "[1, 1, 28, 28]")):
+        model = Model(sample_mxq, input_layout=layout)
+        model.launch(Accelerator(0))
+        with pytest.raises(ArgumentError, match="takes 1 input") as caught:
+            model.infer([np.zeros((1, 28, 28, 1), np.float32)] * 2)
+        assert caught.value.hint == f"Inputs ({layout}): image {shape}."

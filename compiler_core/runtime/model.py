@@ -196,7 +196,7 @@ class Model:
         if not isinstance(inputs, (np.ndarray, Mapping, Sequence)) or isinstance(inputs, str):
             raise ArgumentError(f"infer takes a list of arrays (one per input), a dict by input name or one array; "
                                 f"got {type(inputs).__name__}.",
-                                hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
+                                hint=f"Inputs ({self.input_layout}): {self._inputs_text()}.")
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, Mapping):
@@ -207,7 +207,7 @@ class Model:
             inputs = [inputs.get(spec.name) for spec in specs]
         if len(inputs) != len(specs):
             raise ArgumentError(f"The model takes {len(specs)} input(s), {len(inputs)} given.",
-                                hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
+                                hint=f"Inputs ({self.input_layout}): {self._inputs_text()}.")
         return {spec.name: self._convert(spec, self._source_values(spec.name, np.asarray(array)))
                 for spec, array in zip(specs, inputs)}
 
@@ -232,8 +232,7 @@ class Model:
     def _convert(self, spec, array: np.ndarray) -> np.ndarray:
         expected = list(spec.shape)
         own = len(expected) != 4 or spec.name in self.artifact.channels_last  # TFLite/Keras: NHWC already
-        nhwc = expected if own else [expected[0], *expected[2:], expected[1]]
-        given_layout = expected if len(expected) != 4 or self.input_layout == "NCHW" else nhwc
+        given_layout = self._shape_in_layout(spec)
         if array.ndim == len(given_layout) and expected and expected[0] == 1 and array.shape[0] >= 1:
             given_layout = [array.shape[0], *given_layout[1:]]  # a batch of samples
         if list(array.shape) != given_layout:
@@ -245,6 +244,16 @@ class Model:
         if not own and self.input_layout == "NHWC":
             array = array.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(array)
+
+    def _shape_in_layout(self, spec) -> list[int]:
+        """The input's shape as arrays are passed: NHWC for a 4-D NCHW input unless ``input_layout='NCHW'``."""
+        shape = list(spec.shape)
+        if len(shape) != 4 or spec.name in self.artifact.channels_last or self.input_layout == "NCHW":
+            return shape
+        return [shape[0], *shape[2:], shape[1]]
+
+    def _inputs_text(self) -> str:
+        return ", ".join(f"{spec.name} {self._shape_in_layout(spec)}" for spec in self.artifact.input_specs)
 
     def estimate(self) -> dict[str, Any]:
         """Estimated latency and throughput of the launched core mode on its device (cost model).
