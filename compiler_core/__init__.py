@@ -15,14 +15,19 @@ __version__ = "0.1.0"
 from compiler_core.errors import QBCompilerError  # noqa: E402
 
 _LAZY = {
+    "get_body_subgraph": "compiler_core.api",
     "mblt_compile": "compiler_core.api",
     "mblt_compile_with_callback": "compiler_core.api",
     "mxq_compile": "compiler_core.api",
     "mxq_compile_with_callback": "compiler_core.api",
+    "mxq_compile_from_source": "compiler_core.api",
+    "mxq_compile_from_mblt": "compiler_core.api",
     "parse_model": "compiler_core.api",
     "quantize": "compiler_core.api",
     "read_provenance": "compiler_core.api",
     "CompileConfig": "compiler_core.config.models",
+    "list_presets": "compiler_core.config",
+    "dump_default_config": "compiler_core.config",
 }
 
 __all__ = ["QBCompilerError", "__version__", *_LAZY]

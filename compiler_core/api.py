@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from compiler_core.errors import ArgumentError, InternalError, InvalidModelError, QBCompilerError
+from compiler_core.errors import (
+    ArgumentError,
+    InternalError,
+    InvalidModelError,
+    QBCompilerError,
+    UnsupportedOpsError,
+)
 from compiler_core.fileio import check_output_path, sha256_file
 from compiler_core.frontends import detect_backend, load_source
 from compiler_core.mblt.canonicalize import CHECKED_PROTO, VERIFY_STAGE, canonicalize, frozen_heap
@@ -22,7 +29,7 @@ from compiler_core.progress import CancelToken, ProgressCallback, as_reporter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_mblt", "mblt_compile", "mblt_compile_with_callback", "mxq_compile", "mxq_compile_from_mblt",
+__all__ = ["get_body_subgraph", "load_mblt", "mblt_compile", "mblt_compile_with_callback", "mxq_compile", "mxq_compile_from_mblt",
            "mxq_compile_from_source", "mxq_compile_with_callback", "parse_model", "quantize", "read_provenance"]
 
 
@@ -52,6 +59,7 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
     """:func:`parse_model`; ``keep_checked`` keeps the checker's protobuf in the graph's ``meta`` (see
     :func:`~compiler_core.mblt.canonicalize.canonicalize`)."""
     is_path = isinstance(model, (str, Path))
+    in_dformats = _vendor_parse_options(frontend_options)
     backend = backend or (detect_backend(model) if is_path else "torch")
     constants = {name: np.asarray(value) for name, value in (constant_inputs or {}).items()}
     if backend in ("torch", "torchscript") and constants:  # bound arguments are forward() arguments there
@@ -76,6 +84,7 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
                                   hint="This is probably a compiler bug. Please report it with the model.",
                                   stage=VERIFY_STAGE)
             raise _blame_source(crash, model, backend) from error
+    _check_in_dformats(in_dformats, graph)
     provenance = make_provenance(
         source_path=str(Path(model).resolve()) if is_path else None,
         source_sha256=sha256_file(model) if is_path and Path(model).is_file() else None,
@@ -87,12 +96,63 @@ def _parse(model: Any, *, backend: str | None, input_shape_dict: Mapping[str, Se
     return graph, provenance
 
 
+FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
+"""Keyword arguments of the compile functions that go to the frontend (the parse), not to the CompileConfig."""
+
+PARSE_HOSTS = ("cpu", "gpu")
+LAYOUT_NAMES = ("NCHW", "NHWC")
+
+
+def _vendor_parse_options(options: dict[str, Any]) -> dict[str, str]:
+    """Take the vendor's parse arguments that are not frontend options out of ``options``; refuse unknown names.
+
+    ``device`` (the compile host) and ``cpu_offload`` are accepted as the vendor's ``mblt_compile`` takes them; the
+    parse runs on the CPU and the offload is decided by the compile. Returns ``in_dformats``, checked after the parse.
+    """
+    device = options.pop("device", None)
+    if device is not None and device not in PARSE_HOSTS:
+        raise ArgumentError(f"device must be one of {', '.join(PARSE_HOSTS)} (the compile host), got {device!r}.",
+                            hint="The NPU is chosen with target_device (aries-rb ...).")
+    if options.pop("cpu_offload", None):
+        logger.warning("cpu_offload is decided when compiling, not at the parse: pass cpu_offload=True to "
+                       "mxq_compile / mxq_compile_from_mblt (or --cpu-offload) with this MBLT.")
+    feed_dict = options.get("feed_dict")
+    if feed_dict is not None and not isinstance(feed_dict, Mapping):
+        raise ArgumentError(f"feed_dict must be a dict keyed by forward's argument names, got a "
+                            f"{type(feed_dict).__name__}.", hint="e.g. feed_dict={'x': torch.randn(1, 3, 224, 224)}.")
+    in_dformats = options.pop("in_dformats", None) or {}
+    if not isinstance(in_dformats, Mapping):
+        raise ArgumentError(f"in_dformats must be a dict of input name -> layout, got a {type(in_dformats).__name__}.",
+                            hint="e.g. in_dformats={'input': 'NCHW'}.")
+    unknown = sorted(set(options) - {*FRONTEND_OPTIONS, "output_names"})
+    if unknown:
+        raise ArgumentError(f"Unknown parse argument(s): {', '.join(unknown)}.",
+                            hint="Valid arguments: backend, target_device, input_shape_dict, constant_inputs, "
+                                 f"output_names, device, cpu_offload, in_dformats, {', '.join(FRONTEND_OPTIONS)}.")
+    return dict(in_dformats)
+
+
+def _check_in_dformats(in_dformats: Mapping[str, str], graph: ir.Model) -> None:
+    """``in_dformats`` names model inputs and a layout each; the MBLT keeps the model's own layout either way."""
+    names = [value.name for value in graph.graph.inputs]
+    unknown = sorted(set(in_dformats) - set(names))
+    if unknown:
+        raise ArgumentError(f"in_dformats names input(s) the model does not have: {', '.join(unknown)}.",
+                            hint=f"The model's inputs are: {', '.join(names)}.")
+    bad = {name: layout for name, layout in in_dformats.items() if str(layout).upper() not in LAYOUT_NAMES}
+    if bad:
+        raise ArgumentError(f"in_dformats: {bad} is not a layout; use one of {', '.join(LAYOUT_NAMES)}.")
+    if in_dformats:
+        logger.info("in_dformats: the MBLT keeps each input's layout as the model declares it; the layout of the "
+                    "arrays you run is Model(..., input_layout='NCHW' or 'NHWC').")
+
+
 def mblt_compile(
     model: Any,
     mblt_save_path: str | Path,
-    *,
     backend: str | None = None,
     target_device: str | None = None,
+    *,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     constant_inputs: Mapping[str, Any] | None = None,
     output_names: Sequence[str] | None = None,
@@ -145,6 +205,41 @@ def mblt_compile_with_callback(model: Any, mblt_save_path: str | Path, callback:
 def read_provenance(mblt_path: str | Path) -> dict[str, Any]:
     """The provenance record of an MBLT: source path and sha256, backend, compiler version, options."""
     return _read_provenance(mblt_path)
+
+
+def get_body_subgraph(mblt_path: str | Path, output_path: str | Path, target_device: str = "aries-rb") -> Path:
+    """Write an MBLT holding only the NPU body of ``mblt_path`` (vendor ``get_body_subgraph``).
+
+    The body is what ``cpu_offload`` leaves on the NPU of ``target_device``: the graph without its leading and
+    trailing groups of layers the device cannot run (the largest subgraph the NPU runs in one piece). Its inputs and
+    outputs are the tensors at the cut; node names are the MBLT's. An MBLT the device runs whole is written unchanged.
+
+    Raises:
+        UnsupportedOpsError: a layer the device cannot run sits between NPU layers, or nothing is left for the NPU.
+    """
+    from compiler_core.backend.partition import partition
+    from compiler_core.targets import body_computes, check_support, get_device, plan_cpu_offload
+
+    device = get_device(target_device)
+    check_output_path(output_path, "MBLT")
+    graph = load_mblt(mblt_path)
+    report = check_support(graph, device.name)
+    plan = plan_cpu_offload(graph, report)
+    if plan.inner_unsupported or not body_computes(graph, plan):
+        error = report.unsupported_error()
+        where = "sit between NPU layers" if plan.inner_unsupported else "leave no layer for the NPU"
+        raise UnsupportedOpsError(f"No NPU body to extract for {device.name}: unsupported layers {where}. "
+                                  f"{error.message if error else ''}".strip(),
+                                  hint=plan.inner_hint(report.mfu_alternatives()) if plan.inner_unsupported else
+                                  "Check the model with `qbcompiler check` for the reasons.",
+                                  nodes=(plan.inner_unsupported or plan.cpu_head + plan.cpu_tail)[:10])
+    body = partition(graph, plan).body if plan.has_cpu_parts else graph
+    logger.info("NPU body on %s: %d node(s); %d head and %d tail node(s) left out", device.name, len(plan.npu_body),
+                len(plan.cpu_head), len(plan.cpu_tail))
+    provenance = {**_read_provenance(mblt_path),
+                  "body_of": {"mblt_sha256": sha256_file(mblt_path), "target_device": device.name,
+                              "cpu_head": plan.cpu_head, "cpu_tail": plan.cpu_tail}}
+    return write_mblt(body, output_path, provenance)
 
 
 def _device(target_device: str | None):
@@ -302,12 +397,8 @@ def mxq_compile(model: Any, target_device: str | None = None, calib_data_path: A
                         **kwargs)
 
 
-FRONTEND_OPTIONS = ("feed_dict", "dynamic_axes", "allow_pickle", "submodule")
-"""Keyword arguments of the compile functions that go to the frontend (the parse), not to the CompileConfig."""
-
-
-def mxq_compile_from_source(model: Any, *, target_device: str | None = None, calib_data_path: Any = None,
-                            save_path: str | Path = "./tmp.mxq", backend: str | None = None,
+def mxq_compile_from_source(model: Any, target_device: str | None = None, calib_data_path: Any = None,
+                            save_path: str | Path = "./tmp.mxq", *, backend: str | None = None,
                             input_shape_dict: Mapping[str, Sequence[int]] | None = None,
                             constant_inputs: Mapping[str, Any] | None = None,
                             output_names: Sequence[str] | None = None, callback: ProgressCallback | None = None,
@@ -316,7 +407,7 @@ def mxq_compile_from_source(model: Any, *, target_device: str | None = None, cal
     import tempfile
 
     reporter = as_reporter(callback, cancel_token)
-    frontend_options = {key: kwargs.pop(key) for key in FRONTEND_OPTIONS if key in kwargs}
+    frontend_options = {key: kwargs.pop(key) for key in (*FRONTEND_OPTIONS, "in_dformats") if key in kwargs}
     backend, input_shape_dict = _parse_options_from_config(kwargs, backend, input_shape_dict)
     _compile_config(target_device=target_device, calib_data_path=calib_data_path, save_path=save_path,
                     **{key: value for key, value in kwargs.items() if key != "config_save_path"})
@@ -371,8 +462,8 @@ def _parse_options_from_config(kwargs: Mapping[str, Any], backend: str | None,
     return backend or config.backend, input_shape_dict or (dict(config.input_shape_dict) or None)
 
 
-def mxq_compile_from_mblt(mblt: str | Path, *, target_device: str | None = None, calib_data_path: Any = None,
-                          save_path: str | Path = "./tmp.mxq", compile_config: Any = None,
+def mxq_compile_from_mblt(mblt: str | Path, target_device: str | None = None, calib_data_path: Any = None,
+                          save_path: str | Path = "./tmp.mxq", *, compile_config: Any = None,
                           config_preset: str | None = None, config_save_path: str | Path | None = None,
                           callback: ProgressCallback | None = None, cancel_token: CancelToken | None = None,
                           **config_args: Any):
@@ -398,12 +489,18 @@ def _compile_config(*, target_device: str | None, calib_data_path: Any, save_pat
     from compiler_core.targets import get_device
 
     paths = [calib_data_path] if isinstance(calib_data_path, (str, Path)) else calib_data_path
+    if paths is not None and not (isinstance(paths, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in paths)):
+        raise ArgumentError(f"calib_data_path must be a path or a list of paths, got {calib_data_path!r}.",
+                            hint="A folder of images or .npy files, a .txt list or a JSON manifest.")
     config = resolve_config(compile_config=compile_config, config_preset=config_preset, target_device=target_device,
                             save_path=[str(save_path)], calib_data_path=[str(p) for p in paths] if paths else None,
                             **config_args)
     if not config.target_device:
         raise ArgumentError("No target device given.", hint="Pass target_device / --target-device (e.g. aries-rb).")
     get_device(config.target_device)
+    if config.device == "gpu":
+        logger.warning("device='gpu': this version calibrates with onnxruntime on the CPU; the setting is kept in the "
+                       "config only.")
     return config
 
 

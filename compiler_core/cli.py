@@ -263,6 +263,19 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     return payload
 
 
+def cmd_extract_body(args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    from compiler_core.api import get_body_subgraph, read_provenance
+
+    path = get_body_subgraph(args.mblt, args.output, args.target_device)
+    summary = _mblt_summary(path)
+    cut = read_provenance(path).get("body_of") or {}
+    payload = {"command": "extract-body", "output": str(path), **summary,
+               "cpu_head": cut.get("cpu_head", []), "cpu_tail": cut.get("cpu_tail", [])}
+    out.result(payload, f"Wrote {path} ({summary['nodes']} nodes; left out {len(payload['cpu_head'])} head and "
+                        f"{len(payload['cpu_tail'])} tail node(s) that {args.target_device} cannot run)")
+    return payload
+
+
 def cmd_validate(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     path = Path(args.file)
     if path.suffix.lower() == ".mxq":
@@ -461,7 +474,7 @@ def cmd_quantize(args: argparse.Namespace, out: Output) -> dict[str, Any]:
     started = time.perf_counter()
     result = quantize(args.mblt, args.calib_data_path, compile_config=args.compile_config,
                       config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
-                      target_device=args.target_device, callback=out.progress)
+                      target_device=args.target_device, device=args.device, callback=out.progress)
     elapsed = time.perf_counter() - started
     written = []
     if args.qdq_output:
@@ -502,7 +515,7 @@ def _compile(args: argparse.Namespace, out: Output, *, model: str) -> dict[str, 
                              save_path=args.output, compile_config=args.compile_config,
                              config_preset=args.config_preset, use_random_calib=args.use_random_calib or None,
                              cpu_offload=args.cpu_offload, cpu_layers=_cpu_layers(args),
-                             inference_scheme=args.inference_scheme,
+                             inference_scheme=args.inference_scheme, device=args.device,
                              config_save_path=args.config_save_path, mixed_precision_config=_mixed_precision_option(args),
                              callback=out.progress, **options)
     payload = {"command": args.command, "seconds": round(time.perf_counter() - started, 3), **result.to_dict(),
@@ -887,6 +900,8 @@ def _add_compile_options(parser: argparse.ArgumentParser, output_required: bool 
                         help="with --calib-text: the model's tokenizer folder or tokenizer.json (default: the model's "
                              "own folder)")
     parser.add_argument("--use-random-calib", action="store_true", help="random data (smoke tests only)")
+    parser.add_argument("--device", choices=["cpu", "gpu"],
+                        help="compile host for calibration (the config's device; the NPU is --target-device)")
     parser.add_argument("--config-preset", help="preset name (see `qbcompiler presets`)")
     parser.add_argument("--compile-config", metavar="FILE", help="JSON/YAML CompileConfig")
     parser.add_argument("--config-save-path", metavar="FILE", help="write the resolved config here")
@@ -1021,6 +1036,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt", help="text prompt for a compiled LLM (--mxq X.llm.json); tokens are streamed")
     run.add_argument("--max-new-tokens", type=int, default=32, help="with --prompt: tokens to generate (default 32)")
     run.set_defaults(handler=cmd_run)
+
+    body = sub.add_parser("extract-body", help="write an MBLT of only the NPU body (without the CPU head/tail layers)")
+    body.add_argument("--mblt", required=True, help="parsed MBLT file")
+    body.add_argument("--output", "-o", required=True, help="output .mblt")
+    body.add_argument("--target-device", default="aries-rb", help="the device whose support decides (default aries-rb)")
+    body.set_defaults(handler=cmd_extract_body)
 
     presets = sub.add_parser("presets", help="list configuration presets")
     presets.set_defaults(handler=cmd_presets)

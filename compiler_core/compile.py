@@ -124,11 +124,18 @@ def compile_mblt(mblt_path: Path, save_path: Path, config: CompileConfig, *, rep
     written = write_mxq(save_path, target_device=device.name, meta=meta, program=document, consts=consts,
                         cpu=_cpu_blobs(parts), calib=_calib(result), reporter=reporter)
     analysis_path = _write_analysis(written, result)
-    saved_config = Path(atomic_write_text(config_save_path, json.dumps(
-        config.model_dump(mode="json", by_alias=True), indent=2))) if config_save_path else None
+    saved_config = _save_config(config, config_save_path) if config_save_path else None
     return CompileResult(written, device.name, core_modes, result, analysis_path, saved_config, support,
                          parts.to_dict() if parts else {}, schedule, mixed.to_dict() if mixed is not None else {},
                          suited_preset(graph))
+
+
+def _save_config(config: CompileConfig, path: Path) -> Path:
+    """The resolved config as YAML for a ``.yaml``/``.yml`` path (it was always JSON), else as JSON."""
+    from compiler_core.config.files import config_format, dumps_mapping
+
+    kind = config_format(path) or "json"
+    return Path(atomic_write_text(path, dumps_mapping(config.model_dump(mode="json", by_alias=True), kind)))
 
 
 def suited_preset(model: ir.Model) -> dict[str, Any]:

@@ -56,6 +56,13 @@ SUB_CONFIGS: dict[str, str] = {
 """Sub-config argument names -> the CompileConfig section each one replaces field by field."""
 
 
+VENDOR_EQUIVALENTS: dict[str, str] = {
+    "hessian_quant_config": "bit_config={'weightRounding': 'gptq'} (GPTQ rounding on each convolution's Hessian; "
+                            "llm_config={'gptq': True} for decoder LLMs)",
+}
+"""Vendor arguments this compiler spells differently -> what to pass instead (named in the unknown-argument error)."""
+
+
 def resolve_config(compile_config: str | os.PathLike | Mapping[str, Any] | CompileConfig | None = None,
                    config_preset: str | None = None,
                    sub_configs: Mapping[str, Mapping[str, Any] | BaseModel] | None = None,
@@ -141,8 +148,10 @@ def _sub_config_layer(name: str, value: Mapping[str, Any] | BaseModel) -> dict[s
 
 def _explicit_layer(explicit_args: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(explicit_args) - set(EXPLICIT_ARGUMENTS))
+    instead = [f"for {name} pass {VENDOR_EQUIVALENTS[name]}" for name in unknown if name in VENDOR_EQUIVALENTS]
     if unknown:
-        raise ArgumentError(f"Unknown config argument(s): {', '.join(unknown)}.",
+        raise ArgumentError(f"Unknown config argument(s): {', '.join(unknown)}" + (f"; {'; '.join(instead)}" if instead
+                                                                                   else "") + ".",
                             hint=f"Valid arguments: {', '.join([*EXPLICIT_ARGUMENTS, *SUB_CONFIGS])}.")
     layers = [explicit_fields(CompileConfig.from_dict(EXPLICIT_ARGUMENTS[name](value), source=f"argument {name}"))
               for name, value in explicit_args.items() if value is not None]

@@ -87,6 +87,10 @@ def check_magic(head: bytes, path: str) -> None:
     if head.startswith((b"\x89MXQ\n\x1a\n", b"\x89MXQ\r\r\n")):
         raise corrupt("its line endings were converted (it was copied in text mode).", path=path, offset=4,
                       hint="Copy the file in binary mode, or compile it again.")
+    if str(path).lower().endswith((".mblt", ".onnx")) and head.startswith(b"\x08"):  # ModelProto: ir_version first
+        raise corrupt("it is a parsed model (an MBLT / ONNX file), not a compiled MXQ.", path=path, offset=0,
+                      hint="Compile it first (mxq_compile / qbcompiler compile); an MBLT's record is read with "
+                           "read_provenance / qbcompiler info --mblt.")
     raise corrupt(f"it does not start with the MXQ signature (found {head.hex(' ')}); it is not an MXQ "
                   "file or its first bytes are damaged.", path=path, offset=0)
 

@@ -68,6 +68,8 @@ def _float_input(spec: ValueSpec, array: np.ndarray, expected: np.dtype,
         if array.size and not np.isfinite(array).all():
             raise ArgumentError(f"Input '{spec.name}' contains NaN or infinite values.",
                                 hint="Pass finite values.", input=spec.name)
+        if program is not None and array.size:
+            _warn_far_outside(spec.name, array, program)
         return array.astype(expected, copy=False)
     params = program.params(spec.name) if program is not None else None
     if params is not None and array.dtype == params.dtype:
@@ -79,6 +81,34 @@ def _float_input(spec: ValueSpec, array: np.ndarray, expected: np.dtype,
         hint=f"Convert it, e.g. array.astype(np.{expected.name}), and apply the model's preprocessing "
              "(normalization) first; integer arrays are never reinterpreted silently.",
         input=spec.name, expected=expected.name, given=array.dtype.name)
+
+
+_WARNED_RANGES: set[tuple[int, str]] = set()
+FAR_OUTSIDE = 4.0
+"""Values beyond the input's range by this many range widths are not that input's values (pixels 0..255 given to an
+input calibrated on normalized values)."""
+
+
+def _warn_far_outside(name: str, array: np.ndarray, program: QuantizedModel) -> None:
+    """Warn once per model input when most values saturate far outside the range the input was quantized for."""
+    params = program.params(name)
+    scale, zero_point = np.asarray(params.scale, np.float64), np.asarray(params.zero_point, np.float64)
+    low, high = float(((params.qmin - zero_point) * scale).min()), float(((params.qmax - zero_point) * scale).max())
+    width = high - low
+    found_low, found_high = float(array.min()), float(array.max())
+    if (id(program), name) in _WARNED_RANGES or not (found_high > high + FAR_OUTSIDE * width
+                                                     or found_low < low - FAR_OUTSIDE * width):
+        return
+    codes = params.quantize(array)
+    saturated = float(np.mean((codes == params.qmin) | (codes == params.qmax)))
+    if saturated < 0.25:
+        return
+    _WARNED_RANGES.add((id(program), name))
+    pixels = (" It takes uint8 pixels: pass the image as a uint8 array." if params.dtype == np.uint8 else
+              " Apply the model's preprocessing (normalization) first.")
+    logger.warning("Input '%s' holds float values %.4g..%.4g, far outside the %.4g..%.4g it was quantized for "
+                   "(%.0f %% of them saturate): float inputs are the model's own input values.%s", name, found_low,
+                   found_high, low, high, 100 * saturated, pixels)
 
 
 def _check_range(spec: ValueSpec, array: np.ndarray, low: int, high: int, what: str) -> None:

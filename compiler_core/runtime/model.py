@@ -8,6 +8,7 @@ and runs inferences: CPU head (onnxruntime) -> NPU body (the bit-exact integer p
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ class Accelerator:
     """
 
     def __init__(self, device: str | int = 0) -> None:
+        if isinstance(device, (int, np.integer)) and not isinstance(device, bool) and device != 0:
+            raise ArgumentError(f"Accelerator({device}): the simulator has one device per target string; device "
+                                "number 0 is aries-rb.",
+                                hint="Pass 0, or a device string: Accelerator('regulus-rb') ...")
         self.profile = get_device("aries-rb" if device == 0 else str(device))
 
     @property
@@ -96,13 +101,18 @@ class Model:
     def __init__(self, path: str | Path, model_config: ModelConfig | None = None, *, input_layout: str = "NHWC"):
         if input_layout not in LAYOUTS:
             raise ArgumentError(f"input_layout must be one of {', '.join(LAYOUTS)}, got {input_layout!r}.")
-        self.path = Path(path)
+        if model_config is not None and not isinstance(model_config, ModelConfig):
+            raise ArgumentError(f"model_config must be a ModelConfig, got a {type(model_config).__name__}.",
+                                hint="e.g. config = ModelConfig(); config.set_multi_core_mode(); Model(path, config).")
+        self.path = _mxq_path(path)
         self.config = model_config or ModelConfig()
         self.input_layout = input_layout
         self.artifact: CompiledArtifact = load_artifact(self.path)
         self._accelerator: Accelerator | None = None
         self.core_mode: str | None = None
         self.host_io: str | None = None
+        self._code_specs: dict[str, Any] | None = None  # inputs a full-integer source model took as codes
+        self._code_warned: set[str] = set()
 
     @property
     def program(self) -> QuantizedModel:
@@ -111,11 +121,15 @@ class Model:
 
     def launch(self, accelerator: Accelerator) -> None:
         """Bind to a device; the MXQ must target it and have been compiled for the core mode."""
+        if not isinstance(accelerator, Accelerator):
+            raise ArgumentError(f"launch takes an Accelerator, got a {type(accelerator).__name__}.",
+                                hint=f"model.launch(Accelerator('{self.artifact.device}')).")
         if accelerator.device != self.artifact.device:
             raise ArgumentError(
                 f"{self.path.name} was compiled for {self.artifact.device}, not {accelerator.device}.",
                 hint=f"Use Accelerator('{self.artifact.device}') or compile for {accelerator.device}.")
         self.core_mode = self._resolve_mode()
+        self._check_cores(accelerator.profile)
         self.host_io = host_io(accelerator.device, accelerator.profile.float_io)  # "float32" or "quantized"
         self._accelerator = accelerator
 
@@ -130,15 +144,41 @@ class Model:
                 hint="Pick one of those modes, or compile again with inference_scheme covering it.")
         return self.config.core_mode
 
+    def _check_cores(self, device) -> None:
+        """The cores (single) or clusters (multi, global4) chosen in the ModelConfig exist on ``device``."""
+        cores = self.config.cores
+        if not cores or self.core_mode not in ("single", "multi", "global4"):
+            return
+        if not all(isinstance(index, (int, np.integer)) and not isinstance(index, bool) for index in cores):
+            raise ArgumentError(f"ModelConfig.set_{self.core_mode}_core_mode: core and cluster numbers are integers, "
+                                f"got {cores!r}.", hint="e.g. set_multi_core_mode([0, 1]).")
+        unit, count = ("core", device.total_cores) if self.core_mode == "single" else ("cluster", device.clusters)
+        outside = sorted({index for index in cores if not 0 <= index < count})
+        if outside or len(set(cores)) != len(cores):
+            raise ArgumentError(
+                f"ModelConfig.set_{self.core_mode}_core_mode({cores}): {device.name} has {count} {unit}(s), numbered "
+                f"0-{count - 1}" + (f"; {outside} do not exist." if outside else "; each may be given once."),
+                hint=f"Pick {unit}s among 0-{count - 1}, or leave them out to use every {unit}.")
+
+    def _instances_used(self, device) -> tuple[int, int]:
+        """(inputs in flight on the cores or clusters chosen, inputs in flight on the whole device)."""
+        everything = _MODES[self.core_mode].instances(device.total_cores)
+        if not self.config.cores or self.core_mode not in ("single", "multi", "global4"):
+            return everything, everything
+        per_unit = 1 if self.core_mode == "single" else everything // device.clusters
+        return len(self.config.cores) * per_unit, everything
+
     def infer(self, inputs: np.ndarray | Sequence[np.ndarray] | Mapping[str, np.ndarray], *,
               raw: bool = False) -> list[np.ndarray]:
         """Run one inference, or a batch of N samples at once.
 
         Args:
             inputs: one array per model input (a list, a dict by name, or a single array).
-                Float arrays are quantized on the way in; arrays of exactly the input's code dtype
-                (``int8``/``int16``/``uint8``) are taken as codes and must lie in its code range;
-                any other dtype is an :class:`ArgumentError`.
+                Float arrays are quantized on the way in. An input a full-integer source model (TFLite
+                ``inference_input_type=tf.int8``) took as integers takes arrays of that dtype as the source's codes,
+                ``(q - zero point) * scale``, as ``qbcompiler run`` and calibration read them (with a warning).
+                Otherwise arrays of exactly the input's NPU code dtype (``int8``/``int16``/``uint8``) are taken as
+                codes and must lie in its code range; any other dtype is an :class:`ArgumentError`.
                 A model compiled for batch 1 also takes N samples stacked on the leading axis;
                 the outputs then hold N samples too (same codes as N single inferences).
             raw: return the NPU output codes instead of float32 values.
@@ -153,6 +193,10 @@ class Model:
 
     def _feeds(self, inputs) -> dict[str, np.ndarray]:
         specs = self.artifact.input_specs
+        if not isinstance(inputs, (np.ndarray, Mapping, Sequence)) or isinstance(inputs, str):
+            raise ArgumentError(f"infer takes a list of arrays (one per input), a dict by input name or one array; "
+                                f"got {type(inputs).__name__}.",
+                                hint=f"Inputs ({self.input_layout}): {self._inputs_text()}.")
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         if isinstance(inputs, Mapping):
@@ -163,14 +207,32 @@ class Model:
             inputs = [inputs.get(spec.name) for spec in specs]
         if len(inputs) != len(specs):
             raise ArgumentError(f"The model takes {len(specs)} input(s), {len(inputs)} given.",
-                                hint=f"Inputs: {', '.join(f'{s.name} {s.shape}' for s in specs)}.")
-        return {spec.name: self._convert(spec, np.asarray(array)) for spec, array in zip(specs, inputs)}
+                                hint=f"Inputs ({self.input_layout}): {self._inputs_text()}.")
+        return {spec.name: self._convert(spec, self._source_values(spec.name, np.asarray(array)))
+                for spec, array in zip(specs, inputs)}
+
+    def _source_values(self, name: str, array: np.ndarray) -> np.ndarray:
+        """A full-integer source model's input codes (a TFLite model's int8 input) as its values, as ``qbcompiler run``
+        and calibration read them; other arrays as they are."""
+        if self._code_specs is None:
+            from compiler_core.runtime.inputs import input_specs_of
+
+            self._code_specs = {spec.name: spec for spec in input_specs_of(self.artifact) if spec.codes is not None}
+        spec = self._code_specs.get(name)
+        if spec is None or array.dtype.name != spec.codes[0]:
+            return array
+        if name not in self._code_warned:
+            self._code_warned.add(name)
+            dtype, scale, zero_point = spec.codes
+            logger.warning("%s input '%s' is read as the source model's %s codes: value = (q %s %d) * %.6g (pass "
+                           "float32 values to give the values themselves)", dtype, name, dtype,
+                           "-" if zero_point >= 0 else "+", abs(zero_point), scale)
+        return spec.real_values(array).astype(np.float32)
 
     def _convert(self, spec, array: np.ndarray) -> np.ndarray:
         expected = list(spec.shape)
         own = len(expected) != 4 or spec.name in self.artifact.channels_last  # TFLite/Keras: NHWC already
-        nhwc = expected if own else [expected[0], *expected[2:], expected[1]]
-        given_layout = expected if len(expected) != 4 or self.input_layout == "NCHW" else nhwc
+        given_layout = self._shape_in_layout(spec)
         if array.ndim == len(given_layout) and expected and expected[0] == 1 and array.shape[0] >= 1:
             given_layout = [array.shape[0], *given_layout[1:]]  # a batch of samples
         if list(array.shape) != given_layout:
@@ -183,11 +245,30 @@ class Model:
             array = array.transpose(0, 3, 1, 2)
         return np.ascontiguousarray(array)
 
+    def _shape_in_layout(self, spec) -> list[int]:
+        """The input's shape as arrays are passed: NHWC for a 4-D NCHW input unless ``input_layout='NCHW'``."""
+        shape = list(spec.shape)
+        if len(shape) != 4 or spec.name in self.artifact.channels_last or self.input_layout == "NCHW":
+            return shape
+        return [shape[0], *shape[2:], shape[1]]
+
+    def _inputs_text(self) -> str:
+        return ", ".join(f"{spec.name} {self._shape_in_layout(spec)}" for spec in self.artifact.input_specs)
+
     def estimate(self) -> dict[str, Any]:
-        """Estimated latency and throughput of the launched core mode on its device (cost model)."""
+        """Estimated latency and throughput of the launched core mode on its device (cost model).
+
+        Throughput counts the cores (single) or clusters (multi, global4) the ModelConfig chose: two of the eight
+        cores in single mode give a quarter of the whole device's (``instances``: inputs in flight).
+        """
         device = get_device(self.artifact.device)
         mode = self.core_mode or self.artifact.core_modes[0]
-        return estimate(self.program, device, mode, self.artifact.npu).to_dict()
+        result = estimate(self.program, device, mode, self.artifact.npu).to_dict()
+        if self.core_mode is not None:  # launched: on the cores the ModelConfig chose
+            used, everything = self._instances_used(device)
+            result["throughput_fps"] = round(result["throughput_fps"] * used / everything, 1)
+            result["instances"] = used
+        return result
 
     def dispose(self) -> None:
         """Release the device binding (the MXQ can be launched again)."""
@@ -197,7 +278,13 @@ class Model:
 
 def get_model_summary(path: str | Path) -> dict[str, Any]:
     """Device, core modes, inputs/outputs (shape, dtype, layout, scale, zero point), layers, sizes, provenance."""
-    return load_artifact(Path(path)).summary()
+    return load_artifact(_mxq_path(path)).summary()
+
+
+def _mxq_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"An MXQ path is needed, got {type(path).__name__}.", hint="Pass the .mxq file's path.")
+    return Path(path)
 
 
 def run_inputs_for(program: QuantizedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
