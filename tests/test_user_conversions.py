@@ -134,3 +134,98 @@ def test_a_custom_keras_layer_whose_code_is_missing_is_named(tmp_path):
     with pytest.raises(ModelLoadError) as caught:
         mblt_compile(str(source), tmp_path / "custom.mblt")
     assert "'Doubled'" in caught.value.message and "SavedModel" in caught.value.hint
+
+
+def test_a_run_time_padding_mask_of_infinities_masks_on_the_npu(tmp_path):
+    """``nn.MultiheadAttention`` with a ``key_padding_mask`` through TorchScript's exporter builds its mask at run time
+    as ``Where(mask, -inf, 0)``; calibrated as [0, 0] (infinities count as 0), it quantized to no mask at all: held-out
+    SQNR 11.5 dB, now 32 dB (16 calibration and 4 held-out samples of random features with 0-19 padded keys)."""
+    torch = pytest.importorskip("torch")
+    from corpus import write_manifest
+
+    from compiler_core.api import mxq_compile
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(40, 64)
+            self.attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+
+        def forward(self, x, mask):
+            hidden = self.embed(x)
+            return self.attention(hidden, hidden, hidden, key_padding_mask=mask, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    source = tmp_path / "attention.onnx"
+    torch.onnx.export(Attention().eval(), (torch.randn(1, 50, 40), torch.zeros(1, 50, dtype=torch.bool)),
+                      str(source), dynamo=False, opset_version=17, input_names=["x", "mask"])
+    rng = np.random.default_rng(1)
+
+    def sample(index):
+        mask = np.zeros((1, 50), bool)
+        mask[0, 50 - index % 20:] = True
+        return {"x": rng.standard_normal((1, 50, 40)).astype(np.float32), "mask": mask}
+
+    manifest = write_manifest(tmp_path / "calib", [sample(index) for index in range(20)])
+    result = mxq_compile(str(source), target_device="aries-rb", save_path=tmp_path / "attention.mxq",
+                         calib_data_path=str(manifest), analysis_holdout=4)
+    (output,) = result.quantize.analysis["outputs"].values()
+    assert output["sqnr_db"] > 25, output
+
+
+def test_a_savedmodel_with_several_signatures_compiles_its_serving_one(tmp_path):
+    """A Keras model saved behind hand-written signatures (``tf.saved_model.save`` of a ``tf.Module``): TensorFlow's
+    converter kept its weights as resource variables (refused: 16 VAR_HANDLE / READ_VARIABLE operators); the serving
+    signature is converted with its variables folded, with the model's outputs."""
+    keras = _keras()
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    model = keras.Model(inputs, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling2D()(
+        keras.layers.Conv2D(8, 3, activation="relu")(inputs))))
+    module = tf.Module()
+    module.model = model
+    spec = [tf.TensorSpec([None, 16, 16, 3], tf.float32, name="x")]
+    module.serve = tf.function(lambda x: {"logits": model(x)}, input_signature=spec)
+    module.probs = tf.function(lambda x: {"probs": tf.nn.softmax(model(x))}, input_signature=spec)
+    folder = tmp_path / "saved"
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve, "probs": module.probs})
+    mblt = mblt_compile(str(folder), tmp_path / "saved.mblt")
+    x = np.random.default_rng(0).random((1, 16, 16, 3), np.float32)
+    session = ort.InferenceSession(str(mblt), providers=["CPUExecutionProvider"])
+    actual = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(actual, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _tflite(keras_model, tmp_path, name: str, **settings) -> str:
+    import tensorflow as tf
+
+    converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
+    for key, value in settings.items():
+        setattr(converter, key, value)
+    path = tmp_path / name
+    path.write_bytes(converter.convert())
+    return str(path)
+
+
+def test_tflite_refusals_name_select_tf_ops_and_recurrent_loops(tmp_path):
+    """A SELECT_TF_OPS conversion and a Keras LSTM converted without unrolling are refused saying what they are and
+    what to do (they said only "no converter for this TFLite custom operator / operator")."""
+    keras = _keras()
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,), batch_size=1)
+    cumulative = keras.layers.Lambda(lambda t: tf.math.cumprod(t, axis=-1))(keras.layers.Dense(8)(inputs))
+    flex = _tflite(keras.Model(inputs, keras.layers.Dense(2)(cumulative)), tmp_path, "flex.tflite",
+                   target_spec=tf.lite.TargetSpec(supported_ops=[tf.lite.OpsSet.TFLITE_BUILTINS,
+                                                                 tf.lite.OpsSet.SELECT_TF_OPS]))
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(flex, tmp_path / "flex.mblt")
+    assert "tf.Cumprod" in caught.value.message and "SELECT_TF_OPS" in caught.value.hint
+    sequence = keras.Input((10, 8), batch_size=1)
+    loop = _tflite(keras.Model(sequence, keras.layers.LSTM(4)(sequence)), tmp_path, "loop.tflite")
+    with pytest.raises(UnsupportedOpsError) as caught:
+        mblt_compile(loop, tmp_path / "loop.mblt")
+    assert "WHILE" in caught.value.message and "unroll=True" in caught.value.message

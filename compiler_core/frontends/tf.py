@@ -69,7 +69,39 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, *, allow_pick
         if batch_one is not None:
             logger.info("%s: converted again with batch 1 (%s)", path.name, reason)
             flatbuffer = batch_one
+    if path.is_dir() and _has_resource_variables(flatbuffer, path):
+        flatbuffer = _frozen_signature_flatbuffer(tf, path)
     return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+_RESOURCE_VARIABLE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"})
+
+
+def _has_resource_variables(flatbuffer: bytes, path: Path) -> bool:
+    """True when the converter kept the weights as resource variables (VAR_HANDLE / READ_VARIABLE), as it does for a
+    SavedModel written with ``tf.saved_model.save`` of a ``tf.Module`` (a Keras model behind hand-written
+    signatures) rather than by Keras's own ``model.export``."""
+    from compiler_core.frontends.tflite.reader import decode_tflite
+
+    return any(op.display_name in _RESOURCE_VARIABLE_OPS for op in decode_tflite(flatbuffer, path).operators)
+
+
+def _frozen_signature_flatbuffer(tf: Any, path: Path) -> bytes:
+    """The SavedModel's serving signature (or its only one) converted as a concrete function of the loaded model,
+    which folds its variables into constants. Several signatures and no ``serving_default``: refused, naming them."""
+    loaded = _guarded(path, lambda: tf.saved_model.load(str(path)))
+    names = list(loaded.signatures)
+    name = "serving_default" if "serving_default" in names else (names[0] if len(names) == 1 else None)
+    if name is None:
+        raise ModelLoadError(f"'{path.name}' has {len(names)} signatures and none is serving_default: "
+                             f"{', '.join(names)}.", hint="Save the SavedModel with the signature to compile as "
+                             "serving_default (signatures={'serving_default': ...}).", file=str(path))
+    if len(names) > 1:
+        logger.info("%s: compiling its signature %s (of %s)", path.name, name, ", ".join(names))
+    try:
+        return _convert(tf, tf.lite.TFLiteConverter.from_concrete_functions([loaded.signatures[name]], loaded))
+    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
+        raise _conversion_error(path, error) from error
 
 
 def _batch_dependent(flatbuffer: bytes, path: Path) -> str | None:

@@ -1272,6 +1272,39 @@ class GatherReshapedIds(RewriteRuleClassBase):
         return op.Reshape(op.Gather(table, ids, axis=0), target)
 
 
+class FiniteWhereFill(RewriteRuleClassBase):
+    """``Where(c, a, b)`` with a constant branch holding ``-inf`` (or ``inf``) -> the same with float32's extreme.
+
+    A padding mask built at run time, ``Where(key_padding_mask, -inf, 0)`` (``nn.MultiheadAttention`` with a
+    ``key_padding_mask``, exported by TorchScript), calibrated as the range [0, 0]: statistics count infinities as 0,
+    so the mask quantized to all zeros and the attention ignored it (Softmax SQNR 7.4 dB). With -3.4e38 the mask is
+    the large negative fill the quantizer saturates (as a ``masked_fill(mask, finfo.min)`` is); in FP32 the scores it
+    masks still get a weight of 0.
+    """
+
+    def pattern(self, op, condition, a, b):
+        return op.Where(condition, a, b, _outputs=["y"])
+
+    def check(self, context, condition, a, b, y) -> MatchResult:
+        result = MatchResult()
+        branches = [value.const_value.numpy() for value in (a, b) if value.const_value is not None]
+        if not any(np.issubdtype(branch.dtype, np.floating) and np.isinf(branch).any() for branch in branches):
+            return result.fail("no constant branch holds an infinity")
+        return result
+
+    def rewrite(self, op, condition, a, b, y):
+        return op.Where(condition, self._finite(op, a, y, "a"), self._finite(op, b, y, "b"))
+
+    @staticmethod
+    def _finite(op, value: ir.Value, y: ir.Value, which: str) -> ir.Value:
+        if value.const_value is None or not np.issubdtype(value.const_value.numpy().dtype, np.floating):
+            return value
+        array = value.const_value.numpy()
+        extreme = np.finfo(array.dtype)
+        finite = np.where(np.isposinf(array), extreme.max, np.where(np.isneginf(array), extreme.min, array))
+        return op.initializer(ir.tensor(finite.astype(array.dtype)), name=f"{y.producer().name}_finite_{which}")
+
+
 def _static_shape(value: ir.Value) -> bool:
     return value.shape is not None and all(isinstance(dim, int) for dim in value.shape)
 
@@ -1498,7 +1531,7 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
                            LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), WholeSlice.rule(),
-                           GatherReshapedIds.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           GatherReshapedIds.rule(), FiniteWhereFill.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 
