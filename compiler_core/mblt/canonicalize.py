@@ -752,8 +752,9 @@ def _build_registries() -> None:
 
 def _fold_remaining_constants(model: ir.Model) -> int:
     """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
-    initial LSTM states, for one; a ``Loop`` whose body reads constants of the graph: the TorchScript export of an
-    ``nn.EmbeddingBag``): an MBLT holds no all-constant node, so the quantizer never meets one.
+    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one. What a node's
+    subgraphs read from the graph counts as its input: a ``Loop`` of constant inputs whose body reads a computed value
+    is not constant (it was evaluated without that value: INTERNAL_ERROR "Unable to find input").
     Returns how many nodes were folded."""
     folded_nodes = 0
     for node in list(model.graph):
