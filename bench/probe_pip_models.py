@@ -128,10 +128,14 @@ TEXTBOOK_EXPORTS = {"yolo": (("torchscript", 17), ("dynamo", 20)), "unetpp": (("
                     "tcn": (("torchscript", 17), ("dynamo", 20)), "gpt": (("torchscript", 17), ("dynamo", 20)),
                     "conformer": (("dynamo", 18), ("dynamo", 20)), "stft": (("dynamo", 18),),
                     "embbag": (("torchscript", 17), ("dynamo", 20)), "bigru": (("torchscript", 17), ("dynamo", 20)),
-                    "tencoder": (("torchscript", 17), ("dynamo", 20)), "upsample": (("torchscript", 17), ("dynamo", 20))}
+                    "tencoder": (("dynamo", 20),), "upsample": (("torchscript", 17),)}
 """Exporter and opset per textbook architecture (``bench/textbook_models.py``; random weights). The Conformer has no
 TorchScript export: torch's exporter has no ONNX form of ``aten::_native_multi_head_attention`` (an eval-mode
-``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types")."""
+``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types"), nor of the
+``nn.TransformerEncoder`` fast path under ``torch.no_grad()`` (``aten::_transformer_encoder_layer_fwd``). The
+channels_last model has no dynamo export with a dynamic batch from a batch-1 example (``torch.export``: "Invalid
+ranges"); with static shapes, as the torch frontend exports a live module or a ``.pt2``, it exports. EmbeddingBag's
+dynamo export (If, Loop and sequence ops) is refused at parse."""
 
 
 def _textbook_source(architecture: str, exporter: str, opset: int):
