@@ -126,10 +126,16 @@ def s15_entries() -> list[CorpusEntry]:
 
 TEXTBOOK_EXPORTS = {"yolo": (("torchscript", 17), ("dynamo", 20)), "unetpp": (("torchscript", 17), ("dynamo", 20)),
                     "tcn": (("torchscript", 17), ("dynamo", 20)), "gpt": (("torchscript", 17), ("dynamo", 20)),
-                    "conformer": (("dynamo", 18), ("dynamo", 20)), "stft": (("dynamo", 18),)}
+                    "conformer": (("dynamo", 18), ("dynamo", 20)), "stft": (("dynamo", 18),),
+                    "embbag": (("torchscript", 17), ("dynamo", 20)), "bigru": (("torchscript", 17), ("dynamo", 20)),
+                    "tencoder": (("dynamo", 20),), "upsample": (("torchscript", 17),)}
 """Exporter and opset per textbook architecture (``bench/textbook_models.py``; random weights). The Conformer has no
 TorchScript export: torch's exporter has no ONNX form of ``aten::_native_multi_head_attention`` (an eval-mode
-``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types")."""
+``nn.MultiheadAttention``), and none of ``torch.stft`` ("STFT does not currently support complex types"), nor of the
+``nn.TransformerEncoder`` fast path under ``torch.no_grad()`` (``aten::_transformer_encoder_layer_fwd``). The
+channels_last model has no dynamo export with a dynamic batch from a batch-1 example (``torch.export``: "Invalid
+ranges"); with static shapes, as the torch frontend exports a live module or a ``.pt2``, it exports. EmbeddingBag's
+dynamo export (If, Loop and sequence ops) is refused at parse."""
 
 
 def _textbook_source(architecture: str, exporter: str, opset: int):
@@ -175,15 +181,21 @@ def textbook_entries() -> list[CorpusEntry]:
     import textbook_models
 
     feeds = {"yolo": corpus.image_feed(corpus._photo_set, "unit"), "unetpp": corpus.image_feed(corpus._photo_set, "unit"),
-             "tcn": _log_mels(40), "conformer": _log_mels(80), "gpt": _byte_ids, "stft": _speech}
+             "tcn": _log_mels(40), "conformer": _log_mels(80), "gpt": _byte_ids, "stft": _speech, "embbag": _byte_ids,
+             "bigru": _log_mels(40), "tencoder": _log_mels(40), "upsample": corpus.image_feed(corpus._photo_set, "unit")}
     data = {"yolo": "photos", "unetpp": "photos", "tcn": "speech (LibriVox)", "conformer": "speech (LibriVox)",
-            "gpt": "tokenized sentences", "stft": "speech (LibriVox)"}
+            "gpt": "tokenized sentences", "stft": "speech (LibriVox)", "embbag": "tokenized sentences",
+            "bigru": "speech (LibriVox)", "tencoder": "speech (LibriVox)", "upsample": "photos"}
     tasks = {"yolo": "YOLOv8-style detector (SiLU, C2f, SPPF, nearest Resize)",
              "unetpp": "UNet++ segmentation (nested skip Concats, bilinear Resize)",
              "tcn": "TCN (causal dilated Conv1d, weight norm) over 40 log-mels",
              "conformer": "Conformer encoder (subsampling, MHA, GLU, depthwise Conv1d) over 80 log-mels",
              "gpt": "GPT-2-style decoder (causal attention, tied LM head) over bytes",
-             "stft": "spectrogram classifier (torch.stft magnitudes, Conv1d) over a second of audio"}
+             "stft": "spectrogram classifier (torch.stft magnitudes, Conv1d) over a second of audio",
+             "embbag": "byte classifier (nn.Embedding max + nn.EmbeddingBag mean)",
+             "bigru": "bidirectional batch_first GRU tagger over 40 log-mels",
+             "tencoder": "nn.TransformerEncoder (eval fast path) over 40 log-mels",
+             "upsample": "channels_last Conv2d + F.interpolate(scale_factor=2, bilinear)"}
     return [CorpusEntry(f"textbook_{name}_{exporter}{opset}", f"{tasks[name]}; random weights, {exporter} exporter, "
                         f"opset {opset}, dynamic batch", "torch (bench/textbook_models.py)", "-",
                         _textbook_source(name, exporter, opset), feeds[name], data[name],

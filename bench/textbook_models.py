@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 EXAMPLES = {"yolo": (1, 3, 256, 256), "unetpp": (1, 3, 128, 128), "tcn": (1, 100, 40), "conformer": (1, 100, 80),
-            "gpt": (1, 64), "stft": (1, 16000)}
+            "gpt": (1, 64), "stft": (1, 16000), "embbag": (1, 64), "bigru": (1, 100, 40), "tencoder": (1, 100, 40),
+            "upsample": (1, 3, 128, 128)}
 """Example input shape per architecture (its static shape in the probe)."""
 GPT_VOCAB = 512
 
@@ -185,7 +186,44 @@ def _modules():
             spectrum = torch.stft(audio, self.n_fft, self.hop, window=self.window, return_complex=True).abs()
             return self.head(F.relu(self.conv(spectrum)).mean(2))
 
-    return {"yolo": TinyYolo, "unetpp": UNetPP, "tcn": TCN, "conformer": Conformer, "gpt": TinyGPT, "stft": StftNet}
+    class BagOfBytes(nn.Module):  # nn.EmbeddingBag (TorchScript's exporter writes a Loop over the bags)
+        def __init__(self, vocab=GPT_VOCAB, d=64, classes=8):
+            super().__init__()
+            self.tokens, self.bag = nn.Embedding(vocab, d), nn.EmbeddingBag(vocab, d, mode="mean")
+            self.head = nn.Linear(2 * d, classes)
+
+        def forward(self, ids):
+            return self.head(torch.cat([self.tokens(ids).amax(1), self.bag(ids)], 1))
+
+    class BiGRU(nn.Module):  # bidirectional, batch_first
+        def __init__(self, mels=40, hidden=48, classes=10):
+            super().__init__()
+            self.gru, self.head = nn.GRU(mels, hidden, batch_first=True, bidirectional=True), nn.Linear(2 * hidden, classes)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0])
+
+    class TEncoder(nn.Module):  # nn.TransformerEncoder in eval mode (torch's fast path)
+        def __init__(self, mels=40, d=64):
+            super().__init__()
+            self.embed = nn.Linear(mels, d)
+            self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 128, dropout=0.0, batch_first=True), 2)
+
+        def forward(self, x):
+            return self.encoder(self.embed(x))
+
+    class Upsample(nn.Module):  # F.interpolate(scale_factor=...) and channels_last weights
+        def __init__(self):
+            super().__init__()
+            self.down, self.mid = nn.Conv2d(3, 16, 3, 2, 1), nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.out = nn.Conv2d(16, 2, 3, padding=1)
+
+        def forward(self, x):
+            y = F.relu(self.mid(F.relu(self.down(x))))
+            return self.out(F.interpolate(y, scale_factor=2.0, mode="bilinear", align_corners=False))
+
+    return {"yolo": TinyYolo, "unetpp": UNetPP, "tcn": TCN, "conformer": Conformer, "gpt": TinyGPT, "stft": StftNet,
+            "embbag": BagOfBytes, "bigru": BiGRU, "tencoder": TEncoder, "upsample": Upsample}
 
 
 def module(architecture: str):
@@ -207,9 +245,11 @@ def export(architecture: str, exporter: str, opset: int, path: Path) -> None:
     import torch
 
     shape = EXAMPLES[architecture]
-    example = torch.randint(0, GPT_VOCAB, shape) if architecture == "gpt" else torch.from_numpy(
+    example = torch.randint(0, GPT_VOCAB, shape) if architecture in ("gpt", "embbag") else torch.from_numpy(
         np.random.default_rng(0).standard_normal(shape).astype(np.float32))
     net = module(architecture)
+    if architecture == "upsample":  # as users move a vision model to channels_last for speed
+        net, example = net.to(memory_format=torch.channels_last), example.to(memory_format=torch.channels_last)
     with torch.no_grad():
         if exporter == "dynamo":
             program = torch.onnx.export(net, (example,), dynamo=True, opset_version=opset, input_names=["x"],

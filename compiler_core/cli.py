@@ -876,7 +876,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "(repeatable)")
     parser.add_argument("--submodule", help="torchscript/torch: export this child module (e.g. _model)")
     parser.add_argument("--allow-pickle", action="store_true",
-                        help="torch: load a pickled full module (this runs code from the file)")
+                        help="torch: load a pickled full module; Keras: load Lambda layers (both run code from the "
+                             "file)")
 
 
 def _add_cpu_layer_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:

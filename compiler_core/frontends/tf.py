@@ -32,7 +32,8 @@ TF_EXTRA_HINT = "install the tf extra: pip install qbstudio[tf]"
 _KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 
 
-def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> ir.Model:
+def load_tf(model: Any, output_names: Sequence[str] | None = None, *, allow_pickle: bool = False,
+            **_: Any) -> ir.Model:
     """Load a SavedModel folder or a Keras ``.keras``/``.h5`` file as an ONNX onnx-ir model.
 
     The model keeps TensorFlow's layout (NHWC) and its input names as TFLite gives them.
@@ -40,6 +41,8 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
     Args:
         model: Path to a SavedModel folder (with ``saved_model.pb``) or a Keras model file.
         output_names: Tensors (TFLite names) to end the graph at, as for the TFLite frontend.
+        allow_pickle: Load Keras ``Lambda`` layers, whose Python code is stored in the file and runs when it loads
+            (Keras's ``safe_mode=False``; the same consent as a pickled torch module).
 
     Raises:
         ModelLoadError: TensorFlow is not installed, or the model cannot be read or converted.
@@ -50,21 +53,55 @@ def load_tf(model: Any, output_names: Sequence[str] | None = None, **_: Any) -> 
     path = _as_path(model)
     tf = import_tensorflow()
     try:
-        flatbuffer = _convert(tf, _converter(tf, path))
+        flatbuffer = _convert(tf, _converter(tf, path, allow_pickle))
+    except ModelLoadError:
+        raise
     except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
         if "TensorList" not in str(error) or path.is_dir():
             raise _conversion_error(path, error) from error
         try:  # Keras LSTM/GRU/SimpleRNN loop over TensorLists, which TFLite builtins lack; unrolled they convert
-            flatbuffer = _convert(tf, _unrolled_converter(tf, path))
+            flatbuffer = _convert(tf, _unrolled_converter(tf, path, allow_pickle))
         except Exception:  # not unrollable (no static sequence length): the first error says what is wrong
             raise _conversion_error(path, error) from error
     logger.info("TensorFlow converted %s to a %d-byte TFLite flatbuffer", path.name, len(flatbuffer))
     if not path.is_dir() and (reason := _batch_dependent(flatbuffer, path)):
-        batch_one = _batch_one_flatbuffer(tf, path)
+        batch_one = _batch_one_flatbuffer(tf, path, allow_pickle)
         if batch_one is not None:
             logger.info("%s: converted again with batch 1 (%s)", path.name, reason)
             flatbuffer = batch_one
+    if path.is_dir() and _has_resource_variables(flatbuffer, path):
+        flatbuffer = _frozen_signature_flatbuffer(tf, path)
     return load_tflite_bytes(flatbuffer, path, output_names)
+
+
+_RESOURCE_VARIABLE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"})
+
+
+def _has_resource_variables(flatbuffer: bytes, path: Path) -> bool:
+    """True when the converter kept the weights as resource variables (VAR_HANDLE / READ_VARIABLE), as it does for a
+    SavedModel written with ``tf.saved_model.save`` of a ``tf.Module`` (a Keras model behind hand-written
+    signatures) rather than by Keras's own ``model.export``."""
+    from compiler_core.frontends.tflite.reader import decode_tflite
+
+    return any(op.display_name in _RESOURCE_VARIABLE_OPS for op in decode_tflite(flatbuffer, path).operators)
+
+
+def _frozen_signature_flatbuffer(tf: Any, path: Path) -> bytes:
+    """The SavedModel's serving signature (or its only one) converted as a concrete function of the loaded model,
+    which folds its variables into constants. Several signatures and no ``serving_default``: refused, naming them."""
+    loaded = _guarded(path, lambda: tf.saved_model.load(str(path)))
+    names = list(loaded.signatures)
+    name = "serving_default" if "serving_default" in names else (names[0] if len(names) == 1 else None)
+    if name is None:
+        raise ModelLoadError(f"'{path.name}' has {len(names)} signatures and none is serving_default: "
+                             f"{', '.join(names)}.", hint="Save the SavedModel with the signature to compile as "
+                             "serving_default (signatures={'serving_default': ...}).", file=str(path))
+    if len(names) > 1:
+        logger.info("%s: compiling its signature %s (of %s)", path.name, name, ", ".join(names))
+    try:
+        return _convert(tf, tf.lite.TFLiteConverter.from_concrete_functions([loaded.signatures[name]], loaded))
+    except Exception as error:  # tf.lite's ConverterError and whatever TF raises while tracing
+        raise _conversion_error(path, error) from error
 
 
 def _batch_dependent(flatbuffer: bytes, path: Path) -> str | None:
@@ -86,7 +123,7 @@ def _batch_dependent(flatbuffer: bytes, path: Path) -> str | None:
     return None
 
 
-def _batch_one_flatbuffer(tf: Any, path: Path) -> bytes | None:
+def _batch_one_flatbuffer(tf: Any, path: Path, allow_pickle: bool) -> bytes | None:
     """The Keras model converted with its inputs' batch fixed to 1 (same input names), or None where that fails.
 
     With a dynamic batch TensorFlow's converter keeps a dilated convolution as SPACE_TO_BATCH_ND -> CONV_2D ->
@@ -94,7 +131,7 @@ def _batch_one_flatbuffer(tf: Any, path: Path) -> bytes | None:
     NPU cannot run (a batch of blocks); with batch 1 it writes the dilated CONV_2D.
     """
     try:
-        keras_model = tf.keras.models.load_model(str(path), compile=False)
+        keras_model = _load_keras(tf, path, allow_pickle)
         inputs = tf.nest.map_structure(lambda tensor: tf.keras.Input(
             batch_shape=(1, *tensor.shape[1:]), dtype=tensor.dtype, name=tensor.name), keras_model.input)
         fixed = tf.keras.models.clone_model(keras_model, input_tensors=inputs)
@@ -119,10 +156,10 @@ def _convert(tf: Any, converter: Any) -> bytes:
             logger.debug("TensorFlow's converter printed:\n%s", printed.getvalue().rstrip())
 
 
-def _unrolled_converter(tf: Any, path: Path) -> Any:
+def _unrolled_converter(tf: Any, path: Path, allow_pickle: bool) -> Any:
     """The converter of the Keras model with its recurrent layers unrolled (``unroll=True``: the same outputs, the
     time loop written out step by step), for a static sequence length."""
-    keras_model = _guarded(path, lambda: tf.keras.models.load_model(str(path), compile=False))
+    keras_model = _guarded(path, lambda: _load_keras(tf, path, allow_pickle))
     recurrent = [layer for layer in _sublayers(keras_model) if isinstance(layer, tf.keras.layers.RNN)]
     for layer in recurrent:
         layer.unroll = True
@@ -150,7 +187,7 @@ def import_tensorflow() -> Any:
     return tf
 
 
-def _converter(tf: Any, path: Path) -> Any:
+def _converter(tf: Any, path: Path, allow_pickle: bool) -> Any:
     if path.is_dir():
         if not (path / "saved_model.pb").exists():
             raise ModelLoadError(f"'{path}' is a folder without saved_model.pb, so not a SavedModel.",
@@ -162,14 +199,32 @@ def _converter(tf: Any, path: Path) -> Any:
         raise ModelLoadError(f"'{path.name}' is not a SavedModel folder nor a Keras model file.",
                              hint="Pass a SavedModel folder or a .keras / .h5 file; a frozen .pb graph is "
                                   "not supported (export a SavedModel).", file=str(path))
-    keras_model = _guarded(path, lambda: tf.keras.models.load_model(str(path), compile=False))
+    keras_model = _guarded(path, lambda: _load_keras(tf, path, allow_pickle))
     return tf.lite.TFLiteConverter.from_keras_model(keras_model)
+
+
+def _load_keras(tf: Any, path: Path, allow_pickle: bool) -> Any:
+    """The Keras model in ``path``; Lambda layers (Python code in the file) only with ``allow_pickle``."""
+    if allow_pickle and path.suffix.lower() == ".keras":
+        return tf.keras.models.load_model(str(path), compile=False, safe_mode=False)
+    return tf.keras.models.load_model(str(path), compile=False)
 
 
 def _guarded(path: Path, load: Any) -> Any:
     try:
         return load()
     except Exception as error:  # TF and Keras raise many types for unreadable or truncated models
+        if "Lambda" in str(error) and "safe_mode" in str(error):
+            raise ModelLoadError(f"'{path.name}' holds a Keras Lambda layer: loading it runs the Python code stored "
+                                 "in the file, which Keras refuses unless told to.",
+                                 hint="If you trust the file, pass --allow-pickle (Python: allow_pickle=True); or "
+                                      "replace the Lambda with a built-in layer.", file=str(path)) from error
+        if custom := re.search(r"Could not locate class '([^']+)'", str(error)):
+            raise ModelLoadError(f"'{path.name}' uses the custom Keras layer '{custom.group(1)}', whose code is not in "
+                                 "the file.",
+                                 hint="Save the model as a SavedModel folder (model.export(FOLDER)), which holds its "
+                                      "computation, and compile that; or compile from Python after importing the "
+                                      "module that defines the layer.", file=str(path)) from error
         raise ModelLoadError(f"TensorFlow cannot read '{path.name}': {_first_line(error)}",
                              hint="Check that the file is complete and was saved by a compatible "
                                   "TensorFlow/Keras version.", file=str(path)) from error

@@ -49,6 +49,7 @@ from compiler_core.mblt.cut import (
 from compiler_core.mblt.dynamic_quant import DYNAMIC_QUANT_OPS, dequantize_dynamic
 from compiler_core.mblt.einsum import lower_einsums
 from compiler_core.mblt.io import check_model
+from compiler_core.mblt.loops import unroll_static_loops
 from compiler_core.mblt.ml_ops import lower_ml_ops
 from compiler_core.mblt.naming import assign_canonical_names
 from compiler_core.mblt.precision import WIDENED, compute_in_float32
@@ -681,6 +682,10 @@ def _optimize(model: ir.Model) -> None:
     with _quiet(_FOLDER_LOGGER, "Evaluation failed"):  # what it cannot fold, _fold_remaining_constants does
         optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT, output_size_limit=_FOLD_SIZE_LIMIT,
                  should_fold=_should_fold)
+        if unroll_static_loops(model):  # counted once the pinned shapes folded their trip counts; fold the copies
+            _infer_shapes(model)
+            optimize(model, num_iterations=4, input_size_limit=_FOLD_SIZE_LIMIT,
+                     output_size_limit=_FOLD_SIZE_LIMIT, should_fold=_should_fold)
     give_fused_biases(model)  # its first rewrite pass gave them (kept for an optimizer that does not)
     _remove_unused_initializers(model)
 
@@ -747,19 +752,22 @@ def _build_registries() -> None:
 
 def _fold_remaining_constants(model: ir.Model) -> int:
     """Evaluate nodes whose inputs are all constants that the optimizer left (multi-output Split of
-    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one.
+    initial LSTM states, for one): an MBLT holds no all-constant node, so the quantizer never meets one. What a node's
+    subgraphs read from the graph counts as its input: a ``Loop`` of constant inputs whose body reads a computed value
+    is not constant (it was evaluated without that value: INTERNAL_ERROR "Unable to find input").
     Returns how many nodes were folded."""
     folded_nodes = 0
     for node in list(model.graph):
         inputs = [v for v in node.inputs if v is not None]
-        if not inputs or any(v.const_value is None for v in inputs) or node.domain not in ("", "ai.onnx"):
+        if not inputs or node.domain not in ("", "ai.onnx"):
             continue
-        if sum(v.const_value.size for v in inputs) > _FOLD_SIZE_LIMIT:
+        read = list(dict.fromkeys([*inputs, *outer_reads(node)]))  # a Loop body's reads of the graph are inputs too
+        if any(v.const_value is None for v in read) or sum(v.const_value.size for v in read) > _FOLD_SIZE_LIMIT:
             continue
         proto = ir.serde.serialize_node(node)
         graph = onnx.helper.make_graph([proto], "fold", [], [onnx.helper.make_empty_tensor_value_info(o)
                                                              for o in proto.output if o],
-                                       [onnx.numpy_helper.from_array(v.const_value.numpy(), v.name) for v in inputs])
+                                       [onnx.numpy_helper.from_array(v.const_value.numpy(), v.name) for v in read])
         folded = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset.MBLT_OPSET_VERSION)])
         results = _evaluate_constant_node(folded)
         for output, array in zip([o for o in node.outputs if o.name], results):

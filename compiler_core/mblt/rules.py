@@ -1219,6 +1219,96 @@ class GatherCastIds(RewriteRuleClassBase):
         return op.Gather(table, ids, **dict(node.attributes.items()))
 
 
+class WholeSlice(RewriteRuleClassBase):
+    """A ``Slice`` that keeps its whole input (static shapes, every step 1) -> its input.
+
+    The library's rule matches a Slice with all five inputs; torch's TorchScript exporter writes four (no steps), as in
+    the unrolled loop of an ``nn.EmbeddingBag`` (``ids[offsets[i]:offsets[i + 1]]`` of its only bag), where the
+    Slice of the integer ids left a refused integer op before the lookup.
+    """
+
+    def pattern(self, op, x):
+        return op.Slice(x, _allow_other_inputs=True, _outputs=["y"])
+
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
+        steps = y.producer().inputs[4] if len(y.producer().inputs) > 4 else None
+        if steps is not None and (steps.const_value is None or not np.all(steps.const_value.numpy() == 1)):
+            return result.fail("the Slice has steps other than 1")
+        if not _static_shape(x) or not _static_shape(y) or list(x.shape) != list(y.shape):
+            return result.fail("the Slice's output shape is not its input's (or is not static)")
+        return result
+
+    def rewrite(self, op, x, y):
+        return op.Identity(x)
+
+
+class GatherReshapedIds(RewriteRuleClassBase):
+    """``Gather(table, Reshape(ids))`` (axis 0) -> ``Reshape(Gather(table, ids))`` when ``ids`` is an integer model input.
+
+    The lookup of a model input runs on the NPU; a Reshape of its integer ids does not (``nn.EmbeddingBag``'s
+    TorchScript export flattens the ids of its bags first). Reshaping the rows looked up instead is the same result.
+    """
+
+    def pattern(self, op, table, ids, shape):
+        return op.Gather(table, op.Reshape(ids, shape, _allow_other_attributes=True), _allow_other_attributes=True,
+                         _outputs=["y"])
+
+    def check(self, context, table, ids, shape, y) -> MatchResult:
+        result = MatchResult()
+        axis = y.producer().attributes.get("axis")
+        if axis is not None and axis.value != 0:
+            return result.fail("the Gather is not along axis 0")
+        if table.const_value is None or not ids.is_graph_input() or ids.dtype not in (ir.DataType.INT32,
+                                                                                     ir.DataType.INT64):
+            return result.fail("the reshaped values are not integer model ids looked up in a constant table")
+        if shape.const_value is None or np.any(shape.const_value.numpy() == 0):
+            return result.fail("the ids' new shape is not a constant without 0 (copied) dimensions")
+        return result
+
+    def rewrite(self, op, table, ids, shape, y):
+        rows = np.concatenate([shape.const_value.numpy().astype(np.int64), np.array(table.shape[1:], np.int64)])
+        target = op.initializer(ir.tensor(rows), name=f"{y.producer().name}_rows_shape")
+        return op.Reshape(op.Gather(table, ids, axis=0), target)
+
+
+class FiniteWhereFill(RewriteRuleClassBase):
+    """``Where(c, a, b)`` with a constant branch holding ``-inf`` (or ``inf``) -> the same with float32's extreme.
+
+    A padding mask built at run time, ``Where(key_padding_mask, -inf, 0)`` (``nn.MultiheadAttention`` with a
+    ``key_padding_mask``, exported by TorchScript), calibrated as the range [0, 0]: statistics count infinities as 0,
+    so the mask quantized to all zeros and the attention ignored it (Softmax SQNR 7.4 dB). With -3.4e38 the mask is
+    the large negative fill the quantizer saturates (as a ``masked_fill(mask, finfo.min)`` is); in FP32 the scores it
+    masks still get a weight of 0.
+    """
+
+    def pattern(self, op, condition, a, b):
+        return op.Where(condition, a, b, _outputs=["y"])
+
+    def check(self, context, condition, a, b, y) -> MatchResult:
+        result = MatchResult()
+        branches = [value.const_value.numpy() for value in (a, b) if value.const_value is not None]
+        if not any(np.issubdtype(branch.dtype, np.floating) and np.isinf(branch).any() for branch in branches):
+            return result.fail("no constant branch holds an infinity")
+        return result
+
+    def rewrite(self, op, condition, a, b, y):
+        return op.Where(condition, self._finite(op, a, y, "a"), self._finite(op, b, y, "b"))
+
+    @staticmethod
+    def _finite(op, value: ir.Value, y: ir.Value, which: str) -> ir.Value:
+        if value.const_value is None or not np.issubdtype(value.const_value.numpy().dtype, np.floating):
+            return value
+        array = value.const_value.numpy()
+        extreme = np.finfo(array.dtype)
+        finite = np.where(np.isposinf(array), extreme.max, np.where(np.isneginf(array), extreme.min, array))
+        return op.initializer(ir.tensor(finite.astype(array.dtype)), name=f"{y.producer().name}_finite_{which}")
+
+
+def _static_shape(value: ir.Value) -> bool:
+    return value.shape is not None and all(isinstance(dim, int) for dim in value.shape)
+
+
 class StftToConv(RewriteRuleClassBase):
     """``STFT`` of a real signal with a constant window and hop -> a strided ``Conv1d`` with the windowed DFT basis.
 
@@ -1447,7 +1537,8 @@ MBLT_REWRITE_RULES = RewriteRuleSet(
                            CollapseHighRankTranspose.rule(),
                            LrnToConv.rule(), MatMulConstantFirst.rule(), MatMulBatchedWeight.rule(), GemmToMatMul.rule(),
                            WrapPadToConcat.rule(),
-                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
+                           LogSoftmaxToExpLog.rule(), GatherCastIds.rule(), GatherIndexWrapWhere.rule(), WholeSlice.rule(),
+                           GatherReshapedIds.rule(), FiniteWhereFill.rule(), StftToConv.rule(), GatheredWindowMean.rule(), ClipRuntimeBounds.rule(), *_fake_quant_rules(),
                            *_transpose_down_rules()]
 """Our rules, in application order (operand orders of commutative ops included)."""
 

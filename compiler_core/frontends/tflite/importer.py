@@ -122,6 +122,12 @@ def _signature(tensor: Tensor) -> list[int]:
 def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
     """Run the converter of ``op``; the reason it failed, or None."""
     converter = CONVERTERS.get(op.key)
+    if converter is None and op.op_type == "CUSTOM" and (op.custom_code or "").startswith(SELECT_TF_PREFIX):
+        return (f"a TensorFlow op (tf.{op.custom_code[len(SELECT_TF_PREFIX):]}) the converter kept with "
+                "SELECT_TF_OPS; only TFLite builtins are read")
+    if converter is None and op.op_type == "WHILE":
+        return ("a loop: TensorFlow's converter writes a Keras LSTM/GRU/SimpleRNN so unless its unroll=True; "
+                "convert with unroll=True, or give the .keras file, whose recurrent layers are unrolled here")
     if converter is None:
         kind = f"custom operator (custom_code '{op.custom_code}')" if op.op_type == "CUSTOM" else "operator"
         return f"no converter for this TFLite {kind}"
@@ -141,6 +147,8 @@ def _convert_one(builder: GraphBuilder, op: Operator) -> str | None:
     return None
 
 
+SELECT_TF_PREFIX = "Flex"
+"""The custom code prefix of TensorFlow ops a ``SELECT_TF_OPS`` conversion keeps (``FlexCumprod``)."""
 STATE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"})
 """TFLite operators of resource variables: state kept between calls (streaming models such as microWakeWord's)."""
 
@@ -165,6 +173,9 @@ def _unsupported_error(graph: TFLiteGraph, failures: dict[str, list[tuple[Operat
     elif cut_at:  # only post-processing fails: the rest of the model converts
         hint = (f"They only process the model's results: end the graph before them with --output-names "
                 f"{','.join(cut_at)} (Python: output_names=[...]) and run that step on the MXQ's outputs.")
+    if any(name.startswith(f"CUSTOM:{SELECT_TF_PREFIX}") for name in counts):
+        hint += (" Select TF ops run TensorFlow itself and cannot be compiled: convert without "
+                 "tf.lite.OpsSet.SELECT_TF_OPS (replace the ops the converter then names).")
     fields = {"cut_at": cut_at} if cut_at else {"keep_outputs": keep_outputs} if keep else {}
     return UnsupportedOpsError(
         f"'{graph.path.name}': {sum(counts.values())} TFLite operator(s) cannot be converted: {listing}.",
