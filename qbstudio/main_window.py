@@ -1634,6 +1634,7 @@ class MainWindow(QMainWindow):
             self.resize(default_window_size(available))
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
+            self._log_beside_layers = bool(window.get("logBesideLayers"))  # put there on a small screen
         self._default_docks = not window.get("state")
 
     def _splitters(self) -> dict[str, QSplitter]:
@@ -1654,7 +1655,7 @@ class MainWindow(QMainWindow):
                       self._splitters().items()} if self.workbench_ready else window.get("splitters", {}))
         self.preferences.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
                                    "state": bytes(self.saveState().toBase64()).decode(), "tab": tab,
-                                   "splitters": splitters}
+                                   "splitters": splitters, "logBesideLayers": self._log_beside_layers}
 
     def show_about(self) -> None:
         """The About box."""

@@ -103,3 +103,24 @@ def test_a_window_with_room_scrolls_nothing(qtbot, make_window, answers, size): 
         and window.layers_area.widget().height() == window.layers_area.viewport().height()
     )
     assert window.dockWidgetArea(window.log_dock) == Qt.DockWidgetArea.BottomDockWidgetArea
+
+
+def test_a_layout_saved_on_a_small_screen_opens_with_the_log_below_on_a_large_one(
+    qtbot, make_window, answers
+):  # noqa: F811
+    """The window closed on a small screen (log tabbed beside the layer dock, saved so) opened on a large screen with
+    the log still beside the layers: only the moves of the same session were undone."""
+    from qbstudio.state.preferences import AppDirs, Preferences
+
+    window = make_window()
+    move_to(qtbot, window, screen_named("1366x768 at 150%"))
+    assert window.tabifiedDockWidgets(window.layers_dock) == [window.log_dock]
+    window.close()
+    path = AppDirs.default().preferences_file
+    preferences = Preferences.load(path)
+    del preferences.window["geometry"]  # the next start is on the desktop (another monitor, another scale)
+    preferences.save(path)
+    again = make_window()
+    assert again.screen().name() == "desktop"
+    assert again.dockWidgetArea(again.log_dock) == Qt.DockWidgetArea.BottomDockWidgetArea
+    assert not again.tabifiedDockWidgets(again.layers_dock)
