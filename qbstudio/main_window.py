@@ -454,6 +454,7 @@ class MainWindow(QMainWindow):
 
         self.compare_controller = CompareController(self)
         self.details.performance.colour_by_cycles.connect(self.colour_graph_by_cycles)
+        self.details.tabs.currentChanged.connect(lambda _index: self._refresh_performance())
         self.graph.colouring_changed.connect(self._on_graph_colouring)
 
     # ================================================================== project lifecycle
@@ -562,6 +563,13 @@ class MainWindow(QMainWindow):
         self.act_try.setEnabled(runs.latest is not None and not self.is_llm)
         if self.details.node:
             self.show_node(self.details.node)
+        self._refresh_performance()
+
+    def _refresh_performance(self) -> None:
+        """The Performance tab, when shown, profiles the latest run (it said "Compile the model" after a compile
+        until a node was selected)."""
+        if self.details.tabs.currentWidget() is self.details.performance and not self.is_llm:
+            self._update_performance(self.session.latest_run)
 
     def _show_history(self) -> RunHistory:
         """The open model's runs in Runs & Compare, which says how many runs of other models the project keeps (a

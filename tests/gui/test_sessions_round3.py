@@ -1,0 +1,41 @@
+"""A user's sessions in the real window, third round (s16, found under Xvfb): open -> compile -> Performance tab and
+cycles heatmap -> change a setting -> compile -> compare the two runs.
+
+Dialogs are answered through ``qbstudio.dialogs`` (the fixtures of ``test_user_path``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6.QtWebEngineWidgets")
+
+from test_user_path import (  # noqa: E402, F401  (fixtures)
+    TIMEOUT_MS,
+    answers,
+    make_window,
+    open_sample_with_preview,
+)
+
+
+def compile_now(qtbot, window) -> None:
+    with qtbot.waitSignal(window.compile_finished, timeout=TIMEOUT_MS * 3) as blocker:
+        assert window.start_compile()
+    assert blocker.args == ["done"]
+
+
+def test_the_performance_tab_shows_the_compile_just_made(qtbot, make_window, answers):  # noqa: F811
+    """After a compile the Performance tab still said "Compile the model to see where the time goes." (and its
+    cycles switch was off) until a node was selected in the graph or the layer table."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    view = window.details.performance
+    window.details.tabs.setCurrentWidget(view)
+    assert "Compile the model" in view.summary.text()
+    compile_now(qtbot, window)
+    qtbot.waitUntil(lambda: view.report is not None, timeout=TIMEOUT_MS)
+    assert (
+        view.colour.isEnabled() and view.mode.count() > 0 and "Compile the model" not in view.summary.text()
+    )
+    assert window.details.node is None  # no node was selected
+    assert not answers.errors
