@@ -39,3 +39,34 @@ def test_the_performance_tab_shows_the_compile_just_made(qtbot, make_window, ans
     )
     assert window.details.node is None  # no node was selected
     assert not answers.errors
+
+
+def test_two_runs_differing_in_one_choice_are_told_apart_in_the_compile_tab_s_words(
+    qtbot, make_window, answers
+):  # noqa: F811
+    """Compile, change Range grouping on the Compile tab, compile, compare: the runs table said "method WChALayer"
+    and "method WChAMulti", the side-by-side "0 WChALayer" / "1 WChAMulti", for what the Compile tab calls "Per
+    tensor, symmetric" and "Concat-shared, symmetric"."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    combo = window.options.method_combo
+    chosen = []
+    for index in (0, 1):
+        combo.setCurrentIndex(combo.findData(index))
+        chosen.append(combo.currentText())
+        compile_now(qtbot, window)
+    runs = window.session.runs.runs[-2:]
+    assert [chosen[index] in run.config_summary for index, run in enumerate(runs)] == [True, True]
+    table = window.compare.table
+    settings_column = next(
+        column
+        for column in range(table.columnCount())
+        if table.horizontalHeaderItem(column).text() == "Settings"
+    )
+    shown = [table.item(row, settings_column).text() for row in range(table.rowCount())]
+    assert all(any(text in line for line in shown) for text in chosen), shown
+    window.tabs.setCurrentWidget(window.compare)
+    window.compare.set_picks([run.run_id for run in runs])
+    side = window.compare.side
+    assert [side.cell("calibration.method", column).text().split(" (")[0] for column in (0, 1)] == chosen
+    assert not answers.errors
