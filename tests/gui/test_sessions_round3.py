@@ -41,9 +41,7 @@ def test_the_performance_tab_shows_the_compile_just_made(qtbot, make_window, ans
     assert not answers.errors
 
 
-def test_two_runs_differing_in_one_choice_are_told_apart_in_the_compile_tab_s_words(
-    qtbot, make_window, answers
-):  # noqa: F811
+def test_runs_are_told_apart_in_the_compile_tab_s_words(qtbot, make_window, answers):  # noqa: F811
     """Compile, change Range grouping on the Compile tab, compile, compare: the runs table said "method WChALayer"
     and "method WChAMulti", the side-by-side "0 WChALayer" / "1 WChAMulti", for what the Compile tab calls "Per
     tensor, symmetric" and "Concat-shared, symmetric"."""

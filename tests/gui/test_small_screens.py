@@ -105,9 +105,7 @@ def test_a_window_with_room_scrolls_nothing(qtbot, make_window, answers, size): 
     assert window.dockWidgetArea(window.log_dock) == Qt.DockWidgetArea.BottomDockWidgetArea
 
 
-def test_a_layout_saved_on_a_small_screen_opens_with_the_log_below_on_a_large_one(
-    qtbot, make_window, answers
-):  # noqa: F811
+def test_a_layout_saved_on_a_small_screen_has_the_log_below_on_a_large_one(qtbot, make_window, answers):  # noqa: F811
     """The window closed on a small screen (log tabbed beside the layer dock, saved so) opened on a large screen with
     the log still beside the layers: only the moves of the same session were undone."""
     from qbstudio.state.preferences import AppDirs, Preferences
