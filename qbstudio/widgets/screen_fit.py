@@ -65,6 +65,15 @@ def screen_limits(window_minimum: QSize, central_minimum: QSize, available: QSiz
     return ScreenLimits(LAYERS_DOCK_WIDTH - dock_cut, central.expandedTo(CENTRAL_SMALLEST))
 
 
+def resize_within_screen(window: QWidget, width: int, height: int) -> None:
+    """Give a new window the size ``width`` x ``height``, no larger than the free area of the screen it opens on
+    (its parent's): a 1040x560 window on a 911x512 screen (1366x768 at 150 %) had its buttons off screen."""
+    anchor = window.parentWidget().window() if window.parentWidget() is not None else window
+    screen = anchor.screen()
+    size = QSize(width, height)
+    window.resize(size.boundedTo(screen.availableGeometry().size()) if screen is not None else size)
+
+
 class ScreenFitArea(QScrollArea):
     """A frameless scroll area (around the central widget, the layer dock's content) whose minimum size can be capped.
 

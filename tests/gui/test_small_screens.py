@@ -122,3 +122,36 @@ def test_a_layout_saved_on_a_small_screen_has_the_log_below_on_a_large_one(qtbot
     assert again.screen().name() == "desktop"
     assert again.dockWidgetArea(again.log_dock) == Qt.DockWidgetArea.BottomDockWidgetArea
     assert not again.tabifiedDockWidgets(again.layers_dock)
+
+
+def test_the_workbench_s_windows_open_within_a_small_screen(qtbot, make_window, answers):  # noqa: F811
+    """At 150 % on 1366x768 (911x512) Layer sensitivity opened 1040x560, Try a Compiled LLM 980x560 and Check My Setup
+    760x520: their lower buttons and right edge off screen."""
+    from qbstudio import dialogs
+    from qbstudio.state.preferences import AppDirs
+    from qbstudio.widgets.sensitivity_view import SensitivityDialog
+    from qbstudio.widgets.setup_check import SetupCheckDialog
+    from qbstudio.widgets.try_inputs import TryResultsDialog
+
+    window = make_window()
+    screen = screen_named("1366x768 at 150%")
+    move_to(qtbot, window, screen)
+    size = screen.availableGeometry().size()
+    opened = [
+        SensitivityDialog(window),
+        dialogs.open_llm_try(window),
+        SetupCheckDialog(AppDirs.default(), window),
+        TryResultsDialog([], "Run #1", window),
+    ]
+    for dialog in opened:
+        dialog.show()
+        qtbot.waitExposed(dialog)
+        hint = dialog.minimumSizeHint()
+        assert dialog.width() <= size.width() and dialog.height() <= size.height(), (
+            dialog.windowTitle(),
+            dialog.size(),
+        )
+        assert hint.width() <= size.width() and hint.height() <= size.height(), (dialog.windowTitle(), hint)
+        dialog.close()
+    desktop = SensitivityDialog(make_window())  # a screen with room: the size it always had
+    assert desktop.size() == QSize(1040, 560)
