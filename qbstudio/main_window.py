@@ -1006,7 +1006,7 @@ class MainWindow(QMainWindow):
         if path is None:
             self.details.performance.set_report(None, "Compile the model to see where the time goes.")
             return
-        self.details.performance.set_report(None, "Profiling the compiled program…")
+        self.details.performance.set_report(None, "Profiling the compiled program…", pending=True)
         if self.runner.is_busy("profile"):
             self._profiled = None  # retried on the next node shown, once the running profile ends
             return
@@ -1031,7 +1031,11 @@ class MainWindow(QMainWindow):
         if not mode or not report or mode not in report["modes"]:
             self.graph.set_extra_colouring(None)
             return
-        self.graph.set_extra_colouring((CYCLES_COLOURING + mode, f"Colours: cycles ({mode})"), select=True)
+        key = CYCLES_COLOURING + mode
+        if self.graph.colouring == key:  # the same entry, a new run's report: the selector does not change
+            self._on_graph_colouring(key)
+            return
+        self.graph.set_extra_colouring((key, f"Colours: cycles ({mode})"), select=True)
 
     def _on_graph_colouring(self, key: str) -> None:
         """The graph's colour selector changed: paint the cycles heatmap, or leave the Performance switch off."""

@@ -68,3 +68,28 @@ def test_runs_are_told_apart_in_the_compile_tab_s_words(qtbot, make_window, answ
     side = window.compare.side
     assert [side.cell("calibration.method", column).text().split(" (")[0] for column in (0, 1)] == chosen
     assert not answers.errors
+
+
+def test_the_cycles_heatmap_follows_the_next_compile(qtbot, make_window, answers):  # noqa: F811
+    """Colour by cycles, change a setting, compile: the switch went off and the graph back to support status (the
+    Performance tab dropped it while the new run was profiled); it now repaints with the new run's cycles."""
+    window = make_window()
+    open_sample_with_preview(qtbot, window)
+    view, graph = window.details.performance, window.graph
+    window.details.tabs.setCurrentWidget(view)
+    window.set_device("regulus-ra")
+    compile_now(qtbot, window)
+    qtbot.waitUntil(lambda: view.report is not None, timeout=TIMEOUT_MS)
+    with qtbot.waitSignal(graph.heat_painted, timeout=5000):
+        view.colour.setChecked(True)
+    first = view.report
+    window.set_device("aries-rb")
+    compile_now(qtbot, window)
+    qtbot.waitUntil(lambda: view.report not in (None, first), timeout=TIMEOUT_MS)
+    latency_us = view.report["modes"]["single"]["latency_ms"] * 1000
+    qtbot.waitUntil(
+        lambda: f"({latency_us:.0f} µs)" in graph.heat_legend.title, timeout=5000
+    )  # the new run's
+    assert view.colour.isChecked() and graph.colouring == "cycles:single"
+    assert graph.colour_combo.currentText() == "Colours: cycles (single)"
+    assert not answers.errors

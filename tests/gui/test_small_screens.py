@@ -24,9 +24,10 @@ def screen_named(name: str):
     return next(screen for screen in QGuiApplication.screens() if screen.name() == name)
 
 
-def move_to(qtbot, window, screen) -> None:
-    window.move(screen.geometry().topLeft())
-    qtbot.waitUntil(lambda: window.screen() is screen)
+def move_to(qtbot, window, name: str) -> None:
+    """Move ``window`` to the screen called ``name`` (looked up each time: a QScreen's wrapper can outlive it)."""
+    window.move(screen_named(name).geometry().topLeft())
+    qtbot.waitUntil(lambda: window.screen().name() == name)
     QApplication.processEvents()
 
 
@@ -44,8 +45,8 @@ def test_every_control_is_on_a_small_or_scaled_screen(qtbot, make_window, answer
     window = make_window()
     wait_model(qtbot, window, lambda: window.open_path(SAMPLE_PROJECT))
     fake_run(window)
+    move_to(qtbot, window, name)
     screen = screen_named(name)
-    move_to(qtbot, window, screen)
     size = SMALL_SCREENS[name]
     assert screen.availableGeometry().size() == size
     for index in range(window.tabs.count()):
@@ -68,7 +69,7 @@ def test_every_control_is_on_a_small_or_scaled_screen(qtbot, make_window, answer
         assert reachable(window, button), button.text()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     window.grab().save(str(SCREENSHOTS / f"s16_small_screen_{size.width()}x{size.height()}.png"))
-    move_to(qtbot, window, screen_named("desktop"))  # back on a large screen: the usual minimums
+    move_to(qtbot, window, "desktop")  # back on a large screen: the usual minimums
     assert window.central_area.limit is None and window.layers_area.limit is None
     assert window.dockWidgetArea(window.log_dock) == Qt.DockWidgetArea.BottomDockWidgetArea
     assert not window.tabifiedDockWidgets(window.layers_dock)
@@ -111,7 +112,7 @@ def test_a_layout_saved_on_a_small_screen_has_the_log_below_on_a_large_one(qtbot
     from qbstudio.state.preferences import AppDirs, Preferences
 
     window = make_window()
-    move_to(qtbot, window, screen_named("1366x768 at 150%"))
+    move_to(qtbot, window, "1366x768 at 150%")
     assert window.tabifiedDockWidgets(window.layers_dock) == [window.log_dock]
     window.close()
     path = AppDirs.default().preferences_file
@@ -134,9 +135,8 @@ def test_the_workbench_s_windows_open_within_a_small_screen(qtbot, make_window, 
     from qbstudio.widgets.try_inputs import TryResultsDialog
 
     window = make_window()
-    screen = screen_named("1366x768 at 150%")
-    move_to(qtbot, window, screen)
-    size = screen.availableGeometry().size()
+    move_to(qtbot, window, "1366x768 at 150%")
+    size = screen_named("1366x768 at 150%").availableGeometry().size()
     opened = [
         SensitivityDialog(window),
         dialogs.open_llm_try(window),
