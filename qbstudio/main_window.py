@@ -59,6 +59,7 @@ from qbstudio.widgets.graph_view import GraphView, statuses_from_report
 from qbstudio.widgets.log_dock import LogDock, QtLogHandler
 from qbstudio.widgets.node_details import NodeDetails
 from qbstudio.widgets.run_panel import RunPanel
+from qbstudio.widgets.screen_fit import ScreenFitArea, ScreenLimits, fits, screen_limits
 from qbstudio.widgets.summary import open_folder
 from qbstudio.widgets.support_panel import SupportPanel
 from qbstudio.widgets.welcome import DOCS_DIR, SAMPLE_PROJECT, WelcomePage
@@ -218,6 +219,7 @@ class MainWindow(QMainWindow):
         self.workbench_ready = True
         self._set_shell_enabled(True)
         self._on_project_changed()
+        self.fit_to_screen()
         self.workbench_built.emit()
 
     def _set_shell_enabled(self, enabled: bool) -> None:
@@ -303,12 +305,15 @@ class MainWindow(QMainWindow):
         self.welcome = WelcomePage()
         self.central = QStackedWidget(objectName="central")
         self.central.addWidget(self.welcome)
-        self.setCentralWidget(self.central)
+        self.central_area = ScreenFitArea(self.central, "centralArea")
+        self.setCentralWidget(self.central_area)
         self._build_layers_dock()
         self.log_handler = QtLogHandler(self)
         logging.getLogger().addHandler(self.log_handler)
         self.log_dock = LogDock(self.log_handler, self)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.log_dock)
+        self._log_beside_layers = False
+        self._set_screen_limits(ScreenLimits())
         self.status_label = QLabel()
         self.statusBar().addPermanentWidget(self.status_label)
 
@@ -337,8 +342,8 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.model_label)
         layout.addWidget(splitter, 1)
         self.layers_dock = QDockWidget("Model && layer support", self, objectName="layersDock")
-        self.layers_dock.setWidget(holder)
-        self.layers_dock.setMinimumWidth(360)  # keeps the Reason column in view when the Compile tab widens
+        self.layers_area = ScreenFitArea(holder, "layersArea")
+        self.layers_dock.setWidget(self.layers_area)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.layers_dock)
 
     def _action(self, text: str, slot: Any, shortcut: Any = None, tip: str = "") -> QAction:
@@ -449,6 +454,7 @@ class MainWindow(QMainWindow):
 
         self.compare_controller = CompareController(self)
         self.details.performance.colour_by_cycles.connect(self.colour_graph_by_cycles)
+        self.details.tabs.currentChanged.connect(lambda _index: self._refresh_performance())
         self.graph.colouring_changed.connect(self._on_graph_colouring)
 
     # ================================================================== project lifecycle
@@ -557,6 +563,13 @@ class MainWindow(QMainWindow):
         self.act_try.setEnabled(runs.latest is not None and not self.is_llm)
         if self.details.node:
             self.show_node(self.details.node)
+        self._refresh_performance()
+
+    def _refresh_performance(self) -> None:
+        """The Performance tab, when shown, profiles the latest run (it said "Compile the model" after a compile
+        until a node was selected)."""
+        if self.details.tabs.currentWidget() is self.details.performance and not self.is_llm:
+            self._update_performance(self.session.latest_run)
 
     def _show_history(self) -> RunHistory:
         """The open model's runs in Runs & Compare, which says how many runs of other models the project keeps (a
@@ -993,7 +1006,7 @@ class MainWindow(QMainWindow):
         if path is None:
             self.details.performance.set_report(None, "Compile the model to see where the time goes.")
             return
-        self.details.performance.set_report(None, "Profiling the compiled program…")
+        self.details.performance.set_report(None, "Profiling the compiled program…", pending=True)
         if self.runner.is_busy("profile"):
             self._profiled = None  # retried on the next node shown, once the running profile ends
             return
@@ -1018,7 +1031,11 @@ class MainWindow(QMainWindow):
         if not mode or not report or mode not in report["modes"]:
             self.graph.set_extra_colouring(None)
             return
-        self.graph.set_extra_colouring((CYCLES_COLOURING + mode, f"Colours: cycles ({mode})"), select=True)
+        key = CYCLES_COLOURING + mode
+        if self.graph.colouring == key:  # the same entry, a new run's report: the selector does not change
+            self._on_graph_colouring(key)
+            return
+        self.graph.set_extra_colouring((key, f"Colours: cycles ({mode})"), select=True)
 
     def _on_graph_colouring(self, key: str) -> None:
         """The graph's colour selector changed: paint the cycles heatmap, or leave the Performance switch off."""
@@ -1629,6 +1646,7 @@ class MainWindow(QMainWindow):
             self.resize(default_window_size(available))
         if window.get("state"):
             self.restoreState(QByteArray.fromBase64(window["state"].encode()))
+            self._log_beside_layers = bool(window.get("logBesideLayers"))  # put there on a small screen
         self._default_docks = not window.get("state")
 
     def _splitters(self) -> dict[str, QSplitter]:
@@ -1649,7 +1667,7 @@ class MainWindow(QMainWindow):
                       self._splitters().items()} if self.workbench_ready else window.get("splitters", {}))
         self.preferences.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
                                    "state": bytes(self.saveState().toBase64()).decode(), "tab": tab,
-                                   "splitters": splitters}
+                                   "splitters": splitters, "logBesideLayers": self._log_beside_layers}
 
     def show_about(self) -> None:
         """The About box."""
@@ -1708,12 +1726,59 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if self.shown_at is None:
             self.shown_at = time.perf_counter()
+            self.windowHandle().screenChanged.connect(lambda screen: self.fit_to_screen())
+            self.fit_to_screen()
         if self._defer_build:
             self._defer_build = False
             QTimer.singleShot(0, self._build_deferred)
         if self._default_docks:
             self._default_docks = False
             self.resizeDocks([self.layers_dock], [430], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.log_dock], [130], Qt.Orientation.Vertical)
+
+    def fit_to_screen(self, available: QSize | None = None) -> None:
+        """Make the window's minimum size fit ``available`` (default: its screen's free area, in logical pixels).
+
+        On a small or scaled screen the log shares the layer dock's column (as a tab), the layer dock may be
+        narrower and the tab pages scroll if they must; where the window fits, the layout is the usual one. The
+        window is made no larger than the screen.
+        """
+        if available is None:
+            screen = self.screen() or QGuiApplication.primaryScreen()
+            if screen is None:
+                return
+            available = screen.availableGeometry().size()
+        self._set_screen_limits(ScreenLimits())
+        small = not fits(self._measured_minimum(), available)
+        self._place_log(beside_layers=small)
+        if not small:
+            return
+        limits = screen_limits(self._measured_minimum(), self.central.minimumSizeHint(), available)
+        self._set_screen_limits(limits)
+        logger.info("the screen (%dx%d) is smaller than the window's usual minimum: the log is a tab beside the "
+                    "layer support", available.width(), available.height())
+        self.layout().activate()  # the window's new minimum, before it is resized to the screen
+        self.resize(self.size().boundedTo(available))
+
+    def _measured_minimum(self) -> QSize:
+        self.layout().invalidate()
+        return self.minimumSizeHint()
+
+    def _set_screen_limits(self, limits: ScreenLimits) -> None:
+        self.layers_dock.setMinimumWidth(limits.dock_width)
+        self.layers_area.set_limit(limits.dock)
+        self.central_area.set_limit(limits.central)
+
+    def _place_log(self, beside_layers: bool) -> None:
+        """The log below the tabs, or (on a small screen) a tab beside the layer support, which stays in front."""
+        if beside_layers == self._log_beside_layers or self.log_dock.isFloating():
+            return
+        self._log_beside_layers = beside_layers
+        if beside_layers:
+            self.tabifyDockWidget(self.layers_dock, self.log_dock)
+            self.layers_dock.raise_()
+        else:
+            self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.log_dock)
             self.resizeDocks([self.log_dock], [130], Qt.Orientation.Vertical)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from qbstudio.state.runs import RunRecord
+from qbstudio.state.settings import CHOICE_LABELS
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,18 @@ def _config_enums() -> dict[str, type[enum.Enum]]:
 
 
 def setting_text(key: str, value: Any) -> Any:
-    """A resolved config value as the user reads it: enum numbers with their names (``calibration.method`` 1 ->
-    ``1 WChAMulti``, as the run's settings line says it); other values unchanged."""
+    """A resolved config value as the user reads it: a numbered choice in the Compile tab's words with its config
+    code and name (``calibration.method`` 1 -> ``Concat-shared, symmetric (1 WChAMulti)``); other values
+    unchanged."""
     kind = _config_enums().get(key)
     if kind is None or isinstance(value, bool) or not isinstance(value, int):
         return value
     try:
-        return f"{value} {kind(value).name}"
+        code = f"{value} {kind(value).name}"
     except ValueError:
         return value
+    label = CHOICE_LABELS.get(key, {}).get(value)
+    return f"{label} ({code})" if label else code
 
 
 def resolved_config(run: RunRecord) -> dict[str, Any]:

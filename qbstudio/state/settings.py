@@ -21,6 +21,14 @@ INT16_PATH = "bit.layerOverrides.activation16Bits"
 KEPT_ON_RESET = ("targetDevice", "inferenceScheme", "imageChannels", "preprocessing", "uint8Input")
 """Config keys "Reset to defaults" keeps: the target and what the Calibration tab set for the model's data."""
 MIXED_TARGET_NAMES = {"cosine": "cosine", "sqnrDb": "SQNR dB", "top1": "top-1"}
+CHOICE_LABELS: dict[str, dict[int, str]] = {
+    "calibration.method": {0: "Per tensor, symmetric", 1: "Concat-shared, symmetric", 2: "Per tensor, zero point",
+                           3: "Concat-shared, zero point"},
+    "calibration.output": {0: "Per layer", 1: "Per channel (not implemented)", 2: "Sigmoid (not implemented)"},
+    "calibration.mode": {0: "Max", 1: "Percentile", 2: "Histogram (KL)", 3: "MSE search"},
+}
+"""The Compile tab's words for the config's numbered choices, by dotted key: the options, the sweep grid, the runs'
+settings line and the comparison say the same (the runs table said "method WChALayer" for "Per tensor, symmetric")."""
 """Automatic mixed precision's target kinds as the runs table names them."""
 
 
@@ -207,8 +215,9 @@ class CompileSettings:
         int16 layers, automatic mixed precision's target and the layers on the CPU."""
         config = self._config
         calibration = config.calibration
-        parts = [self.device, config.inference_scheme, f"mode {calibration.mode.name}",
-                 f"method {calibration.method.name}"]
+        parts = [self.device, config.inference_scheme,
+                 f"range {CHOICE_LABELS['calibration.mode'][int(calibration.mode)]}",
+                 CHOICE_LABELS["calibration.method"][int(calibration.method)]]
         if self.preset:
             parts.insert(2, f"{self.preset} (edited)" if self.preset_edited else self.preset)
         if self.int16_layers:

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from compiler_core.errors import QBCompilerError
 from compiler_core.progress import ProgressEvent
+from qbstudio.widgets.screen_fit import resize_within_screen
 from qbstudio.workers import JobRunner, Worker
 
 logger = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ def show_dialog(parent: QWidget | None = None, manifest: str | None = None) -> Q
     """A non-modal "Try an LLM" window holding an :class:`LlmTryPanel`."""
     dialog = QDialog(parent, objectName="llmTryDialog")
     dialog.setWindowTitle("Try a Compiled LLM")
-    dialog.resize(980, 560)
+    resize_within_screen(dialog, 980, 560)
     panel = LlmTryPanel(dialog)
     if manifest:
         panel.manifest_edit.setText(manifest)

@@ -34,6 +34,7 @@ from compiler_core.errors import QBCompilerError
 from qbstudio import dialogs
 from qbstudio.state.model_fit import holdout_note
 from qbstudio.state.settings import (
+    CHOICE_LABELS,
     CompileSettings,
     allowed_schemes,
     choice_descriptions,
@@ -48,10 +49,9 @@ logger = logging.getLogger(__name__)
 NO_PRESET_LABEL = "(keep current settings)"
 LLM_OPTIONS_NOTE = ("A decoder LLM is quantized by the LLM preset chosen when you press Compile (llm, llm_accurate or "
                     "llm_fast); of these settings only the device and the inference scheme apply to it.")
-METHOD_LABELS = {0: "Per tensor, symmetric", 1: "Concat-shared, symmetric", 2: "Per tensor, zero point",
-                 3: "Concat-shared, zero point"}
-OUTPUT_LABELS = {0: "Per layer", 1: "Per channel (not implemented)", 2: "Sigmoid (not implemented)"}
-MODE_LABELS = {0: "Max", 1: "Percentile", 2: "Histogram (KL)", 3: "MSE search"}
+METHOD_LABELS = CHOICE_LABELS["calibration.method"]
+OUTPUT_LABELS = CHOICE_LABELS["calibration.output"]
+MODE_LABELS = CHOICE_LABELS["calibration.mode"]
 CHANNEL_LABELS = {0: "As the model takes them", 1: "Gray (1)", 3: "RGB (3)"}
 NOT_IMPLEMENTED_OUTPUTS = (1, 2)
 CONFIG_FILTER = "Compile config (*.yaml *.yml *.json)"

@@ -59,8 +59,12 @@ class PerformanceView(QWidget):
         self._layout.addWidget(self.row)
         self.set_report(None, "Compile the model to see where the time goes.")
 
-    def set_report(self, report: dict[str, Any] | None, message: str = "") -> None:
-        """Show a :func:`~compiler_core.runtime.profile.profile_mxq` report (None: ``message`` instead)."""
+    def set_report(self, report: dict[str, Any] | None, message: str = "", pending: bool = False) -> None:
+        """Show a :func:`~compiler_core.runtime.profile.profile_mxq` report (None: ``message`` instead).
+
+        ``pending``: a new run's report is being made; "colour by cycles" stays on and recolours the graph when it
+        comes (the switch went off at each compile, the graph back to support status).
+        """
         self.report = report
         self.mode.blockSignals(True)
         self.mode.clear()
@@ -71,7 +75,8 @@ class PerformanceView(QWidget):
         self.colour.setEnabled(bool(report))
         self.summary.setText(message if not report else "")
         self.refresh()
-        self._on_mode()
+        if not pending:
+            self._on_mode()
 
     @property
     def colouring_mode(self) -> str:

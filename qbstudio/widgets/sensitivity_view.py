@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from compiler_core.errors import QBCompilerError
 from compiler_core.fileio import atomic_write_text
 from qbstudio import dialogs
+from qbstudio.widgets.screen_fit import resize_within_screen
 
 logger = logging.getLogger(__name__)
 
@@ -162,4 +163,4 @@ class SensitivityDialog(QDialog):
         self.view = SensitivityView(self)
         layout = QVBoxLayout(self)
         layout.addWidget(self.view)
-        self.resize(1040, 560)
+        resize_within_screen(self, 1040, 560)

@@ -39,6 +39,7 @@ from compiler_core.errors import QBCompilerError
 from compiler_core.resources import resource_dir, resource_path
 from qbstudio import dialogs
 from qbstudio.state.preferences import AppDirs
+from qbstudio.widgets.screen_fit import resize_within_screen
 from qbstudio.workers import JobRunner, Worker
 
 logger = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class SetupCheckDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Check My Setup")
         self.setObjectName("setupCheckDialog")
-        self.resize(760, 520)
+        resize_within_screen(self, 760, 520)
         self.dirs = dirs
         self.runner = JobRunner(self)
         self.tree = QTreeWidget(objectName="setupTree")

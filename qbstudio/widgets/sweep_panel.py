@@ -33,11 +33,12 @@ from PySide6.QtWidgets import (
 
 from qbstudio.state.compare import ParetoData, pareto_data
 from qbstudio.state.runs import RunRecord
+from qbstudio.state.settings import CHOICE_LABELS
 from qbstudio.widgets.layer_plot import _style_axes
 
 logger = logging.getLogger(__name__)
 
-MODES = {0: "Max", 1: "MaxPercentile", 2: "Histogram (KL)", 3: "MSE"}
+MODES = CHOICE_LABELS["calibration.mode"]
 OUTPUTS = {0: "layer", 1: "channel"}
 FRONT_COLOUR = "#c62828"
 POINT_COLOUR = "#1565c0"
@@ -75,7 +76,7 @@ class SweepEditor(QGroupBox):
         super().__init__("Sweep grid", parent)
         self.modes = _check_list(MODES, {0, 1, 2})
         self.percentiles = QLineEdit("0.999, 0.9999", objectName="sweepPercentiles")
-        self.percentiles.setToolTip("MaxPercentile only: comma-separated percentiles")
+        self.percentiles.setToolTip("Percentile only: comma-separated percentiles")
         self.outputs = _check_list(OUTPUTS, {0})
         self.bias_off = QCheckBox("off", checked=True)
         self.bias_on = QCheckBox("on", checked=True)

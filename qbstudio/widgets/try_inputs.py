@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QTextBrows
 
 from compiler_core.calibration.readers import file_patterns
 from compiler_core.progress import as_reporter
+from qbstudio.widgets.screen_fit import resize_within_screen
 
 
 def try_inputs_filter(input_count: int) -> str:
@@ -72,7 +73,7 @@ class TryResultsDialog(QDialog):
     def __init__(self, results: list[dict[str, Any]], run_label: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Try on inputs")
-        self.resize(820, 420)
+        resize_within_screen(self, 820, 420)
         self.results, self.run_label = results, run_label
         self.browser = QTextBrowser(objectName="tryResults")
         self.browser.setHtml(results_html(results, run_label))

@@ -107,10 +107,11 @@ def test_settings_diff_lists_only_the_keys_that_differ(sweep):
     diff = dict(settings_diff(sweep["runs"]))
     assert diff["calibration.mode"] == [0, 1, 2]
     assert "targetDevice" not in diff and "calibration.method" not in diff
-    # shown with their names (found under Xvfb: "calibration.method 0 / 1" said nothing)
+    # shown in the Compile tab's words with their config names (found under Xvfb: "calibration.method 0 / 1" said
+    # nothing; s16: "1 WChAMulti" was not what the Compile tab calls "Concat-shared, symmetric")
     assert [setting_text("calibration.mode", value) for value in diff["calibration.mode"]] == [
-        "0 Max", "1 MaxPercentile", "2 Histogram"]
-    assert setting_text("calibration.method", 3) == "3 WChAMultiZeropoint"
+        "Max (0 Max)", "Percentile (1 MaxPercentile)", "Histogram (KL) (2 Histogram)"]
+    assert setting_text("calibration.method", 3) == "Concat-shared, zero point (3 WChAMultiZeropoint)"
     assert setting_text("calibration.int16Headroom", 2) == 2 and setting_text("calibration.mode", 9) == 9
 
 
@@ -137,7 +138,8 @@ def test_three_runs_side_by_side_with_a_pinned_baseline(qtbot, view, sweep):
     assert {"logits: SQNR (dB)", "logits: cosine", "logits: top-1 agreement", "logits: top-5 agreement",
             "logits: max |error|", "single: latency (ms, est.)", "single: FPS (est.)", "MXQ size (bytes)",
             "int16 layers", "compile time (s)"} <= set(labels)
-    assert [side.cell("calibration.mode", c).text() for c in range(3)] == ["0 Max", "1 MaxPercentile", "2 Histogram"]
+    assert [side.cell("calibration.mode", c).text() for c in range(3)] == [
+        "Max (0 Max)", "Percentile (1 MaxPercentile)", "Histogram (KL) (2 Histogram)"]
     assert side.cell("calibration.mode", 0).background().color().name() == "#fff4d6"
     assert "baseline" in side.table.horizontalHeaderItem(1).text()
     sqnr = [run.outputs["logits"]["sqnr_db"] for run in sweep["runs"]]
