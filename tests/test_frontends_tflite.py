@@ -736,11 +736,27 @@ def test_the_int8_codes_of_a_full_integer_model_calibrate_and_run_as_its_values(
     takes the input's real values, and the int8 arrays its users hold were read as values (-128..127 for an input
     that spans 0..1: a compile calibrated on the wrong range, an MXQ whose `run` on the same arrays disagreed with the
     TFLite model). They are now read as codes, (q - zero point) * scale, in calibration and in `run`."""
-    from ai_edge_litert.interpreter import Interpreter
-
     from compiler_core.api import mblt_compile, mxq_compile
     from compiler_core.runtime import Accelerator, Model
     from compiler_core.runtime.inputs import load_run_inputs
+
+    path, calib, held_out, expected = full_integer_conv(tmp_path)
+    mblt = mblt_compile(path, tmp_path / "m.mblt")
+    mxq = tmp_path / "m.mxq"
+    mxq_compile(mblt, "aries-rb", calib, mxq, analysis_holdout=0)
+    model = Model(mxq, input_layout="NCHW")
+    model.launch(Accelerator("aries-rb"))
+    (_, feeds), = load_run_inputs(model.artifact, [str(held_out)])  # as `qbcompiler run --input held_out.npy`
+    assert feeds["x_q"].min() >= 0 and feeds["x_q"].max() <= 1  # the values, not the codes
+    actual = np.asarray(model.infer(feeds)[0], np.float64).ravel()
+    cosine = float(actual @ expected.ravel() / np.linalg.norm(actual) / np.linalg.norm(expected))
+    assert cosine > 0.99
+
+
+def full_integer_conv(folder: Path) -> tuple[Path, Path, Path, np.ndarray]:
+    """A full-integer TFLite convolution (int8 input 0..1 with zero point -128, int8 output), 12 calibration arrays of
+    its int8 codes in ``folder/calib``, one held-out array, and the TFLite interpreter's output on it (dequantized)."""
+    from ai_edge_litert.interpreter import Interpreter
 
     weight_scale = np.array([0.02, 0.01, 0.03, 0.015], np.float32)
     weights = np.random.default_rng(5).integers(-127, 128, (4, 3, 3, 2)).astype(np.int8)
@@ -755,28 +771,18 @@ def test_the_int8_codes_of_a_full_integer_model_calibrate_and_run_as_its_values(
     ]
     operators = [{"op": "CONV_2D", "inputs": [0, 1, 2], "outputs": [3], "options": ("Conv2DOptions", {
         "Padding": 0, "StrideW": 1, "StrideH": 1})}]
-    path = tmp_path / "int8_io.tflite"
+    path = folder / "int8_io.tflite"
     path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[3]))
-    rng = np.random.default_rng(0)
-    codes = [rng.integers(-128, 128, (1, 6, 6, 2)).astype(np.int8) for _ in range(13)]  # pixels 0..255 as int8
-    calib = tmp_path / "calib"
+    codes = np.random.default_rng(0).integers(-128, 128, (13, 1, 6, 6, 2)).astype(np.int8)  # pixels 0..255 as int8
+    calib = folder / "calib"
     calib.mkdir()
     for index, sample in enumerate(codes[:12]):
         np.save(calib / f"{index:03d}.npy", sample)
-    held_out = tmp_path / "held_out.npy"
+    held_out = folder / "held_out.npy"
     np.save(held_out, codes[12])
-    mblt = mblt_compile(path, tmp_path / "m.mblt")
-    mxq = tmp_path / "m.mxq"
-    mxq_compile(mblt, "aries-rb", calib, mxq, analysis_holdout=0)
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()
     interpreter.set_tensor(interpreter.get_input_details()[0]["index"], codes[12])
     interpreter.invoke()
-    expected = interpreter.get_tensor(interpreter.get_output_details()[0]["index"]).astype(np.float32) * output_scale
-    model = Model(mxq, input_layout="NCHW")
-    model.launch(Accelerator("aries-rb"))
-    (_, feeds), = load_run_inputs(model.artifact, [str(held_out)])  # as `qbcompiler run --input held_out.npy`
-    assert feeds["x_q"].min() >= 0 and feeds["x_q"].max() <= 1  # the values, not the codes
-    actual = np.asarray(model.infer(feeds)[0], np.float64).ravel()
-    cosine = float(actual @ expected.ravel() / np.linalg.norm(actual) / np.linalg.norm(expected))
-    assert cosine > 0.99
+    expected = interpreter.get_tensor(interpreter.get_output_details()[0]["index"]).astype(np.float64) * output_scale
+    return path, calib, held_out, expected

@@ -205,52 +205,13 @@ def test_model_infer_reads_a_full_integer_tflite_models_int8_codes_as_qbcompiler
     NPU input keeps the TFLite scale and zero point); compiled with int16 activations (``a16w8``) ``Model.infer``
     refused the arrays ``run`` reads ("takes float32 values or int16 codes"). The reference's runtime takes int8 arrays
     as the model's int8 input, the codes its users hold: both read them so now, as the TFLite interpreter does."""
-    from ai_edge_litert.interpreter import Interpreter
-    from test_frontends_tflite import build_tflite, tflite
+    from test_frontends_tflite import full_integer_conv
 
     from compiler_core import mblt_compile, mxq_compile
     from compiler_core.runtime import Accelerator, Model
     from compiler_core.runtime.inputs import load_run_inputs
 
-    weight_scale = np.array([0.02, 0.01, 0.03, 0.015], np.float32)
-    weights = np.random.default_rng(5).integers(-127, 128, (4, 3, 3, 2)).astype(np.int8)
-    input_scale, input_zero, output_scale = 1 / 255, -128, 0.05
-    int8 = tflite.TensorType.INT8
-    tensors = [
-        {"name": "x_q", "shape": [1, 6, 6, 2], "type": int8, "quant": ([input_scale], [input_zero], 0)},
-        {
-            "name": "w",
-            "shape": [4, 3, 3, 2],
-            "type": int8,
-            "data": weights,
-            "quant": (weight_scale, [0] * 4, 0),
-        },
-        {
-            "name": "b",
-            "shape": [4],
-            "type": tflite.TensorType.INT32,
-            "data": np.zeros(4, np.int32),
-            "quant": (weight_scale * input_scale, [0] * 4, 0),
-        },
-        {"name": "y_q", "shape": [1, 6, 6, 4], "type": int8, "quant": ([output_scale], [0], 0)},
-    ]
-    operators = [
-        {
-            "op": "CONV_2D",
-            "inputs": [0, 1, 2],
-            "outputs": [3],
-            "options": ("Conv2DOptions", {"Padding": 0, "StrideW": 1, "StrideH": 1}),
-        }
-    ]
-    path = tmp_path / "int8_io.tflite"
-    path.write_bytes(build_tflite(tensors, operators, inputs=[0], outputs=[3]))
-    codes = np.random.default_rng(0).integers(-128, 128, (13, 1, 6, 6, 2)).astype(np.int8)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for index, sample in enumerate(codes[:12]):
-        np.save(calib / f"{index:03d}.npy", sample)
-    held_out = tmp_path / "held_out.npy"
-    np.save(held_out, codes[12])
+    path, calib, held_out, expected = full_integer_conv(tmp_path)
     mxq = tmp_path / "m.mxq"
     mxq_compile(
         mblt_compile(path, tmp_path / "m.mblt"),
@@ -260,19 +221,12 @@ def test_model_infer_reads_a_full_integer_tflite_models_int8_codes_as_qbcompiler
         analysis_holdout=0,
         config_preset="a16w8",
     )
-    interpreter = Interpreter(model_path=str(path))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], codes[12])
-    interpreter.invoke()
-    expected = (
-        interpreter.get_tensor(interpreter.get_output_details()[0]["index"]).astype(np.float64) * output_scale
-    )
     model = Model(mxq)  # NHWC, as the TFLite model itself
     model.launch(Accelerator("aries-rb"))
     assert model.program.params("x_q").bits == 16
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="compiler_core.runtime.model"):
-        from_codes = model.infer([codes[12]])[0]
+        from_codes = model.infer([np.load(held_out)])[0]
     assert "read as the source model's int8 codes" in caplog.text
     ((_, feeds),) = load_run_inputs(
         model.artifact, [str(held_out)]
