@@ -113,34 +113,26 @@ def test_cli_compile_takes_the_reference_device_flag(sample_mblt, tmp_path: Path
     """``qbcompiler compile ... --device cpu`` (the reference's compile flags) was "unrecognized arguments"."""
     import json
 
-    from compiler_core.cli import run
+    from test_compile_runtime import _run_cli
 
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = run(
-            [
-                "compile",
-                "--model",
-                str(sample_mblt),
-                "--target-device",
-                "aries-rb",
-                "--device",
-                "cpu",
-                "--calib-data-path",
-                str(SAMPLE_DIR / "calib"),
-                "--compile-config",
-                str(SAMPLE_CONFIG),
-                "--output",
-                str(tmp_path / "m.mxq"),
-                "--config-save-path",
-                str(tmp_path / "c.json"),
-                "-q",
-            ]
-        )
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
+    code = _run_cli(
+        "compile",
+        "--model",
+        str(sample_mblt),
+        "--target-device",
+        "aries-rb",
+        "--device",
+        "cpu",
+        "--calib-data-path",
+        str(SAMPLE_DIR / "calib"),
+        "--compile-config",
+        str(SAMPLE_CONFIG),
+        "--output",
+        str(tmp_path / "m.mxq"),
+        "--config-save-path",
+        str(tmp_path / "c.json"),
+        "-q",
+    )
     assert code == 0
     assert json.loads((tmp_path / "c.json").read_text())["device"] == "cpu"
 
@@ -336,9 +328,9 @@ def test_get_body_subgraph_and_extract_body_leave_out_what_the_device_cannot_run
     import onnx
     import onnxruntime as ort
     from onnx import helper
+    from test_compile_runtime import _run_cli
 
     from compiler_core import get_body_subgraph, mblt_compile, read_provenance
-    from compiler_core.cli import run
 
     source = onnx.load(SAMPLE)
     logits = source.graph.output[0].name
@@ -359,23 +351,15 @@ def test_get_body_subgraph_and_extract_body_leave_out_what_the_device_cannot_run
     assert len(onnx.load(get_body_subgraph(mblt, tmp_path / "whole.mblt")).graph.node) == len(
         onnx.load(mblt).graph.node
     )
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = run(
-            [
-                "extract-body",
-                "--mblt",
-                str(mblt),
-                "--output",
-                str(tmp_path / "cli.mblt"),
-                "--target-device",
-                "regulus-ra",
-            ]
-        )
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
+    code = _run_cli(
+        "extract-body",
+        "--mblt",
+        str(mblt),
+        "--output",
+        str(tmp_path / "cli.mblt"),
+        "--target-device",
+        "regulus-ra",
+    )
     assert code == 0 and "left out 0 head and 1 tail node(s)" in capsys.readouterr().out
 
 
