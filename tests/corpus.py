@@ -1086,8 +1086,6 @@ def fashion_keras_onnx() -> Path:
     converted with tf2onnx from a ``tf.function``."""
     def build(temp: Path) -> None:
         import keras
-        import tensorflow as tf
-        import tf2onnx
 
         keras.utils.set_random_seed(0)
         model = keras.Sequential([
@@ -1100,13 +1098,21 @@ def fashion_keras_onnx() -> Path:
         model.compile("adam", "sparse_categorical_crossentropy")
         images = (_fashion("train-images")[:FASHION_TRAIN] / 255.0).astype(np.float32)[..., None]
         model.fit(images, _fashion_labels("train-labels")[:FASHION_TRAIN], epochs=2, batch_size=64, verbose=0)
-        function = tf.function(lambda x: model(x, training=False))
-        signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=17)
-        _save_onnx(proto, temp)
+        _fashion_tf2onnx(model, temp, opset=17)
 
     _require_module("tf2onnx", TF2ONNX)
     return _cached("fashion_keras_tf2onnx.onnx", build)
+
+
+def _fashion_tf2onnx(model, path: Path, opset: int) -> None:
+    """A Keras Fashion-MNIST model (image input [N, 28, 28, 1]) through tf2onnx from a ``tf.function``, saved."""
+    import tensorflow as tf
+    import tf2onnx
+
+    function = tf.function(lambda x: model(x, training=False))
+    signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
+    proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=opset)
+    _save_onnx(proto, path)
 
 
 @cache
@@ -1155,14 +1161,7 @@ def fashion_int8_tflite() -> Path:
 def fashion_branches_onnx() -> Path:
     """The branched Fashion-MNIST CNN through tf2onnx (NHWC Keras layers: Transposes around the NCHW convolutions)."""
     def build(temp: Path) -> None:
-        import tensorflow as tf
-        import tf2onnx
-
-        model = _fashion_branches_keras()
-        function = tf.function(lambda x: model(x, training=False))
-        signature = [tf.TensorSpec([None, 28, 28, 1], tf.float32, name="image")]
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=13)
-        _save_onnx(proto, temp)
+        _fashion_tf2onnx(_fashion_branches_keras(), temp, opset=13)
 
     _require_module("tf2onnx", TF2ONNX)
     return _cached("fashion_branches_tf2onnx.onnx", build)
