@@ -1228,3 +1228,23 @@ def test_canonical_names_look_up_each_op_schema_once(monkeypatch):
     naming.assign_canonical_names(model)
     assert looked_up == ["Conv"]
     assert sorted(model.graph.initializers) == ["Conv_0.B", "Conv_0.W", "Conv_1.B", "Conv_1.W", "Conv_2.B", "Conv_2.W"]
+
+
+def test_a_constant_node_left_for_the_last_fold_that_writes_an_output_gets_the_constant_outputs_refusal(tmp_path):
+    """A multi-output Split of a constant (the optimizer skips those) whose second part is a model output stopped the
+    parse with INTERNAL_ERROR ("is an output of graph ... Set replace_graph_outputs=True"); it now gets the refusal
+    of constant outputs, whose hint leaves them out, and that parse runs."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("Split", ["c", "sizes"], ["a", "b"], axis=0),
+             helper.make_node("Add", ["y", "a"], ["s"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "c"),
+                               numpy_helper.from_array(np.array([2, 2], np.int64), "sizes")])
+    source = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8),
+                   tmp_path / "split.onnx")
+    with pytest.raises(UnsupportedOpsError, match=r"Output\(s\) 'b' of the model are constants.*output_names=\['s'\]"):
+        mblt_compile(source, tmp_path / "out.mblt")
+    model = load_mblt(mblt_compile(source, tmp_path / "out.mblt", output_names=["s"]))
+    assert [value.name for value in model.graph.outputs] == ["s"]

@@ -775,9 +775,9 @@ def _fold_remaining_constants(model: ir.Model) -> int:
             replacement = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array)),
                                    shape=ir.Shape(np.shape(array)), type=ir.TensorType(output.dtype))
             model.graph.register_initializer(replacement)
-            ir.convenience.replace_all_uses_with(output, replacement)
-            if output.is_graph_output():
+            if output.is_graph_output():  # first: onnx-ir refuses to replace the uses of a graph output
                 model.graph.outputs[model.graph.outputs.index(output)] = replacement
+            ir.convenience.replace_all_uses_with(output, replacement)
         model.graph.remove(node, safe=False)
         folded_nodes += 1
     return folded_nodes
