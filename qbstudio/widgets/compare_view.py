@@ -211,7 +211,8 @@ class SideBySide(QWidget):
         direction = better_direction(label)
         base = values[self._baseline] if self._baseline < len(values) else None
         for column, value in enumerate(values):
-            item = QTableWidgetItem(_cell_text(value))
+            share = "agreement" in label and isinstance(value, (int, float))  # a share: "97.5 %", not "0.975"
+            item = QTableWidgetItem(f"{value:.1%}" if share else _cell_text(value))
             if (direction and column != self._baseline and isinstance(value, (int, float))
                     and isinstance(base, (int, float)) and value != base):
                 item.setForeground(QBrush(QColor(BETTER if (value - base) * direction > 0 else WORSE)))

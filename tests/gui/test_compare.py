@@ -141,6 +141,8 @@ def test_three_runs_side_by_side_with_a_pinned_baseline(qtbot, view, sweep):
     assert [side.cell("calibration.mode", c).text() for c in range(3)] == [
         "Max (0 Max)", "Percentile (1 MaxPercentile)", "Histogram (KL) (2 Histogram)"]
     assert side.cell("calibration.mode", 0).background().color().name() == "#fff4d6"
+    top1 = sweep["runs"][0].outputs["logits"]["top1_agreement"]
+    assert side.cell("logits: top-1 agreement", 0).text() == f"{top1:.1%}"  # was "1" for 100 %
     assert "baseline" in side.table.horizontalHeaderItem(1).text()
     sqnr = [run.outputs["logits"]["sqnr_db"] for run in sweep["runs"]]
     cell = side.cell("logits: SQNR (dB)", 0)
