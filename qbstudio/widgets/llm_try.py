@@ -16,6 +16,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
@@ -196,7 +197,11 @@ def show_dialog(parent: QWidget | None = None, manifest: str | None = None) -> Q
     panel = LlmTryPanel(dialog)
     if manifest:
         panel.manifest_edit.setText(manifest)
-    QVBoxLayout(dialog).addWidget(panel)
+    layout = QVBoxLayout(dialog)
+    layout.addWidget(panel)
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, dialog)  # Escape alone closed it
+    buttons.rejected.connect(dialog.reject)
+    layout.addWidget(buttons)
     dialog.panel = panel
     dialog.show()
     return dialog

@@ -62,3 +62,16 @@ def test_divergent_tokens_are_highlighted():
 
     text = pieces_html([" a", " b<", " c"], 1, DIVERGED_MXQ)
     assert text.startswith(" a<span") and "b&lt;" in text and text.count(DIVERGED_MXQ) == 2
+
+
+def test_the_try_window_has_a_close_button(qtbot):
+    """Found by s16-gui3: the window closed with Escape only; every other dialog has a button."""
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from qbstudio.widgets.llm_try import show_dialog
+
+    dialog = show_dialog()
+    qtbot.addWidget(dialog)
+    close = dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Close)
+    close.click()
+    assert not dialog.isVisible()
