@@ -1073,6 +1073,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     out: Output = JsonlOutput() if os.environ.get("QBCOMPILER_JSONL") == "1" else Output()
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
+    libraries = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
     try:
         args = build_parser().parse_args(argv)
         out.quiet = args.quiet
@@ -1100,6 +1101,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     finally:
         root.handlers[:] = saved[0]  # in-process callers keep their own logging set-up
         root.setLevel(saved[1])
+        for name, level in libraries.items():  # the workbench's log showed no onnx_ir warning after an in-process run
+            logging.getLogger(name).setLevel(level)
 
 
 def main() -> None:

@@ -274,3 +274,20 @@ def test_milliseconds_keep_their_digits_for_tiny_models():
     from compiler_core.cli import _ms
 
     assert [_ms(value) for value in (0.3471, 12.5, 0.0, 0.00014)] == ["0.347", "12.500", "0.000", "0.00014"]
+
+
+def test_an_in_process_run_leaves_the_library_loggers_as_it_found_them():
+    """``run`` set onnx_ir / onnxscript to ERROR for good: a later workbench log in the same process showed none of
+    their warnings (found by a clean-clone CI whose test order put an in-process CLI run first)."""
+    import logging
+
+    from compiler_core.cli import run
+
+    logger = logging.getLogger("onnx_ir")
+    before = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        run(["presets"])
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(before)
